@@ -1,0 +1,1 @@
+"""shardq: ordered, per-entity, sharded jobs on SQS FIFO."""

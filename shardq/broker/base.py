@@ -1,0 +1,134 @@
+"""The broker interface: the few queue operations shardq needs from SQS FIFO.
+
+Every implementation gives the same FIFO semantics (see the contract tests in
+``tests/test_broker_contract.py``):
+
+* messages of one group are received in send order;
+* while a message of a group is in flight (invisible), no other message of that
+  group is received;
+* one receive may return several messages of one group, in order;
+* a receipt handle is valid only until its message becomes visible again;
+* a deduplication id seen within 5 minutes is accepted and dropped, even after
+  the first message was deleted;
+* batch calls report per-entry failures instead of failing whole.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from shardq.errors import BrokerError
+from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_ENTRIES
+
+
+@dataclass(frozen=True)
+class SendEntry:
+    """One message to send: ``id`` is unique within the batch."""
+
+    id: str
+    body: str
+    group_id: str
+    dedup_id: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """A received message. ``receipt`` is needed to delete or change visibility."""
+
+    queue: str
+    message_id: str
+    receipt: str
+    body: str
+    group_id: str
+    receive_count: int
+    sent_at: float
+    sequence: str
+
+
+@dataclass
+class SendResult:
+    """``message_ids`` maps each accepted entry id to its message id; ``failed`` to a reason."""
+
+    message_ids: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BatchResult:
+    """Outcome of a delete or visibility batch: ``failed`` maps a receipt to a reason."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """Approximate numbers of messages waiting (visible) and in flight (invisible)."""
+
+    waiting: int
+    in_flight: int
+
+
+class Broker(abc.ABC):
+    """A FIFO queue service. Implementations must be safe to call from many threads."""
+
+    #: Short name used in logs and URLs (``sqlite``, ``memory``, ``sqs``).
+    kind: str = "broker"
+
+    @abc.abstractmethod
+    def ensure_queue(
+        self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
+    ) -> None:
+        """Create the FIFO queue ``name`` (ending in ``.fifo``) unless it exists."""
+
+    @abc.abstractmethod
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        """Send up to 10 messages (at most 1 MiB together), in order."""
+
+    @abc.abstractmethod
+    def receive(
+        self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float
+    ) -> list[Message]:
+        """Receive up to ``max_messages``, waiting up to ``wait_seconds`` for the first."""
+
+    @abc.abstractmethod
+    def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
+        """Delete received messages. A stale or expired receipt fails for its entry."""
+
+    @abc.abstractmethod
+    def change_visibility_batch(
+        self, queue: str, changes: Sequence[tuple[str, float]]
+    ) -> BatchResult:
+        """Make each message visible again after the given seconds (0 = now)."""
+
+    @abc.abstractmethod
+    def counts(self, queue: str) -> QueueCounts:
+        """Messages waiting and in flight in ``queue``."""
+
+    @abc.abstractmethod
+    def max_message_bytes(self, queue: str) -> int:
+        """The queue's largest accepted message body, in bytes."""
+
+    def close(self) -> None:  # noqa: B027 - optional for implementations
+        """Release connections; the broker is not used afterwards."""
+
+
+def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
+    """Raise if a batch is empty, too long, or repeats an id (SQS fails such calls whole)."""
+    if not 1 <= len(entries) <= MAX_BATCH_ENTRIES:
+        raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(entries)}")
+    if len(set(ids)) != len(ids):
+        raise BrokerError("batch entry ids must be distinct")
+
+
+def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:
+    """Why SQS would refuse this entry, or None."""
+    size = len(entry.body.encode("utf-8"))
+    if size > max_bytes:
+        return f"message is {size} bytes; the queue accepts at most {max_bytes}"
+    if not GROUP_ID_PATTERN.match(entry.group_id):
+        return f"invalid MessageGroupId {entry.group_id!r}"
+    if not GROUP_ID_PATTERN.match(entry.dedup_id):
+        return f"invalid MessageDeduplicationId {entry.dedup_id!r}"
+    return None

@@ -1,0 +1,261 @@
+"""Amazon SQS FIFO through boto3.
+
+Credentials come only from boto3's default chain (environment, shared files,
+instance or task roles); ``region`` and ``endpoint_url`` (for emulators) come from
+the config. Every HTTP request to SQS is counted in :attr:`SqsBroker.requests`, per
+operation, so benchmarks and metrics can report what a workload costs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from typing import Any, Callable, Sequence, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from shardq.broker.base import (
+    BatchResult,
+    Broker,
+    Message,
+    QueueCounts,
+    SendEntry,
+    SendResult,
+    check_batch,
+    entry_problem,
+)
+from shardq.errors import BrokerError, QueueNotFoundError
+from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
+
+_T = TypeVar("_T")
+_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "SequenceNumber"]
+_MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+
+
+class SqsBroker(Broker):
+    """SQS FIFO queues in one account and region."""
+
+    kind = "sqs"
+
+    def __init__(
+        self,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        max_connections: int = 50,
+        client: Any = None,
+    ) -> None:
+        if client is None:
+            config = botocore.config.Config(
+                retries={"mode": "standard", "max_attempts": 5},
+                max_pool_connections=max_connections,
+                connect_timeout=5,
+                read_timeout=MAX_WAIT_SECONDS + 15,
+            )
+            try:
+                client = boto3.session.Session().client(
+                    "sqs", region_name=region, endpoint_url=endpoint_url, config=config
+                )
+            except botocore.exceptions.NoRegionError as exc:
+                raise BrokerError(
+                    "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
+                    "AWS_DEFAULT_REGION"
+                ) from exc
+        self.client = client
+        self.endpoint_url = endpoint_url
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+        self.client.meta.events.register("before-send.sqs.*", self._count_request)
+        self._urls: dict[str, str] = {}
+        self._sizes: dict[str, int] = {}
+
+    def _count_request(self, event_name: str = "", **_: Any) -> None:
+        with self._count_lock:
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
+
+    # -- plumbing -------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., _T], **kwargs: Any) -> _T:
+        try:
+            return fn(**kwargs)
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in _MISSING_QUEUE:
+                raise QueueNotFoundError(
+                    f"{what}: the SQS queue does not exist; run `shardq queues ensure`"
+                ) from exc
+            raise BrokerError(f"{what}: SQS answered {code}: {exc}") from exc
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise BrokerError(
+                f"{what}: no AWS credentials found; configure them for boto3 (environment, "
+                "~/.aws/credentials or an instance role), never in shardq.yaml"
+            ) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise BrokerError(f"{what}: cannot reach SQS ({exc}); the job is not lost") from exc
+
+    def url(self, queue: str) -> str:
+        """The queue's URL (looked up once, then cached)."""
+        url = self._urls.get(queue)
+        if url is None:
+            response = self._call(
+                f"looking up queue {queue}", self.client.get_queue_url, QueueName=queue
+            )
+            url = self._urls[queue] = response["QueueUrl"]
+        return url
+
+    # -- queues -------------------------------------------------------------
+    def ensure_queue(
+        self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
+    ) -> None:
+        attributes = {
+            "FifoQueue": "true",
+            "ContentBasedDeduplication": "false",
+            "VisibilityTimeout": str(int(visibility_timeout)),
+        }
+        if max_message_bytes is not None:
+            attributes["MaximumMessageSize"] = str(max_message_bytes)
+        try:
+            response = self.client.create_queue(QueueName=name, Attributes=attributes)
+            self._urls[name] = response["QueueUrl"]
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code not in {"QueueAlreadyExists", "QueueNameExists"}:
+                raise BrokerError(f"creating queue {name}: SQS answered {code}: {exc}") from exc
+            self.url(name)  # exists with other attributes: use it as it is
+        except botocore.exceptions.BotoCoreError as exc:
+            raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
+
+    def _attributes(self, queue: str, names: list[str]) -> dict[str, str]:
+        response = self._call(
+            f"reading attributes of {queue}",
+            self.client.get_queue_attributes,
+            QueueUrl=self.url(queue),
+            AttributeNames=names,
+        )
+        return dict(response.get("Attributes", {}))
+
+    def max_message_bytes(self, queue: str) -> int:
+        size = self._sizes.get(queue)
+        if size is None:
+            size = self._sizes[queue] = int(
+                self._attributes(queue, ["MaximumMessageSize"])["MaximumMessageSize"]
+            )
+        return size
+
+    def counts(self, queue: str) -> QueueCounts:
+        attrs = self._attributes(
+            queue, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        )
+        return QueueCounts(
+            int(attrs.get("ApproximateNumberOfMessages", 0)),
+            int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
+        )
+
+    # -- messages -------------------------------------------------------------
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        check_batch(entries, [e.id for e in entries])
+        total = sum(len(e.body.encode("utf-8")) for e in entries)
+        if total > MAX_BATCH_BYTES:
+            raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+        result = SendResult()
+        max_bytes = self.max_message_bytes(queue)
+        valid = []
+        for entry in entries:
+            problem = entry_problem(entry, max_bytes)
+            if problem:
+                result.failed[entry.id] = problem
+            else:
+                valid.append(entry)
+        if not valid:
+            return result
+        response = self._call(
+            f"sending {len(valid)} messages to {queue}",
+            self.client.send_message_batch,
+            QueueUrl=self.url(queue),
+            Entries=[
+                {
+                    "Id": e.id,
+                    "MessageBody": e.body,
+                    "MessageGroupId": e.group_id,
+                    "MessageDeduplicationId": e.dedup_id,
+                }
+                for e in valid
+            ],
+        )
+        for ok in response.get("Successful", []):
+            result.message_ids[ok["Id"]] = ok["MessageId"]
+        for bad in response.get("Failed", []):
+            result.failed[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message')}"
+        for entry in valid:  # an entry SQS neither accepted nor refused was not sent
+            if entry.id not in result.message_ids and entry.id not in result.failed:
+                result.failed[entry.id] = "missing from the SendMessageBatch response"
+        return result
+
+    def receive(
+        self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float
+    ) -> list[Message]:
+        if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
+            raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
+        response = self._call(
+            f"receiving from {queue}",
+            self.client.receive_message,
+            QueueUrl=self.url(queue),
+            MaxNumberOfMessages=max_messages,
+            WaitTimeSeconds=min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
+            VisibilityTimeout=math.ceil(visibility_timeout),
+            MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
+        )
+        messages = []
+        for raw in response.get("Messages", []):
+            attrs = raw.get("Attributes", {})
+            messages.append(
+                Message(
+                    queue=queue,
+                    message_id=raw["MessageId"],
+                    receipt=raw["ReceiptHandle"],
+                    body=raw["Body"],
+                    group_id=attrs.get("MessageGroupId", ""),
+                    receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
+                    sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
+                    sequence=attrs.get("SequenceNumber", ""),
+                )
+            )
+        return messages
+
+    def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
+        check_batch(receipts, list(receipts))
+        response = self._call(
+            f"deleting {len(receipts)} messages from {queue}",
+            self.client.delete_message_batch,
+            QueueUrl=self.url(queue),
+            Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)],
+        )
+        return _batch_result(receipts, response)
+
+    def change_visibility_batch(
+        self, queue: str, changes: Sequence[tuple[str, float]]
+    ) -> BatchResult:
+        check_batch(changes, [r for r, _ in changes])
+        response = self._call(
+            f"changing visibility of {len(changes)} messages in {queue}",
+            self.client.change_message_visibility_batch,
+            QueueUrl=self.url(queue),
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": math.ceil(s)}
+                for i, (r, s) in enumerate(changes)
+            ],
+        )
+        return _batch_result([r for r, _ in changes], response)
+
+
+def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
+    result = BatchResult()
+    done = {ok["Id"] for ok in response.get("Successful", [])}
+    reasons = {bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in
+               response.get("Failed", [])}
+    for i, receipt in enumerate(receipts):
+        if str(i) not in done:  # refused, or absent from the response: not done
+            result.failed[receipt] = reasons.get(str(i), "missing from the batch response")
+    return result

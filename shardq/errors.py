@@ -1,0 +1,82 @@
+"""The exceptions shardq raises. All derive from :class:`ShardqError`.
+
+Each message says what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShardqError(Exception):
+    """Base class of every exception shardq raises on purpose."""
+
+
+class ConfigError(ShardqError):
+    """A configuration value is invalid; the message names the key and its source."""
+
+
+class WorkerDefinitionError(ShardqError, TypeError):
+    """A worker class declares an invalid attribute; fix the class attribute named."""
+
+
+class UnknownWorkerError(ShardqError, LookupError):
+    """A worker name is not registered with the app in use."""
+
+
+class InvalidEntityIdError(ShardqError, ValueError):
+    """An entity id cannot be carried as an SQS FIFO MessageGroupId."""
+
+
+class PayloadError(ShardqError, ValueError):
+    """A payload cannot be published (not JSON-serialisable, or too large)."""
+
+
+class PayloadTooLargeError(PayloadError):
+    """An encoded job exceeds the queue's maximum message size."""
+
+
+class EnvelopeError(ShardqError, ValueError):
+    """A message body is not a valid shardq envelope (malformed, unsigned, future version)."""
+
+
+class BrokerError(ShardqError):
+    """A broker call failed; the job was not lost, retry or check the broker."""
+
+
+class QueueNotFoundError(BrokerError):
+    """A queue does not exist; run ``shardq queues ensure`` or let the node create it."""
+
+
+class PublishError(ShardqError):
+    """Some jobs of a publish were not accepted by the broker.
+
+    ``failed`` lists ``(index, entity_id, reason)`` for every job that was not
+    published; every other job was. Publish the failed ones again (with the
+    same ``dedup_id`` to stay idempotent).
+    """
+
+    def __init__(self, message: str, failed: list[tuple[int, str, str]], sent: int) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.sent = sent
+
+
+class Retry(Exception):  # noqa: N818 - raised by users as ``raise shardq.Retry(...)``
+    """Raise from ``perform`` to retry the job at a chosen time, keeping its order.
+
+    ``Retry(delay=30)`` retries in 30 seconds, ``Retry(at=datetime)`` at that time,
+    ``Retry()`` or ``Retry(delay=0)`` at once. The attempt still counts toward
+    ``max_retries``.
+    """
+
+    def __init__(self, delay: float | None = None, at: Any = None) -> None:
+        if delay is not None and at is not None:
+            raise ValueError("Retry takes delay= or at=, not both")
+        super().__init__(f"retry requested (delay={delay!r}, at={at!r})")
+        self.delay = delay
+        self.at = at
+
+
+class PermanentError(Exception):
+    """Raise from ``perform`` (or subclass) to send a job straight to the morgue."""

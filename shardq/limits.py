@@ -1,0 +1,35 @@
+"""Limits of Amazon SQS FIFO queues that shardq checks before talking to a broker.
+
+Every broker, the embedded one included, enforces the same limits, so code that
+runs on the embedded broker does not start failing when it moves to SQS.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Most messages one ReceiveMessage, SendMessageBatch or DeleteMessageBatch handles.
+MAX_BATCH_ENTRIES = 10
+#: Largest message body on current queues (older queues: 256 KiB; read the queue).
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: Smallest value SQS accepts for a queue's MaximumMessageSize.
+MIN_MESSAGE_BYTES = 1024
+#: Largest total payload of one SendMessageBatch.
+MAX_BATCH_BYTES = 1024 * 1024
+#: Longest a message can stay invisible, counted from its receive (12 hours).
+MAX_VISIBILITY_SECONDS = 12 * 60 * 60
+#: Longest a long poll can wait.
+MAX_WAIT_SECONDS = 20
+#: How long SQS remembers a MessageDeduplicationId.
+DEDUP_WINDOW_SECONDS = 5 * 60
+#: Longest MessageGroupId / MessageDeduplicationId.
+MAX_GROUP_ID_LENGTH = 128
+MAX_DEDUP_ID_LENGTH = 128
+#: Longest queue name, ``.fifo`` suffix included.
+MAX_QUEUE_NAME_LENGTH = 80
+FIFO_SUFFIX = ".fifo"
+
+#: MessageGroupId and MessageDeduplicationId: letters, digits and ASCII punctuation.
+GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+#: Queue names: letters, digits, hyphens and underscores.
+QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from tests import emulator as emu
+
+
+@pytest.fixture(scope="session")
+def sqs_emulator() -> Iterator[emu.Emulator]:
+    """A ministack process on 127.0.0.1, shared by the session, stopped by its pid."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+                      AWS_DEFAULT_REGION="us-east-1")
+    server = emu.start()
+    try:
+        yield server
+    finally:
+        emu.stop(server)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def make_broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Broker:
+    if kind == "sqlite":
+        return SqliteBroker(str(tmp_path / "broker.db"))
+    if kind == "memory":
+        return MemoryBroker()
+    from shardq.broker.sqs import SqsBroker
+
+    server = request.getfixturevalue("sqs_emulator")
+    return SqsBroker(region="us-east-1", endpoint_url=server.endpoint_url)
+
+
+BROKER_KINDS = [
+    "sqlite",
+    "memory",
+    pytest.param("sqs", marks=pytest.mark.sqs),
+]
+
+
+@pytest.fixture(params=BROKER_KINDS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    """Each broker implementation in turn: the contract tests run against all of them."""
+    instance = make_broker(request.param, tmp_path, request)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A fresh FIFO queue name, so tests never share a queue on the emulator."""
+    return f"t-{uuid.uuid4().hex[:16]}.fifo"

@@ -1,0 +1,80 @@
+"""Start and stop a ministack SQS emulator process on 127.0.0.1 for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Emulator:
+    pid: int
+    port: int
+    log_path: str
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
+    """Start ministack bound to 127.0.0.1 and wait until it accepts connections."""
+    port = port or free_port()
+    log = tempfile.NamedTemporaryFile(prefix=f"ministack-{port}-", suffix=".log", delete=False)
+    env = dict(
+        os.environ,
+        BIND_HOST="127.0.0.1",
+        GATEWAY_PORT=str(port),
+        SERVICES="sqs",
+        LOG_LEVEL="WARNING",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ministack"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    emulator = Emulator(proc.pid, port, log.name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ministack exited with {proc.returncode}; see {log.name}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return emulator
+        except OSError:
+            time.sleep(0.05)
+    stop(emulator)
+    raise RuntimeError(f"ministack did not listen on port {port} within {timeout} s")
+
+
+def stop(emulator: Emulator) -> None:
+    """Stop the emulator by its pid: SIGTERM, then SIGKILL if it lingers."""
+    try:
+        os.kill(emulator.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(emulator.pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.05)
+    os.kill(emulator.pid, signal.SIGKILL)
+    os.waitpid(emulator.pid, 0)

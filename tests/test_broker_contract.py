@@ -1,0 +1,248 @@
+"""The broker contract: every broker gives the same SQS FIFO semantics.
+
+Each test runs against the embedded SQLite broker, the in-memory broker and SQS
+(a ministack emulator process).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from shardq.broker import Broker, Message, SendEntry
+from shardq.errors import BrokerError, QueueNotFoundError
+
+
+def send(broker: Broker, queue: str, group: str, *bodies: str) -> list[str]:
+    entries = [SendEntry(str(i), b, group, uuid.uuid4().hex) for i, b in enumerate(bodies)]
+    result = broker.send_batch(queue, entries)
+    assert not result.failed
+    return [result.message_ids[e.id] for e in entries]
+
+
+def receive(broker: Broker, queue: str, n: int = 10, vt: float = 30, wait: float = 0) -> list[Message]:
+    return broker.receive(queue, max_messages=n, wait_seconds=wait, visibility_timeout=vt)
+
+
+def bodies(messages: list[Message]) -> list[str]:
+    return [m.body for m in messages]
+
+
+def delete(broker: Broker, queue: str, messages: list[Message]) -> None:
+    assert not broker.delete_batch(queue, [m.receipt for m in messages]).failed
+
+
+@pytest.fixture
+def queue(broker: Broker, queue_name: str) -> str:
+    broker.ensure_queue(queue_name, visibility_timeout=30)
+    return queue_name
+
+
+def test_messages_of_a_group_come_in_send_order(broker: Broker, queue: str) -> None:
+    # given 25 messages of one group sent in three batches
+    expected = [f"m{i}" for i in range(25)]
+    for start in range(0, 25, 10):
+        send(broker, queue, "g", *expected[start : start + 10])
+    # when they are received and deleted one receive at a time
+    seen: list[str] = []
+    while batch := receive(broker, queue, n=3):
+        seen += bodies(batch)
+        delete(broker, queue, batch)
+    # then they came in send order
+    assert seen == expected
+
+
+def test_a_group_is_blocked_while_one_of_its_messages_is_in_flight(
+    broker: Broker, queue: str
+) -> None:
+    # given two messages in group a and one in group b
+    send(broker, queue, "a", "a1", "a2")
+    send(broker, queue, "b", "b1")
+    # when a1 is received (and stays in flight)
+    first = receive(broker, queue, n=1)
+    assert bodies(first) == ["a1"]
+    # then a2 is withheld while b1 is served
+    assert bodies(receive(broker, queue)) == ["b1"]
+    assert receive(broker, queue) == []
+    # and a2 comes once a1 is deleted
+    delete(broker, queue, first)
+    assert bodies(receive(broker, queue)) == ["a2"]
+
+
+def test_one_receive_returns_several_messages_of_a_group_in_order(
+    broker: Broker, queue: str
+) -> None:
+    send(broker, queue, "g", "1", "2", "3", "4")
+    batch = receive(broker, queue, n=10)
+    assert bodies(batch) == ["1", "2", "3", "4"]
+    assert {m.group_id for m in batch} == {"g"}
+
+
+def test_visibility_expiry_redelivers_the_whole_batch_in_order(
+    broker: Broker, queue: str
+) -> None:
+    # given five messages of one group received together with a 1 s visibility
+    send(broker, queue, "g", *[f"m{i}" for i in range(5)])
+    assert len(receive(broker, queue, vt=1)) == 5
+    # when their visibility runs out together
+    time.sleep(1.5)
+    # then all five come back, in order, with a receive count of 2
+    again = receive(broker, queue, vt=30)
+    assert bodies(again) == [f"m{i}" for i in range(5)]
+    assert [m.receive_count for m in again] == [2] * 5
+
+
+def test_change_visibility_to_zero_releases_at_once(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "x", "y")
+    batch = receive(broker, queue)
+    result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in batch])
+    assert not result.failed
+    assert bodies(receive(broker, queue)) == ["x", "y"]
+
+
+def test_change_visibility_to_n_seconds_hides_until_then(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "x")
+    (message,) = receive(broker, queue, vt=30)
+    assert not broker.change_visibility_batch(queue, [(message.receipt, 2)]).failed
+    assert receive(broker, queue) == []
+    time.sleep(2.5)
+    assert bodies(receive(broker, queue)) == ["x"]
+
+
+def test_receive_count_counts_every_receive(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "x")
+    counts = []
+    for _ in range(3):
+        (message,) = receive(broker, queue)
+        counts.append(message.receive_count)
+        broker.change_visibility_batch(queue, [(message.receipt, 0)])
+    assert counts == [1, 2, 3]
+
+
+def test_received_messages_carry_their_group_and_sent_time(broker: Broker, queue: str) -> None:
+    before = time.time()
+    (message_id,) = send(broker, queue, "order-42", "x")
+    (message,) = receive(broker, queue)
+    assert message.group_id == "order-42"
+    assert message.message_id == message_id
+    assert before - 2 <= message.sent_at <= time.time() + 2
+    assert message.sequence
+
+
+def test_dedup_id_within_the_window_drops_the_copy(broker: Broker, queue: str) -> None:
+    first = broker.send_batch(queue, [SendEntry("1", "x", "g", "same")])
+    second = broker.send_batch(queue, [SendEntry("1", "x-again", "g", "same")])
+    assert not first.failed and not second.failed
+    assert bodies(receive(broker, queue)) == ["x"]
+    assert second.message_ids["1"] == first.message_ids["1"]
+
+
+def test_dedup_id_is_remembered_after_delete(broker: Broker, queue: str) -> None:
+    broker.send_batch(queue, [SendEntry("1", "x", "g", "idem-1")])
+    delete(broker, queue, receive(broker, queue))
+    broker.send_batch(queue, [SendEntry("1", "x", "g", "idem-1")])
+    assert receive(broker, queue) == []
+
+
+def test_a_bad_entry_fails_alone_in_a_send_batch(broker: Broker, queue: str) -> None:
+    result = broker.send_batch(
+        queue,
+        [
+            SendEntry("ok1", "a", "g", "d1"),
+            SendEntry("bad", "b", "has space", "d2"),
+            SendEntry("ok2", "c", "g", "d3"),
+        ],
+    )
+    assert set(result.message_ids) == {"ok1", "ok2"}
+    assert set(result.failed) == {"bad"}
+    assert bodies(receive(broker, queue)) == ["a", "c"]
+
+
+def test_a_stale_receipt_fails_alone_in_a_delete_batch(broker: Broker, queue: str) -> None:
+    # given x received once with a short visibility, then redelivered
+    send(broker, queue, "g", "x")
+    send(broker, queue, "h", "y")
+    (stale,) = receive(broker, queue, n=1, vt=1)
+    time.sleep(1.5)
+    fresh = receive(broker, queue)
+    assert sorted(bodies(fresh)) == ["x", "y"]
+    # when the old receipt and a fresh one are deleted together
+    result = broker.delete_batch(queue, [stale.receipt, fresh[1].receipt])
+    # then the stale one fails and the fresh one is deleted
+    assert set(result.failed) == {stale.receipt}
+
+
+def test_a_visibility_change_with_a_bad_receipt_fails_alone(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "x")
+    (message,) = receive(broker, queue)
+    result = broker.change_visibility_batch(queue, [(message.receipt, 0), ("1.nonsense", 0)])
+    assert set(result.failed) == {"1.nonsense"}
+    assert bodies(receive(broker, queue)) == ["x"]
+
+
+def test_message_size_is_limited_by_the_queue(broker: Broker, queue_name: str) -> None:
+    broker.ensure_queue(queue_name, max_message_bytes=1024)
+    assert broker.max_message_bytes(queue_name) == 1024
+    result = broker.send_batch(
+        queue_name, [SendEntry("fits", "x" * 1024, "g", "d1"), SendEntry("big", "x" * 1025, "g", "d2")]
+    )
+    assert set(result.failed) == {"big"}
+    assert set(result.message_ids) == {"fits"}
+
+
+def test_a_batch_over_ten_entries_is_refused(broker: Broker, queue: str) -> None:
+    entries = [SendEntry(str(i), "x", "g", f"d{i}") for i in range(11)]
+    with pytest.raises(BrokerError):
+        broker.send_batch(queue, entries)
+    assert receive(broker, queue) == []
+
+
+def test_a_waiting_receive_wakes_when_a_message_is_sent(broker: Broker, queue: str) -> None:
+    # given a receive waiting up to 10 s on an empty queue
+    got: list[Message] = []
+    waiter = threading.Thread(target=lambda: got.extend(receive(broker, queue, wait=10)))
+    started = time.monotonic()
+    waiter.start()
+    # when a message is sent 0.3 s later
+    time.sleep(0.3)
+    send(broker, queue, "g", "wake")
+    waiter.join(12)
+    # then the receive returns it long before its wait ran out
+    assert bodies(got) == ["wake"]
+    assert time.monotonic() - started < 5
+
+
+def test_a_waiting_receive_wakes_when_a_group_is_unblocked(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "first", "second")
+    first = receive(broker, queue, n=1)
+    got: list[Message] = []
+    waiter = threading.Thread(target=lambda: got.extend(receive(broker, queue, wait=10)))
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.3)
+    delete(broker, queue, first)
+    waiter.join(12)
+    assert bodies(got) == ["second"]
+    assert time.monotonic() - started < 5
+
+
+def test_counts_report_waiting_and_in_flight(broker: Broker, queue: str) -> None:
+    send(broker, queue, "a", "a1", "a2")
+    send(broker, queue, "b", "b1")
+    receive(broker, queue, n=1)
+    counts = broker.counts(queue)
+    assert (counts.waiting, counts.in_flight) == (2, 1)
+
+
+def test_a_missing_queue_raises_queue_not_found(broker: Broker) -> None:
+    with pytest.raises(QueueNotFoundError):
+        broker.send_batch(f"missing-{uuid.uuid4().hex[:8]}.fifo", [SendEntry("1", "x", "g", "d")])
+
+
+def test_ensure_queue_twice_keeps_the_messages(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", "x")
+    broker.ensure_queue(queue, visibility_timeout=30)
+    assert bodies(receive(broker, queue)) == ["x"]
