@@ -1,1 +1,54 @@
-"""shardq: ordered, per-entity, sharded jobs on SQS FIFO."""
+"""shardq: ordered, per-entity, sharded jobs on SQS FIFO.
+
+Publish with an entity id; each entity's jobs run one after another, in publish
+order, while different entities run in parallel across shards, threads and nodes.
+"""
+
+from shardq.app import App
+from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from shardq.config import Config
+from shardq.errors import (
+    BrokerError,
+    ConfigError,
+    EnvelopeError,
+    InvalidEntityIdError,
+    PayloadError,
+    PayloadTooLargeError,
+    PermanentError,
+    PublishError,
+    QueueNotFoundError,
+    Retry,
+    ShardqError,
+    UnknownWorkerError,
+    WorkerDefinitionError,
+)
+from shardq.publisher import Job, PublishReport
+from shardq.worker import Worker, WorkerSettings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "Broker",
+    "BrokerError",
+    "Config",
+    "ConfigError",
+    "EnvelopeError",
+    "InvalidEntityIdError",
+    "Job",
+    "MemoryBroker",
+    "PayloadError",
+    "PayloadTooLargeError",
+    "PermanentError",
+    "PublishError",
+    "PublishReport",
+    "QueueNotFoundError",
+    "Retry",
+    "ShardqError",
+    "SqliteBroker",
+    "UnknownWorkerError",
+    "Worker",
+    "WorkerDefinitionError",
+    "WorkerSettings",
+    "__version__",
+]

@@ -1,0 +1,166 @@
+"""The app: a registry of worker classes bound to a config and a broker.
+
+Creating an app does no I/O; the config is read and the broker connected on first
+use (or given explicitly, as tests do with a :class:`~shardq.broker.MemoryBroker`).
+There is no global app: workers name theirs, and ``shardq run`` imports the module
+that defines it (``--app``, default ``workers``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TypeVar
+
+from shardq.broker import Broker, broker_from_url
+from shardq.config import Config
+from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
+from shardq.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
+from shardq.publisher import Publisher
+from shardq.worker import Worker, WorkerSettings
+
+W = TypeVar("W", bound=type[Worker])
+
+
+class App:
+    """Worker classes, their config and the broker they publish to and run from."""
+
+    def __init__(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
+        self._config = config
+        self._broker = broker
+        self._workers: dict[str, type[Worker]] = {}
+        self._settings: dict[str, WorkerSettings] = {}
+        self._ready: set[str] = set()
+        self._lock = threading.RLock()
+        self.publisher = Publisher(self)
+
+    # -- workers ---------------------------------------------------------------
+    def register(self, cls: W) -> W:
+        """Register a worker class (usable as a class decorator)."""
+        if not (isinstance(cls, type) and issubclass(cls, Worker)) or cls is Worker:
+            raise WorkerDefinitionError(f"{cls!r} is not a shardq.Worker subclass")
+        with self._lock:
+            other = self._workers.get(cls.__name__)
+            if other is not None and other is not cls:
+                raise WorkerDefinitionError(
+                    f"another worker named {cls.__name__} is already registered "
+                    f"({other.__module__}); worker names must be unique in an app"
+                )
+            if cls.app is not None and cls.app is not self:
+                raise WorkerDefinitionError(f"{cls.__name__} is already registered with an app")
+            cls.app = self
+            self._workers[cls.__name__] = cls
+            self._settings.pop(cls.__name__, None)
+        return cls
+
+    @property
+    def workers(self) -> dict[str, type[Worker]]:
+        """Registered worker classes by name, in registration order."""
+        return dict(self._workers)
+
+    def worker(self, name: str) -> type[Worker]:
+        try:
+            return self._workers[name]
+        except KeyError:
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorkerError(
+                f"no worker named {name!r} is registered (known: {known}); check the name "
+                "or the --app module"
+            ) from None
+
+    def settings(self, worker: type[Worker] | str) -> WorkerSettings:
+        """A worker's settings with the config's overrides applied."""
+        name = worker if isinstance(worker, str) else worker.__name__
+        cached = self._settings.get(name)
+        if cached is None:
+            cls = self.worker(name)
+            overrides = self.config.workers.get(name, {})
+            cached = cls.default_settings().with_overrides(overrides, self.config.source)
+            self._settings[name] = cached
+        return cached
+
+    def check(self) -> None:
+        """Validate the config against the workers: names, overrides, queue names."""
+        unknown = sorted(set(self.config.workers) - set(self._workers))
+        if unknown:
+            raise ConfigError(
+                f"{self.config.source}: workers: {', '.join(unknown)} not registered "
+                f"(known: {', '.join(sorted(self._workers)) or 'none'})"
+            )
+        seen: dict[str, str] = {}
+        for name in self._workers:
+            settings = self.settings(name)
+            longest = self.morgue_queue(name)
+            if len(longest) > MAX_QUEUE_NAME_LENGTH:
+                raise ConfigError(
+                    f"{self.config.source}: queue_prefix + {name}'s queue_name give {longest} "
+                    f"({len(longest)} characters); SQS allows {MAX_QUEUE_NAME_LENGTH}"
+                )
+            if settings.queue_name in seen:
+                raise ConfigError(
+                    f"workers {seen[settings.queue_name]} and {name} share the queue_name "
+                    f"{settings.queue_name!r}; give one of them another queue_name"
+                )
+            seen[settings.queue_name] = name
+
+    # -- config and broker -----------------------------------------------------
+    @property
+    def config(self) -> Config:
+        with self._lock:
+            if self._config is None:
+                self._config = Config.load()
+            return self._config
+
+    @property
+    def broker(self) -> Broker:
+        with self._lock:
+            if self._broker is None:
+                cfg = self.config
+                self._broker = broker_from_url(
+                    cfg.broker_url, region=cfg.region, endpoint_url=cfg.endpoint_url
+                )
+            return self._broker
+
+    def configure(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
+        """Replace the config and/or broker (the CLI does this before running)."""
+        with self._lock:
+            if config is not None:
+                self._config = config
+                self._settings.clear()
+                if broker is None and self._broker is not None:
+                    self._broker.close()
+                    self._broker = None
+            if broker is not None:
+                self._broker = broker
+            self._ready.clear()
+
+    @property
+    def signing_key(self) -> bytes | None:
+        key = self.config.signing_key
+        return key.encode("utf-8") if key else None
+
+    # -- queues ----------------------------------------------------------------
+    def shard_queue(self, worker: type[Worker] | str, shard: int) -> str:
+        settings = self.settings(worker)
+        return f"{self.config.queue_prefix}{settings.queue_name}-{shard}{FIFO_SUFFIX}"
+
+    def morgue_queue(self, worker: type[Worker] | str) -> str:
+        settings = self.settings(worker)
+        return f"{self.config.queue_prefix}{settings.queue_name}-morgue{FIFO_SUFFIX}"
+
+    def ensure_queue(self, queue: str, worker: type[Worker] | str) -> None:
+        """Create ``queue`` once per app (a no-op after the first call)."""
+        if queue in self._ready:
+            return
+        self.broker.ensure_queue(queue, visibility_timeout=self.settings(worker).visibility_timeout)
+        self._ready.add(queue)
+
+    def ensure_queues(self) -> list[str]:
+        """Create every shard and morgue queue of every worker; returns their names."""
+        self.check()
+        names = []
+        for name in self._workers:
+            queues = [self.shard_queue(name, s) for s in range(self.settings(name).shards)]
+            for queue in [*queues, self.morgue_queue(name)]:
+                self.ensure_queue(queue, name)
+                names.append(queue)
+        return names

@@ -1,0 +1,216 @@
+"""Configuration: defaults < ``shardq.yaml`` < ``SHARDQ_*`` environment < CLI flags.
+
+``shardq.yaml`` (read with ``yaml.safe_load``)::
+
+    broker_url: sqs://            # or sqlite:///shardq.db (default), memory://
+    region: eu-west-1
+    endpoint_url: null            # e.g. http://127.0.0.1:4566 for an emulator
+    queue_prefix: prod-
+    threads: 8
+    workers:
+      SyncOrder: {shards: 16, batch_size: 10}
+
+Every top-level key can be set as ``SHARDQ_<KEY>`` (``SHARDQ_THREADS=8``) and a
+worker setting as ``SHARDQ_WORKERS__<Worker>__<key>`` (``SHARDQ_WORKERS__SyncOrder__shards=16``).
+AWS credentials are never read from here: boto3's default chain provides them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from shardq.errors import ConfigError
+from shardq.limits import MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+
+DEFAULT_FILE = "shardq.yaml"
+ENV_PREFIX = "SHARDQ_"
+_LOG_FORMATS = ("auto", "console", "json")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a publisher or node needs besides the worker classes."""
+
+    #: Where the queues live.
+    broker_url: str = "sqlite:///shardq.db"
+    #: AWS region for ``sqs://`` (else boto3's default chain decides).
+    region: str | None = None
+    #: SQS endpoint override, for emulators.
+    endpoint_url: str | None = None
+    #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
+    queue_prefix: str = ""
+    #: Python module (``pkg.mod`` or ``pkg.mod:app``) defining the app and its workers.
+    app: str = "workers"
+    #: Threads per node; each shard of the node belongs to exactly one.
+    threads: int = 4
+    #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
+    grace_seconds: float = 30.0
+    #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
+    idle_wait_seconds: float = 20.0
+    #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
+    signing_key: str | None = None
+    #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
+    log_format: str = "auto"
+    log_level: str = "info"
+    #: Per-worker overrides: ``{WorkerName: {setting: value}}``.
+    workers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Where the values came from, for error messages.
+    source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Config:
+        """Load the file (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present),
+        then apply the environment, then ``overrides`` (CLI flags; None values skipped)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        sources = []
+        file_path = path or env.get(ENV_PREFIX + "CONFIG")
+        if file_path is None and Path(DEFAULT_FILE).is_file():
+            file_path = DEFAULT_FILE
+        if file_path is not None:
+            values.update(_read_file(Path(file_path)))
+            sources.append(str(file_path))
+        env_values = _from_env(env)
+        if env_values:
+            workers = {k: dict(v) for k, v in values.get("workers", {}).items()}
+            for name, settings in env_values.pop("workers", {}).items():
+                workers.setdefault(name, {}).update(settings)
+            values.update(env_values)
+            if workers:
+                values["workers"] = workers
+            sources.append("environment")
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = value
+                sources.append(f"--{key.replace('_', '-')}")
+        values["source"] = " + ".join(dict.fromkeys(sources)) or "defaults"
+        return cls(**_coerce(values, values["source"]))
+
+    def with_overrides(self, **changes: Any) -> Config:
+        """A copy with some values replaced (None values are ignored)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes)
+
+    def _validate(self) -> None:
+        where = self.source
+
+        def fail(key: str, problem: str) -> None:
+            raise ConfigError(f"{where}: {key}: {problem}")
+
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            fail("threads", f"expected an integer >= 1, got {self.threads!r}")
+        if not 0 <= self.grace_seconds <= 3600:
+            fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
+        if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
+            fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
+        if self.queue_prefix and not QUEUE_NAME_PATTERN.match(self.queue_prefix):
+            fail("queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}")
+        if self.log_format not in _LOG_FORMATS:
+            fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
+        if self.log_level not in _LOG_LEVELS:
+            fail("log_level", f"expected one of {', '.join(_LOG_LEVELS)}")
+        if "://" not in self.broker_url:
+            fail("broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}")
+        if not isinstance(self.workers, Mapping) or not all(
+            isinstance(v, Mapping) for v in self.workers.values()
+        ):
+            fail("workers", "expected a mapping of worker name to a mapping of settings")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
+_INTS = {"threads"}
+_FLOATS = {"grace_seconds", "idle_wait_seconds"}
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key {', '.join(map(str, unknown))}; known keys: "
+            f"{', '.join(sorted(_FIELDS))}"
+        )
+    return data
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        key = name[len(ENV_PREFIX) :]
+        if key.startswith("WORKERS__"):
+            parts = key.split("__")
+            if len(parts) != 3 or not all(parts):
+                raise ConfigError(f"environment: {name}: expected SHARDQ_WORKERS__<Worker>__<key>")
+            values.setdefault("workers", {}).setdefault(parts[1], {})[parts[2].lower()] = (
+                _env_scalar(raw)
+            )
+        elif key.lower() in _FIELDS and key.lower() != "workers":
+            values[key.lower()] = raw
+        else:
+            raise ConfigError(
+                f"environment: {name} is not a shardq setting; known: "
+                + ", ".join(ENV_PREFIX + k.upper() for k in sorted(_FIELDS) if k != "workers")
+            )
+    return values
+
+
+def _env_scalar(raw: str) -> Any:
+    """Environment values are strings; read numbers and null as YAML would."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if isinstance(value, (int, float)) or value is None else raw
+
+
+def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
+    out = dict(values)
+    for key in _INTS | _FLOATS:
+        if key in out and isinstance(out[key], str):
+            try:
+                out[key] = int(out[key]) if key in _INTS else float(out[key])
+            except ValueError:
+                kind = "an integer" if key in _INTS else "a number"
+                raise ConfigError(f"{source}: {key}: expected {kind}, got {out[key]!r}") from None
+        elif key in _FLOATS and isinstance(out.get(key), int) and not isinstance(out[key], bool):
+            out[key] = float(out[key])
+        elif key in out and not isinstance(out[key], (int, float)):
+            raise ConfigError(f"{source}: {key}: expected a number, got {out[key]!r}")
+    for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level"):
+        if key in out and not isinstance(out[key], str):
+            raise ConfigError(f"{source}: {key}: expected a string, got {out[key]!r}")
+    for key in ("region", "endpoint_url", "signing_key"):
+        if key in out and out[key] is not None and not isinstance(out[key], str):
+            raise ConfigError(f"{source}: {key}: expected a string or null, got {out[key]!r}")
+    if "workers" in out and out["workers"] is None:
+        out["workers"] = {}
+    return out

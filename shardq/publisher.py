@@ -1,0 +1,188 @@
+"""Publishing: validate every job first, then send in batches of up to 10 per shard queue.
+
+Nothing is sent when any job is invalid (bad entity id, payload that is not JSON,
+message over the queue's size limit, unknown worker). When the broker refuses some
+entries, the jobs after a refused one of the same entity are not sent either, so an
+entity is never published out of order; :class:`~shardq.errors.PublishError` lists
+exactly which jobs were not published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Tuple, Union
+
+from shardq import envelope
+from shardq.broker.base import SendEntry
+from shardq.errors import BrokerError, PayloadTooLargeError, PublishError, ShardqError
+from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.sharding import check_entity_id, shard_for
+
+if TYPE_CHECKING:
+    from shardq.app import App
+    from shardq.worker import Worker
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job to publish. ``dedup_id`` makes it idempotent for 5 minutes per entity."""
+
+    entity_id: str
+    payload: Any
+    dedup_id: str | None = None
+    meta: Mapping[str, Any] | None = None
+
+
+JobSpec = Union[Job, Tuple[str, Any], Tuple[str, Any, Union[str, None]]]
+
+
+@dataclass
+class PublishReport:
+    """``message_ids[i]`` is the message id of item ``i``, None if it was not published."""
+
+    message_ids: list[str | None] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+
+    @property
+    def sent(self) -> int:
+        return sum(1 for m in self.message_ids if m is not None)
+
+
+@dataclass
+class _Prepared:
+    index: int
+    entity_id: str
+    entry: SendEntry
+    size: int
+
+
+class Publisher:
+    """Publishes jobs of an app's workers (reached as ``Worker.publish``)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._max_bytes: dict[str, int] = {}
+
+    def publish_many(self, worker: type[Worker] | str, items: Iterable[JobSpec]) -> PublishReport:
+        """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
+        app = self._app
+        cls = app.worker(worker if isinstance(worker, str) else worker.__name__)
+        settings = app.settings(cls)
+        key = app.signing_key
+        by_queue: dict[str, list[_Prepared]] = {}
+        count = 0
+        for index, item in enumerate(items):
+            job = _as_job(index, item)
+            prepared = self._prepare(index, job, cls.__name__, settings.shards, key, by_queue)
+            by_queue.setdefault(prepared[0], []).append(prepared[1])
+            count += 1
+        report = PublishReport(message_ids=[None] * count)
+        for queue, jobs in by_queue.items():
+            self._send_queue(queue, jobs, report)
+        if report.failed:
+            first = report.failed[0]
+            raise PublishError(
+                f"{len(report.failed)} of {count} {cls.__name__} jobs were not published "
+                f"(first: item {first[0]}, entity {first[1]!r}: {first[2]}); the others were. "
+                "Publish the failed ones again with the same dedup_id",
+                failed=report.failed,
+                sent=report.sent,
+            )
+        return report
+
+    def _prepare(
+        self,
+        index: int,
+        job: Job,
+        worker: str,
+        shards: int,
+        key: bytes | None,
+        by_queue: Mapping[str, list[_Prepared]],
+    ) -> tuple[str, _Prepared]:
+        try:
+            entity = check_entity_id(job.entity_id)
+            body = envelope.encode(
+                envelope.Envelope(worker, entity, job.payload, time.time(), dict(job.meta or {})),
+                key,
+            )
+        except ShardqError as exc:
+            raise type(exc)(f"item {index}: {exc}") from exc
+        queue = self._app.shard_queue(worker, shard_for(entity, shards))
+        self._app.ensure_queue(queue, worker)
+        size = len(body.encode("utf-8"))
+        limit = self._limit(queue)
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"item {index}: job for entity {entity!r} of {worker} encodes to {size} bytes; "
+                f"queue {queue} accepts at most {limit}. Store large data elsewhere (e.g. S3) "
+                "and publish a reference"
+            )
+        if job.dedup_id is None:
+            dedup = uuid.uuid4().hex
+        else:
+            dedup = hashlib.sha256(f"{entity}\0{job.dedup_id}".encode()).hexdigest()
+        entry = SendEntry(str(len(by_queue.get(queue, ()))), body, entity, dedup)
+        return queue, _Prepared(index, entity, entry, size)
+
+    def _limit(self, queue: str) -> int:
+        limit = self._max_bytes.get(queue)
+        if limit is None:
+            limit = self._max_bytes[queue] = self._app.broker.max_message_bytes(queue)
+        return limit
+
+    def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
+        broker = self._app.broker
+        failed_entities: set[str] = set()
+        for chunk in _chunks(jobs):
+            sendable = []
+            for job in chunk:
+                if job.entity_id in failed_entities:
+                    reason = "not sent: an earlier job of this entity was not published"
+                    report.failed.append((job.index, job.entity_id, reason))
+                else:
+                    sendable.append(job)
+            if not sendable:
+                continue
+            try:
+                result = broker.send_batch(queue, [j.entry for j in sendable])
+                outcome = {j.entry.id: result.message_ids.get(j.entry.id) for j in sendable}
+                reasons = result.failed
+            except BrokerError as exc:
+                outcome = {j.entry.id: None for j in sendable}
+                reasons = {j.entry.id: str(exc) for j in sendable}
+            for job in sendable:
+                message_id = outcome[job.entry.id]
+                if message_id is None:
+                    failed_entities.add(job.entity_id)
+                    reason = reasons.get(job.entry.id, "not accepted by the broker")
+                    report.failed.append((job.index, job.entity_id, reason))
+                else:
+                    report.message_ids[job.index] = message_id
+
+
+def _chunks(jobs: list[_Prepared]) -> Iterable[list[_Prepared]]:
+    """Consecutive runs of at most 10 jobs and at most 1 MiB."""
+    chunk: list[_Prepared] = []
+    size = 0
+    for job in jobs:
+        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or size + job.size > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(job)
+        size += job.size
+    if chunk:
+        yield chunk
+
+
+def _as_job(index: int, item: JobSpec) -> Job:
+    if isinstance(item, Job):
+        return item
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        return Job(*item)
+    raise TypeError(
+        f"item {index}: expected shardq.Job(entity_id, payload, dedup_id, meta) or a tuple "
+        f"(entity_id, payload[, dedup_id]), got {type(item).__name__}"
+    )
