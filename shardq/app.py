@@ -15,6 +15,7 @@ from shardq.broker import Broker, broker_from_url
 from shardq.config import Config
 from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
 from shardq.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
+from shardq.plan import Plan, make_plan
 from shardq.publisher import Publisher
 from shardq.worker import Worker, WorkerSettings
 
@@ -101,6 +102,13 @@ class App:
                     f"{settings.queue_name!r}; give one of them another queue_name"
                 )
             seen[settings.queue_name] = name
+
+    def plan(self, *, node: int = 0, nodes: int = 1, threads: int | None = None) -> Plan:
+        """The plan of node ``node`` of ``nodes`` (threads default to the config's)."""
+        workers = {n: (self.settings(n).shards, self.settings(n).priority) for n in self._workers}
+        return make_plan(
+            workers, node=node, nodes=nodes, threads=threads or self.config.threads
+        )
 
     # -- config and broker -----------------------------------------------------
     @property

@@ -88,7 +88,15 @@ class Config:
             sources.append(str(file_path))
         env_values = _from_env(env)
         if env_values:
-            workers = {k: dict(v) for k, v in values.get("workers", {}).items()}
+            workers = values.get("workers") or {}
+            if not isinstance(workers, Mapping) or not all(
+                isinstance(v, Mapping) for v in workers.values()
+            ):
+                raise ConfigError(
+                    f"{file_path}: workers: expected a mapping of worker name to a mapping "
+                    "of settings"
+                )
+            workers = {k: dict(v) for k, v in workers.items()}
             for name, settings in env_values.pop("workers", {}).items():
                 workers.setdefault(name, {}).update(settings)
             values.update(env_values)
@@ -119,7 +127,7 @@ class Config:
             fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
-        if self.queue_prefix and not QUEUE_NAME_PATTERN.match(self.queue_prefix):
+        if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
             fail("queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}")
         if self.log_format not in _LOG_FORMATS:
             fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
@@ -203,7 +211,7 @@ def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
                 raise ConfigError(f"{source}: {key}: expected {kind}, got {out[key]!r}") from None
         elif key in _FLOATS and isinstance(out.get(key), int) and not isinstance(out[key], bool):
             out[key] = float(out[key])
-        elif key in out and not isinstance(out[key], (int, float)):
+        elif key in out and (not isinstance(out[key], (int, float)) or isinstance(out[key], bool)):
             raise ConfigError(f"{source}: {key}: expected a number, got {out[key]!r}")
     for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level"):
         if key in out and not isinstance(out[key], str):

@@ -59,7 +59,8 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
         if not body.startswith(_SIG_PREFIX):
             raise EnvelopeError("message is not signed but a signing key is configured")
         sig, sep, body = body[len(_SIG_PREFIX) :].partition(":")
-        if not sep or not hmac.compare_digest(sig, _sign(signing_key, body)):
+        expected = _sign(signing_key, body).encode("ascii")
+        if not sep or not hmac.compare_digest(sig.encode("utf-8"), expected):
             raise EnvelopeError("message signature does not match the signing key")
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
@@ -70,7 +71,7 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     if not isinstance(doc, dict):
         raise EnvelopeError("message body is not a JSON object")
     version = doc.get("v")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise EnvelopeError(
             f"envelope version {version!r} is not supported by this shardq (expects "
             f"{VERSION}); upgrade the node or publish with a matching version"

@@ -56,10 +56,19 @@ class PublishError(ShardqError):
     same ``dedup_id`` to stay idempotent).
     """
 
-    def __init__(self, message: str, failed: list[tuple[int, str, str]], sent: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        failed: list[tuple[int, str, str]],
+        sent: int,
+        gaps: list[tuple[int, str]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.failed = failed
         self.sent = sent
+        #: ``(index, entity_id)`` of jobs SQS accepted after refusing an earlier job of
+        #: their entity in the same batch: they are published, out of order.
+        self.gaps = gaps or []
 
 
 class Retry(Exception):  # noqa: N818 - raised by users as ``raise shardq.Retry(...)``

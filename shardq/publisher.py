@@ -5,6 +5,10 @@ message over the queue's size limit, unknown worker). When the broker refuses so
 entries, the jobs after a refused one of the same entity are not sent either, so an
 entity is never published out of order; :class:`~shardq.errors.PublishError` lists
 exactly which jobs were not published.
+
+One case cannot be prevented: inside a single SendMessageBatch, SQS may refuse one
+entry and accept a later entry of the same entity. That later job is published
+after a gap; the error lists it in ``gaps`` so the caller can decide what to do.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class PublishReport:
 
     message_ids: list[str | None] = field(default_factory=list)
     failed: list[tuple[int, str, str]] = field(default_factory=list)
+    #: ``(index, entity_id)`` of jobs published after a refused job of their entity.
+    gaps: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -90,6 +96,7 @@ class Publisher:
                 "Publish the failed ones again with the same dedup_id",
                 failed=report.failed,
                 sent=report.sent,
+                gaps=report.gaps,
             )
         return report
 
@@ -161,6 +168,8 @@ class Publisher:
                     report.failed.append((job.index, job.entity_id, reason))
                 else:
                     report.message_ids[job.index] = message_id
+                    if job.entity_id in failed_entities:  # refused earlier in this batch
+                        report.gaps.append((job.index, job.entity_id))
 
 
 def _chunks(jobs: list[_Prepared]) -> Iterable[list[_Prepared]]:

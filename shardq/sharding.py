@@ -24,8 +24,8 @@ def check_entity_id(entity_id: Any) -> str:
             f"entity id {entity_id[:40]!r}{'...' if len(entity_id) > 40 else ''} has "
             f"{len(entity_id)} characters; SQS group ids take 1 to {MAX_GROUP_ID_LENGTH}"
         )
-    if not GROUP_ID_PATTERN.match(entity_id):
-        bad = sorted({c for c in entity_id if not GROUP_ID_PATTERN.match(c)})
+    if not GROUP_ID_PATTERN.fullmatch(entity_id):
+        bad = sorted({c for c in entity_id if not GROUP_ID_PATTERN.fullmatch(c)})
         raise InvalidEntityIdError(
             f"entity id {entity_id!r} contains {''.join(bad)!r}; SQS group ids take only "
             "ASCII letters, digits and punctuation (no spaces); encode other ids, "

@@ -64,7 +64,7 @@ def _time_limit(value: Any) -> str | None:
 
 
 def _queue_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not QUEUE_NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not QUEUE_NAME_PATTERN.fullmatch(value):
         return f"expected letters, digits, '-' and '_', got {value!r}"
     if len(value) > MAX_BASE_NAME_LENGTH:
         return f"expected at most {MAX_BASE_NAME_LENGTH} characters, got {len(value)}"
@@ -173,6 +173,12 @@ class Worker:
     def perform(self, entity_id: str, payloads: list[Any]) -> None:
         """Process the payloads of one entity, oldest first. Raise to fail them."""
         raise NotImplementedError
+
+    def retries_exhausted(
+        self, entity_id: str, payloads: list[Any], error: BaseException
+    ) -> None:
+        """Called after jobs were moved to the morgue (retries used up or a permanent
+        error). Override to alert or compensate; an exception here is logged and ignored."""
 
     def retry_in(self, attempt: int) -> float:
         """Seconds before retrying after failed attempt ``attempt`` (1 = first run).

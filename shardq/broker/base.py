@@ -45,6 +45,8 @@ class Message:
     receive_count: int
     sent_at: float
     sequence: str
+    #: When this receive happened (visibility can be extended to 12 h after it).
+    received_at: float = 0.0
 
 
 @dataclass
@@ -110,6 +112,13 @@ class Broker(abc.ABC):
     def max_message_bytes(self, queue: str) -> int:
         """The queue's largest accepted message body, in bytes."""
 
+    def wake_waiters(self) -> None:  # noqa: B027 - optional for implementations
+        """Make receives that are waiting return now (empty if nothing came).
+
+        Used at shutdown. Brokers that cannot interrupt a wait (SQS long polls)
+        do nothing; their waits end within ``wait_seconds``.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional for implementations
         """Release connections; the broker is not used afterwards."""
 
@@ -127,8 +136,8 @@ def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:
     size = len(entry.body.encode("utf-8"))
     if size > max_bytes:
         return f"message is {size} bytes; the queue accepts at most {max_bytes}"
-    if not GROUP_ID_PATTERN.match(entry.group_id):
+    if not GROUP_ID_PATTERN.fullmatch(entry.group_id):
         return f"invalid MessageGroupId {entry.group_id!r}"
-    if not GROUP_ID_PATTERN.match(entry.dedup_id):
+    if not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):
         return f"invalid MessageDeduplicationId {entry.dedup_id!r}"
     return None

@@ -99,6 +99,7 @@ class SqliteBroker(Broker):
         self._changed = threading.Condition()
         self._versions: dict[str, int] = {}
         self._waiters = 0
+        self._wakeups = 0
         self._closed = False
         self._watcher: threading.Thread | None = None
         self._next_dedup_purge = 0.0
@@ -218,15 +219,16 @@ class SqliteBroker(Broker):
         if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:
             raise BrokerError(f"visibility_timeout {visibility_timeout} is outside 0..43200")
         deadline = time.monotonic() + max(0.0, wait_seconds)
+        woken = False
         while True:
             seen = self._version(queue)
             messages, next_visible = self._receive_now(queue, max_messages, visibility_timeout)
             remaining = deadline - time.monotonic()
-            if messages or remaining <= 0 or self._closed:
+            if messages or remaining <= 0 or self._closed or woken:
                 return messages
             if next_visible is not None:
                 remaining = min(remaining, max(0.0, next_visible - time.time()) + 0.001)
-            self._wait_for_change(queue, seen, remaining)
+            woken = self._wait_for_change(queue, seen, remaining)
 
     def _receive_now(
         self, queue: str, max_messages: int, visibility_timeout: float
@@ -259,6 +261,7 @@ class SqliteBroker(Broker):
                         receive_count=count + 1,
                         sent_at=sent_at,
                         sequence=f"{seq:020d}",
+                        received_at=now,
                     )
                 )
         return messages, None
@@ -329,14 +332,25 @@ class SqliteBroker(Broker):
         with self._changed:
             return self._versions.get(queue, 0)
 
-    def _wait_for_change(self, queue: str, seen: int, timeout: float) -> None:
+    def wake_waiters(self) -> None:
+        with self._changed:
+            self._wakeups += 1
+            self._changed.notify_all()
+
+    def _wait_for_change(self, queue: str, seen: int, timeout: float) -> bool:
+        """Wait until ``queue`` may have changed; True if woken by :meth:`wake_waiters`."""
         with self._changed:
             self._waiters += 1
+            wakeups = self._wakeups
             try:
                 self._start_watcher()
                 self._changed.wait_for(
-                    lambda: self._closed or self._versions.get(queue, 0) != seen, timeout
+                    lambda: self._closed
+                    or self._wakeups != wakeups
+                    or self._versions.get(queue, 0) != seen,
+                    timeout,
                 )
+                return self._wakeups != wakeups
             finally:
                 self._waiters -= 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -208,6 +209,7 @@ class SqsBroker(Broker):
             MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
         )
         messages = []
+        now = time.time()
         for raw in response.get("Messages", []):
             attrs = raw.get("Attributes", {})
             messages.append(
@@ -220,6 +222,7 @@ class SqsBroker(Broker):
                     receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
                     sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
                     sequence=attrs.get("SequenceNumber", ""),
+                    received_at=now,
                 )
             )
         return messages

@@ -1,0 +1,5 @@
+import sys
+
+from shardq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,173 @@
+"""The ``shardq`` command.
+
+Exit codes: 0 done; 1 unexpected error; 2 bad usage, config or input;
+3 a node stopped with jobs still running after the grace period.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from shardq.app import App
+from shardq.config import Config
+from shardq.errors import ConfigError, ShardqError
+from shardq.plan import format_plan
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+
+_EPILOG_RUN = """examples:
+  shardq run --node 0 --nodes 3 --threads 8      # node 0 of a 3-node deployment
+  shardq run --until-empty                       # process what is queued, then exit
+  SHARDQ_BROKER_URL=sqs:// shardq run --node 1 --nodes 2
+"""
+_EPILOG_PLAN = """examples:
+  shardq plan --nodes 3 --threads 4              # every node's shards, per thread
+  shardq plan --node 1 --nodes 3                 # node 1 only
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code: int = args.handler(args)
+        return code
+    except ShardqError as exc:
+        print(f"shardq: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
+    )
+    parser.add_argument("--version", action="version", version=f"shardq {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", help="run a node", epilog=_EPILOG_RUN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run node N: serve its share of all shards until SIGTERM/SIGINT.",
+    )
+    _common(run)
+    _placement(run)
+    run.add_argument("--until-empty", action="store_true",
+                     help="stop (exit 0) once every shard of the node is empty")
+    run.add_argument("--grace-seconds", type=float, help="time running jobs get at shutdown")
+    run.add_argument("--log-format", choices=("auto", "console", "json"))
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--seed", type=int, help="seed the schedulers' lottery (reproducible runs)")
+    run.set_defaults(handler=_run)
+
+    plan = commands.add_parser(
+        "plan", help="print which node and thread own each shard", epilog=_EPILOG_PLAN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(plan)
+    _placement(plan, node_default=None)
+    plan.set_defaults(handler=_plan)
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="config file (default: ./shardq.yaml if any)")
+    p.add_argument("--app", metavar="MODULE[:ATTR]",
+                   help="module defining the app and workers (default: workers)")
+    p.add_argument("--broker-url", help="sqlite:///shardq.db (default), memory:// or sqs://")
+    p.add_argument("--queue-prefix", help="prefix of every queue name")
+
+
+def _placement(p: argparse.ArgumentParser, node_default: int | None = 0) -> None:
+    p.add_argument("--node", type=int, default=node_default, help="this node's number, from 0")
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--threads", type=int, help="threads per node (default from config: 4)")
+
+
+def load(args: argparse.Namespace) -> tuple[App, Config]:
+    """The config (file < env < flags) and the app it names, configured with it."""
+    overrides = {
+        key: getattr(args, key, None)
+        for key in ("app", "broker_url", "queue_prefix", "threads", "grace_seconds",
+                    "log_format", "log_level")
+    }
+    config = Config.load(args.config, overrides=overrides)
+    app = load_app(config.app)
+    app.configure(config)
+    app.check()
+    return app, config
+
+
+def load_app(spec: str) -> App:
+    """Import ``module[:attr]`` (the working directory first on the path) and find its App."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"app module {module_name!r} not found; run from the directory that holds it "
+                "or pass --app package.module"
+            ) from exc
+        raise
+    if attr:
+        found = getattr(module, attr, None)
+        if not isinstance(found, App):
+            raise ConfigError(f"{module_name}.{attr} is not a shardq.App")
+        return found
+    apps = {id(v): v for v in vars(module).values() if isinstance(v, App)}
+    if len(apps) != 1:
+        raise ConfigError(
+            f"module {module_name} defines {len(apps)} shardq.App objects; "
+            f"name one with --app {module_name}:ATTR"
+        )
+    return next(iter(apps.values()))
+
+
+def _run(args: argparse.Namespace) -> int:
+    app, config = load(args)
+    from shardq import logs
+    from shardq.node import Node
+
+    logs.configure(config.log_format, config.log_level)
+    plan = app.plan(node=args.node, nodes=args.nodes)
+    node = Node(app, plan, until_empty=args.until_empty, seed=args.seed)
+    started = time.monotonic()
+    code = node.run()
+    _print_summary(node, time.monotonic() - started)
+    return code
+
+
+def _plan(args: argparse.Namespace) -> int:
+    app, _ = load(args)
+    nodes = [args.node] if args.node is not None else range(args.nodes)
+    print(format_plan([app.plan(node=n, nodes=args.nodes) for n in nodes]))
+    return EXIT_OK
+
+
+def _print_summary(node: Any, elapsed: float) -> None:
+    tally = node.tally()
+    workers = sorted(set(tally.succeeded) | set(tally.retried) | set(tally.morgued))
+    total = sum(tally.succeeded.values())
+    print(f"\nshardq node {node.plan.node}: {total} jobs succeeded in {elapsed:.1f} s", file=sys.stderr)
+    if workers:
+        width = max(len(w) for w in workers)
+        print(f"  {'worker':<{width}}  succeeded  retried  morgued", file=sys.stderr)
+        for w in workers:
+            print(f"  {w:<{width}}  {tally.succeeded.get(w, 0):>9}  {tally.retried.get(w, 0):>7}"
+                  f"  {tally.morgued.get(w, 0):>7}", file=sys.stderr)
+
+
+def _version() -> str:
+    from shardq import __version__
+
+    return __version__

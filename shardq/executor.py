@@ -1,0 +1,300 @@
+"""Running one received batch of a shard, entity by entity, without breaking order.
+
+For each entity in the batch, in receive order, its jobs run in chunks of up to
+``batch_size`` (one ``perform`` call per chunk):
+
+* success: the chunk's messages are deleted (batched at the end of the batch);
+* failure with retries left: the chunk's messages become visible again after the
+  retry delay (``Retry`` or ``retry_in``), and every later job of the entity in the
+  batch is **not run and released** (visibility 0). The entity's group stays blocked
+  by the failed job, so nothing overtakes it and nothing waits out a timeout;
+* failure with no retries left, or a permanent error: the chunk goes to the
+  worker's morgue, is then deleted, and the entity's next jobs run;
+* a body that is not a valid envelope, or names another worker: morgue at once.
+
+Jobs of other entities in the batch are not affected. ``perform`` of one chunk is
+all or nothing: its jobs retry, and reach the morgue, together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import structlog
+
+from shardq import envelope, morgue
+from shardq.broker.base import BatchResult, Message
+from shardq.errors import BrokerError, EnvelopeError, Retry
+from shardq.heartbeat import Heartbeat, TimeLimitExceeded
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.plan import ShardRef
+from shardq.worker import Worker, WorkerSettings
+
+if TYPE_CHECKING:
+    from shardq.app import App
+
+log = structlog.get_logger("shardq.job")
+_FLUSH_TRIES = 3
+
+
+@dataclass
+class Tally:
+    """Job outcomes counted by a node, per worker."""
+
+    succeeded: dict[str, int] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+    morgued: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, worker: str, n: int = 1) -> None:
+        counter: dict[str, int] = getattr(self, kind)
+        counter[worker] = counter.get(worker, 0) + n
+
+
+@dataclass
+class _Job:
+    message: Message
+    payload: Any
+
+
+@dataclass
+class _Settle:
+    """What to tell the broker once the batch is done."""
+
+    delete: list[Message] = field(default_factory=list)
+    hide: list[tuple[Message, float]] = field(default_factory=list)
+
+
+class Executor:
+    """Runs batches for one node thread. Not shared between threads."""
+
+    def __init__(
+        self,
+        app: App,
+        heartbeat: Heartbeat,
+        stopping: threading.Event,
+        tally: Tally,
+        on_outcome: Callable[[str, str, Message], None] | None = None,
+    ) -> None:
+        self._app = app
+        self._broker = app.broker
+        self._heartbeat = heartbeat
+        self._stopping = stopping
+        self._tally = tally
+        self._workers: dict[str, Worker] = {}
+        # receives of a message that ended in a release without running it, so the
+        # attempt number is not inflated by this node's own releases
+        self._unstarted: dict[str, int] = {}
+        self._key = app.signing_key
+        self._on_outcome = on_outcome
+
+    def run_batch(self, ref: ShardRef, messages: list[Message]) -> None:
+        """Run a received batch of shard ``ref`` and settle every message."""
+        settle = _Settle()
+        settings = self._app.settings(ref.worker)
+        worker = self._worker(ref.worker)
+        for entity, group in _by_entity(messages):
+            self._run_entity(ref, settings, worker, entity, group, settle)
+        self._settle(ref.worker, messages[0].queue, settle)
+
+    # -- one entity ----------------------------------------------------------------
+    def _run_entity(
+        self,
+        ref: ShardRef,
+        settings: WorkerSettings,
+        worker: Worker,
+        entity: str,
+        messages: list[Message],
+        settle: _Settle,
+    ) -> None:
+        jobs = [job for m in messages if (job := self._decode(ref, m, settle)) is not None]
+        chunks = [jobs[i : i + settings.batch_size] for i in range(0, len(jobs), settings.batch_size)]
+        for index, chunk in enumerate(chunks):
+            if self._stopping.is_set():  # shutting down: release what has not started
+                self._release([j for c in chunks[index:] for j in c], settle)
+                return
+            started = time.monotonic()
+            error = self._perform(worker, settings, entity, chunk)
+            duration = round(time.monotonic() - started, 6)
+            if error is None:
+                settle.delete += [j.message for j in chunk]
+                self._outcome("succeeded", ref, chunk, duration)
+                continue
+            attempt = self._attempt(chunk[0].message)
+            permanent = isinstance(error, type(worker).permanent_errors)
+            if permanent or attempt > settings.max_retries:
+                reason = morgue.REASON_PERMANENT if permanent else morgue.REASON_MAX_RETRIES
+                if self._bury(ref, worker, entity, chunk, reason, error, attempt, settle):
+                    self._outcome("morgued", ref, chunk, duration, error=error, reason=reason)
+                    continue
+                delay = min(60.0, 2.0**attempt)  # the morgue is unreachable: try again later
+            else:
+                delay = self._retry_delay(worker, error, attempt)
+                self._outcome("retried", ref, chunk, duration, error=error, delay=delay)
+            settle.hide += [(j.message, _cap(j.message, delay)) for j in chunk]
+            self._release([j for c in chunks[index + 1 :] for j in c], settle)
+            return
+
+    def _decode(self, ref: ShardRef, message: Message, settle: _Settle) -> _Job | None:
+        try:
+            env = envelope.decode(message.body, self._key)
+            if env.worker != ref.worker:
+                raise EnvelopeError(
+                    f"message names worker {env.worker!r} but sits in a queue of {ref.worker}"
+                )
+        except EnvelopeError as exc:
+            reason = morgue.REASON_INVALID
+            attempt = self._attempt(message)
+            job = _Job(message, None)
+            if self._bury(ref, None, message.group_id, [job], reason, exc, attempt, settle):
+                self._outcome("morgued", ref, [job], 0.0, error=exc, reason=reason)
+            else:
+                settle.hide.append((message, _cap(message, 30.0)))
+            return None
+        return _Job(message, env.payload)
+
+    def _perform(
+        self, worker: Worker, settings: WorkerSettings, entity: str, chunk: list[_Job]
+    ) -> BaseException | None:
+        payloads = [j.payload for j in chunk]
+        try:
+            _, overran = self._heartbeat.run_limited(
+                lambda: worker.perform(entity, payloads), settings.time_limit
+            )
+        except Exception as exc:
+            return exc
+        if overran:
+            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s")
+        return None
+
+    def _attempt(self, message: Message) -> int:
+        return max(1, message.receive_count - self._unstarted.get(message.message_id, 0))
+
+    def _retry_delay(self, worker: Worker, error: BaseException, attempt: int) -> float:
+        if isinstance(error, Retry):
+            if error.at is not None:
+                at = error.at
+                if isinstance(at, dt.datetime):
+                    at = at.timestamp()
+                return max(0.0, float(at) - time.time())
+            if error.delay is not None:
+                return max(0.0, float(error.delay))
+        try:
+            return max(0.0, float(worker.retry_in(attempt)))
+        except Exception:
+            log.exception("job.retry_in_failed", worker=type(worker).__name__, attempt=attempt)
+            return min(60.0, 2.0**attempt)
+
+    def _release(self, jobs: list[_Job], settle: _Settle) -> None:
+        for job in jobs:
+            settle.hide.append((job.message, 0.0))
+            key = job.message.message_id
+            self._unstarted[key] = self._unstarted.get(key, 0) + 1
+        if len(self._unstarted) > 100_000:  # ids of jobs another node finished
+            self._unstarted.clear()
+
+    def _bury(
+        self,
+        ref: ShardRef,
+        worker: Worker | None,
+        entity: str,
+        chunk: list[_Job],
+        reason: str,
+        error: BaseException,
+        attempt: int,
+        settle: _Settle,
+    ) -> bool:
+        """Write the chunk to the morgue; only then is it deleted. False if that failed."""
+        queue = self._app.morgue_queue(ref.worker)
+        try:
+            self._app.ensure_queue(queue, ref.worker)
+            limit = self._broker.max_message_bytes(queue)
+            for job in chunk:
+                record = morgue.record_for(job.message, reason, error, attempt)
+                result = self._broker.send_batch(queue, [morgue.entry(record, limit)])
+                if result.failed:
+                    raise BrokerError(result.failed["0"])
+        except BrokerError as exc:
+            log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
+            return False
+        settle.delete += [j.message for j in chunk]
+        if worker is not None:
+            try:
+                worker.retries_exhausted(entity, [j.payload for j in chunk], error)
+            except Exception:
+                log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
+        return True
+
+    # -- settling ---------------------------------------------------------------
+    def _settle(self, worker: str, queue: str, settle: _Settle) -> None:
+        self._heartbeat.drop([m.receipt for m in settle.delete])
+        self._heartbeat.drop([m.receipt for m, _ in settle.hide])
+        for chunk in _batches(settle.delete):
+            receipts = [m.receipt for m in chunk]
+            failed = self._retrying(lambda r=receipts: self._broker.delete_batch(queue, r), receipts)
+            for m in chunk:
+                self._unstarted.pop(m.message_id, None)
+                if m.receipt in failed:
+                    log.warning(
+                        "job.delete_failed", worker=worker, queue=queue, entity=m.group_id,
+                        message_id=m.message_id, reason=failed[m.receipt],
+                        detail="the job ran but its message may be delivered again",
+                    )
+        for chunk in _batches(settle.hide):
+            changes = [(m.receipt, s) for m, s in chunk]
+            self._retrying(lambda c=changes: self._broker.change_visibility_batch(queue, c),
+                           [r for r, _ in changes])
+
+    def _retrying(self, call: Callable[[], BatchResult], receipts: list[str]) -> dict[str, str]:
+        """Failed receipts of a settle call, retried while the broker is unreachable."""
+        for attempt in range(_FLUSH_TRIES):
+            try:
+                return call().failed
+            except BrokerError as exc:
+                log.warning("broker.settle_failed", attempt=attempt + 1, error=str(exc))
+                time.sleep(0.5 * 2**attempt)
+        return dict.fromkeys(receipts, "broker unreachable")
+
+    def _outcome(
+        self, kind: str, ref: ShardRef, chunk: list[_Job], duration: float, **extra: Any
+    ) -> None:
+        self._tally.add(kind, ref.worker, len(chunk))
+        error = extra.pop("error", None)
+        if error is not None:
+            extra["error"] = f"{type(error).__name__}: {error}"
+        level = log.info if kind == "succeeded" else log.warning
+        for job in chunk:
+            level(
+                f"job.{kind}", worker=ref.worker, shard=ref.shard, entity=job.message.group_id,
+                message_id=job.message.message_id, attempt=self._attempt(job.message),
+                duration=duration, **extra,
+            )
+            if self._on_outcome is not None:
+                self._on_outcome(kind, ref.worker, job.message)
+
+    def _worker(self, name: str) -> Worker:
+        worker = self._workers.get(name)
+        if worker is None:
+            worker = self._workers[name] = self._app.worker(name)()
+        return worker
+
+
+def _cap(message: Message, delay: float) -> float:
+    """A visibility change may reach at most 12 h after the receive."""
+    room = message.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
+    return max(0.0, min(delay, room))
+
+
+def _by_entity(messages: list[Message]) -> Iterator[tuple[str, list[Message]]]:
+    groups: dict[str, list[Message]] = {}
+    for m in messages:
+        groups.setdefault(m.group_id, []).append(m)
+    return iter(groups.items())
+
+
+def _batches(items: list[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(items), MAX_BATCH_ENTRIES):
+        yield items[start : start + MAX_BATCH_ENTRIES]

@@ -1,0 +1,40 @@
+"""Structured logs with structlog: readable in a terminal, one JSON object per line in
+production. Job events carry worker, shard, entity, message id, attempt and duration;
+payloads are never logged at info level.
+
+Called once by the CLI; a library user who embeds a node configures structlog as
+they like instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
+    """Set up structlog. ``fmt``: ``console``, ``json`` or ``auto`` (console on a tty)."""
+    out = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if out.isatty() else "json"
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if fmt == "json":
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,82 @@
+"""The plan: which node and which thread own each shard. A pure function.
+
+All shards of all workers, ordered by worker name then shard number, are dealt
+round-robin over the nodes (shard ``i`` of that list goes to node ``i % nodes``, as
+Lowkiq's by-node splitter does), then each node's shards are dealt round-robin over
+its threads. Every shard has exactly one owner thread; different workers interleave
+so each thread gets a mix of priorities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from shardq.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One shard: a worker's queue number ``shard``."""
+
+    worker: str
+    shard: int
+    priority: int
+
+    def __str__(self) -> str:
+        return f"{self.worker}[{self.shard}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Shards per thread of one node: ``threads[t]`` lists the shards thread ``t`` owns."""
+
+    node: int
+    nodes: int
+    threads: tuple[tuple[ShardRef, ...], ...]
+
+    @property
+    def shards(self) -> list[ShardRef]:
+        return [ref for refs in self.threads for ref in refs]
+
+
+def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
+    """Every shard, ordered by worker name then shard; ``workers`` maps name -> (shards, priority)."""
+    return [
+        ShardRef(name, shard, workers[name][1])
+        for name in sorted(workers)
+        for shard in range(workers[name][0])
+    ]
+
+
+def make_plan(
+    workers: Mapping[str, tuple[int, int]], *, node: int, nodes: int, threads: int
+) -> Plan:
+    """The plan of node ``node`` of ``nodes`` with ``threads`` threads.
+
+    Threads beyond the node's number of shards would have nothing to do and are
+    not planned; a node with no shards has an empty plan.
+    """
+    if not workers:
+        raise ConfigError("no workers are registered; check --app (default: the workers module)")
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, got {nodes}")
+    if not 0 <= node < nodes:
+        raise ConfigError(f"--node must be from 0 to {nodes - 1} (there are {nodes} nodes), got {node}")
+    if threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    mine = all_shards(workers)[node::nodes]
+    used = min(threads, len(mine))
+    return Plan(node, nodes, tuple(tuple(mine[t::used]) for t in range(used)))
+
+
+def format_plan(plans: list[Plan]) -> str:
+    """A readable table of one or more node plans."""
+    lines = []
+    for plan in plans:
+        lines.append(f"node {plan.node} of {plan.nodes}: {len(plan.shards)} shards")
+        if not plan.threads:
+            lines.append("  (no shards: more nodes than shards)")
+        for t, refs in enumerate(plan.threads):
+            lines.append(f"  thread {t}: " + ", ".join(str(r) for r in refs))
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""A test app whose workers record every execution in a ledger file outside the broker.
+
+Used by node tests in-process and by ``shardq run --app tests.apps.ledger`` in child
+processes. The ledger path comes from ``SHARDQ_TEST_LEDGER``; each line is JSON:
+``{"event": "start"|"end"|"fail", "entity", "n", "pid", "t"}``.
+
+Payload keys: ``n`` (job number within its entity), ``sleep`` (seconds),
+``fail`` (attempts that fail before one succeeds), ``fail_rate`` (random failure
+probability), ``permanent`` (always raise a permanent error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import shardq
+
+app = shardq.App()
+_lock = threading.Lock()
+_attempts: dict[tuple[str, int], int] = {}
+
+
+def reset() -> None:
+    """Forget the tries counted in this process (between tests)."""
+    with _lock:
+        _attempts.clear()
+
+
+def record(event: str, entity: str, n: int) -> None:
+    line = json.dumps({"event": event, "entity": entity, "n": n, "pid": os.getpid(),
+                       "tid": threading.get_ident(), "t": time.time()}) + "\n"
+    fd = os.open(os.environ["SHARDQ_TEST_LEDGER"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def run_job(entity: str, payload: dict[str, Any]) -> None:
+    n = payload["n"]
+    record("start", entity, n)
+    try:
+        if payload.get("sleep"):
+            time.sleep(payload["sleep"])
+        with _lock:
+            tries = _attempts[(entity, n)] = _attempts.get((entity, n), 0) + 1
+        if payload.get("permanent"):
+            raise shardq.PermanentError(f"job {entity}#{n} is broken")
+        if tries <= payload.get("fail", 0) or random.random() < payload.get("fail_rate", 0.0):
+            raise RuntimeError(f"job {entity}#{n} failed on try {tries}")
+    except BaseException:
+        record("fail", entity, n)
+        raise
+    record("end", entity, n)
+
+
+@app.register
+class Ledgered(shardq.Worker):
+    shards = 3
+    visibility_timeout = 2
+    max_retries = 50
+
+    def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            run_job(entity_id, payload)
+
+    def retry_in(self, attempt: int) -> float:
+        return 0.05
+
+
+def read(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check(
+    entries: list[dict[str, Any]],
+    expected: dict[str, int],
+    morgued: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+    killed: set[int] = frozenset(),  # type: ignore[assignment]
+) -> dict[str, list[Any]]:
+    """What went wrong in a run, by kind; every list empty means a clean run.
+
+    * lost: a job that neither succeeded nor sits in the morgue;
+    * order: a job that succeeded after a later job of its entity had succeeded;
+    * overlap: an execution of an entity that began while another was running;
+    * duplicates: jobs that succeeded more than once, from a killed node only.
+    """
+    by_entity: dict[str, list[dict[str, Any]]] = {}
+    for e in sorted(entries, key=lambda e: e["t"]):
+        by_entity.setdefault(e["entity"], []).append(e)
+    problems: dict[str, list[Any]] = {"lost": [], "order": [], "overlap": [], "duplicates": [],
+                                      "bad_duplicates": []}
+    for entity, count in expected.items():
+        events = by_entity.get(entity, [])
+        ended = [e["n"] for e in events if e["event"] == "end"]
+        for n in range(count):
+            if n not in ended and (entity, n) not in morgued:
+                problems["lost"].append((entity, n))
+        highest = -1
+        for n in ended:
+            if n < highest:
+                problems["order"].append((entity, n, "after", highest))
+            highest = max(highest, n)
+        running: dict[tuple[int, int], dict[str, Any]] = {}  # (pid, thread) -> open start
+        for e in events:
+            key = (e["pid"], e["tid"])
+            if e["event"] == "start":
+                alive = [s for (pid, _), s in running.items() if pid not in killed]
+                if alive:
+                    problems["overlap"].append((entity, e["n"], alive))
+                running[key] = e
+            else:
+                running.pop(key, None)
+        first_end: dict[int, dict[str, Any]] = {}
+        for e in events:
+            if e["event"] != "end":
+                continue
+            if e["n"] in first_end:
+                problems["duplicates"].append((entity, e["n"]))
+                if first_end[e["n"]]["pid"] not in killed:
+                    problems["bad_duplicates"].append((entity, e["n"]))
+            else:
+                first_end[e["n"]] = e
+    return problems

@@ -1,0 +1,316 @@
+"""The wire format: a versioned JSON envelope, optionally HMAC-signed."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardq.envelope import VERSION, Envelope, decode, encode
+from shardq.errors import EnvelopeError, PayloadError
+
+KEY = b"shared-secret"
+SENT_AT = 1_700_000_000.5
+#: Leave a field out of a body made by ``body_of``.
+_DROP = object()
+
+
+def sample(payload: Any = None, **changes: Any) -> Envelope:
+    values: dict[str, Any] = {
+        "worker": "SyncOrder",
+        "entity": "order-42",
+        "payload": {"id": 42, "items": ["a", "b"]} if payload is None else payload,
+        "published_at": SENT_AT,
+        "meta": {"trace": "abc"},
+    }
+    values.update(changes)
+    return Envelope(**values)
+
+
+def body_of(**doc: Any) -> str:
+    base: dict[str, Any] = {
+        "v": VERSION,
+        "worker": "SyncOrder",
+        "entity": "order-42",
+        "payload": 1,
+        "published_at": SENT_AT,
+        "meta": {},
+    }
+    base.update(doc)
+    return json.dumps({k: v for k, v in base.items() if v is not _DROP})
+
+
+# -- round trips -------------------------------------------------------------------
+
+
+def test_an_envelope_survives_a_round_trip() -> None:
+    # given an envelope
+    original = sample()
+    # when it is encoded and decoded
+    decoded = decode(encode(original))
+    # then every field is back
+    assert decoded == original
+
+
+def test_the_body_is_compact_versioned_json() -> None:
+    # when an envelope is encoded
+    body = encode(sample(payload={"k": "v"}))
+    # then it is compact JSON with the version and every field
+    assert " " not in body
+    assert json.loads(body) == {
+        "v": 1,
+        "worker": "SyncOrder",
+        "entity": "order-42",
+        "payload": {"k": "v"},
+        "published_at": SENT_AT,
+        "meta": {"trace": "abc"},
+    }
+
+
+def test_non_ascii_text_is_kept_as_is() -> None:
+    original = sample(payload={"name": "Zo\u00eb \u2603 \U0001f600"})
+    body = encode(original)
+    assert "Zo\u00eb \u2603 \U0001f600" in body
+    assert decode(body) == original
+
+
+def test_published_at_defaults_to_now_and_keeps_microseconds() -> None:
+    # given an envelope with a precise timestamp
+    original = sample(published_at=1_700_000_000.123456)
+    # then it comes back to the microsecond
+    assert decode(encode(original)).published_at == pytest.approx(1_700_000_000.123456, abs=1e-6)
+    # and an envelope without one is stamped with the current time
+    assert Envelope("W", "e", None).published_at > 1_600_000_000
+
+
+def test_a_missing_meta_decodes_as_empty() -> None:
+    assert decode(body_of(meta=_DROP)).meta == {}
+
+
+@pytest.mark.parametrize("payload", [None, 0, -1.5, "", "text", [], {}, [1, [2, [3]]], True])
+def test_any_json_value_is_a_payload(payload: Any) -> None:
+    original = Envelope("W", "e", payload, SENT_AT, {})
+    assert decode(encode(original)).payload == payload
+
+
+# -- payloads that cannot be published ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"when": date(2024, 1, 1)},
+        Decimal("1.10"),
+        {1, 2},
+        object(),
+        b"bytes",
+        {("tuple", "key"): 1},
+    ],
+)
+def test_a_payload_that_is_not_json_is_refused_naming_the_entity(payload: Any) -> None:
+    # when an envelope with a non-JSON payload is encoded
+    with pytest.raises(PayloadError) as caught:
+        encode(sample(payload=payload, entity="cust-7"))
+    # then the error names the entity and the worker and says what to pass
+    message = str(caught.value)
+    assert "entity 'cust-7'" in message
+    assert "worker SyncOrder" in message
+    assert "not JSON-serialisable" in message
+
+
+@pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])
+def test_nan_and_infinity_are_refused(number: float) -> None:
+    with pytest.raises(PayloadError, match="entity 'order-42'"):
+        encode(sample(payload={"x": [number]}))
+
+
+def test_non_json_meta_is_refused_too() -> None:
+    with pytest.raises(PayloadError):
+        encode(sample(meta={"at": date(2024, 1, 1)}))
+
+
+def test_payload_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        encode(sample(payload=object()))
+
+
+# -- signing -------------------------------------------------------------------------
+
+
+def test_a_signed_envelope_survives_a_round_trip() -> None:
+    original = sample()
+    body = encode(original, KEY)
+    assert body.startswith("sig1:")
+    assert decode(body, KEY) == original
+
+
+def test_the_signature_is_an_hmac_sha256_of_the_json() -> None:
+    import hashlib
+    import hmac
+
+    # when an envelope is signed
+    body = encode(sample(), KEY)
+    # then the body is sig1:<hex>:<json> where hex signs the json
+    _, signature, text = body.split(":", 2)
+    assert signature == hmac.new(KEY, text.encode(), hashlib.sha256).hexdigest()
+    assert text == encode(sample())
+
+
+def test_a_tampered_payload_is_refused() -> None:
+    # given a signed body whose JSON was changed after signing
+    body = encode(sample(payload={"amount": 10}), KEY)
+    tampered = body.replace('"amount":10', '"amount":99')
+    assert tampered != body
+    # then it is refused
+    with pytest.raises(EnvelopeError, match="signature does not match"):
+        decode(tampered, KEY)
+
+
+def test_a_tampered_signature_is_refused() -> None:
+    # given a signed body with one hex digit of its signature changed
+    body = encode(sample(), KEY)
+    digit = body[5]
+    tampered = body[:5] + ("0" if digit != "0" else "1") + body[6:]
+    # then it is refused
+    with pytest.raises(EnvelopeError, match="signature does not match"):
+        decode(tampered, KEY)
+
+
+@pytest.mark.parametrize("signature", ["", "zz", "\u00e9" * 64, "sig"])
+def test_a_malformed_signature_is_refused(signature: str) -> None:
+    text = encode(sample())
+    with pytest.raises(EnvelopeError, match="signature does not match"):
+        decode(f"sig1:{signature}:{text}", KEY)
+
+
+def test_a_signed_body_without_separator_is_refused() -> None:
+    with pytest.raises(EnvelopeError, match="signature does not match"):
+        decode("sig1:abcdef", KEY)
+
+
+def test_a_body_signed_with_another_key_is_refused() -> None:
+    body = encode(sample(), b"other-key")
+    with pytest.raises(EnvelopeError, match="signature does not match"):
+        decode(body, KEY)
+
+
+def test_an_unsigned_body_is_refused_when_a_key_is_configured() -> None:
+    body = encode(sample())
+    with pytest.raises(EnvelopeError, match="not signed but a signing key is configured"):
+        decode(body, KEY)
+
+
+def test_a_signed_body_is_refused_without_a_key() -> None:
+    body = encode(sample(), KEY)
+    with pytest.raises(EnvelopeError, match="signed but no signing key is configured"):
+        decode(body)
+
+
+# -- bodies that are not envelopes ------------------------------------------------------
+
+
+def test_a_future_version_is_refused_with_a_clear_message() -> None:
+    # given a body written by a newer shardq
+    body = body_of(v=2)
+    # when it is decoded
+    with pytest.raises(EnvelopeError) as caught:
+        decode(body)
+    # then the error names both versions and what to do
+    message = str(caught.value)
+    assert "envelope version 2 is not supported" in message
+    assert "expects 1" in message
+    assert "upgrade" in message
+
+
+def test_a_missing_version_is_refused() -> None:
+    with pytest.raises(EnvelopeError, match="envelope version None is not supported"):
+        decode(body_of(v=_DROP))
+
+
+@pytest.mark.parametrize("body", ["", "not json", "{", '{"v": 1,}', "\x00"])
+def test_malformed_json_is_refused(body: str) -> None:
+    with pytest.raises(EnvelopeError, match="message body is not JSON"):
+        decode(body)
+
+
+@pytest.mark.parametrize("body", ["[]", "1", '"text"', "null", "[1, 2]"])
+def test_a_json_value_that_is_not_an_object_is_refused(body: str) -> None:
+    with pytest.raises(EnvelopeError, match="message body is not a JSON object"):
+        decode(body)
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ({"worker": _DROP}, "no worker name"),
+        ({"worker": ""}, "no worker name"),
+        ({"worker": 3}, "no worker name"),
+        ({"entity": _DROP}, "no entity id"),
+        ({"entity": ""}, "no entity id"),
+        ({"entity": None}, "no entity id"),
+        ({"published_at": _DROP}, "no numeric published_at"),
+        ({"published_at": "2024-01-01"}, "no numeric published_at"),
+        ({"published_at": True}, "no numeric published_at"),
+        ({"meta": []}, "meta is not an object"),
+        ({"meta": "x"}, "meta is not an object"),
+        ({"payload": _DROP}, "no payload"),
+    ],
+)
+def test_missing_or_wrong_fields_are_refused(doc: dict[str, Any], problem: str) -> None:
+    with pytest.raises(EnvelopeError, match=problem):
+        decode(body_of(**doc))
+
+
+def test_an_integer_published_at_decodes_as_a_float() -> None:
+    decoded = decode(body_of(published_at=1_700_000_000))
+    assert decoded.published_at == 1_700_000_000.0
+    assert isinstance(decoded.published_at, float)
+
+
+def test_a_null_payload_is_a_payload() -> None:
+    assert decode(body_of(payload=None)).payload is None
+
+
+def test_envelope_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        decode("nope")
+
+
+# -- property: any JSON payload round-trips ----------------------------------------------
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payload=json_values,
+    meta=st.dictionaries(st.text(), json_values, max_size=3),
+    signed=st.booleans(),
+)
+def test_any_json_payload_round_trips(payload: Any, meta: dict[str, Any], signed: bool) -> None:
+    # given an envelope with an arbitrary JSON payload and meta
+    original = Envelope("SyncOrder", "order-1", payload, SENT_AT, meta)
+    key = KEY if signed else None
+    # when it is encoded and decoded (signed or not)
+    decoded = decode(encode(original, key), key)
+    # then it is equal to the original
+    assert decoded == original

@@ -1,0 +1,250 @@
+"""A node running real jobs on a real broker: order, retries, morgue, heartbeat, shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import shardq
+from shardq import morgue
+from shardq.broker import Broker, SendEntry
+from shardq.config import Config
+from shardq.node import Node
+from tests.apps import ledger
+from tests.apps.ledger import Ledgered
+from tests.conftest import make_broker
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    path = str(tmp_path / "ledger.jsonl")
+    ledger.reset()
+    monkeypatch.setenv("SHARDQ_TEST_LEDGER", path)
+    return path
+
+
+@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def app(
+    request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
+) -> Iterator[shardq.App]:
+    """The ledger app on the embedded broker and on the SQS emulator."""
+    broker = make_broker(request.param, tmp_path, request)
+    prefix = f"n{time.monotonic_ns() % 10**9}-"
+    ledger.app.configure(
+        Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1), broker=broker
+    )
+    yield ledger.app
+    broker.close()
+
+
+def run_until_empty(app: shardq.App, threads: int = 2, timeout: float = 90) -> Node:
+    node = Node(app, app.plan(threads=threads), until_empty=True, seed=7)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive(), "the node did not drain in time"
+    return node
+
+
+def morgue_records(app: shardq.App, worker: str = "Ledgered") -> list[morgue.MorgueRecord]:
+    broker, queue = app.broker, app.morgue_queue(worker)
+    records = []
+    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
+        records += [morgue.decode(m.body) for m in batch]
+    return records
+
+
+def publish_numbered(entities: int, jobs: int, **payload: Any) -> dict[str, int]:
+    items = [(f"e{e}", {"n": n, **payload}) for n in range(jobs) for e in range(entities)]
+    Ledgered.publish_many(items)
+    return {f"e{e}": jobs for e in range(entities)}
+
+
+def test_random_failures_never_reorder_or_overlap_an_entity(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given 30 entities with 8 numbered jobs each, 25 % of attempts failing at random
+    expected = publish_numbered(30, 8, fail_rate=0.25)
+    # when a node with 3 threads runs until every shard is empty
+    node = run_until_empty(app, threads=3)
+    # then every job succeeded once, in publish order per entity, never two at once
+    problems = ledger.check(ledger.read(ledger_path), expected)
+    assert problems == {"lost": [], "order": [], "overlap": [], "duplicates": [],
+                        "bad_duplicates": []}
+    assert sum(node.tally().retried.values()) > 0
+
+
+def test_a_retry_holds_back_the_entity_until_the_failed_job_succeeds(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given job 1 of an entity fails twice and jobs 0..4 are queued together
+    Ledgered.publish_many([("e", {"n": n, "fail": 2 if n == 1 else 0}) for n in range(5)])
+    # when the node runs
+    run_until_empty(app)
+    # then jobs 2..4 start only after job 1's third (successful) try
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [("start", 0), ("end", 0),
+                      ("start", 1), ("fail", 1), ("start", 1), ("fail", 1),
+                      ("start", 1), ("end", 1),
+                      ("start", 2), ("end", 2), ("start", 3), ("end", 3), ("start", 4), ("end", 4)]
+
+
+def test_a_job_that_always_fails_goes_to_the_morgue_then_the_entity_moves_on(
+    app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given max_retries 2, a job that always fails, and a job after it
+    monkeypatch.setattr(Ledgered, "max_retries", 2)
+    app.configure(app.config)  # settings are read again
+    exhausted: list[tuple[str, list[Any], str]] = []
+    monkeypatch.setattr(Ledgered, "retries_exhausted",
+                        lambda self, e, p, err: exhausted.append((e, p, type(err).__name__)))
+    Ledgered.publish_many([("e", {"n": 0, "fail": 99}), ("e", {"n": 1})])
+    # when the node runs
+    with capture_logs() as logs:
+        run_until_empty(app)
+    # then job 0 ran 3 times, sits in the morgue with its error, and job 1 then ran
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [("start", 0), ("fail", 0)] * 3 + [("start", 1), ("end", 1)]
+    (record,) = morgue_records(app)
+    assert (record.entity_id, record.reason, record.attempts) == ("e", "max_retries", 3)
+    assert record.error_type == "RuntimeError" and "failed on try 3" in record.error_message
+    assert "Traceback" in record.traceback
+    assert shardq.envelope.decode(record.body).payload == {"n": 0, "fail": 99}
+    assert exhausted == [("e", [{"n": 0, "fail": 99}], "RuntimeError")]
+    morgued = [log for log in logs if log["event"] == "job.morgued"]
+    assert [(m["entity"], m["attempt"], m["reason"]) for m in morgued] == [("e", 3, "max_retries")]
+
+
+def test_a_permanent_error_skips_the_retries(app: shardq.App, ledger_path: str) -> None:
+    Ledgered.publish_many([("e", {"n": 0, "permanent": True}), ("e", {"n": 1})])
+    run_until_empty(app)
+    (record,) = morgue_records(app)
+    assert (record.reason, record.attempts, record.error_type) == (
+        "permanent_error", 1, "PermanentError")
+    assert [e["n"] for e in ledger.read(ledger_path) if e["event"] == "end"] == [1]
+
+
+def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given garbage and an envelope of another version in a shard, then a good job
+    queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    app.ensure_queue(queue, "Ledgered")
+    app.broker.send_batch(queue, [
+        SendEntry("0", "not json at all", "e", "bad-1"),
+        SendEntry("1", '{"v": 99, "worker": "Ledgered"}', "e", "bad-2"),
+    ])
+    Ledgered.publish("e", {"n": 0})
+    # when the node runs
+    run_until_empty(app)
+    # then both bad messages are in the morgue with a reason, and the job ran
+    records = morgue_records(app)
+    assert [r.reason for r in records] == ["invalid_message", "invalid_message"]
+    assert "not JSON" in records[0].error_message
+    assert "version 99" in records[1].error_message
+    assert [e["n"] for e in ledger.read(ledger_path) if e["event"] == "end"] == [0]
+
+
+def test_a_job_longer_than_its_visibility_timeout_is_not_run_twice(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given a job that runs 3 s with a 2 s visibility timeout, and a second node
+    Ledgered.publish_many([("e", {"n": 0, "sleep": 3.0}), ("e", {"n": 1})])
+    # when the node runs it (the heartbeat must keep it invisible)
+    run_until_empty(app)
+    # then it ran exactly once, and job 1 after it
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
+
+
+def test_a_time_limit_turns_an_overrun_into_a_failure(
+    app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a 0.5 s time limit and a job that computes for much longer the first time
+    monkeypatch.setattr(Ledgered, "time_limit", 0.5)
+    app.configure(app.config)
+    calls: list[int] = []
+
+    def perform(self: Ledgered, entity_id: str, payloads: list[Any]) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # pure Python: interruptible
+                pass
+
+    monkeypatch.setattr(Ledgered, "perform", perform)
+    Ledgered.publish("e", {"n": 0})
+    # when the node runs
+    with capture_logs() as logs:
+        started = time.monotonic()
+        run_until_empty(app)
+    # then the first try was stopped and counted as a failure, and the retry succeeded
+    assert len(calls) == 2
+    retried = [log for log in logs if log["event"] == "job.retried"]
+    assert len(retried) == 1 and "TimeLimitExceeded" in retried[0]["error"]
+    assert time.monotonic() - started < 25
+
+
+def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
+    request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
+) -> None:
+    # given two nodes, each with its own connection, that both own every shard
+    ledger.app.configure(Config(grace_seconds=10, idle_wait_seconds=1),
+                         broker=make_broker("sqlite", tmp_path, request))
+    expected = publish_numbered(20, 6, sleep=0.01, fail_rate=0.1)
+    other = shardq.App(ledger.app.config, broker=make_broker("sqlite", tmp_path, request))
+
+    class Ledgered(shardq.Worker):  # the same worker, bound to the second app
+        shards = 3
+        visibility_timeout = 2
+        max_retries = 50
+
+        def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+            for payload in payloads:
+                ledger.run_job(entity_id, payload)
+
+    other.register(Ledgered)
+    nodes = [Node(a, a.plan(threads=3), until_empty=True, seed=s)
+             for s, a in enumerate([ledger.app, other])]
+    runners = [threading.Thread(target=n.run) for n in nodes]
+    # when both run at once
+    for r in runners:
+        r.start()
+    for r in runners:
+        r.join(90)
+    # then both did work, and no entity ever ran twice at once or out of order
+    assert all(sum(n.tally().succeeded.values()) > 0 for n in nodes)
+    problems = ledger.check(ledger.read(ledger_path), expected)
+    assert problems["overlap"] == [] and problems["order"] == [] and problems["lost"] == []
+
+
+def test_stop_releases_received_jobs_that_did_not_start(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given a batch of 5 slow jobs of one entity received by a running node
+    Ledgered.publish_many([("e", {"n": n, "sleep": 0.5}) for n in range(5)])
+    node = Node(app, app.plan(threads=1), seed=1)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not ledger_started(ledger_path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # when the node is stopped while job 0 runs
+    node.stop()
+    runner.join(30)
+    # then job 0 finished, jobs 1..4 never started and are visible again at once
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [("start", 0), ("end", 0)]
+    queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    counts = app.broker.counts(queue)
+    assert (counts.waiting, counts.in_flight) == (4, 0)
+
+
+def ledger_started(path: str) -> bool:
+    return Path(path).exists() and Path(path).stat().st_size > 0
