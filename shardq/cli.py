@@ -11,7 +11,8 @@ import importlib
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shardq.app import App
 from shardq.config import Config
@@ -53,14 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser(
-        "run", help="run a node", epilog=_EPILOG_RUN,
+        "run",
+        help="run a node",
+        epilog=_EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run node N: serve its share of all shards until SIGTERM/SIGINT.",
     )
     _common(run)
     _placement(run)
-    run.add_argument("--until-empty", action="store_true",
-                     help="stop (exit 0) once every shard of the node is empty")
+    run.add_argument(
+        "--until-empty",
+        action="store_true",
+        help="stop (exit 0) once every shard of the node is empty",
+    )
     run.add_argument("--grace-seconds", type=float, help="time running jobs get at shutdown")
     run.add_argument("--log-format", choices=("auto", "console", "json"))
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
@@ -68,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     plan = commands.add_parser(
-        "plan", help="print which node and thread own each shard", epilog=_EPILOG_PLAN,
+        "plan",
+        help="print which node and thread own each shard",
+        epilog=_EPILOG_PLAN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(plan)
@@ -79,8 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="config file (default: ./shardq.yaml if any)")
-    p.add_argument("--app", metavar="MODULE[:ATTR]",
-                   help="module defining the app and workers (default: workers)")
+    p.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="module defining the app and workers (default: workers)",
+    )
     p.add_argument("--broker-url", help="sqlite:///shardq.db (default), memory:// or sqs://")
     p.add_argument("--queue-prefix", help="prefix of every queue name")
 
@@ -95,8 +106,15 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
     """The config (file < env < flags) and the app it names, configured with it."""
     overrides = {
         key: getattr(args, key, None)
-        for key in ("app", "broker_url", "queue_prefix", "threads", "grace_seconds",
-                    "log_format", "log_level")
+        for key in (
+            "app",
+            "broker_url",
+            "queue_prefix",
+            "threads",
+            "grace_seconds",
+            "log_format",
+            "log_level",
+        )
     }
     config = Config.load(args.config, overrides=overrides)
     app = load_app(config.app)
@@ -158,13 +176,19 @@ def _print_summary(node: Any, elapsed: float) -> None:
     tally = node.tally()
     workers = sorted(set(tally.succeeded) | set(tally.retried) | set(tally.morgued))
     total = sum(tally.succeeded.values())
-    print(f"\nshardq node {node.plan.node}: {total} jobs succeeded in {elapsed:.1f} s", file=sys.stderr)
+    print(
+        f"\nshardq node {node.plan.node}: {total} jobs succeeded in {elapsed:.1f} s",
+        file=sys.stderr,
+    )
     if workers:
         width = max(len(w) for w in workers)
         print(f"  {'worker':<{width}}  succeeded  retried  morgued", file=sys.stderr)
         for w in workers:
-            print(f"  {w:<{width}}  {tally.succeeded.get(w, 0):>9}  {tally.retried.get(w, 0):>7}"
-                  f"  {tally.morgued.get(w, 0):>7}", file=sys.stderr)
+            print(
+                f"  {w:<{width}}  {tally.succeeded.get(w, 0):>9}  {tally.retried.get(w, 0):>7}"
+                f"  {tally.morgued.get(w, 0):>7}",
+                file=sys.stderr,
+            )
 
 
 def _version() -> str:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -128,13 +129,17 @@ class Config:
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
         if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
-            fail("queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}")
+            fail(
+                "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
+            )
         if self.log_format not in _LOG_FORMATS:
             fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
         if self.log_level not in _LOG_LEVELS:
             fail("log_level", f"expected one of {', '.join(_LOG_LEVELS)}")
         if "://" not in self.broker_url:
-            fail("broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}")
+            fail(
+                "broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}"
+            )
         if not isinstance(self.workers, Mapping) or not all(
             isinstance(v, Mapping) for v in self.workers.values()
         ):

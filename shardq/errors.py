@@ -71,7 +71,7 @@ class PublishError(ShardqError):
         self.gaps = gaps or []
 
 
-class Retry(Exception):  # noqa: N818 - raised by users as ``raise shardq.Retry(...)``
+class Retry(Exception):
     """Raise from ``perform`` to retry the job at a chosen time, keeping its order.
 
     ``Retry(delay=30)`` retries in 30 seconds, ``Retry(at=datetime)`` at that time,

@@ -21,8 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -111,7 +113,9 @@ class Executor:
         settle: _Settle,
     ) -> None:
         jobs = [job for m in messages if (job := self._decode(ref, m, settle)) is not None]
-        chunks = [jobs[i : i + settings.batch_size] for i in range(0, len(jobs), settings.batch_size)]
+        chunks = [
+            jobs[i : i + settings.batch_size] for i in range(0, len(jobs), settings.batch_size)
+        ]
         for index, chunk in enumerate(chunks):
             if self._stopping.is_set():  # shutting down: release what has not started
                 self._release([j for c in chunks[index:] for j in c], settle)
@@ -234,19 +238,23 @@ class Executor:
         self._heartbeat.drop([m.receipt for m, _ in settle.hide])
         for chunk in _batches(settle.delete):
             receipts = [m.receipt for m in chunk]
-            failed = self._retrying(lambda r=receipts: self._broker.delete_batch(queue, r), receipts)
+            failed = self._retrying(partial(self._broker.delete_batch, queue, receipts), receipts)
             for m in chunk:
                 self._unstarted.pop(m.message_id, None)
                 if m.receipt in failed:
                     log.warning(
-                        "job.delete_failed", worker=worker, queue=queue, entity=m.group_id,
-                        message_id=m.message_id, reason=failed[m.receipt],
+                        "job.delete_failed",
+                        worker=worker,
+                        queue=queue,
+                        entity=m.group_id,
+                        message_id=m.message_id,
+                        reason=failed[m.receipt],
                         detail="the job ran but its message may be delivered again",
                     )
         for chunk in _batches(settle.hide):
             changes = [(m.receipt, s) for m, s in chunk]
-            self._retrying(lambda c=changes: self._broker.change_visibility_batch(queue, c),
-                           [r for r, _ in changes])
+            call = partial(self._broker.change_visibility_batch, queue, changes)
+            self._retrying(call, [r for r, _ in changes])
 
     def _retrying(self, call: Callable[[], BatchResult], receipts: list[str]) -> dict[str, str]:
         """Failed receipts of a settle call, retried while the broker is unreachable."""
@@ -268,9 +276,14 @@ class Executor:
         level = log.info if kind == "succeeded" else log.warning
         for job in chunk:
             level(
-                f"job.{kind}", worker=ref.worker, shard=ref.shard, entity=job.message.group_id,
-                message_id=job.message.message_id, attempt=self._attempt(job.message),
-                duration=duration, **extra,
+                f"job.{kind}",
+                worker=ref.worker,
+                shard=ref.shard,
+                entity=job.message.group_id,
+                message_id=job.message.message_id,
+                attempt=self._attempt(job.message),
+                duration=duration,
+                **extra,
             )
             if self._on_outcome is not None:
                 self._on_outcome(kind, ref.worker, job.message)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -36,7 +37,7 @@ T = TypeVar("T")
 log = structlog.get_logger("shardq.heartbeat")
 
 
-class TimeLimitExceeded(Exception):  # noqa: N818 - reads as an event, like TimeoutError
+class TimeLimitExceeded(Exception):
     """Raised inside ``perform`` when it runs longer than the worker's ``time_limit``."""
 
 
@@ -158,7 +159,8 @@ class Heartbeat:
                     job.fired = True
                     _async_raise(job.thread_id, TimeLimitExceeded)
             due = [
-                h for h in self._held.values()
+                h
+                for h in self._held.values()
                 if h.expires - now < max(h.visibility_timeout / 2, 2 * self._interval)
             ]
         by_queue: dict[str, list[_Held]] = {}

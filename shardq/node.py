@@ -86,8 +86,14 @@ class Node:
         """Run until stopped (or drained with ``until_empty``); returns the exit code."""
         self._install_signal_handlers()
         self._ensure_queues()
-        log.info("node.starting", node=self.plan.node, nodes=self.plan.nodes,
-                 threads=len(self.lanes), shards=len(self.plan.shards), broker=self.app.broker.kind)
+        log.info(
+            "node.starting",
+            node=self.plan.node,
+            nodes=self.plan.nodes,
+            threads=len(self.lanes),
+            shards=len(self.plan.shards),
+            broker=self.app.broker.kind,
+        )
         log.info("node.plan", plan=format_plan([self.plan]))
         self.heartbeat.start()
         for lane in self.lanes:
@@ -156,16 +162,24 @@ class Node:
         for poller in self.pollers.values():
             poller.join(self.config.idle_wait_seconds + 5)
         running = {m.receipt for lane in stuck for m in lane.current}
-        release(self.app, self.heartbeat, [m for m in self.heartbeat.held()
-                                           if m.receipt not in running])
+        release(
+            self.app, self.heartbeat, [m for m in self.heartbeat.held() if m.receipt not in running]
+        )
         self.heartbeat.stop()
         tally = self.tally()
-        log.info("node.stopped", succeeded=sum(tally.succeeded.values()),
-                 retried=sum(tally.retried.values()), morgued=sum(tally.morgued.values()),
-                 abandoned_running=len(running))
+        log.info(
+            "node.stopped",
+            succeeded=sum(tally.succeeded.values()),
+            retried=sum(tally.retried.values()),
+            morgued=sum(tally.morgued.values()),
+            abandoned_running=len(running),
+        )
         if stuck:
-            log.warning("node.grace_expired", running_jobs=len(running),
-                        detail="their messages reappear after their visibility timeout")
+            log.warning(
+                "node.grace_expired",
+                running_jobs=len(running),
+                detail="their messages reappear after their visibility timeout",
+            )
             return 3
         return 0
 
@@ -180,8 +194,11 @@ class Node:
         if self._signals > 1:
             log.warning("node.forced_exit", signal=signal.Signals(signum).name)
             os._exit(128 + signum)
-        log.info("node.signal", signal=signal.Signals(signum).name,
-                 detail="finishing running jobs; send it again to exit at once")
+        log.info(
+            "node.signal",
+            signal=signal.Signals(signum).name,
+            detail="finishing running jobs; send it again to exit at once",
+        )
         self.stop()
 
 
@@ -203,9 +220,10 @@ class Lane(threading.Thread):
         for shard in self.shards:  # pollers find out which shards have work
             self.node.watch(shard, self)
         while not self.node.stopping.is_set():
-            shard = self._next_shard()
-            if shard is None:
+            picked = self._next_shard()
+            if picked is None:
                 continue
+            shard = picked
             self.current = shard.waiting or self._receive(shard)
             shard.waiting = []
             try:
@@ -217,15 +235,23 @@ class Lane(threading.Thread):
                 self.node.watch(shard, self)
 
     def idle(self) -> bool:
-        return (not self.current and self.inbox.empty()
-                and all(s.watched and not s.waiting for s in self.shards))
+        return (
+            not self.current
+            and self.inbox.empty()
+            and all(s.watched and not s.waiting for s in self.shards)
+        )
 
     def _next_shard(self) -> _Shard | None:
         self._collect(block=False)
         now = time.time()
         views = [
-            ShardView(s, s.ref.priority, now - s.head_sent_at if s.head_sent_at else 0.0,
-                      ready=not s.watched, last_served=s.last_served)
+            ShardView(
+                s,
+                s.ref.priority,
+                now - s.head_sent_at if s.head_sent_at else 0.0,
+                ready=not s.watched,
+                last_served=s.last_served,
+            )
             for s in self.shards
         ]
         picked = self._scheduler.pick(views)
@@ -254,7 +280,9 @@ class Lane(threading.Thread):
     def _receive(self, shard: _Shard) -> list[Message]:
         try:
             messages = self.node.app.broker.receive(
-                shard.queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
+                shard.queue,
+                max_messages=MAX_BATCH_ENTRIES,
+                wait_seconds=0,
                 visibility_timeout=shard.visibility_timeout,
             )
         except BrokerError as exc:
@@ -282,13 +310,13 @@ class Poller(threading.Thread):
                 continue
             try:
                 messages = node.app.broker.receive(
-                    shard.queue, max_messages=MAX_BATCH_ENTRIES,
+                    shard.queue,
+                    max_messages=MAX_BATCH_ENTRIES,
                     wait_seconds=node.config.idle_wait_seconds,
                     visibility_timeout=shard.visibility_timeout,
                 )
             except BrokerError as exc:
-                log.warning("node.poll_failed", queue=shard.queue, error=str(exc),
-                            retry_in=backoff)
+                log.warning("node.poll_failed", queue=shard.queue, error=str(exc), retry_in=backoff)
                 node.stopping.wait(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue
@@ -315,14 +343,17 @@ def release(app: App, heartbeat: Heartbeat, messages: list[Message]) -> None:
             try:
                 app.broker.change_visibility_batch(queue_name, [(m.receipt, 0) for m in chunk])
             except BrokerError as exc:
-                log.warning("node.release_failed", queue=queue_name, error=str(exc),
-                            detail="they reappear after their visibility timeout")
+                log.warning(
+                    "node.release_failed",
+                    queue=queue_name,
+                    error=str(exc),
+                    detail="they reappear after their visibility timeout",
+                )
     if messages:
         log.info("node.released", messages=len(messages))
 
 
 def _heartbeat_interval(app: App, plan: Plan) -> float:
     """Beat often enough for the shortest visibility timeout of the plan."""
-    shortest = min((app.settings(ref.worker).visibility_timeout for ref in plan.shards),
-                   default=60)
+    shortest = min((app.settings(ref.worker).visibility_timeout for ref in plan.shards), default=60)
     return max(0.1, min(1.0, shortest / 6))

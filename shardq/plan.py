@@ -9,8 +9,8 @@ so each thread gets a mix of priorities.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from shardq.errors import ConfigError
 
@@ -41,7 +41,10 @@ class Plan:
 
 
 def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
-    """Every shard, ordered by worker name then shard; ``workers`` maps name -> (shards, priority)."""
+    """Every shard, ordered by worker name then shard.
+
+    ``workers`` maps a worker name to ``(shards, priority)``.
+    """
     return [
         ShardRef(name, shard, workers[name][1])
         for name in sorted(workers)
@@ -62,7 +65,9 @@ def make_plan(
     if nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {nodes}")
     if not 0 <= node < nodes:
-        raise ConfigError(f"--node must be from 0 to {nodes - 1} (there are {nodes} nodes), got {node}")
+        raise ConfigError(
+            f"--node must be from 0 to {nodes - 1} (there are {nodes} nodes), got {node}"
+        )
     if threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}")
     mine = all_shards(workers)[node::nodes]

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
 from shardq.broker.base import SendEntry
@@ -40,7 +41,7 @@ class Job:
     meta: Mapping[str, Any] | None = None
 
 
-JobSpec = Union[Job, Tuple[str, Any], Tuple[str, Any, Union[str, None]]]
+JobSpec = Job | tuple[str, Any] | tuple[str, Any, str | None]
 
 
 @dataclass

@@ -16,8 +16,7 @@ def check_entity_id(entity_id: Any) -> str:
     """Return ``entity_id`` if SQS can carry it as a MessageGroupId, else raise."""
     if not isinstance(entity_id, str):
         raise InvalidEntityIdError(
-            f"entity id {entity_id!r} is a {type(entity_id).__name__}, not a str; "
-            "pass str(your_id)"
+            f"entity id {entity_id!r} is a {type(entity_id).__name__}, not a str; pass str(your_id)"
         )
     if not 1 <= len(entity_id) <= MAX_GROUP_ID_LENGTH:
         raise InvalidEntityIdError(

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from shardq.errors import ConfigError, PermanentError, UnknownWorkerError, WorkerDefinitionError
 from shardq.limits import (
@@ -174,9 +175,7 @@ class Worker:
         """Process the payloads of one entity, oldest first. Raise to fail them."""
         raise NotImplementedError
 
-    def retries_exhausted(
-        self, entity_id: str, payloads: list[Any], error: BaseException
-    ) -> None:
+    def retries_exhausted(self, entity_id: str, payloads: list[Any], error: BaseException) -> None:
         """Called after jobs were moved to the morgue (retries used up or a permanent
         error). Override to alert or compensate; an exception here is logged and ignored."""
 
@@ -215,11 +214,11 @@ class Worker:
         report = cls.bound_app().publisher.publish_many(
             cls, [Job(entity_id, payload, dedup_id, meta)]
         )
-        return report.message_ids[0]
+        return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
 
     @classmethod
     def publish_many(cls, items: Iterable[JobSpec]) -> PublishReport:
-        """Publish many jobs in batches of 10; see :meth:`shardq.publisher.Publisher.publish_many`."""
+        """Publish many jobs in batches of 10 (see :class:`shardq.publisher.Publisher`)."""
         return cls.bound_app().publisher.publish_many(cls, items)
 
 

@@ -32,7 +32,7 @@ def free_port() -> int:
 def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
     """Start ministack bound to 127.0.0.1 and wait until it accepts connections."""
     port = port or free_port()
-    log = tempfile.NamedTemporaryFile(prefix=f"ministack-{port}-", suffix=".log", delete=False)
+    fd, log_path = tempfile.mkstemp(prefix=f"ministack-{port}-", suffix=".log")
     env = dict(
         os.environ,
         BIND_HOST="127.0.0.1",
@@ -43,15 +43,16 @@ def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ministack"],
         env=env,
-        stdout=log,
+        stdout=fd,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
-    emulator = Emulator(proc.pid, port, log.name)
+    os.close(fd)
+    emulator = Emulator(proc.pid, port, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ministack exited with {proc.returncode}; see {log.name}")
+            raise RuntimeError(f"ministack exited with {proc.returncode}; see {log_path}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return emulator

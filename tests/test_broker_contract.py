@@ -23,7 +23,9 @@ def send(broker: Broker, queue: str, group: str, *bodies: str) -> list[str]:
     return [result.message_ids[e.id] for e in entries]
 
 
-def receive(broker: Broker, queue: str, n: int = 10, vt: float = 30, wait: float = 0) -> list[Message]:
+def receive(
+    broker: Broker, queue: str, n: int = 10, vt: float = 30, wait: float = 0
+) -> list[Message]:
     return broker.receive(queue, max_messages=n, wait_seconds=wait, visibility_timeout=vt)
 
 
@@ -81,9 +83,7 @@ def test_one_receive_returns_several_messages_of_a_group_in_order(
     assert {m.group_id for m in batch} == {"g"}
 
 
-def test_visibility_expiry_redelivers_the_whole_batch_in_order(
-    broker: Broker, queue: str
-) -> None:
+def test_visibility_expiry_redelivers_the_whole_batch_in_order(broker: Broker, queue: str) -> None:
     # given five messages of one group received together with a 1 s visibility
     send(broker, queue, "g", *[f"m{i}" for i in range(5)])
     assert len(receive(broker, queue, vt=1)) == 5
@@ -187,7 +187,8 @@ def test_message_size_is_limited_by_the_queue(broker: Broker, queue_name: str) -
     broker.ensure_queue(queue_name, max_message_bytes=1024)
     assert broker.max_message_bytes(queue_name) == 1024
     result = broker.send_batch(
-        queue_name, [SendEntry("fits", "x" * 1024, "g", "d1"), SendEntry("big", "x" * 1025, "g", "d2")]
+        queue_name,
+        [SendEntry("fits", "x" * 1024, "g", "d1"), SendEntry("big", "x" * 1025, "g", "d2")],
     )
     assert set(result.failed) == {"big"}
     assert set(result.message_ids) == {"fits"}

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 import shardq
 from shardq import morgue
-from shardq.broker import Broker, SendEntry
+from shardq.broker import SendEntry
 from shardq.config import Config
 from shardq.node import Node
 from tests.apps import ledger
@@ -25,14 +25,12 @@ from tests.conftest import make_broker
 def ledger_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     path = str(tmp_path / "ledger.jsonl")
     ledger.reset()
-    monkeypatch.setenv("SHARDQ_TEST_LEDGER", path)
+    monkeypatch.setenv("LEDGER_PATH", path)
     return path
 
 
 @pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
-def app(
-    request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
-) -> Iterator[shardq.App]:
+def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Iterator[shardq.App]:
     """The ledger app on the embedded broker and on the SQS emulator."""
     broker = make_broker(request.param, tmp_path, request)
     prefix = f"n{time.monotonic_ns() % 10**9}-"
@@ -75,8 +73,13 @@ def test_random_failures_never_reorder_or_overlap_an_entity(
     node = run_until_empty(app, threads=3)
     # then every job succeeded once, in publish order per entity, never two at once
     problems = ledger.check(ledger.read(ledger_path), expected)
-    assert problems == {"lost": [], "order": [], "overlap": [], "duplicates": [],
-                        "bad_duplicates": []}
+    assert problems == {
+        "lost": [],
+        "order": [],
+        "overlap": [],
+        "duplicates": [],
+        "bad_duplicates": [],
+    }
     assert sum(node.tally().retried.values()) > 0
 
 
@@ -89,10 +92,22 @@ def test_a_retry_holds_back_the_entity_until_the_failed_job_succeeds(
     run_until_empty(app)
     # then jobs 2..4 start only after job 1's third (successful) try
     events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
-    assert events == [("start", 0), ("end", 0),
-                      ("start", 1), ("fail", 1), ("start", 1), ("fail", 1),
-                      ("start", 1), ("end", 1),
-                      ("start", 2), ("end", 2), ("start", 3), ("end", 3), ("start", 4), ("end", 4)]
+    assert events == [
+        ("start", 0),
+        ("end", 0),
+        ("start", 1),
+        ("fail", 1),
+        ("start", 1),
+        ("fail", 1),
+        ("start", 1),
+        ("end", 1),
+        ("start", 2),
+        ("end", 2),
+        ("start", 3),
+        ("end", 3),
+        ("start", 4),
+        ("end", 4),
+    ]
 
 
 def test_a_job_that_always_fails_goes_to_the_morgue_then_the_entity_moves_on(
@@ -102,8 +117,11 @@ def test_a_job_that_always_fails_goes_to_the_morgue_then_the_entity_moves_on(
     monkeypatch.setattr(Ledgered, "max_retries", 2)
     app.configure(app.config)  # settings are read again
     exhausted: list[tuple[str, list[Any], str]] = []
-    monkeypatch.setattr(Ledgered, "retries_exhausted",
-                        lambda self, e, p, err: exhausted.append((e, p, type(err).__name__)))
+    monkeypatch.setattr(
+        Ledgered,
+        "retries_exhausted",
+        lambda self, e, p, err: exhausted.append((e, p, type(err).__name__)),
+    )
     Ledgered.publish_many([("e", {"n": 0, "fail": 99}), ("e", {"n": 1})])
     # when the node runs
     with capture_logs() as logs:
@@ -126,7 +144,10 @@ def test_a_permanent_error_skips_the_retries(app: shardq.App, ledger_path: str) 
     run_until_empty(app)
     (record,) = morgue_records(app)
     assert (record.reason, record.attempts, record.error_type) == (
-        "permanent_error", 1, "PermanentError")
+        "permanent_error",
+        1,
+        "PermanentError",
+    )
     assert [e["n"] for e in ledger.read(ledger_path) if e["event"] == "end"] == [1]
 
 
@@ -136,10 +157,13 @@ def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
     # given garbage and an envelope of another version in a shard, then a good job
     queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
     app.ensure_queue(queue, "Ledgered")
-    app.broker.send_batch(queue, [
-        SendEntry("0", "not json at all", "e", "bad-1"),
-        SendEntry("1", '{"v": 99, "worker": "Ledgered"}', "e", "bad-2"),
-    ])
+    app.broker.send_batch(
+        queue,
+        [
+            SendEntry("0", "not json at all", "e", "bad-1"),
+            SendEntry("1", '{"v": 99, "worker": "Ledgered"}', "e", "bad-2"),
+        ],
+    )
     Ledgered.publish("e", {"n": 0})
     # when the node runs
     run_until_empty(app)
@@ -195,8 +219,10 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
     request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
 ) -> None:
     # given two nodes, each with its own connection, that both own every shard
-    ledger.app.configure(Config(grace_seconds=10, idle_wait_seconds=1),
-                         broker=make_broker("sqlite", tmp_path, request))
+    ledger.app.configure(
+        Config(grace_seconds=10, idle_wait_seconds=1),
+        broker=make_broker("sqlite", tmp_path, request),
+    )
     expected = publish_numbered(20, 6, sleep=0.01, fail_rate=0.1)
     other = shardq.App(ledger.app.config, broker=make_broker("sqlite", tmp_path, request))
 
@@ -210,8 +236,10 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
                 ledger.run_job(entity_id, payload)
 
     other.register(Ledgered)
-    nodes = [Node(a, a.plan(threads=3), until_empty=True, seed=s)
-             for s, a in enumerate([ledger.app, other])]
+    nodes = [
+        Node(a, a.plan(threads=3), until_empty=True, seed=s)
+        for s, a in enumerate([ledger.app, other])
+    ]
     runners = [threading.Thread(target=n.run) for n in nodes]
     # when both run at once
     for r in runners:
@@ -224,9 +252,7 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
     assert problems["overlap"] == [] and problems["order"] == [] and problems["lost"] == []
 
 
-def test_stop_releases_received_jobs_that_did_not_start(
-    app: shardq.App, ledger_path: str
-) -> None:
+def test_stop_releases_received_jobs_that_did_not_start(app: shardq.App, ledger_path: str) -> None:
     # given a batch of 5 slow jobs of one entity received by a running node
     Ledgered.publish_many([("e", {"n": n, "sleep": 0.5}) for n in range(5)])
     node = Node(app, app.plan(threads=1), seed=1)

@@ -17,7 +17,10 @@ def main(orders: int = 200) -> None:
     ]
     SyncOrder.publish_many(updates)
     SendReceipt.publish_many(
-        [(f"customer-{n % 50}", {"order": f"order-{n}", "failure_rate": 0.1}) for n in range(orders)]
+        [
+            (f"customer-{n % 50}", {"order": f"order-{n}", "failure_rate": 0.1})
+            for n in range(orders)
+        ]
     )
     print(f"published {len(updates)} SyncOrder and {orders} SendReceipt jobs", file=sys.stderr)
 

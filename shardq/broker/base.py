@@ -16,8 +16,9 @@ Every implementation gives the same FIFO semantics (see the contract tests in
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from shardq.errors import BrokerError
 from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_ENTRIES

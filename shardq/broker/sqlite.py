@@ -20,7 +20,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shardq.broker.base import (
     BatchResult,
@@ -106,9 +107,7 @@ class SqliteBroker(Broker):
 
     # -- connection ---------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-        )
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA busy_timeout = 30000")
         if self.path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")
@@ -345,9 +344,11 @@ class SqliteBroker(Broker):
             try:
                 self._start_watcher()
                 self._changed.wait_for(
-                    lambda: self._closed
-                    or self._wakeups != wakeups
-                    or self._versions.get(queue, 0) != seen,
+                    lambda: (
+                        self._closed
+                        or self._wakeups != wakeups
+                        or self._versions.get(queue, 0) != seen
+                    ),
                     timeout,
                 )
                 return self._wakeups != wakeups

@@ -12,7 +12,8 @@ import math
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import boto3
 import botocore.config
@@ -32,7 +33,12 @@ from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
 
 _T = TypeVar("_T")
-_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "SequenceNumber"]
+_SYSTEM_ATTRIBUTES = [
+    "ApproximateReceiveCount",
+    "SentTimestamp",
+    "MessageGroupId",
+    "SequenceNumber",
+]
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -256,8 +262,9 @@ class SqsBroker(Broker):
 def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
     result = BatchResult()
     done = {ok["Id"] for ok in response.get("Successful", [])}
-    reasons = {bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in
-               response.get("Failed", [])}
+    reasons = {
+        bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
+    }
     for i, receipt in enumerate(receipts):
         if str(i) not in done:  # refused, or absent from the response: not done
             result.failed[receipt] = reasons.get(str(i), "missing from the batch response")

@@ -1,7 +1,7 @@
 """A test app whose workers record every execution in a ledger file outside the broker.
 
 Used by node tests in-process and by ``shardq run --app tests.apps.ledger`` in child
-processes. The ledger path comes from ``SHARDQ_TEST_LEDGER``; each line is JSON:
+processes. The ledger path comes from ``LEDGER_PATH``; each line is JSON:
 ``{"event": "start"|"end"|"fail", "entity", "n", "pid", "t"}``.
 
 Payload keys: ``n`` (job number within its entity), ``sleep`` (seconds),
@@ -32,9 +32,20 @@ def reset() -> None:
 
 
 def record(event: str, entity: str, n: int) -> None:
-    line = json.dumps({"event": event, "entity": entity, "n": n, "pid": os.getpid(),
-                       "tid": threading.get_ident(), "t": time.time()}) + "\n"
-    fd = os.open(os.environ["SHARDQ_TEST_LEDGER"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = (
+        json.dumps(
+            {
+                "event": event,
+                "entity": entity,
+                "n": n,
+                "pid": os.getpid(),
+                "tid": threading.get_ident(),
+                "t": time.time(),
+            }
+        )
+        + "\n"
+    )
+    fd = os.open(os.environ["LEDGER_PATH"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -87,15 +98,22 @@ def check(
     """What went wrong in a run, by kind; every list empty means a clean run.
 
     * lost: a job that neither succeeded nor sits in the morgue;
-    * order: a job that succeeded after a later job of its entity had succeeded;
+    * order: a job whose first success came after a later job's first success;
     * overlap: an execution of an entity that began while another was running;
-    * duplicates: jobs that succeeded more than once, from a killed node only.
+    * duplicates: jobs that succeeded more than once (a node killed between running
+      and deleting a batch replays its succeeded jobs, in order); bad_duplicates:
+      those whose first success was not on a killed node.
     """
     by_entity: dict[str, list[dict[str, Any]]] = {}
     for e in sorted(entries, key=lambda e: e["t"]):
         by_entity.setdefault(e["entity"], []).append(e)
-    problems: dict[str, list[Any]] = {"lost": [], "order": [], "overlap": [], "duplicates": [],
-                                      "bad_duplicates": []}
+    problems: dict[str, list[Any]] = {
+        "lost": [],
+        "order": [],
+        "overlap": [],
+        "duplicates": [],
+        "bad_duplicates": [],
+    }
     for entity, count in expected.items():
         events = by_entity.get(entity, [])
         ended = [e["n"] for e in events if e["event"] == "end"]
@@ -103,7 +121,7 @@ def check(
             if n not in ended and (entity, n) not in morgued:
                 problems["lost"].append((entity, n))
         highest = -1
-        for n in ended:
+        for n in dict.fromkeys(ended):  # first successes; replays are judged as duplicates
             if n < highest:
                 problems["order"].append((entity, n, "after", highest))
             highest = max(highest, n)

@@ -1,0 +1,183 @@
+"""`shardq run` as a real child process: kill -9, SIGTERM, a second signal, the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shardq
+from shardq.config import Config
+from tests.apps import ledger
+from tests.apps.ledger import Ledgered
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+class Env:
+    """Environment of the child nodes: broker, queue prefix and ledger."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.ledger = str(tmp_path / "ledger.jsonl")
+        self.vars = {
+            "LEDGER_PATH": self.ledger,
+            "SHARDQ_QUEUE_PREFIX": f"p{uuid.uuid4().hex[:8]}-",
+            "SHARDQ_IDLE_WAIT_SECONDS": "1",
+            "SHARDQ_APP": "tests.apps.ledger",
+            "SHARDQ_LOG_FORMAT": "json",
+        }
+        if kind == "sqlite":
+            self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{tmp_path / 'broker.db'}"
+        else:
+            server = request.getfixturevalue("sqs_emulator")
+            self.vars.update(
+                SHARDQ_BROKER_URL="sqs://",
+                SHARDQ_ENDPOINT_URL=server.endpoint_url,
+                SHARDQ_REGION="us-east-1",
+            )
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def config(self) -> Config:
+        return Config.load(env={k: v for k, v in self.vars.items() if k.startswith("SHARDQ_")})
+
+    def node(self, *args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.vars}
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardq", "run", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.children.append(child)
+        return child
+
+    def events(self) -> list[tuple[str, str, int]]:
+        if not Path(self.ledger).exists():
+            return []
+        return [(e["event"], e["entity"], e["n"]) for e in ledger.read(self.ledger)]
+
+    def wait_for(self, predicate: object, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():  # type: ignore[operator]
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out; ledger: {self.events()}")
+
+    def stop_all(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    environment = Env(request.param, tmp_path, request)
+    ledger.app.configure(environment.config())
+    yield environment
+    environment.stop_all()
+    ledger.app.broker.close()
+
+
+def test_a_node_killed_mid_batch_loses_nothing(env: Env) -> None:
+    # given 6 entities with 5 slow jobs each, and a node processing them
+    items = [(f"e{e}", {"n": n, "sleep": 0.2}) for n in range(5) for e in range(6)]
+    Ledgered.publish_many(items)
+    first = env.node("--threads", "3")
+    env.wait_for(lambda: sum(1 for ev in env.events() if ev[0] == "end") >= 4)
+    # when it is killed with SIGKILL in the middle of its batches
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    # and another node runs until the queues are empty
+    second = env.node("--threads", "3", "--until-empty")
+    assert second.wait(90) == 0, second.stderr.read().decode()[-3000:] if second.stderr else ""
+    # then every job succeeded in order per entity; only the killed node's jobs repeat
+    problems = ledger.check(
+        ledger.read(env.ledger), {f"e{e}": 5 for e in range(6)}, killed={first.pid}
+    )
+    assert problems["lost"] == [] and problems["order"] == []
+    assert problems["overlap"] == [] and problems["bad_duplicates"] == []
+    interrupted = [ev for ev in ledger.read(env.ledger) if ev["pid"] == first.pid]
+    assert any(ev["event"] == "start" for ev in interrupted)
+
+
+def test_sigterm_lets_the_running_job_finish_and_releases_the_rest(env: Env) -> None:
+    # given an entity whose first job runs 2 s, and two jobs queued behind it
+    Ledgered.publish_many([("e", {"n": 0, "sleep": 2.0}), ("e", {"n": 1}), ("e", {"n": 2})])
+    node = env.node("--threads", "1")
+    env.wait_for(lambda: ("start", "e", 0) in env.events())
+    # when the node gets SIGTERM while job 0 runs
+    node.send_signal(signal.SIGTERM)
+    # then it exits 0 after job 0 finished, without starting jobs 1 and 2
+    assert node.wait(30) == 0
+    assert env.events() == [("start", "e", 0), ("end", "e", 0)]
+    # and jobs 1 and 2 are visible again at once (released, not left in flight)
+    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    counts = ledger.app.broker.counts(queue)
+    assert (counts.waiting, counts.in_flight) == (2, 0)
+
+
+def test_a_second_signal_exits_at_once(env: Env) -> None:
+    # given a node running a 20 s job
+    Ledgered.publish("e", {"n": 0, "sleep": 20.0})
+    node = env.node("--threads", "1", "--grace-seconds", "60")
+    env.wait_for(lambda: ("start", "e", 0) in env.events())
+    # when it gets SIGTERM twice
+    node.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    node.send_signal(signal.SIGTERM)
+    # then it exits at once with 128 + SIGTERM, the job unfinished (it will come back)
+    assert node.wait(10) == 128 + signal.SIGTERM
+    assert ("end", "e", 0) not in env.events()
+
+
+def run_cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardq", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_plan_prints_every_nodes_threads() -> None:
+    result = run_cli("plan", "--app", "tests.apps.ledger", "--nodes", "2", "--threads", "2")
+    assert result.returncode == 0, result.stderr
+    assert "node 0 of 2: 2 shards" in result.stdout
+    assert "node 1 of 2: 1 shards" in result.stdout
+    assert "Ledgered[1]" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--nodes", "2", "--node", "2"], "--node must be from 0 to 1"),
+        (["plan", "--threads", "0"], "threads"),
+        (["plan", "--app", "no_such_module"], "app module 'no_such_module' not found"),
+        (["run", "--broker-url", "ftp://x", "--until-empty"], "broker_url"),
+    ],
+)
+def test_bad_cli_values_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
+    result = run_cli(*args, "--app", "tests.apps.ledger") if "--app" not in args else run_cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_a_broken_config_file_is_named_in_the_error(tmp_path: Path) -> None:
+    bad = tmp_path / "shardq.yaml"
+    bad.write_text("threads: [unclosed\n")
+    result = run_cli("plan", "--app", "tests.apps.ledger", "--config", str(bad))
+    assert result.returncode == 2
+    assert str(bad) in result.stderr and "not valid YAML" in result.stderr
