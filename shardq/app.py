@@ -106,7 +106,12 @@ class App:
     def plan(self, *, node: int = 0, nodes: int = 1, threads: int | None = None) -> Plan:
         """The plan of node ``node`` of ``nodes`` (threads default to the config's)."""
         workers = {n: (self.settings(n).shards, self.settings(n).priority) for n in self._workers}
-        return make_plan(workers, node=node, nodes=nodes, threads=self.config.threads if threads is None else threads)
+        return make_plan(
+            workers,
+            node=node,
+            nodes=nodes,
+            threads=self.config.threads if threads is None else threads,
+        )
 
     # -- config and broker -----------------------------------------------------
     @property
