@@ -30,7 +30,7 @@ import structlog
 
 from shardq import envelope, morgue
 from shardq.broker.base import BatchResult, Message
-from shardq.errors import BrokerError, EnvelopeError, Retry
+from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.heartbeat import Heartbeat, TimeLimitExceeded
 from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
 from shardq.plan import ShardRef
@@ -143,14 +143,17 @@ class Executor:
             return
 
     def _decode(self, ref: ShardRef, message: Message, settle: _Settle) -> _Job | None:
+        reason = morgue.REASON_INVALID
         try:
             env = envelope.decode(message.body, self._key)
             if env.worker != ref.worker:
-                raise EnvelopeError(
+                known = env.worker in self._app.workers
+                reason = morgue.REASON_INVALID if known else morgue.REASON_UNKNOWN_WORKER
+                raise UnknownWorkerError(
                     f"message names worker {env.worker!r} but sits in a queue of {ref.worker}"
+                    + ("" if known else f"; no worker {env.worker!r} is registered")
                 )
-        except EnvelopeError as exc:
-            reason = morgue.REASON_INVALID
+        except (EnvelopeError, UnknownWorkerError) as exc:
             attempt = self._attempt(message)
             job = _Job(message, None)
             if self._bury(ref, None, message.group_id, [job], reason, exc, attempt, settle):

@@ -154,14 +154,17 @@ def test_a_permanent_error_skips_the_retries(app: shardq.App, ledger_path: str) 
 def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
     app: shardq.App, ledger_path: str
 ) -> None:
-    # given garbage and an envelope of another version in a shard, then a good job
+    # given garbage, an envelope of another version and one for an unknown worker,
+    # then a good job
     queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
     app.ensure_queue(queue, "Ledgered")
+    stranger = shardq.envelope.encode(shardq.envelope.Envelope("Gone", "e", {}))
     app.broker.send_batch(
         queue,
         [
             SendEntry("0", "not json at all", "e", "bad-1"),
             SendEntry("1", '{"v": 99, "worker": "Ledgered"}', "e", "bad-2"),
+            SendEntry("2", stranger, "e", "bad-3"),
         ],
     )
     Ledgered.publish("e", {"n": 0})
@@ -169,9 +172,10 @@ def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
     run_until_empty(app)
     # then both bad messages are in the morgue with a reason, and the job ran
     records = morgue_records(app)
-    assert [r.reason for r in records] == ["invalid_message", "invalid_message"]
+    assert [r.reason for r in records] == ["invalid_message", "invalid_message", "unknown_worker"]
     assert "not JSON" in records[0].error_message
     assert "version 99" in records[1].error_message
+    assert "no worker 'Gone' is registered" in records[2].error_message
     assert [e["n"] for e in ledger.read(ledger_path) if e["event"] == "end"] == [0]
 
 
@@ -216,15 +220,11 @@ def test_a_time_limit_turns_an_overrun_into_a_failure(
 
 
 def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
-    request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
+    app: shardq.App, request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
 ) -> None:
-    # given two nodes, each with its own connection, that both own every shard
-    ledger.app.configure(
-        Config(grace_seconds=10, idle_wait_seconds=1),
-        broker=make_broker("sqlite", tmp_path, request),
-    )
+    # given two nodes, each with its own broker connection, that both own every shard
     expected = publish_numbered(20, 6, sleep=0.01, fail_rate=0.1)
-    other = shardq.App(ledger.app.config, broker=make_broker("sqlite", tmp_path, request))
+    other = shardq.App(app.config, broker=make_broker(app.broker.kind, tmp_path, request))
 
     class Ledgered(shardq.Worker):  # the same worker, bound to the second app
         shards = 3
@@ -237,8 +237,7 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
 
     other.register(Ledgered)
     nodes = [
-        Node(a, a.plan(threads=3), until_empty=True, seed=s)
-        for s, a in enumerate([ledger.app, other])
+        Node(a, a.plan(threads=3), until_empty=True, seed=s) for s, a in enumerate([app, other])
     ]
     runners = [threading.Thread(target=n.run) for n in nodes]
     # when both run at once
