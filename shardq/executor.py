@@ -276,7 +276,8 @@ class Executor:
         error = extra.pop("error", None)
         if error is not None:
             extra["error"] = f"{type(error).__name__}: {error}"
-        level = log.info if kind == "succeeded" else log.warning
+        expected = kind == "succeeded" or isinstance(error, Retry)  # Retry is asked for
+        level = log.info if expected else log.warning
         for job in chunk:
             level(
                 f"job.{kind}",
