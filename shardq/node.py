@@ -100,10 +100,7 @@ class Node:
             lane.start()
         quiet = 0
         while not self.stopping.wait(0.25):
-            if any(not lane.is_alive() for lane in self.lanes):
-                log.error("node.lane_died", detail="a lane stopped unexpectedly; shutting down")
-                self.stop()
-            elif self.until_empty:
+            if self.until_empty:
                 quiet = quiet + 1 if self._drained() else 0
                 if quiet >= 2:
                     log.info("node.drained", detail="every shard is empty; stopping")
@@ -181,7 +178,7 @@ class Node:
                 detail="their messages reappear after their visibility timeout",
             )
             return 3
-        return 0
+        return 1 if any(lane.failed for lane in self.lanes) else 0
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -212,11 +209,24 @@ class Lane(threading.Thread):
         self.inbox: queue.SimpleQueue[tuple[_Shard, list[Message]]] = queue.SimpleQueue()
         self.tally = Tally()
         self.current: list[Message] = []
+        self.failed = False
         self._scheduler = Scheduler(rng)
         self._executor = Executor(node.app, node.heartbeat, node.stopping, self.tally)
         self._picks = 0
 
     def run(self) -> None:
+        try:
+            self._serve()
+        except Exception:
+            self.failed = True
+            log.exception(
+                "node.lane_failed",
+                lane=self.name,
+                detail="stopping the node; its jobs are released or reappear",
+            )
+            self.node.stop()
+
+    def _serve(self) -> None:
         for shard in self.shards:  # pollers find out which shards have work
             self.node.watch(shard, self)
         while not self.node.stopping.is_set():

@@ -273,3 +273,28 @@ def test_stop_releases_received_jobs_that_did_not_start(app: shardq.App, ledger_
 
 def ledger_started(path: str) -> bool:
     return Path(path).exists() and Path(path).stat().st_size > 0
+
+
+class BrokenDeletes(shardq.MemoryBroker):
+    """A broker with a bug: delete_batch raises something that is not a BrokerError."""
+
+    def delete_batch(self, queue: str, receipts: Any) -> Any:
+        raise RuntimeError("bug in the broker")
+
+
+def test_a_lane_that_crashes_stops_the_node_with_exit_1_and_loses_nothing(
+    ledger_path: str,
+) -> None:
+    # given a broker whose deletes crash, and one job
+    broker = BrokenDeletes()
+    ledger.app.configure(Config(grace_seconds=5, idle_wait_seconds=1), broker=broker)
+    Ledgered.publish("e", {"n": 0})
+    # when a node runs it
+    with capture_logs() as logs:
+        code = Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
+    # then the node stops with exit code 1, says why, and the job is still queued
+    assert code == 1
+    assert any(e["event"] == "node.lane_failed" for e in logs)
+    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    counts = broker.counts(queue)
+    assert counts.waiting + counts.in_flight == 1
