@@ -1,7 +1,8 @@
 """The ``shardq`` command.
 
-Exit codes: 0 done; 1 unexpected error; 2 bad usage, config or input;
-3 a node stopped with jobs still running after the grace period.
+Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
+or input; 3 a node stopped with jobs still running after the grace period;
+4 ``queues ensure`` found queues whose settings drifted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from shardq.app import App
 from shardq.config import Config
-from shardq.errors import ConfigError, ShardqError
+from shardq.admin import add_commands
+from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.plan import format_plan
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -41,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
         return code
+    except BrokerError as exc:
+        print(f"shardq: broker error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except ShardqError as exc:
         print(f"shardq: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -82,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     _common(plan)
     _placement(plan, node_default=None)
     plan.set_defaults(handler=_plan)
+    add_commands(commands, _common, lambda args: load(args)[0])
     return parser
 
 

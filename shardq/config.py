@@ -57,6 +57,10 @@ class Config:
     idle_wait_seconds: float = 20.0
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
+    #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
+    metrics_port: int | None = None
+    #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
+    dashboard_token: str | None = None
     #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
     log_format: str = "auto"
     log_level: str = "info"
@@ -136,6 +140,8 @@ class Config:
             fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
         if self.log_level not in _LOG_LEVELS:
             fail("log_level", f"expected one of {', '.join(_LOG_LEVELS)}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            fail("metrics_port", f"expected a port from 0 to 65535, got {self.metrics_port!r}")
         if "://" not in self.broker_url:
             fail(
                 "broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}"
@@ -148,6 +154,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
 _INTS = {"threads"}
+_OPTIONAL_INTS = {"metrics_port"}
 _FLOATS = {"grace_seconds", "idle_wait_seconds"}
 
 
@@ -221,7 +228,16 @@ def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
     for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level"):
         if key in out and not isinstance(out[key], str):
             raise ConfigError(f"{source}: {key}: expected a string, got {out[key]!r}")
-    for key in ("region", "endpoint_url", "signing_key"):
+    for key in _OPTIONAL_INTS:
+        value = out.get(key)
+        if isinstance(value, str):
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}") from None
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{source}: {key}: expected an integer or null, got {value!r}")
+    for key in ("region", "endpoint_url", "signing_key", "dashboard_token"):
         if key in out and out[key] is not None and not isinstance(out[key], str):
             raise ConfigError(f"{source}: {key}: expected a string or null, got {out[key]!r}")
     if "workers" in out and out["workers"] is None:

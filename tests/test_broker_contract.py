@@ -247,3 +247,37 @@ def test_ensure_queue_twice_keeps_the_messages(broker: Broker, queue: str) -> No
     send(broker, queue, "g", "x")
     broker.ensure_queue(queue, visibility_timeout=30)
     assert bodies(receive(broker, queue)) == ["x"]
+
+
+def test_queue_settings_report_what_the_queue_was_created_with(
+    broker: Broker, queue_name: str
+) -> None:
+    assert broker.queue_settings(queue_name) is None
+    broker.ensure_queue(queue_name, visibility_timeout=45, max_message_bytes=2048)
+    settings = broker.queue_settings(queue_name)
+    assert settings is not None
+    assert (settings.fifo, settings.visibility_timeout, settings.max_message_bytes) == (
+        True,
+        45,
+        2048,
+    )
+    assert settings.content_based_dedup is False
+
+
+def test_counts_give_the_oldest_send_time_and_deletes_when_the_broker_knows(
+    broker: Broker, queue: str
+) -> None:
+    # given two messages sent a moment apart, the first of which is deleted
+    before = time.time()
+    send(broker, queue, "a", "a1")
+    time.sleep(0.05)
+    send(broker, queue, "b", "b1")
+    delete(broker, queue, receive(broker, queue, n=1))
+    counts = broker.counts(queue)
+    # then the oldest remaining message is b1, and one delete is counted
+    # (SQS exposes neither: both are None there)
+    if counts.oldest_sent_at is not None:
+        assert before + 0.04 <= counts.oldest_sent_at <= time.time()
+    if counts.deleted_total is not None:
+        assert counts.deleted_total == 1
+    assert broker.kind == "sqs" or counts.oldest_sent_at is not None

@@ -9,6 +9,7 @@ from shardq.broker.base import (
     Broker,
     Message,
     QueueCounts,
+    QueueSettings,
     SendEntry,
     SendResult,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "MemoryBroker",
     "Message",
     "QueueCounts",
+    "QueueSettings",
     "SendEntry",
     "SendResult",
     "SqliteBroker",

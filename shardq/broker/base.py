@@ -67,10 +67,26 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class QueueCounts:
-    """Approximate numbers of messages waiting (visible) and in flight (invisible)."""
+    """Approximate numbers of messages waiting (visible) and in flight (invisible).
+
+    Brokers that can tell also give the send time of the oldest message (for lag)
+    and how many messages were ever deleted (for throughput); SQS gives neither.
+    """
 
     waiting: int
     in_flight: int
+    oldest_sent_at: float | None = None
+    deleted_total: int | None = None
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """What a queue is configured with, for drift checks."""
+
+    fifo: bool
+    visibility_timeout: int
+    max_message_bytes: int
+    content_based_dedup: bool
 
 
 class Broker(abc.ABC):
@@ -108,6 +124,10 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def counts(self, queue: str) -> QueueCounts:
         """Messages waiting and in flight in ``queue``."""
+
+    @abc.abstractmethod
+    def queue_settings(self, queue: str) -> QueueSettings | None:
+        """The queue's settings, or None if it does not exist."""
 
     @abc.abstractmethod
     def max_message_bytes(self, queue: str) -> int:

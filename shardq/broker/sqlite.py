@@ -28,6 +28,7 @@ from shardq.broker.base import (
     Broker,
     Message,
     QueueCounts,
+    QueueSettings,
     SendEntry,
     SendResult,
     check_batch,
@@ -48,7 +49,8 @@ CREATE TABLE IF NOT EXISTS queues (
     name TEXT PRIMARY KEY,
     visibility_timeout REAL NOT NULL,
     max_message_bytes INTEGER NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0
+    version INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -113,6 +115,9 @@ class SqliteBroker(Broker):
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
+        if "deleted" not in columns:  # a file made by shardq 0.1.0
+            db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
         return db
 
     def _tx(self) -> _Tx:
@@ -160,12 +165,24 @@ class SqliteBroker(Broker):
         now = time.time()
         with self._tx() as db:
             self._queue(db, queue)
-            waiting, in_flight = db.execute(
-                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0)"
-                " FROM messages WHERE queue = :q",
+            waiting, in_flight, oldest = db.execute(
+                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0),"
+                " MIN(sent_at) FROM messages WHERE queue = :q",
                 {"q": queue, "now": now},
             ).fetchone()
-        return QueueCounts(int(waiting), int(in_flight))
+            (deleted,) = db.execute(
+                "SELECT deleted FROM queues WHERE name = ?", (queue,)
+            ).fetchone()
+        return QueueCounts(int(waiting), int(in_flight), oldest, int(deleted))
+
+    def queue_settings(self, queue: str) -> QueueSettings | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT visibility_timeout, max_message_bytes FROM queues WHERE name = ?", (queue,)
+            ).fetchone()
+        if row is None:
+            return None
+        return QueueSettings(True, int(row[0]), int(row[1]), False)
 
     # -- send ---------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
@@ -284,7 +301,7 @@ class SqliteBroker(Broker):
                 if cur is None or cur.rowcount != 1:
                     result.failed[receipt] = _STALE
             if len(result.failed) < len(receipts):
-                self._bump(db, queue)
+                self._bump(db, queue, deleted=len(receipts) - len(result.failed))
         return result
 
     def change_visibility_batch(
@@ -320,9 +337,12 @@ class SqliteBroker(Broker):
         return result
 
     # -- waiting ------------------------------------------------------------
-    def _bump(self, db: sqlite3.Connection, queue: str) -> None:
+    def _bump(self, db: sqlite3.Connection, queue: str, deleted: int = 0) -> None:
         """Record a change of ``queue`` for waiters here and in other processes."""
-        db.execute("UPDATE queues SET version = version + 1 WHERE name = ?", (queue,))
+        db.execute(
+            "UPDATE queues SET version = version + 1, deleted = deleted + ? WHERE name = ?",
+            (deleted, queue),
+        )
         with self._changed:
             self._versions[queue] = self._versions.get(queue, 0) + 1
             self._changed.notify_all()

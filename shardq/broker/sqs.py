@@ -24,6 +24,7 @@ from shardq.broker.base import (
     Broker,
     Message,
     QueueCounts,
+    QueueSettings,
     SendEntry,
     SendResult,
     check_batch,
@@ -142,6 +143,26 @@ class SqsBroker(Broker):
             AttributeNames=names,
         )
         return dict(response.get("Attributes", {}))
+
+    def queue_settings(self, queue: str) -> QueueSettings | None:
+        try:
+            attrs = self._attributes(
+                queue,
+                [
+                    "FifoQueue",
+                    "VisibilityTimeout",
+                    "MaximumMessageSize",
+                    "ContentBasedDeduplication",
+                ],
+            )
+        except QueueNotFoundError:
+            return None
+        return QueueSettings(
+            fifo=attrs.get("FifoQueue") == "true",
+            visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
+            max_message_bytes=int(attrs.get("MaximumMessageSize", 262144)),
+            content_based_dedup=attrs.get("ContentBasedDeduplication") == "true",
+        )
 
     def max_message_bytes(self, queue: str) -> int:
         size = self._sizes.get(queue)

@@ -1,0 +1,314 @@
+"""Operations commands: ``stats``, ``morgue``, ``publish``, ``queues ensure``, ``dashboard``.
+
+Each works the same on the embedded broker and on SQS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from shardq.app import App
+from shardq.errors import ConfigError
+from shardq.morgue import MorgueQueue, MorgueRecord, payload_of
+from shardq.stats import collect
+
+EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
+
+Loader = Callable[[argparse.Namespace], App]
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def add_commands(
+    commands: Any, common: Callable[[argparse.ArgumentParser], None], load: Loader
+) -> None:
+    """Register the operations subcommands on the ``shardq`` parser."""
+
+    def command(name: str, help: str, examples: str, handler: Callable[..., int]) -> Any:
+        p = commands.add_parser(
+            name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
+        )
+        common(p)
+        p.set_defaults(handler=lambda args: handler(load(args), args))
+        return p
+
+    stats = command(
+        "stats",
+        "queue lengths, jobs in flight, morgue sizes and lag per worker",
+        "  shardq stats\n  shardq stats --json | jq .total\n",
+        _stats,
+    )
+    stats.add_argument("--json", action="store_true", help="print the JSON of /api/v1/stats")
+
+    morgue = commands.add_parser("morgue", help="list, requeue or purge dead jobs")
+    actions = morgue.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help, handler, examples in [
+        (
+            "list",
+            "list dead jobs (the first 10 of each entity)",
+            _morgue_list,
+            "  shardq morgue list SyncOrder\n  shardq morgue list SyncOrder --entity order-42 --json\n",
+        ),
+        (
+            "requeue",
+            "send dead jobs back to the tail of their entity's jobs",
+            _morgue_requeue,
+            "  shardq morgue requeue SyncOrder --entity order-42\n"
+            "  shardq morgue requeue SyncOrder            # every dead SyncOrder job\n",
+        ),
+        (
+            "purge",
+            "delete dead jobs for good",
+            _morgue_purge,
+            "  shardq morgue purge SyncOrder --entity order-42 --yes\n",
+        ),
+    ]:
+        p = actions.add_parser(
+            name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
+        )
+        common(p)
+        p.add_argument("worker", metavar="WORKER", help="worker class name")
+        p.add_argument("--entity", help="only this entity's dead jobs")
+        p.add_argument(
+            "--id",
+            action="append",
+            dest="ids",
+            metavar="MESSAGE_ID",
+            help="only this job (repeatable)",
+        )
+        if name == "list":
+            p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
+            p.add_argument("--json", action="store_true", help="one JSON object per line")
+        if name == "purge":
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
+
+    publish = command(
+        "publish",
+        "publish one job",
+        '  shardq publish SyncOrder order-42 \'{"status": "paid"}\'\n'
+        '  echo \'{"status": "paid"}\' | shardq publish SyncOrder order-42 -\n',
+        _publish,
+    )
+    publish.add_argument("worker", metavar="WORKER")
+    publish.add_argument("entity", metavar="ENTITY")
+    publish.add_argument("payload", metavar="PAYLOAD_JSON", help="JSON, or - to read stdin")
+    publish.add_argument("--dedup-id", help="idempotency key (5 minutes, per entity)")
+    publish.add_argument("--meta", metavar="JSON", help="metadata object (trace ids, ...)")
+
+    queues = commands.add_parser("queues", help="create or check the queues")
+    qa = queues.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ensure = qa.add_parser(
+        "ensure",
+        formatter_class=RAW,
+        help="create missing shard and morgue queues; report settings that drifted",
+        description="Create every shard and morgue queue that is missing, and check the "
+        "existing ones: FIFO, no content-based dedup, the worker's visibility timeout. "
+        "Exit 4 if any queue drifted.",
+        epilog="examples:\n  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n",
+    )
+    common(ensure)
+    ensure.set_defaults(handler=lambda args: _ensure(load(args), args))
+
+    dash = command(
+        "dashboard",
+        "serve the web dashboard and JSON API",
+        "  shardq dashboard                      # http://127.0.0.1:8642\n"
+        "  SHARDQ_DASHBOARD_TOKEN=s3cret shardq dashboard --host 0.0.0.0\n",
+        _dashboard,
+    )
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8642, help="port (8642)")
+    dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+
+
+# -- handlers ---------------------------------------------------------------------
+def _stats(app: App, args: argparse.Namespace) -> int:
+    stats = collect(app)
+    if args.json:
+        print(json.dumps(stats.to_dict(), indent=2))
+        return EXIT_OK
+    rows = [("worker", "length", "in flight", "morgue", "lag", "done")]
+    for w in stats.workers:
+        rows.append(
+            (
+                w.name,
+                str(w.length),
+                str(w.in_flight),
+                str(w.morgue_length),
+                _age(w.lag),
+                _opt(w.done),
+            )
+        )
+        for s in w.shards:
+            rows.append(
+                (f"  [{s.shard}]", str(s.length), str(s.in_flight), "", _age(s.lag), _opt(s.done))
+            )
+    total = stats.to_dict()["total"]
+    rows.append(
+        (
+            "total",
+            str(total["length"]),
+            str(total["in_flight"]),
+            str(total["morgue_length"]),
+            _age(total["lag"]),
+            _opt(total["done"]),
+        )
+    )
+    print(_table(rows))
+    return EXIT_OK
+
+
+def _morgue_list(app: App, args: argparse.Namespace) -> int:
+    morgue = MorgueQueue(app, args.worker)
+    records = morgue.list_jobs(entity=args.entity, limit=args.limit)
+    if args.ids:
+        records = [r for r in records if r.message_id in set(args.ids)]
+    if args.json:
+        for r in records:
+            print(json.dumps(_record_dict(r, app)))
+        return EXIT_OK
+    rows = [("entity", "message id", "reason", "attempts", "failed at", "error")]
+    for r in records:
+        failed = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
+        error = f"{r.error_type}: {r.error_message}"[:60]
+        rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), failed, error))
+    print(_table(rows))
+    print(
+        f"{len(records)} dead {args.worker} jobs shown; the morgue holds {morgue.size()}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _morgue_requeue(app: App, args: argparse.Namespace) -> int:
+    n = MorgueQueue(app, args.worker).requeue(args.entity, args.ids, progress=_progress("requeued"))
+    print(
+        f"requeued {n} dead {args.worker} jobs{_scope(args)}, each at the tail of its "
+        "entity's jobs",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _morgue_purge(app: App, args: argparse.Namespace) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
+        answer = input(f"delete dead {args.worker} jobs{_scope(args)} for good? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing purged", file=sys.stderr)
+            return EXIT_OK
+    n = MorgueQueue(app, args.worker).purge(args.entity, args.ids, progress=_progress("purged"))
+    print(f"purged {n} dead {args.worker} jobs{_scope(args)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _publish(app: App, args: argparse.Namespace) -> int:
+    worker = app.worker(args.worker)
+    text = sys.stdin.read() if args.payload == "-" else args.payload
+    payload = _json_arg("PAYLOAD_JSON", text)
+    meta = _json_arg("--meta", args.meta) if args.meta else None
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigError("--meta must be a JSON object")
+    print(worker.publish(args.entity, payload, dedup_id=args.dedup_id, meta=meta))
+    return EXIT_OK
+
+
+def _ensure(app: App, args: argparse.Namespace) -> int:
+    app.check()
+    broker = app.broker
+    drift = []
+    created = checked = 0
+    for name in app.workers:
+        settings = app.settings(name)
+        queues = [app.shard_queue(name, s) for s in range(settings.shards)]
+        for queue in [*queues, app.morgue_queue(name)]:
+            found = broker.queue_settings(queue)
+            if found is None:
+                app.ensure_queue(queue, name)
+                created += 1
+                continue
+            checked += 1
+            if not found.fifo:
+                drift.append(f"{queue}: not a FIFO queue")
+            if found.content_based_dedup:
+                drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
+            if found.visibility_timeout != settings.visibility_timeout:
+                drift.append(
+                    f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
+                    f"{name}.visibility_timeout is {settings.visibility_timeout} s"
+                )
+    for line in drift:
+        print(f"drift: {line}")
+    print(f"{created} queues created, {checked} checked, {len(drift)} drifted", file=sys.stderr)
+    return EXIT_DRIFT if drift else EXIT_OK
+
+
+def _dashboard(app: App, args: argparse.Namespace) -> int:
+    from shardq.dashboard import serve
+
+    serve(
+        app, host=args.host, port=args.port, token=app.config.dashboard_token, refresh=args.refresh
+    )
+    return EXIT_OK
+
+
+# -- helpers ----------------------------------------------------------------------
+def _record_dict(record: MorgueRecord, app: App) -> dict[str, Any]:
+    out = dict(record.__dict__)
+    out["payload"] = payload_of(record, app.signing_key)
+    return out
+
+
+def _json_arg(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
+        ) from None
+
+
+def _progress(verb: str) -> Callable[[int], None]:
+    def report(done: int) -> None:
+        end = "\r" if sys.stderr.isatty() else "\n"
+        print(f"  {verb} {done}...", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def _scope(args: argparse.Namespace) -> str:
+    parts = [
+        f" of entity {args.entity}" if args.entity else "",
+        f" with ids {', '.join(args.ids)}" if args.ids else "",
+    ]
+    return "".join(parts)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in rows
+    )
