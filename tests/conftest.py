@@ -9,6 +9,8 @@ import pytest
 
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
 from tests import emulator as emu
+from tests.apps import ledger
+from tests.children import Env
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +67,13 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
 def queue_name() -> str:
     """A fresh FIFO queue name, so tests never share a queue on the emulator."""
     return f"t-{uuid.uuid4().hex[:16]}.fifo"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    """Environment for child `shardq` processes on each broker, and the ledger app on it."""
+    environment = Env(request.param, tmp_path, request)
+    ledger.app.configure(environment.config())
+    yield environment
+    environment.stop_all()
+    ledger.app.broker.close()

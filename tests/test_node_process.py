@@ -7,86 +7,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import shardq
-from shardq.config import Config
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
+from tests.children import ROOT, Env
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-class Env:
-    """Environment of the child nodes: broker, queue prefix and ledger."""
-
-    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-        self.ledger = str(tmp_path / "ledger.jsonl")
-        self.vars = {
-            "LEDGER_PATH": self.ledger,
-            "SHARDQ_QUEUE_PREFIX": f"p{uuid.uuid4().hex[:8]}-",
-            "SHARDQ_IDLE_WAIT_SECONDS": "1",
-            "SHARDQ_APP": "tests.apps.ledger",
-            "SHARDQ_LOG_FORMAT": "json",
-        }
-        if kind == "sqlite":
-            self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{tmp_path / 'broker.db'}"
-        else:
-            server = request.getfixturevalue("sqs_emulator")
-            self.vars.update(
-                SHARDQ_BROKER_URL="sqs://",
-                SHARDQ_ENDPOINT_URL=server.endpoint_url,
-                SHARDQ_REGION="us-east-1",
-            )
-        self.children: list[subprocess.Popen[bytes]] = []
-
-    def config(self) -> Config:
-        return Config.load(env={k: v for k, v in self.vars.items() if k.startswith("SHARDQ_")})
-
-    def node(self, *args: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.vars}
-        child = subprocess.Popen(
-            [sys.executable, "-m", "shardq", "run", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.children.append(child)
-        return child
-
-    def events(self) -> list[tuple[str, str, int]]:
-        if not Path(self.ledger).exists():
-            return []
-        return [(e["event"], e["entity"], e["n"]) for e in ledger.read(self.ledger)]
-
-    def wait_for(self, predicate: object, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():  # type: ignore[operator]
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out; ledger: {self.events()}")
-
-    def stop_all(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                os.kill(child.pid, signal.SIGKILL)
-            child.wait()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    environment = Env(request.param, tmp_path, request)
-    ledger.app.configure(environment.config())
-    yield environment
-    environment.stop_all()
-    ledger.app.broker.close()
 
 
 def test_a_node_killed_mid_batch_loses_nothing(env: Env) -> None:

@@ -1,0 +1,106 @@
+"""The operations commands, as a user runs them, on the embedded broker and on SQS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardq.sharding import shard_for
+from tests.children import Env
+
+pytestmark = pytest.mark.slow
+
+
+def stats(env: Env) -> dict:  # type: ignore[type-arg]
+    result = env.cli("stats", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def test_publish_shows_up_in_stats_and_a_node_drains_it(env: Env) -> None:
+    # given a job published from the command line
+    result = env.cli("publish", "Ledgered", "order-42", '{"n": 0}', "--meta", '{"trace": "t-1"}')
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip()) > 10  # the message id
+    # then stats show it waiting in the entity's shard
+    shard = shard_for("order-42", 3)
+    worker = stats(env)["by_worker"]["Ledgered"]
+    assert worker["length"] == 1 and worker["shards"][shard]["length"] == 1
+    assert stats(env)["total"]["length"] == 1
+    # and after a node ran, nothing is left
+    assert env.cli("run", "--until-empty").returncode == 0
+    assert stats(env)["total"]["length"] == 0
+    assert ("end", "order-42", 0) in env.events()
+
+
+def test_stats_table_is_readable(env: Env) -> None:
+    env.cli("publish", "Ledgered", "e", '{"n": 0}')
+    result = env.cli("stats")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["worker", "length", "in", "flight", "morgue", "lag", "done"]
+    assert lines[1].split()[:2] == ["Ledgered", "1"]
+    assert lines[-1].split()[:2] == ["total", "1"]
+
+
+def test_morgue_list_requeue_and_purge(env: Env) -> None:
+    # given dead jobs of two entities
+    for entity, n in [("e1", 0), ("e1", 1), ("e2", 0)]:
+        env.cli("publish", "Ledgered", entity, json.dumps({"n": n, "permanent": True}))
+    assert env.cli("run", "--until-empty").returncode == 0
+    # when they are listed
+    listed = env.cli("morgue", "list", "Ledgered", "--json")
+    assert listed.returncode == 0, listed.stderr
+    records = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted((r["entity_id"], r["payload"]["n"]) for r in records) == [
+        ("e1", 0), ("e1", 1), ("e2", 0)]
+    assert {r["reason"] for r in records} == {"permanent_error"}
+    # and e1's are requeued
+    requeued = env.cli("morgue", "requeue", "Ledgered", "--entity", "e1")
+    assert requeued.returncode == 0 and "requeued 2 dead Ledgered jobs" in requeued.stderr
+    assert "tail of its entity's jobs" in requeued.stderr
+    assert stats(env)["by_worker"]["Ledgered"]["shards"][shard_for("e1", 3)]["length"] == 2
+    assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 1
+    # then purge needs confirmation, and removes the rest with --yes
+    refused = env.cli("morgue", "purge", "Ledgered", stdin="")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    purged = env.cli("morgue", "purge", "Ledgered", "--yes")
+    assert purged.returncode == 0 and "purged 1 dead Ledgered jobs" in purged.stderr
+    assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 0
+
+
+def test_queues_ensure_creates_then_checks_then_reports_drift(env: Env) -> None:
+    first = env.cli("queues", "ensure")
+    assert first.returncode == 0, first.stderr
+    assert "4 queues created, 0 checked, 0 drifted" in first.stderr
+    second = env.cli("queues", "ensure")
+    assert "0 queues created, 4 checked, 0 drifted" in second.stderr
+    # given the worker now wants a longer visibility timeout than the queues have
+    env.vars["SHARDQ_WORKERS__Ledgered__visibility_timeout"] = "90"
+    drifted = env.cli("queues", "ensure")
+    assert drifted.returncode == 4
+    assert "VisibilityTimeout is 2 s, Ledgered.visibility_timeout is 90 s" in drifted.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["publish", "Ledgered", "e", "{not json"], "PAYLOAD_JSON is not valid JSON"),
+        (["publish", "Nope", "e", "{}"], "no worker named 'Nope'"),
+        (["publish", "Ledgered", "has space", "{}"], "contains ' '"),
+        (["morgue", "list", "Nope"], "no worker named 'Nope'"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(env: Env, args: list[str], message: str) -> None:
+    result = env.cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_an_unreachable_broker_exits_1(env: Env) -> None:
+    env.vars.update(SHARDQ_BROKER_URL="sqs://", SHARDQ_ENDPOINT_URL="http://127.0.0.1:9",
+                    SHARDQ_REGION="us-east-1", AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    result = env.cli("stats")
+    assert result.returncode == 1
+    assert "broker error" in result.stderr and "cannot reach SQS" in result.stderr
