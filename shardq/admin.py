@@ -9,7 +9,7 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardq.app import App
@@ -51,7 +51,8 @@ def add_commands(
             "list",
             "list dead jobs (the first 10 of each entity)",
             _morgue_list,
-            "  shardq morgue list SyncOrder\n  shardq morgue list SyncOrder --entity order-42 --json\n",
+            "  shardq morgue list SyncOrder\n"
+            "  shardq morgue list SyncOrder --entity order-42 --json\n",
         ),
         (
             "requeue",
@@ -304,11 +305,12 @@ def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ).rstrip()
         for r in rows
     )

@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from shardq.admin import add_commands
 from shardq.app import App
 from shardq.config import Config
-from shardq.admin import add_commands
 from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.plan import format_plan
 
@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--grace-seconds", type=float, help="time running jobs get at shutdown")
     run.add_argument("--log-format", choices=("auto", "console", "json"))
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    run.add_argument("--metrics-host", help="address of /metrics (default 127.0.0.1)")
     run.add_argument("--seed", type=int, help="seed the schedulers' lottery (reproducible runs)")
     run.set_defaults(handler=_run)
 
@@ -120,6 +122,8 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
             "grace_seconds",
             "log_format",
             "log_level",
+            "metrics_port",
+            "metrics_host",
         )
     }
     config = Config.load(args.config, overrides=overrides)

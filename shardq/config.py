@@ -59,6 +59,8 @@ class Config:
     signing_key: str | None = None
     #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
     metrics_port: int | None = None
+    #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
+    metrics_host: str = "127.0.0.1"
     #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
     dashboard_token: str | None = None
     #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
@@ -225,7 +227,7 @@ def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
             out[key] = float(out[key])
         elif key in out and (not isinstance(out[key], (int, float)) or isinstance(out[key], bool)):
             raise ConfigError(f"{source}: {key}: expected a number, got {out[key]!r}")
-    for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level"):
+    for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level", "metrics_host"):
         if key in out and not isinstance(out[key], str):
             raise ConfigError(f"{source}: {key}: expected a string, got {out[key]!r}")
     for key in _OPTIONAL_INTS:

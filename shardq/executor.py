@@ -21,10 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -43,6 +43,29 @@ log = structlog.get_logger("shardq.job")
 _FLUSH_TRIES = 3
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one ``perform`` call's jobs (or of one invalid message)."""
+
+    kind: str  # "succeeded", "retried" or "morgued"
+    worker: str
+    shard: int
+    entity: str
+    messages: list[Message]
+    payloads: list[Any]
+    duration: float
+    error: BaseException | None = None
+
+
+class Observer(Protocol):
+    """Told of every outcome and broker error: the node's tally, its metrics, the
+    test helpers."""
+
+    def job_outcome(self, outcome: Outcome) -> None: ...
+
+    def broker_error(self, operation: str) -> None: ...
+
+
 @dataclass
 class Tally:
     """Job outcomes counted by a node, per worker."""
@@ -54,6 +77,12 @@ class Tally:
     def add(self, kind: str, worker: str, n: int = 1) -> None:
         counter: dict[str, int] = getattr(self, kind)
         counter[worker] = counter.get(worker, 0) + n
+
+    def job_outcome(self, outcome: Outcome) -> None:
+        self.add(outcome.kind, outcome.worker, len(outcome.messages))
+
+    def broker_error(self, operation: str) -> None:
+        """Broker errors are logged; a tally does not count them."""
 
 
 @dataclass
@@ -78,20 +107,20 @@ class Executor:
         app: App,
         heartbeat: Heartbeat,
         stopping: threading.Event,
-        tally: Tally,
-        on_outcome: Callable[[str, str, Message], None] | None = None,
+        observers: Sequence[Observer] = (),
+        max_retry_delay: float | None = None,
     ) -> None:
         self._app = app
         self._broker = app.broker
         self._heartbeat = heartbeat
         self._stopping = stopping
-        self._tally = tally
+        self._observers = list(observers)
+        self._max_retry_delay = max_retry_delay
         self._workers: dict[str, Worker] = {}
         # receives of a message that ended in a release without running it, so the
         # attempt number is not inflated by this node's own releases
         self._unstarted: dict[str, int] = {}
         self._key = app.signing_key
-        self._on_outcome = on_outcome
 
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> None:
         """Run a received batch of shard ``ref`` and settle every message."""
@@ -137,6 +166,8 @@ class Executor:
                 delay = min(60.0, 2.0**attempt)  # the morgue is unreachable: try again later
             else:
                 delay = self._retry_delay(worker, error, attempt)
+                if self._max_retry_delay is not None:
+                    delay = min(delay, self._max_retry_delay)
                 self._outcome("retried", ref, chunk, duration, error=error, delay=delay)
             settle.hide += [(j.message, _cap(j.message, delay)) for j in chunk]
             self._release([j for c in chunks[index + 1 :] for j in c], settle)
@@ -226,6 +257,7 @@ class Executor:
                     raise BrokerError(result.failed["0"])
         except BrokerError as exc:
             log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
+            self._broker_error("morgue")
             return False
         settle.delete += [j.message for j in chunk]
         if worker is not None:
@@ -266,13 +298,13 @@ class Executor:
                 return call().failed
             except BrokerError as exc:
                 log.warning("broker.settle_failed", attempt=attempt + 1, error=str(exc))
+                self._broker_error("settle")
                 time.sleep(0.5 * 2**attempt)
         return dict.fromkeys(receipts, "broker unreachable")
 
     def _outcome(
         self, kind: str, ref: ShardRef, chunk: list[_Job], duration: float, **extra: Any
     ) -> None:
-        self._tally.add(kind, ref.worker, len(chunk))
         error = extra.pop("error", None)
         if error is not None:
             extra["error"] = f"{type(error).__name__}: {error}"
@@ -289,8 +321,25 @@ class Executor:
                 duration=duration,
                 **extra,
             )
-            if self._on_outcome is not None:
-                self._on_outcome(kind, ref.worker, job.message)
+        outcome = Outcome(
+            kind,
+            ref.worker,
+            ref.shard,
+            chunk[0].message.group_id,
+            [j.message for j in chunk],
+            [j.payload for j in chunk],
+            duration,
+            error,
+        )
+        for observer in self._observers:
+            try:
+                observer.job_outcome(outcome)
+            except Exception:
+                log.exception("observer.failed", observer=type(observer).__name__)
+
+    def _broker_error(self, operation: str) -> None:
+        for observer in self._observers:
+            observer.broker_error(operation)
 
     def _worker(self, name: str) -> Worker:
         worker = self._workers.get(name)

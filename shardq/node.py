@@ -24,6 +24,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +32,10 @@ import structlog
 
 from shardq.broker.base import Message
 from shardq.errors import BrokerError
-from shardq.executor import Executor, Tally
+from shardq.executor import Executor, Observer, Tally
 from shardq.heartbeat import Heartbeat
 from shardq.limits import MAX_BATCH_ENTRIES
+from shardq.metrics import NodeMetrics
 from shardq.plan import Plan, ShardRef, format_plan
 from shardq.scheduler import Scheduler, ShardView
 
@@ -60,7 +62,13 @@ class Node:
     """Runs the plan of one node. :meth:`run` blocks until the node stops."""
 
     def __init__(
-        self, app: App, plan: Plan, *, until_empty: bool = False, seed: int | None = None
+        self,
+        app: App,
+        plan: Plan,
+        *,
+        until_empty: bool = False,
+        seed: int | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.app = app
         self.plan = plan
@@ -68,6 +76,9 @@ class Node:
         self.until_empty = until_empty
         self.stopping = threading.Event()
         self.heartbeat = Heartbeat(app.broker, interval=_heartbeat_interval(app, plan))
+        self.metrics = NodeMetrics(self._lags, self.heartbeat.held_count)
+        self.observers: list[Observer] = [self.metrics, *observers]
+        self.metrics_port: int | None = None
         rng = random.Random(seed)
         self.lanes = [
             Lane(self, i, [self._shard(ref) for ref in refs], random.Random(rng.random()))
@@ -95,6 +106,13 @@ class Node:
             broker=self.app.broker.kind,
         )
         log.info("node.plan", plan=format_plan([self.plan]))
+        if self.config.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(
+                self.config.metrics_port, self.config.metrics_host
+            )
+            log.info(
+                "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
+            )
         self.heartbeat.start()
         for lane in self.lanes:
             lane.start()
@@ -128,6 +146,18 @@ class Node:
                 for worker, n in getattr(lane.tally, kind).items():
                     total.add(kind, worker, n)
         return total
+
+    def _lags(self) -> list[tuple[str, int, float]]:
+        now = time.time()
+        return [
+            (
+                s.ref.worker,
+                s.ref.shard,
+                0.0 if s.watched or s.head_sent_at is None else max(0.0, now - s.head_sent_at),
+            )
+            for lane in self.lanes
+            for s in lane.shards
+        ]
 
     # -- internals ---------------------------------------------------------------
     def _ensure_queues(self) -> None:
@@ -163,6 +193,7 @@ class Node:
             self.app, self.heartbeat, [m for m in self.heartbeat.held() if m.receipt not in running]
         )
         self.heartbeat.stop()
+        self.metrics.close()
         tally = self.tally()
         log.info(
             "node.stopped",
@@ -211,7 +242,9 @@ class Lane(threading.Thread):
         self.current: list[Message] = []
         self.failed = False
         self._scheduler = Scheduler(rng)
-        self._executor = Executor(node.app, node.heartbeat, node.stopping, self.tally)
+        self._executor = Executor(
+            node.app, node.heartbeat, node.stopping, [self.tally, *node.observers]
+        )
         self._picks = 0
 
     def run(self) -> None:
@@ -297,6 +330,7 @@ class Lane(threading.Thread):
             )
         except BrokerError as exc:
             log.warning("node.receive_failed", queue=shard.queue, error=str(exc))
+            self.node.metrics.broker_error("receive")
             return []  # the shard goes to its poller, which backs off
         self.node.heartbeat.hold(messages, shard.visibility_timeout)
         if len(messages) == MAX_BATCH_ENTRIES:  # more wait behind: newer than the last one
@@ -326,6 +360,7 @@ class Poller(threading.Thread):
                     visibility_timeout=shard.visibility_timeout,
                 )
             except BrokerError as exc:
+                node.metrics.broker_error("poll")
                 log.warning("node.poll_failed", queue=shard.queue, error=str(exc), retry_in=backoff)
                 node.stopping.wait(backoff)
                 backoff = min(30.0, backoff * 2)

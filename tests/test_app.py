@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.broker import QueueCounts
 from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
 
@@ -359,7 +358,8 @@ def test_ensure_queues_creates_every_shard_queue_and_the_morgue(
     ]
     assert names == expected
     for queue in expected:
-        assert broker.counts(queue) == QueueCounts(waiting=0, in_flight=0)
+        counts = broker.counts(queue)
+        assert (counts.waiting, counts.in_flight) == (0, 0)
 
 
 def test_ensure_queues_is_idempotent(broker: shardq.MemoryBroker) -> None:

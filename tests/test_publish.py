@@ -11,7 +11,15 @@ import pytest
 
 import shardq
 from shardq import envelope
-from shardq.broker import BatchResult, Broker, Message, QueueCounts, SendEntry, SendResult
+from shardq.broker import (
+    BatchResult,
+    Broker,
+    Message,
+    QueueCounts,
+    QueueSettings,
+    SendEntry,
+    SendResult,
+)
 from shardq.errors import (
     BrokerError,
     InvalidEntityIdError,
@@ -44,6 +52,9 @@ class WrappingBroker(Broker):
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         self.batches.append((queue, list(entries)))
         return self.inner.send_batch(queue, entries)
+
+    def queue_settings(self, queue: str) -> QueueSettings | None:
+        return self.inner.queue_settings(queue)
 
     def receive(
         self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float

@@ -1,0 +1,101 @@
+"""Prometheus metrics of a node, served on ``--metrics-port`` (``/metrics``).
+
+* ``shardq_jobs_total{worker, outcome}``: jobs that succeeded, were retried or were
+  moved to the morgue;
+* ``shardq_job_duration_seconds{worker}``: ``perform`` durations;
+* ``shardq_shard_lag_seconds{worker, shard}``: the node's estimate of how long the
+  oldest waiting job of each of its shards has waited (0 for idle shards);
+* ``shardq_in_flight_jobs``: jobs the node holds (running or received, not done);
+* ``shardq_broker_errors_total{operation}``: failed broker calls.
+
+Each node has its own registry, so several nodes in one process (tests) do not
+collide. Lag and in-flight are computed when scraped, not on every job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shardq.executor import Outcome
+
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
+
+
+class NodeMetrics:
+    """Counters fed by job outcomes; gauges read from the node when scraped."""
+
+    def __init__(
+        self,
+        lags: Callable[[], Iterable[tuple[str, int, float]]],
+        in_flight: Callable[[], int],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.jobs = Counter(
+            "shardq_jobs_total", "Jobs by outcome", ["worker", "outcome"], registry=self.registry
+        )
+        self.duration = Histogram(
+            "shardq_job_duration_seconds",
+            "perform() duration",
+            ["worker"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.broker_errors = Counter(
+            "shardq_broker_errors_total",
+            "Failed broker calls",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.registry.register(_Gauges(lags, in_flight))
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    def job_outcome(self, outcome: Outcome) -> None:
+        self.jobs.labels(outcome.worker, outcome.kind).inc(len(outcome.messages))
+        if outcome.duration:
+            self.duration.labels(outcome.worker).observe(outcome.duration)
+
+    def broker_error(self, operation: str) -> None:
+        self.broker_errors.labels(operation).inc()
+
+    def serve(self, port: int, host: str) -> int:
+        """Serve ``/metrics``; returns the port (useful with port 0)."""
+        with self._lock:
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
+            self._server = server
+            return int(server.server_address[1])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.shutdown()
+                self._server.server_close()
+                self._server = None
+
+
+class _Gauges(Collector):
+    def __init__(
+        self,
+        lags: Callable[[], Iterable[tuple[str, int, float]]],
+        in_flight: Callable[[], int],
+    ) -> None:
+        self._lags, self._in_flight = lags, in_flight
+
+    def collect(self) -> Iterable[Any]:
+        lag = GaugeMetricFamily(
+            "shardq_shard_lag_seconds",
+            "Age of the oldest job believed waiting in a shard",
+            labels=["worker", "shard"],
+        )
+        for worker, shard, seconds in self._lags():
+            lag.add_metric([worker, str(shard)], seconds)
+        yield lag
+        yield GaugeMetricFamily(
+            "shardq_in_flight_jobs", "Jobs held by this node", value=self._in_flight()
+        )

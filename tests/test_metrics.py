@@ -1,0 +1,80 @@
+"""A node's Prometheus endpoint, scraped over HTTP while it works."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import shardq
+from shardq.config import Config
+from shardq.node import Node
+from tests.apps import ledger
+from tests.apps.ledger import Ledgered
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def jobs(sample: dict, outcome: str) -> float:  # type: ignore[type-arg]
+    return sample.get(("shardq_jobs_total", (("outcome", outcome), ("worker", "Ledgered"))), 0.0)
+
+
+def test_the_metrics_endpoint_shows_the_counters_moving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node serving metrics on a free port
+    monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
+    ledger.reset()
+    ledger.app.configure(
+        Config(metrics_port=0, idle_wait_seconds=1),
+        broker=shardq.SqliteBroker(str(tmp_path / "b.db")),
+    )
+    node = Node(ledger.app, ledger.app.plan(threads=2))
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while node.metrics_port is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert node.metrics_port is not None
+        before = scrape(node.metrics_port)
+        # when jobs succeed, one is retried once, and one goes to the morgue
+        Ledgered.publish_many(
+            [("a", {"n": 0}), ("b", {"n": 0, "fail": 1}), ("c", {"n": 0, "permanent": True})]
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            after = scrape(node.metrics_port)
+            if jobs(after, "succeeded") == 2 and jobs(after, "morgued") == 1:
+                break
+            time.sleep(0.1)
+        # then the counters moved by exactly that
+        assert jobs(before, "succeeded") == 0
+        assert (jobs(after, "succeeded"), jobs(after, "retried"), jobs(after, "morgued")) == (
+            2,
+            1,
+            1,
+        )
+        count = ("shardq_job_duration_seconds_count", (("worker", "Ledgered"),))
+        assert after[count] == 4
+        lags = [k for k in after if k[0] == "shardq_shard_lag_seconds"]
+        assert len(lags) == 3
+        assert ("shardq_in_flight_jobs", ()) in after
+    finally:
+        node.stop()
+        runner.join(30)
+    # and the endpoint is closed with the node
+    with pytest.raises(OSError):
+        scrape(node.metrics_port)
