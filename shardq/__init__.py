@@ -22,6 +22,7 @@ from shardq.errors import (
     UnknownWorkerError,
     WorkerDefinitionError,
 )
+from shardq.middleware import Middleware, PerformContext, PublishContext
 from shardq.publisher import Job, PublishReport
 from shardq.worker import Worker, WorkerSettings
 
@@ -37,9 +38,12 @@ __all__ = [
     "InvalidEntityIdError",
     "Job",
     "MemoryBroker",
+    "Middleware",
     "PayloadError",
     "PayloadTooLargeError",
+    "PerformContext",
     "PermanentError",
+    "PublishContext",
     "PublishError",
     "PublishReport",
     "QueueNotFoundError",

@@ -15,6 +15,7 @@ from shardq.broker import Broker, broker_from_url
 from shardq.config import Config
 from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
 from shardq.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
+from shardq.middleware import Middleware
 from shardq.plan import Plan, make_plan
 from shardq.publisher import Publisher
 from shardq.worker import Worker, WorkerSettings
@@ -33,6 +34,8 @@ class App:
         self._ready: set[str] = set()
         self._lock = threading.RLock()
         self.publisher = Publisher(self)
+        #: Middleware around perform and publish, and node hooks, in order added.
+        self.middleware: list[Middleware] = []
 
     # -- workers ---------------------------------------------------------------
     def register(self, cls: W) -> W:
@@ -52,6 +55,12 @@ class App:
             self._workers[cls.__name__] = cls
             self._settings.pop(cls.__name__, None)
         return cls
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Add a middleware (outermost first); see :mod:`shardq.middleware`."""
+        if not isinstance(middleware, Middleware):
+            raise TypeError(f"{middleware!r} is not a shardq.Middleware")
+        self.middleware.append(middleware)
 
     @property
     def workers(self) -> dict[str, type[Worker]]:

@@ -33,6 +33,7 @@ from shardq.broker.base import BatchResult, Message
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.heartbeat import Heartbeat, TimeLimitExceeded
 from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.middleware import PerformContext, run_around
 from shardq.plan import ShardRef
 from shardq.worker import Worker, WorkerSettings
 
@@ -89,6 +90,7 @@ class Tally:
 class _Job:
     message: Message
     payload: Any
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,16 +194,32 @@ class Executor:
             else:
                 settle.hide.append((message, _cap(message, 30.0)))
             return None
-        return _Job(message, env.payload)
+        return _Job(message, env.payload, env.meta)
 
     def _perform(
         self, worker: Worker, settings: WorkerSettings, entity: str, chunk: list[_Job]
     ) -> BaseException | None:
         payloads = [j.payload for j in chunk]
-        try:
-            _, overran = self._heartbeat.run_limited(
-                lambda: worker.perform(entity, payloads), settings.time_limit
+
+        def call() -> None:
+            worker.perform(entity, payloads)
+
+        if self._app.middleware:
+            ctx = PerformContext(
+                settings.name,
+                entity,
+                payloads,
+                self._attempt(chunk[0].message),
+                [j.message.message_id for j in chunk],
+                [j.meta for j in chunk],
             )
+            perform = call
+
+            def call() -> None:
+                run_around(self._app.middleware, "around_perform", perform, ctx)
+
+        try:
+            _, overran = self._heartbeat.run_limited(call, settings.time_limit)
         except Exception as exc:
             return exc
         if overran:

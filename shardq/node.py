@@ -36,6 +36,7 @@ from shardq.executor import Executor, Observer, Tally
 from shardq.heartbeat import Heartbeat
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
+from shardq.middleware import notify
 from shardq.plan import Plan, ShardRef, format_plan
 from shardq.scheduler import Scheduler, ShardView
 
@@ -113,6 +114,7 @@ class Node:
             log.info(
                 "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
             )
+        notify(self.app.middleware, "on_node_start", self)
         self.heartbeat.start()
         for lane in self.lanes:
             lane.start()
@@ -194,6 +196,7 @@ class Node:
         )
         self.heartbeat.stop()
         self.metrics.close()
+        notify(self.app.middleware, "on_node_stop", self)
         tally = self.tally()
         log.info(
             "node.stopped",

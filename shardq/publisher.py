@@ -17,13 +17,14 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
 from shardq.broker.base import SendEntry
 from shardq.errors import BrokerError, PayloadTooLargeError, PublishError, ShardqError
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.middleware import PublishContext, run_around
 from shardq.sharding import check_entity_id, shard_for
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ class Job:
     payload: Any
     dedup_id: str | None = None
     meta: Mapping[str, Any] | None = None
+
+    def with_meta(self, **meta: Any) -> Job:
+        """A copy with these metadata keys added (for publish middleware)."""
+        return replace(self, meta={**(self.meta or {}), **meta})
 
 
 JobSpec = Job | tuple[str, Any] | tuple[str, Any, str | None]
@@ -75,20 +80,26 @@ class Publisher:
 
     def publish_many(self, worker: type[Worker] | str, items: Iterable[JobSpec]) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
+        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
+        ctx = PublishContext(cls.__name__, [_as_job(i, item) for i, item in enumerate(items)])
+        if not self._app.middleware:
+            return self._publish(cls, ctx.jobs)
+        return run_around(
+            self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
+        )
+
+    def _publish(self, cls: type[Worker], jobs: list[Job]) -> PublishReport:
         app = self._app
-        cls = app.worker(worker if isinstance(worker, str) else worker.__name__)
         settings = app.settings(cls)
         key = app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
-        count = 0
-        for index, item in enumerate(items):
-            job = _as_job(index, item)
+        for index, job in enumerate(jobs):
             prepared = self._prepare(index, job, cls.__name__, settings.shards, key, by_queue)
             by_queue.setdefault(prepared[0], []).append(prepared[1])
-            count += 1
+        count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
-        for queue, jobs in by_queue.items():
-            self._send_queue(queue, jobs, report)
+        for queue, queued in by_queue.items():
+            self._send_queue(queue, queued, report)
         if report.failed:
             first = report.failed[0]
             raise PublishError(

@@ -1,0 +1,146 @@
+"""Middleware around perform and publish, node hooks, and how their failures are contained."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import shardq
+from shardq.node import Node
+
+
+@pytest.fixture
+def app() -> Iterator[shardq.App]:
+    app = shardq.App(shardq.Config(broker_url="memory://", idle_wait_seconds=1))
+    app.ran = []  # type: ignore[attr-defined]
+
+    @app.register
+    class Sync(shardq.Worker):
+        max_retries = 3
+
+        def retry_in(self, attempt: int) -> float:
+            return 0.0
+
+        def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+            app.ran.append((entity_id, payloads[0]["n"]))  # type: ignore[attr-defined]
+            if payloads[0].get("fail"):
+                raise RuntimeError("job failed")
+
+    yield app
+    app.broker.close()
+
+
+def run(app: shardq.App) -> Node:
+    node = Node(app, app.plan(threads=1), until_empty=True)
+    assert node.run() == 0
+    return node
+
+
+class Recorder(shardq.Middleware):
+    def __init__(self, name: str, events: list[Any]) -> None:
+        self.name, self.events = name, events
+
+    def around_perform(self, call: Callable[[], None], ctx: shardq.PerformContext) -> None:
+        self.events.append(
+            (self.name, "before", ctx.worker, ctx.entity_id, ctx.payloads, ctx.attempt, ctx.metas)
+        )
+        call()
+        self.events.append((self.name, "after"))
+
+    def on_node_start(self, node: Node) -> None:
+        self.events.append((self.name, "start", node.plan.node))
+
+    def on_node_stop(self, node: Node) -> None:
+        self.events.append((self.name, "stop"))
+
+
+def test_middleware_wrap_perform_in_order_and_see_the_jobs_context(app: shardq.App) -> None:
+    # given two middleware and a job with metadata
+    events: list[Any] = []
+    app.add_middleware(Recorder("outer", events))
+    app.add_middleware(Recorder("inner", events))
+    app.worker("Sync").publish("e1", {"n": 1}, meta={"trace_id": "t-9"})
+    # when a node runs it
+    run(app)
+    # then the first added is outermost, and both saw worker, entity, payloads, attempt, meta
+    seen = ("Sync", "e1", [{"n": 1}], 1, [{"trace_id": "t-9"}])
+    assert events == [
+        ("outer", "start", 0), ("inner", "start", 0),
+        ("outer", "before", *seen), ("inner", "before", *seen),
+        ("inner", "after"), ("outer", "after"),
+        ("outer", "stop"), ("inner", "stop"),
+    ]  # fmt: skip
+
+
+def test_publish_middleware_can_add_metadata_that_perform_middleware_sees(
+    app: shardq.App,
+) -> None:
+    class Trace(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            ctx.jobs[:] = [job.with_meta(trace_id="abc") for job in ctx.jobs]
+            return call()
+
+    events: list[Any] = []
+    app.add_middleware(Trace())
+    app.add_middleware(Recorder("r", events))
+    app.worker("Sync").publish_many([("e1", {"n": 1}), ("e2", {"n": 2})])
+    run(app)
+    metas = [e[6] for e in events if e[1] == "before"]
+    assert metas == [[{"trace_id": "abc"}], [{"trace_id": "abc"}]]
+
+
+class Broken(shardq.Middleware):
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def around_perform(self, call: Callable[[], None], ctx: shardq.PerformContext) -> None:
+        if self.when == "before":
+            raise ValueError("middleware bug before")
+        call()
+        raise ValueError("middleware bug after")
+
+    def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+        raise ValueError("publish middleware bug")
+
+    def on_node_start(self, node: Node) -> None:
+        raise ValueError("start hook bug")
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_failing_middleware_is_logged_and_the_job_runs_exactly_once(
+    app: shardq.App, when: str
+) -> None:
+    # given a middleware that raises before (or after) calling the job
+    app.add_middleware(Broken(when))
+    # when a job is published (its publish middleware raises too) and a node runs
+    with capture_logs() as logs:
+        app.worker("Sync").publish("e1", {"n": 1})
+        node = run(app)
+    # then the job ran once and succeeded, and each failure was logged with context
+    assert app.ran == [("e1", 1)]  # type: ignore[attr-defined]
+    assert node.tally().succeeded == {"Sync": 1}
+    failures = [(e["hook"], e.get("entity")) for e in logs if e["event"] == "middleware.failed"]
+    assert failures == [("around_publish", None), ("on_node_start", None), ("around_perform", "e1")]
+
+
+def test_a_middleware_cannot_hide_a_jobs_failure(app: shardq.App) -> None:
+    class Swallow(shardq.Middleware):
+        def around_perform(self, call: Callable[[], None], ctx: shardq.PerformContext) -> None:
+            try:
+                call()
+            except RuntimeError:
+                pass
+
+    app.add_middleware(Swallow())
+    app.worker("Sync").publish("e1", {"n": 1, "fail": True})
+    node = run(app)
+    assert node.tally().retried == {"Sync": 3} and node.tally().morgued == {"Sync": 1}
+    assert len(app.ran) == 4  # type: ignore[attr-defined]
+
+
+def test_only_middleware_instances_are_accepted(app: shardq.App) -> None:
+    with pytest.raises(TypeError, match="not a shardq.Middleware"):
+        app.add_middleware(object())  # type: ignore[arg-type]
