@@ -9,6 +9,8 @@ that defines it (``--app``, default ``workers``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from shardq.broker import Broker, broker_from_url
@@ -152,6 +154,26 @@ class App:
             if broker is not None:
                 self._broker = broker
             self._ready.clear()
+
+    @contextmanager
+    def override(
+        self, config: Config | None = None, *, broker: Broker | None = None
+    ) -> Iterator[App]:
+        """Use another config and/or broker inside the block, then restore (tests)."""
+        with self._lock:
+            saved = (self._config, self._broker, dict(self._settings), set(self._ready))
+            if config is not None:
+                self._config = config
+                self._settings.clear()
+            if broker is not None:
+                self._broker = broker
+            self._ready.clear()
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._config, self._broker = saved[0], saved[1]
+                self._settings, self._ready = saved[2], saved[3]
 
     @property
     def signing_key(self) -> bytes | None:

@@ -1,0 +1,124 @@
+"""shardq.testing and the pytest plugin, used the way a user's test suite uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import shardq
+from shardq.testing import Harness, JobFailed, drain, eager, use_memory_broker
+
+app = shardq.App(shardq.Config(broker_url="memory://"))
+applied: list[tuple[str, Any]] = []
+tries: dict[str, int] = {}
+
+
+@app.register
+class SyncOrder(shardq.Worker):
+    shards = 4
+    batch_size = 10
+    max_retries = 2
+
+    def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+        for p in payloads:
+            tries[p["id"]] = tries.get(p["id"], 0) + 1
+            if tries[p["id"]] <= p.get("fail", 0):
+                raise RuntimeError(f"{p['id']} failed")
+        applied.extend((entity_id, p["status"]) for p in payloads)
+        if payloads[-1]["status"] == "paid":
+            SendReceipt.publish(entity_id, {"order": entity_id})
+
+
+@app.register
+class SendReceipt(shardq.Worker):
+    def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+        applied.append((entity_id, "receipt"))
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    applied.clear()
+    tries.clear()
+
+
+def job(i: int, status: str, fail: int = 0) -> dict[str, Any]:
+    return {"id": f"j{i}", "status": status, "fail": fail}
+
+
+def test_drain_runs_every_job_in_order_with_retries(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    # given an app on an in-memory broker and jobs of two orders, one failing once
+    harness = shardq_testing(app)
+    SyncOrder.publish_many(
+        [
+            ("o1", job(1, "created")),
+            ("o2", job(2, "created", fail=1)),
+            ("o1", job(3, "paid")),
+            ("o2", job(4, "paid")),
+        ]
+    )
+    # when the queues are drained
+    result = harness.drain()
+    # then each order's updates ran in order, the failure was retried, receipts followed
+    assert result.payloads("SyncOrder", "o1") == [job(1, "created"), job(3, "paid")]
+    assert [p["status"] for p in result.payloads("SyncOrder", "o2")] == ["created", "paid"]
+    # (batch_size 10: o2's two jobs ran in one perform call, so both were retried)
+    retried = [(r.entity_id, r.payload["id"], type(r.error).__name__) for r in result.retried]
+    assert retried == [("o2", "j2", "RuntimeError"), ("o2", "j4", "RuntimeError")]
+    assert sorted(r.entity_id for r in result.succeeded if r.worker == "SendReceipt") == [
+        "o1",
+        "o2",
+    ]
+    assert [s for e, s in applied if e == "o2"] == ["created", "paid", "receipt"]
+
+
+def test_drain_reports_jobs_that_reach_the_morgue(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    harness = shardq_testing(app)
+    SyncOrder.publish("o1", job(1, "created", fail=99))
+    result = harness.drain()
+    assert [(r.entity_id, r.payload["id"]) for r in result.morgued] == [("o1", "j1")]
+    assert len(result.retried) == 2  # max_retries
+    assert harness.broker.counts(app.morgue_queue("SyncOrder")).waiting == 1
+
+
+def test_eager_mode_runs_perform_inside_publish(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    harness = shardq_testing(app)
+    with harness.eager():
+        SyncOrder.publish("o1", job(1, "paid"))
+        assert applied == [("o1", "paid"), ("o1", "receipt")]
+        with pytest.raises(JobFailed, match="ended in the morgue: RuntimeError") as caught:
+            SyncOrder.publish("o2", job(2, "paid", fail=99))
+        assert isinstance(caught.value.error, RuntimeError)
+
+
+def test_the_app_is_restored_after_an_override() -> None:
+    before = app.config
+    broker = shardq.MemoryBroker()
+    with app.override(broker=broker):
+        assert app.broker is broker
+    assert app.config is before
+    with pytest.raises(AssertionError):
+        assert app._broker is broker
+
+
+def test_helpers_work_without_the_fixture_too() -> None:
+    other = shardq.App(shardq.Config(broker_url="memory://"))
+
+    @other.register
+    class Ping(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            applied.append((entity_id, "pong"))
+
+    use_memory_broker(other)
+    Ping.publish("d1", {})
+    assert drain(other).payloads("Ping") == [{}]
+    with eager(other):
+        Ping.publish("d2", {})
+    assert applied == [("d1", "pong"), ("d2", "pong")]
