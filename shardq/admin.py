@@ -119,12 +119,20 @@ def add_commands(
         "dashboard",
         "serve the web dashboard and JSON API",
         "  shardq dashboard                      # http://127.0.0.1:8642\n"
-        "  SHARDQ_DASHBOARD_TOKEN=s3cret shardq dashboard --host 0.0.0.0\n",
+        "  SHARDQ_DASHBOARD_TOKEN=s3cret shardq dashboard --host 0.0.0.0\n"
+        "  shardq dashboard --scrape http://node-1:9100/metrics  # throughput on SQS\n",
         _dashboard,
     )
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
     dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+    dash.add_argument(
+        "--scrape",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a node's Prometheus metrics URL, for throughput on SQS (repeatable)",
+    )
 
 
 # -- handlers ---------------------------------------------------------------------
@@ -256,7 +264,12 @@ def _dashboard(app: App, args: argparse.Namespace) -> int:
     from shardq.dashboard import serve
 
     serve(
-        app, host=args.host, port=args.port, token=app.config.dashboard_token, refresh=args.refresh
+        app,
+        host=args.host,
+        port=args.port,
+        token=app.config.dashboard_token,
+        refresh=args.refresh,
+        scrape=args.scrape,
     )
     return EXIT_OK
 

@@ -1,0 +1,580 @@
+"""The web dashboard: its JSON API and security on each broker, and the page in a real
+headless Chromium (skipped without Chromium, except on CI where it must run)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardq
+from shardq.broker import MemoryBroker
+from shardq.config import Config
+from shardq.dashboard import NO_THROUGHPUT, DashboardServer, Sampler, make_server, parse_metrics
+from shardq.errors import ConfigError
+from shardq.morgue import MorgueQueue
+from shardq.node import Node
+from shardq.sharding import shard_for
+from tests.conftest import make_broker
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+TOKEN = "s3cret-token"
+
+app = shardq.App()
+
+
+class Base(shardq.Worker):
+    visibility_timeout = 30
+
+    def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            if payload.get("error"):
+                raise shardq.PermanentError(payload["error"])
+
+
+@app.register
+class SyncOrder(Base):
+    shards = 4
+    priority = 10
+
+
+@app.register
+class SendReceipt(Base):
+    shards = 2
+    priority = 3
+
+
+@app.register
+class IndexProduct(Base):
+    shards = 3
+
+
+def run_until_empty(timeout: float = 60) -> None:
+    node = Node(app, app.plan(threads=2), until_empty=True, seed=1)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive(), "the node did not drain in time"
+
+
+@pytest.fixture(params=["sqlite", "memory", pytest.param("sqs", marks=pytest.mark.sqs)])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[shardq.App]:
+    """3 dead SyncOrder jobs (2 of o1, 1 of o2), 4 done SendReceipt jobs, then a backlog
+    of 5 SyncOrder, 2 SendReceipt and 0 IndexProduct jobs."""
+    broker = make_broker(kind, tmp_path, request)
+    prefix = f"d{time.monotonic_ns() % 10**9}-"
+    app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
+    declined = {"error": "card declined"}
+    SyncOrder.publish_many(
+        [
+            ("o1", {"n": 0, **declined}),
+            ("o1", {"n": 1, **declined}),
+            ("o2", {"n": 0, "error": "unknown sku"}),
+        ]
+    )
+    SendReceipt.publish_many([(f"r{i}", {"n": i}) for i in range(4)])
+    run_until_empty()
+    SyncOrder.publish_many([(f"o{i}", {"n": i}) for i in range(3, 8)])
+    SendReceipt.publish_many([("r9", {"n": 1}), ("r9", {"n": 2})])
+    yield app
+    broker.close()
+
+
+@pytest.fixture
+def server(filled: shardq.App) -> Iterator[DashboardServer]:
+    srv = make_server(filled, "127.0.0.1", 0, refresh=0.2).start()
+    yield srv
+    srv.stop()
+
+
+def call(
+    srv: DashboardServer, method: str, path: str, body: Any = None, **headers: str
+) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(srv.url + path.lstrip("/"), data=data, method=method)
+    for name, value in headers.items():
+        req.add_header(name.replace("_", "-"), value)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as res:
+            return res.status, json.loads(res.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def shard_length(filled: shardq.App, worker: str, entity: str) -> int:
+    shards = filled.settings(worker).shards
+    counts = filled.broker.counts(filled.shard_queue(worker, shard_for(entity, shards)))
+    return counts.waiting + counts.in_flight
+
+
+# -- API ----------------------------------------------------------------------------
+def test_stats_report_the_queues(server: DashboardServer, kind: str) -> None:
+    status, stats = call(server, "GET", "/api/v1/stats")
+    assert status == 200
+    assert stats["broker"] == kind
+    assert stats["total"]["length"] == 7 and stats["total"]["in_flight"] == 0
+    assert stats["total"]["morgue_length"] == 3
+    sync, receipt, index = (
+        stats["by_worker"][n] for n in ("SyncOrder", "SendReceipt", "IndexProduct")
+    )
+    assert (sync["length"], sync["morgue_length"], sync["priority"]) == (5, 3, 10)
+    assert (receipt["length"], receipt["morgue_length"]) == (2, 0)
+    assert index["length"] == 0 and index["lag"] is None
+    assert [s["shard"] for s in sync["shards"]] == [0, 1, 2, 3]
+    assert sum(s["length"] for s in sync["shards"]) == 5
+    expected = shard_length(server.app, "SendReceipt", "r9")
+    assert receipt["shards"][shard_for("r9", 2)]["length"] == expected == 2
+    if kind == "sqs":
+        assert stats["total"]["done"] is None and sync["lag"] is None
+        assert stats["throughput"] is None and stats["throughput_note"] == NO_THROUGHPUT
+    else:
+        assert (sync["done"], receipt["done"], stats["total"]["done"]) == (3, 4, 7)
+        assert sync["lag"] is not None and sync["lag"] >= 0
+        assert set(stats["throughput"]) == {"SyncOrder", "SendReceipt", "IndexProduct"}
+
+
+def test_stats_are_sampled_in_the_background_not_per_request(server: DashboardServer) -> None:
+    first = call(server, "GET", "/api/v1/stats")[1]["time"]
+    times = {call(server, "GET", "/api/v1/stats")[1]["time"] for _ in range(5)}
+    assert len(times) <= 2  # five requests within 0.2 s read at most two samples
+    time.sleep(0.5)
+    assert call(server, "GET", "/api/v1/stats")[1]["time"] > first
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])  # SQS: see the scrape test
+def test_throughput_is_the_change_of_done_between_samples(filled: shardq.App) -> None:
+    sampler = Sampler(filled, refresh=5)
+    sampler.sample()
+    assert all(not points for points in sampler.points.values())
+    run_until_empty()  # 5 SyncOrder and 2 SendReceipt jobs done
+    sampler.sample()
+    ((t, sync_rate),) = sampler.points["SyncOrder"]
+    ((_, receipt_rate),) = sampler.points["SendReceipt"]
+    assert sync_rate > 0 and receipt_rate == pytest.approx(sync_rate * 2 / 5, rel=0.02)
+    snapshot = sampler.snapshot()
+    assert snapshot["throughput"]["SyncOrder"] == [[t, sync_rate]]
+    assert snapshot["throughput"]["IndexProduct"] == [[t, 0.0]]
+
+
+def test_an_embedded_broker_counts_throughput_before_its_queues_exist() -> None:
+    app.configure(Config(queue_prefix="fresh-"), broker=MemoryBroker())
+    sampler = Sampler(app, refresh=5)
+    sampler.sample()
+    sampler.sample()
+    snapshot = sampler.snapshot()
+    assert snapshot["throughput_source"] == "broker" and snapshot["throughput_note"] is None
+    assert snapshot["throughput"]["SyncOrder"][-1][1] == 0.0
+    app.broker.close()
+
+
+def test_parse_metrics_sums_finished_jobs_per_worker() -> None:
+    text = (
+        "# TYPE shardq_jobs counter\n"
+        'shardq_jobs_total{worker="SyncOrder",outcome="succeeded"} 10.0\n'
+        'shardq_jobs_total{worker="SyncOrder",outcome="morgued"} 2.0\n'
+        'shardq_jobs_total{worker="SyncOrder",outcome="retried"} 7.0\n'
+        'shardq_jobs_created{worker="SyncOrder",outcome="succeeded"} 1.7e9\n'
+        'shardq_jobs_total{worker="SendReceipt",outcome="succeeded"} 3.0\n'
+        "# TYPE other_total counter\n"
+        'other_total{worker="SyncOrder",outcome="succeeded"} 99.0\n'
+    )
+    assert parse_metrics(text) == {"SyncOrder": 12.0, "SendReceipt": 3.0}
+
+
+@pytest.mark.sqs
+def test_on_sqs_throughput_comes_from_the_nodes_metrics(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    jobs = Counter("shardq_jobs_total", "Jobs", ["worker", "outcome"], registry=registry)
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    metrics = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=metrics.serve_forever, daemon=True).start()
+    broker = make_broker("sqs", tmp_path, request)
+    try:
+        app.configure(Config(queue_prefix=f"x{time.monotonic_ns() % 10**9}-"), broker=broker)
+        url = f"http://127.0.0.1:{metrics.server_address[1]}/metrics"
+        sampler = Sampler(app, refresh=5, scrape=[url, "http://127.0.0.1:9/metrics"])
+        jobs.labels("SyncOrder", "succeeded").inc(100)
+        sampler.sample()  # the second URL does not answer: no point, no dip
+        assert sampler.snapshot()["throughput_source"] == "scrape"
+        sampler.scrape = [url]
+        sampler.sample()
+        sampler.points["SyncOrder"].clear()
+        jobs.labels("SyncOrder", "succeeded").inc(30)
+        jobs.labels("SyncOrder", "morgued").inc(6)
+        jobs.labels("SyncOrder", "retried").inc(50)  # not finished: ignored
+        started = sampler._last[url][0]
+        sampler.sample()
+        ((t, rate),) = sampler.points["SyncOrder"]
+        assert rate == pytest.approx(36 * 60 / (t - started), rel=0.01)
+        assert sampler.snapshot()["throughput"]["SendReceipt"][-1][1] == 0.0
+    finally:
+        metrics.shutdown()
+        metrics.server_close()
+        broker.close()
+
+
+def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
+    filled = server.app
+    status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
+    assert status == 200
+    assert sorted((j["entity_id"], j["payload"]["n"]) for j in jobs) == [
+        ("o1", 0),
+        ("o1", 1),
+        ("o2", 0),
+    ]
+    first = next(j for j in jobs if j["entity_id"] == "o1" and j["payload"]["n"] == 0)
+    assert first["reason"] == "permanent_error" and first["error_type"] == "PermanentError"
+    assert first["error_message"] == "card declined" and first["attempts"] == 1
+    assert "Traceback" in first["traceback"] and first["source_queue"].endswith(".fifo")
+    assert [
+        j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder?entity=o2")[1]
+    ] == ["o2"]
+    assert len(call(server, "GET", "/api/v1/morgue/SyncOrder?limit=1")[1]) == 1
+    assert call(server, "GET", "/api/v1/morgue/SendReceipt")[1] == []
+
+    before = shard_length(filled, "SyncOrder", "o1")
+    body = {"message_ids": [first["message_id"]]}
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body) == (200, {"requeued": 1})
+    assert shard_length(filled, "SyncOrder", "o1") == before + 1
+    assert MorgueQueue(filled, "SyncOrder").size() == 2
+
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {"entity": "o2"}) == (
+        200,
+        {"purged": 1},
+    )
+    assert [j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder")[1]] == ["o1"]
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", {}) == (200, {"requeued": 1})
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {}) == (200, {"purged": 0})
+    assert MorgueQueue(filled, "SyncOrder").size() == 0
+    assert shard_length(filled, "SyncOrder", "o1") == before + 2
+
+
+def test_errors_are_json(server: DashboardServer) -> None:
+    status, doc = call(server, "GET", "/api/v1/morgue/NoSuchWorker")
+    assert status == 404 and "NoSuchWorker" in doc["error"]
+    status, doc = call(server, "POST", "/api/v1/morgue/NoSuchWorker/requeue", {})
+    assert status == 404 and "NoSuchWorker" in doc["error"]
+    for body in [b"{not json", b"[1, 2]", {"message_ids": "abc"}, {"entity": 42}]:
+        status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", body)
+        assert status == 400 and doc["error"], body
+    assert call(server, "GET", "/api/v1/morgue/SyncOrder?limit=lots")[0] == 400
+    assert call(server, "GET", "/api/v1/nothing")[0] == 404
+    assert call(server, "GET", "/api/v1/morgue/SyncOrder/requeue")[0] == 405
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3  # nothing was touched
+
+
+def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
+    server: DashboardServer,
+) -> None:
+    purge = "/api/v1/morgue/SyncOrder/purge"
+    status, doc = call(server, "POST", purge, {}, Origin="http://evil.example")
+    assert status == 403 and "cross-origin" in doc["error"]
+    # a DNS-rebinding page reaches 127.0.0.1 under its own name
+    status, _ = call(server, "GET", "/api/v1/morgue/SyncOrder", Host="evil.example")
+    assert status == 403
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+    origin = server.url.rstrip("/")
+    assert call(server, "POST", purge, {"entity": "o2"}, Origin=origin) == (200, {"purged": 1})
+
+
+def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
+    srv = make_server(filled, "127.0.0.1", 0, token=TOKEN, refresh=0.2).start()
+    try:
+        purge = "/api/v1/morgue/SyncOrder/purge"
+        assert call(srv, "POST", purge, {})[0] == 401
+        assert call(srv, "POST", purge, {}, Authorization="Bearer wrong")[0] == 401
+        assert call(srv, "POST", purge, {}, Authorization=TOKEN)[0] == 401
+        assert MorgueQueue(filled, "SyncOrder").size() == 3
+        assert call(srv, "GET", "/api/v1/stats")[0] == 200  # stats need no token
+        # dead jobs' payloads may be sensitive: listing them needs the token too
+        assert call(srv, "GET", "/api/v1/morgue/SyncOrder")[0] == 401
+        listed = call(srv, "GET", "/api/v1/morgue/SyncOrder", Authorization=f"Bearer {TOKEN}")
+        assert listed[0] == 200 and len(listed[1]) == 3
+        ok = call(srv, "POST", purge, {"entity": "o2"}, Authorization=f"Bearer {TOKEN}")
+        assert ok == (200, {"purged": 1})
+    finally:
+        srv.stop()
+
+
+def test_refuses_to_serve_beyond_loopback_without_a_token(filled: shardq.App) -> None:
+    from shardq.dashboard import serve
+
+    for host in ["0.0.0.0", "", "::"]:
+        with pytest.raises(ConfigError, match="without a token"):
+            make_server(filled, host, 0)
+    with pytest.raises(ConfigError, match="without a token"):
+        serve(filled, host="0.0.0.0", port=0)  # refuses instead of blocking
+    make_server(filled, "0.0.0.0", 0, token=TOKEN).stop()
+    make_server(filled, "localhost", 0).stop()
+
+
+# -- the page in a real browser -----------------------------------------------------
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing.append("the selenium package")
+    if missing:
+        reason = (
+            f"browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; CI must run it")
+        pytest.skip(reason)
+    profile = tempfile.mkdtemp(prefix="shardq-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ]:
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+@pytest.mark.parametrize("kind", ["sqlite"])
+def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: shardq.App) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    srv = make_server(filled, "127.0.0.1", 0, token=TOKEN, refresh=0.5).start()
+    try:
+        wait = WebDriverWait(browser, 15)
+        browser.get(srv.url)
+        sync = '[data-worker="SyncOrder"]'
+        wait.until(lambda d: text_of(d, f'{sync} [data-k="length"]') == "5")
+        assert text_of(browser, f'{sync} [data-k="morgue_length"]') == "3"
+        assert text_of(browser, '[data-worker="SendReceipt"] [data-k="length"]') == "2"
+        assert text_of(browser, "#t-length") == "7"
+        assert text_of(browser, "#t-morgue_length") == "3"
+        assert text_of(browser, "#t-done") == "7"
+        assert "4 shards" in text_of(browser, f"{sync} .meta")
+
+        browser.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click()
+        rows = browser.find_elements(By.CSS_SELECTOR, f"{sync} details.shards tbody tr")
+        assert len(rows) == 4 and sum(int(r.text.split()[1]) for r in rows) == 5
+
+        browser.find_element(By.ID, "m-show").click()  # SyncOrder: the biggest morgue
+        wait.until(ec.alert_is_present())  # 401: dead jobs need the token; the page asks
+        prompt = browser.switch_to.alert
+        prompt.send_keys(TOKEN)
+        prompt.accept()
+        dead = "#m-table tr[data-message-id]"
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 3)
+        row = next(
+            r
+            for r in browser.find_elements(By.CSS_SELECTOR, dead)
+            if r.get_attribute("data-entity") == "o2"
+        )
+        assert "unknown sku" in row.text and "permanent error" in row.text
+        assert '"n":0' in row.text.replace(" ", "")
+        message_id = row.get_attribute("data-message-id")
+        before = shard_length(filled, "SyncOrder", "o2")
+
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="requeue"]').click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 2)
+        assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-message-id="{message_id}"]')
+        assert "Requeued" in text_of(browser, "#toast")
+        assert shard_length(filled, "SyncOrder", "o2") == before + 1
+        morgue = MorgueQueue(filled, "SyncOrder")
+        assert morgue.size() == 2 and message_id not in {r.message_id for r in morgue.list_jobs()}
+        wait.until(lambda d: text_of(d, f'{sync} [data-k="length"]') == "6")
+    finally:
+        srv.stop()
+
+
+def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
+    with urllib.request.urlopen(server.url, timeout=10) as res:
+        page = res.read().decode()
+        assert res.headers["Content-Type"].startswith("text/html")
+        assert "default-src 'none'" in res.headers["Content-Security-Policy"]
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|@import|<link""", page)
+    assert "https://" not in page and "/api/v1/stats" in page
+
+
+# -- docs/dashboard.png ------------------------------------------------------------
+@pytest.mark.skipif(
+    not os.environ.get("SHARDQ_DASHBOARD_SCREENSHOT"),
+    reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshot",
+)
+def test_screenshot(browser: Any, tmp_path: Path) -> None:
+    """Realistic data: several workers with backlogs, jobs in flight, a morgue and
+    30 minutes of (synthetic) throughput history."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    filled = app
+    broker = make_broker("sqlite", tmp_path, None)  # type: ignore[arg-type]
+    app.configure(Config(queue_prefix="prod-", idle_wait_seconds=1), broker=broker)
+    rng = random.Random(4)
+    SyncOrder.publish_many(
+        [
+            ("order-7781", {"status": "paid", "error": "payment provider timed out (3 retries)"}),
+            ("order-9120", {"status": "paid", "error": "card declined: insufficient funds"}),
+            ("order-9120", {"status": "shipped", "error": "order-9120 has no payment"}),
+        ]
+    )
+    SendReceipt.publish("order-5532", {"to": "ann@example.com", "error": "mailbox unavailable"})
+    IndexProduct.publish("sku-33-blue", {"v": 7, "error": "mapping rejected field 'price'"})
+    SyncOrder.publish_many([(f"order-{i}", {"status": "paid"}) for i in range(200)])
+    run_until_empty()
+    SyncOrder.publish_many(
+        [(f"order-{rng.randint(1000, 9999)}", {"status": "paid"}) for _ in range(1180)]
+    )
+    SendReceipt.publish_many(
+        [(f"order-{rng.randint(1000, 9999)}", {"to": "x"}) for _ in range(240)]
+    )
+    IndexProduct.publish_many([(f"sku-{rng.randint(1, 500)}", {"v": 2}) for _ in range(37)])
+    for worker, shards, take in [("SyncOrder", 4, 6), ("SendReceipt", 2, 3)]:
+        for shard in range(shards):
+            filled.broker.receive(
+                filled.shard_queue(worker, shard),
+                max_messages=take,
+                wait_seconds=0,
+                visibility_timeout=600,
+            )
+    with sqlite3.connect(tmp_path / "broker.db") as db:  # age the jobs a little
+        db.execute(
+            "UPDATE messages SET sent_at = sent_at - CASE WHEN queue LIKE 'prod-sync-order%' "
+            "THEN 316 WHEN queue LIKE 'prod-send-receipt%' THEN 48 ELSE 3.2 END"
+        )
+        db.execute(
+            "UPDATE messages SET body = json_set(body, '$.failed_at', "
+            "json_extract(body, '$.failed_at') - 1500) WHERE queue LIKE '%morgue%'"
+        )
+    srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
+    try:
+        now = srv.sampler.snapshot()["time"]
+        for worker, base, wave in [
+            ("SyncOrder", 820, 260),
+            ("SendReceipt", 210, 90),
+            ("IndexProduct", 45, 30),
+        ]:
+            srv.sampler.points[worker] = deque(
+                (
+                    now - 1800 + 10 * i,
+                    round(max(0.0, base + wave * math.sin(i / 23) + rng.gauss(0, base / 12)), 1),
+                )
+                for i in range(181)
+            )
+        browser.set_window_size(1400, 1000)
+        browser.get(srv.url)
+        WebDriverWait(browser, 15).until(lambda d: text_of(d, "#t-length") != "—")
+        browser.find_element(By.ID, "m-show").click()
+        WebDriverWait(browser, 15).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#m-table tr[data-message-id]")) >= 3
+        )
+        browser.find_element(By.CSS_SELECTOR, '[data-worker="SendReceipt"] summary').click()
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        if os.environ.get("SHARDQ_DASHBOARD_DARK"):
+            browser.execute_cdp_cmd(
+                "Emulation.setEmulatedMedia",
+                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
+            )
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1400, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
+        )
+        time.sleep(0.5)
+        out = Path(os.environ["SHARDQ_DASHBOARD_SCREENSHOT"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(out))
+    finally:
+        srv.stop()
+        broker.close()
+
+
+def test_serve_blocks_until_sigterm_and_stops_cleanly() -> None:
+    script = (
+        "import shardq\n"
+        "from shardq.broker import MemoryBroker\n"
+        "from shardq.dashboard import serve\n"
+        "app = shardq.App(broker=MemoryBroker())\n"
+        "@app.register\n"
+        "class W(shardq.Worker):\n"
+        "    def perform(self, entity_id, payloads): pass\n"
+        "serve(app, port=0, refresh=0.2)\n"
+        "print('returned', flush=True)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert child.stdout is not None
+        line = ""
+        deadline = time.monotonic() + 20
+        while "dashboard.started" not in line and time.monotonic() < deadline:
+            line = child.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, line
+        with urllib.request.urlopen(url.group(0) + "api/v1/stats", timeout=10) as res:
+            assert json.loads(res.read())["by_worker"]["W"]["length"] == 0
+        os.kill(child.pid, signal.SIGTERM)
+        rest = child.communicate(timeout=20)[0]
+        assert child.returncode == 0 and "dashboard.stopped" in rest and "returned" in rest
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
