@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.errors import BrokerError
-from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_ENTRIES
+from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,14 @@ def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
         raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(entries)}")
     if len(set(ids)) != len(ids):
         raise BrokerError("batch entry ids must be distinct")
+
+
+def check_send_batch(entries: Sequence[SendEntry]) -> None:
+    """Raise for a send batch SQS would refuse whole (size, count, repeated ids)."""
+    check_batch(entries, [e.id for e in entries])
+    total = sum(len(e.body.encode("utf-8")) for e in entries)
+    if total > MAX_BATCH_BYTES:
+        raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
 
 
 def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:

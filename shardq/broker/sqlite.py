@@ -32,12 +32,12 @@ from shardq.broker.base import (
     SendEntry,
     SendResult,
     check_batch,
+    check_send_batch,
     entry_problem,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import (
     DEDUP_WINDOW_SECONDS,
-    MAX_BATCH_BYTES,
     MAX_BATCH_ENTRIES,
     MAX_MESSAGE_BYTES,
     MAX_VISIBILITY_SECONDS,
@@ -186,10 +186,7 @@ class SqliteBroker(Broker):
 
     # -- send ---------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        check_batch(entries, [e.id for e in entries])
-        total = sum(len(e.body.encode("utf-8")) for e in entries)
-        if total > MAX_BATCH_BYTES:
-            raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+        check_send_batch(entries)
         result = SendResult()
         now = time.time()
         with self._tx() as db:

@@ -28,10 +28,11 @@ from shardq.broker.base import (
     SendEntry,
     SendResult,
     check_batch,
+    check_send_batch,
     entry_problem,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
 
 _T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [
@@ -183,10 +184,7 @@ class SqsBroker(Broker):
 
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        check_batch(entries, [e.id for e in entries])
-        total = sum(len(e.body.encode("utf-8")) for e in entries)
-        if total > MAX_BATCH_BYTES:
-            raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+        check_send_batch(entries)
         result = SendResult()
         max_bytes = self.max_message_bytes(queue)
         valid = []
