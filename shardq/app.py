@@ -29,6 +29,9 @@ class App:
     """Worker classes, their config and the broker they publish to and run from."""
 
     def __init__(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
+        #: The config given in code; ``shardq run`` applies the file, environment and
+        #: flags on top of it.
+        self.base_config = config
         self._config = config
         self._broker = broker
         self._workers: dict[str, type[Worker]] = {}

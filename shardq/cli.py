@@ -36,7 +36,10 @@ _EPILOG_PLAN = """examples:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error: return, don't exit
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
@@ -128,6 +131,8 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
     }
     config = Config.load(args.config, overrides=overrides)
     app = load_app(config.app)
+    if app.base_config is not None:
+        config = Config.load(args.config, overrides=overrides, base=app.base_config)
     app.configure(config)
     app.check()
     return app, config

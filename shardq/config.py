@@ -81,17 +81,26 @@ class Config:
         *,
         env: Mapping[str, str] | None = None,
         overrides: Mapping[str, Any] | None = None,
+        base: Config | None = None,
     ) -> Config:
-        """Load the file (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present),
-        then apply the environment, then ``overrides`` (CLI flags; None values skipped)."""
+        """Start from ``base`` (an app's own config) or the defaults, then apply the file
+        (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present), the environment,
+        and ``overrides`` (CLI flags; None values skipped)."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         sources = []
+        if base is not None:
+            values = {key: getattr(base, key) for key in _FIELDS}
+            values["workers"] = {k: dict(v) for k, v in base.workers.items()}
+            sources.append("the app's config")
         file_path = path or env.get(ENV_PREFIX + "CONFIG")
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
         if file_path is not None:
-            values.update(_read_file(Path(file_path)))
+            from_file = _read_file(Path(file_path))
+            if isinstance(from_file.get("workers"), Mapping) and "workers" in values:
+                from_file["workers"] = _merge_workers(values["workers"], from_file["workers"])
+            values.update(from_file)
             sources.append(str(file_path))
         env_values = _from_env(env)
         if env_values:
@@ -158,6 +167,18 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
 _INTS = {"threads"}
 _OPTIONAL_INTS = {"metrics_port"}
 _FLOATS = {"grace_seconds", "idle_wait_seconds"}
+
+
+def _merge_workers(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-worker settings of ``overrides`` on top of ``base`` (invalid shapes are kept
+    as they are, for validation to report)."""
+    merged = {name: dict(settings) for name, settings in base.items()}
+    for name, settings in overrides.items():
+        if isinstance(settings, Mapping) and isinstance(merged.get(name), dict):
+            merged[name].update(settings)
+        else:
+            merged[name] = settings
+    return merged
 
 
 def _read_file(path: Path) -> dict[str, Any]:

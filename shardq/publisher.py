@@ -94,7 +94,10 @@ class Publisher:
         key = app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
         for index, job in enumerate(jobs):
-            prepared = self._prepare(index, job, cls.__name__, settings.shards, key, by_queue)
+            where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
+            prepared = self._prepare(
+                index, where, job, cls.__name__, settings.shards, key, by_queue
+            )
             by_queue.setdefault(prepared[0], []).append(prepared[1])
         count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
@@ -115,6 +118,7 @@ class Publisher:
     def _prepare(
         self,
         index: int,
+        where: str,
         job: Job,
         worker: str,
         shards: int,
@@ -128,14 +132,16 @@ class Publisher:
                 key,
             )
         except ShardqError as exc:
-            raise type(exc)(f"item {index}: {exc}") from exc
+            if not where:
+                raise
+            raise type(exc)(f"{where}{exc}") from exc
         queue = self._app.shard_queue(worker, shard_for(entity, shards))
         self._app.ensure_queue(queue, worker)
         size = len(body.encode("utf-8"))
         limit = self._limit(queue)
         if size > limit:
             raise PayloadTooLargeError(
-                f"item {index}: job for entity {entity!r} of {worker} encodes to {size} bytes; "
+                f"{where}job for entity {entity!r} of {worker} encodes to {size} bytes; "
                 f"queue {queue} accepts at most {limit}. Store large data elsewhere (e.g. S3) "
                 "and publish a reference"
             )

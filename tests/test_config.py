@@ -375,3 +375,25 @@ def test_with_overrides_replaces_values_and_ignores_none() -> None:
 def test_with_overrides_validates_the_result() -> None:
     with pytest.raises(ConfigError, match="threads"):
         Config().with_overrides(threads=0)
+
+
+def test_an_apps_own_config_is_the_base_that_file_env_and_flags_override(
+    tmp_path: Path,
+) -> None:
+    # given an app config in code, a file, the environment and a flag
+    base = Config(broker_url="sqlite:///app.db", threads=3, workers={"A": {"shards": 2}})
+    path = tmp_path / "shardq.yaml"
+    path.write_text("queue_prefix: f-\nworkers:\n  A: {batch_size: 5}\n")
+    # when they are layered
+    config = Config.load(
+        path, env={"SHARDQ_THREADS": "7"}, overrides={"grace_seconds": 4}, base=base
+    )
+    # then each later source wins, and worker settings merge key by key
+    assert (config.broker_url, config.queue_prefix, config.threads, config.grace_seconds) == (
+        "sqlite:///app.db",
+        "f-",
+        7,
+        4.0,
+    )
+    assert config.workers == {"A": {"shards": 2, "batch_size": 5}}
+    assert config.source.startswith("the app's config + ")

@@ -111,3 +111,11 @@ def test_a_broken_config_file_is_named_in_the_error(tmp_path: Path) -> None:
     result = run_cli("plan", "--app", "tests.apps.ledger", "--config", str(bad))
     assert result.returncode == 2
     assert str(bad) in result.stderr and "not valid YAML" in result.stderr
+
+
+def test_main_returns_instead_of_exiting_on_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from shardq.cli import main
+
+    assert main(["run", "--help"]) == 0
+    assert "--until-empty" in capsys.readouterr().out
+    assert main(["run", "--no-such-flag"]) == 2
