@@ -76,9 +76,12 @@ CREATE TABLE IF NOT EXISTS dedup (
 ) WITHOUT ROWID;
 """
 
+# "+visible_at" keeps SQLite from using messages_by_visibility here: it must walk
+# messages_by_queue in seq order and stop after :n rows, not sort the whole queue
+# (which made receives slower the longer the backlog).
 _RECEIVE = """
 SELECT seq, group_id, body, message_id, sent_at, receive_count FROM messages AS m
-WHERE queue = :q AND visible_at <= :now
+WHERE queue = :q AND +visible_at <= :now
   AND NOT EXISTS (
     SELECT 1 FROM messages AS x
     WHERE x.queue = :q AND x.group_id = m.group_id AND x.visible_at > :now)
