@@ -68,6 +68,8 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
         doc = json.loads(body)
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc})") from exc
+    except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
+        raise EnvelopeError("message body is JSON nested too deeply to decode") from exc
     if not isinstance(doc, dict):
         raise EnvelopeError("message body is not a JSON object")
     version = doc.get("v")

@@ -10,7 +10,11 @@ For each entity in the batch, in receive order, its jobs run in chunks of up to
   by the failed job, so nothing overtakes it and nothing waits out a timeout;
 * failure with no retries left, or a permanent error: the chunk goes to the
   worker's morgue, is then deleted, and the entity's next jobs run;
-* a body that is not a valid envelope, or names another worker: morgue at once.
+* a body that is not a valid envelope, or names another worker: morgue at once;
+* a chunk whose message visibility lapsed before it started (the heartbeat could not
+  extend it, e.g. while the broker was unreachable) is not run: another node may
+  have received it. It and the entity's later jobs in the batch are left to the
+  broker (the later ones released), to be delivered again in order.
 
 Jobs of other entities in the batch are not affected. ``perform`` of one chunk is
 all or nothing: its jobs retry, and reach the morgue, together.
@@ -151,6 +155,9 @@ class Executor:
             if self._stopping.is_set():  # shutting down: release what has not started
                 self._release([j for c in chunks[index:] for j in c], settle)
                 return
+            if self._heartbeat.lapsed(j.message.receipt for j in chunk):
+                self._give_up(ref, [j for c in chunks[index:] for j in c], settle)
+                return
             started = time.monotonic()
             error = self._perform(worker, settings, entity, chunk)
             duration = round(time.monotonic() - started, 6)
@@ -251,6 +258,23 @@ class Executor:
             self._unstarted[key] = self._unstarted.get(key, 0) + 1
         if len(self._unstarted) > 100_000:  # ids of jobs another node finished
             self._unstarted.clear()
+
+    def _give_up(self, ref: ShardRef, jobs: list[_Job], settle: _Settle) -> None:
+        """Run none of these jobs: the first one's message lapsed (see the module doc)."""
+        lapsed = [j for j in jobs if self._heartbeat.lapsed([j.message.receipt])]
+        gone = {j.message.receipt for j in lapsed}
+        self._heartbeat.drop(gone)
+        for job in lapsed:
+            log.warning(
+                "job.lapsed",
+                worker=ref.worker,
+                shard=ref.shard,
+                entity=job.message.group_id,
+                message_id=job.message.message_id,
+                detail="its visibility ran out before it started; not run here, it is "
+                "delivered again",
+            )
+        self._release([j for j in jobs if j.message.receipt not in gone], settle)
 
     def _bury(
         self,

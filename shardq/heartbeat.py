@@ -16,6 +16,11 @@ One heartbeat thread per node:
   driver call) is interrupted only when that call returns. Until ``perform``
   actually ends, its messages stay invisible, so the entity never runs twice at
   once. Put timeouts on your I/O.
+
+A message whose visibility ran out before it was extended (the broker was
+unreachable, or the heartbeat late) or whose extension the broker refused is
+**lapsed**: another node may have received it, so the node does not start it
+(:meth:`Heartbeat.lapsed`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Heartbeat:
         # in progress can extend (and so re-hide) a message just released.
         self._round = threading.Lock()
         self._held: dict[str, _Held] = {}
+        self._lost: set[str] = set()  # held, then refused an extension; until dropped
         self._running: dict[int, _Running] = {}
         self._next_token = 0
         self._stop = threading.Event()
@@ -97,6 +103,19 @@ class Heartbeat:
         with self._round, self._lock:
             for receipt in receipts:
                 self._held.pop(receipt, None)
+                self._lost.discard(receipt)
+
+    def lapsed(self, receipts: Iterable[str]) -> bool:
+        """True if any of these held messages is no longer the node's to run: its
+        visibility ran out without an extension, or the broker refused to extend it.
+        Messages never held here are not lapsed."""
+        now = time.monotonic()
+        with self._lock:
+            for receipt in receipts:
+                held = self._held.get(receipt)
+                if receipt in self._lost or (held is not None and held.expires <= now):
+                    return True
+        return False
 
     def held_count(self) -> int:
         with self._lock:
@@ -184,7 +203,8 @@ class Heartbeat:
                     detail="12 h since receive; SQS will redeliver this job",
                 )
                 with self._lock:
-                    self._held.pop(h.message.receipt, None)
+                    if self._held.pop(h.message.receipt, None) is not None:
+                        self._lost.add(h.message.receipt)
                 continue
             changes.append((h, seconds))
         if not changes:
@@ -200,7 +220,8 @@ class Heartbeat:
         with self._lock:
             for h, seconds in changes:
                 if h.message.receipt in result.failed:
-                    self._held.pop(h.message.receipt, None)
+                    if self._held.pop(h.message.receipt, None) is not None:
+                        self._lost.add(h.message.receipt)
                     log.warning(
                         "heartbeat.lost",
                         queue=queue,

@@ -223,7 +223,7 @@ def _decode_or_placeholder(message: Message) -> MorgueRecord:
     """A morgue message written by someone else still shows up, as what it is."""
     try:
         return decode(message.body)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return MorgueRecord(
             body=message.body,
             entity_id=message.group_id,

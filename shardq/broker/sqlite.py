@@ -100,7 +100,13 @@ class SqliteBroker(Broker):
         self.path = path
         self._poll_interval = poll_interval
         self._lock = threading.RLock()
-        self._db = self._connect()
+        try:
+            self._db = self._connect()
+        except sqlite3.Error as exc:
+            raise BrokerError(
+                f"cannot open the embedded broker file {path} ({exc}); check that its "
+                "directory exists and is writable"
+            ) from exc
         self._queue_cache: dict[str, tuple[float, int]] = {}
         self._changed = threading.Condition()
         self._versions: dict[str, int] = {}

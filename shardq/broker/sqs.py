@@ -97,10 +97,7 @@ class SqsBroker(Broker):
                 ) from exc
             raise BrokerError(f"{what}: SQS answered {code}: {exc}") from exc
         except botocore.exceptions.NoCredentialsError as exc:
-            raise BrokerError(
-                f"{what}: no AWS credentials found; configure them for boto3 (environment, "
-                "~/.aws/credentials or an instance role), never in shardq.yaml"
-            ) from exc
+            raise _no_credentials(what) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise BrokerError(f"{what}: cannot reach SQS ({exc}); the job is not lost") from exc
 
@@ -133,6 +130,8 @@ class SqsBroker(Broker):
             if code not in {"QueueAlreadyExists", "QueueNameExists"}:
                 raise BrokerError(f"creating queue {name}: SQS answered {code}: {exc}") from exc
             self.url(name)  # exists with other attributes: use it as it is
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise _no_credentials(f"creating queue {name}") from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
 
@@ -276,6 +275,13 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
+
+
+def _no_credentials(what: str) -> BrokerError:
+    return BrokerError(
+        f"{what}: no AWS credentials found; configure them for boto3 (environment, "
+        "~/.aws/credentials or an instance role), never in shardq.yaml"
+    )
 
 
 def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
