@@ -29,8 +29,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
-    """Start ministack bound to 127.0.0.1 and wait until it accepts connections."""
+def start(port: int | None = None, timeout: float = 30.0, state_dir: str | None = None) -> Emulator:
+    """Start ministack bound to 127.0.0.1 and wait until it accepts connections.
+
+    With ``state_dir``, ministack keeps its state there (``PERSIST_STATE=1``): it saves
+    queues and messages when stopped with SIGTERM (:func:`stop`) and loads them when
+    started again, so a restart on the same port is an outage, not a new SQS. Without
+    it (the default), a restarted emulator is empty.
+    """
     port = port or free_port()
     fd, log_path = tempfile.mkstemp(prefix=f"ministack-{port}-", suffix=".log")
     env = dict(
@@ -40,6 +46,8 @@ def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
         SERVICES="sqs",
         LOG_LEVEL="WARNING",
     )
+    if state_dir is not None:
+        env.update(PERSIST_STATE="1", STATE_DIR=state_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "ministack"],
         env=env,
@@ -62,13 +70,13 @@ def start(port: int | None = None, timeout: float = 30.0) -> Emulator:
     raise RuntimeError(f"ministack did not listen on port {port} within {timeout} s")
 
 
-def stop(emulator: Emulator) -> None:
+def stop(emulator: Emulator, timeout: float = 5.0) -> None:
     """Stop the emulator by its pid: SIGTERM, then SIGKILL if it lingers."""
     try:
         os.kill(emulator.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             done, _ = os.waitpid(emulator.pid, os.WNOHANG)

@@ -12,10 +12,12 @@ probability), ``permanent`` (always raise a permanent error).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
 import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import shardq
@@ -92,8 +94,8 @@ def read(path: str) -> list[dict[str, Any]]:
 def check(
     entries: list[dict[str, Any]],
     expected: dict[str, int],
-    morgued: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
-    killed: set[int] = frozenset(),  # type: ignore[assignment]
+    morgued: Collection[tuple[str, int]] = frozenset(),
+    killed: Collection[int] | Mapping[int, float] = frozenset(),
 ) -> dict[str, list[Any]]:
     """What went wrong in a run, by kind; every list empty means a clean run.
 
@@ -103,7 +105,14 @@ def check(
     * duplicates: jobs that succeeded more than once (a node killed between running
       and deleting a batch replays its succeeded jobs, in order); bad_duplicates:
       those whose first success was not on a killed node.
+
+    ``killed`` gives the pids of killed nodes, or maps each to the time (``time.time()``)
+    it was known dead. An execution of a killed node that never ended stops counting
+    as running at that time; with a plain set of pids, at once.
     """
+    dead_at: dict[int, float] = (
+        dict(killed) if isinstance(killed, Mapping) else dict.fromkeys(killed, -math.inf)
+    )
     by_entity: dict[str, list[dict[str, Any]]] = {}
     for e in sorted(entries, key=lambda e: e["t"]):
         by_entity.setdefault(e["entity"], []).append(e)
@@ -129,7 +138,9 @@ def check(
         for e in events:
             key = (e["pid"], e["tid"])
             if e["event"] == "start":
-                alive = [s for (pid, _), s in running.items() if pid not in killed]
+                alive = [
+                    s for (pid, _), s in running.items() if dead_at.get(pid, math.inf) > e["t"]
+                ]
                 if alive:
                     problems["overlap"].append((entity, e["n"], alive))
                 running[key] = e
@@ -141,7 +152,7 @@ def check(
                 continue
             if e["n"] in first_end:
                 problems["duplicates"].append((entity, e["n"]))
-                if first_end[e["n"]]["pid"] not in killed:
+                if first_end[e["n"]]["pid"] not in dead_at:
                     problems["bad_duplicates"].append((entity, e["n"]))
             else:
                 first_end[e["n"]] = e

@@ -1,0 +1,596 @@
+"""The chaos driver: node processes killed at random while numbered jobs flow, then a proof.
+
+Used by ``tests/test_chaos.py`` (small, in CI) and ``bench/chaos.py`` (large, by hand).
+
+A run:
+
+1. starts ``nodes`` ``shardq run`` child processes of the ledger app
+   (``tests.apps.ledger``) over the same shards, laid out by ``layout``:
+
+   * ``mixed`` (default): ``nodes - 1`` processes split the shards as a deployment
+     would (``--node k --nodes nodes-1``) and one more process owns every shard, as if
+     started with the wrong ``--nodes`` by mistake. Every shard is served by two
+     processes at once, so the broker's group lock (not the plan) is what keeps an
+     entity from running twice, and a killed node's jobs are picked up both by its
+     restarted self and by the other owner;
+   * ``overlap``: every process owns every shard (the most contention);
+   * ``split``: the plain deployment, each shard served by one process;
+
+2. publishes ``entities`` x ``jobs`` numbered jobs from this process, in bursts of
+   ``burst`` consecutive jobs of one entity (so a receive of 10 often holds several
+   jobs of one entity and the failure rule of the executor is exercised), spread over
+   the first ``publish_share`` of the kill phase. ``fail_rate`` of all attempts fail at
+   random (a retry follows); a ``permanent`` share of jobs always fails with
+   ``PermanentError`` and must end in the morgue. Each job has a dedup id, so a
+   publish that failed (broker outage) is simply sent again;
+3. for ``duration`` seconds, every ``kill_every`` seconds (uniform in the range)
+   SIGKILLs a random node process and starts it again at once. Optionally the broker
+   is stopped for ``outage_seconds`` at ``outage_at`` (the caller gives how);
+4. waits until every shard queue is empty (published jobs all deleted), stops the
+   nodes with SIGTERM (each must exit 0), reads the morgue and the ledger and checks
+   with :func:`tests.apps.ledger.check`, a killed process's unfinished executions
+   counting as running until the moment it was known dead.
+
+Every process started here is stopped by its pid, also when the run fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from shardq import morgue
+from shardq.config import Config
+from shardq.errors import ShardqError
+from shardq.publisher import Job
+from tests.apps import ledger
+from tests.apps.ledger import Ledgered
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = "Ledgered"
+LAYOUTS = ("mixed", "overlap", "split")
+#: Seconds a node process gets to start before it is sent SIGTERM at the end.
+MIN_AGE = 5.0
+#: Seconds around a broker outage within which a job's first success may repeat.
+OUTAGE_MARGIN = 5.0
+#: Events a node logs when a broker call failed (after boto3's own retries).
+BROKER_TROUBLE = {
+    "node.receive_failed",
+    "node.poll_failed",
+    "broker.settle_failed",
+    "job.delete_failed",
+    "job.morgue_failed",
+    "heartbeat.extend_failed",
+    "heartbeat.lost",
+    "job.lapsed",
+}
+#: Events a node logs when a part of it died or misbehaved.
+CRASHES = {"node.lane_failed", "heartbeat.failed", "observer.failed", "job.retry_in_failed"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a chaos run does; the defaults are the CI size."""
+
+    nodes: int = 3
+    layout: str = "mixed"
+    threads: int = 2
+    shards: int = 4
+    entities: int = 150
+    jobs: int = 10
+    burst: int = 5
+    fail_rate: float = 0.1
+    permanent: float = 0.02
+    sleep: float = 0.0
+    duration: float = 25.0
+    #: Seconds between kills (uniform); None: no kills.
+    kill_every: tuple[float, float] | None = (1.0, 3.0)
+    publish_share: float = 0.8
+    visibility_timeout: int = 2
+    #: Seconds into the kill phase at which the broker goes away (None: no outage).
+    outage_at: float | None = None
+    outage_seconds: float = 10.0
+    drain_timeout: float = 150.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, not {self.layout!r}")
+        if self.layout == "mixed" and self.nodes < 2:
+            raise ValueError("the mixed layout needs at least 2 nodes")
+        if self.nodes < 1 or self.entities < 1 or self.jobs < 1 or self.burst < 1:
+            raise ValueError("nodes, entities, jobs and burst must be at least 1")
+
+
+@dataclass
+class Outage:
+    """How to take the broker away and bring it back (on the same address)."""
+
+    stop: Callable[[], None]
+    start: Callable[[], None]
+
+
+@dataclass
+class Report:
+    """What a chaos run did and what the checker found."""
+
+    settings: Settings
+    broker: str
+    published: int = 0
+    permanent: int = 0
+    executions: int = 0
+    failed_attempts: int = 0
+    kills: int = 0
+    killed: dict[int, float] = field(default_factory=dict)
+    node_processes: int = 0
+    duplicates: int = 0
+    morgued: int = 0
+    morgue_reasons: dict[str, int] = field(default_factory=dict)
+    publish_retries: int = 0
+    #: Warnings and errors the nodes logged, by event.
+    log_events: dict[str, int] = field(default_factory=dict)
+    outage: tuple[float, float] | None = None
+    outage_wall: tuple[float, float] | None = None
+    outage_duplicates: int = 0
+    interrupted: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    drain_seconds: float = 0.0
+    problems: dict[str, list[Any]] = field(default_factory=dict)
+    log_dir: str = ""
+
+    @property
+    def broker_trouble(self) -> int:
+        """Broker failures the nodes logged."""
+        return sum(n for event, n in self.log_events.items() if event in BROKER_TROUBLE)
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.problems.values())
+
+    def summary(self) -> str:
+        s = self.settings
+        lines = [
+            f"broker={self.broker} nodes={s.nodes} ({s.layout}) threads={s.threads} "
+            f"shards={s.shards} entities={s.entities} jobs/entity={s.jobs} "
+            f"fail_rate={s.fail_rate} permanent={s.permanent} duration={s.duration:g}s "
+            f"kill_every={s.kill_every} seed={s.seed}",
+            f"jobs published: {self.published} ({self.permanent} permanent failures)",
+            f"executions: {self.executions} ({self.failed_attempts} failed attempts)",
+            f"kills: {self.kills} (SIGKILL; {self.node_processes} node processes in all)",
+            f"duplicates: {self.duplicates} (jobs that succeeded twice; "
+            f"{self.duplicates - self.outage_duplicates} first run on a killed node, "
+            f"{self.outage_duplicates} around the outage)",
+            f"interrupted: {self.interrupted} executions cut short by a kill",
+            f"morgued: {self.morgued} {dict(sorted(self.morgue_reasons.items()))}",
+            f"publish retries: {self.publish_retries}",
+            f"node warnings/errors: {dict(sorted(self.log_events.items()))}",
+        ]
+        if self.outage:
+            lines.append(
+                f"broker outage: {self.outage[1] - self.outage[0]:.1f} s, "
+                f"from {self.outage[0]:.1f} s into the run; "
+                f"{self.outage_duplicates} duplicates first run within "
+                f"{OUTAGE_MARGIN:g} s of it"
+            )
+        lines += [
+            f"node exit codes at the end (SIGTERM): {self.exit_codes}",
+            f"wall time: {self.wall_seconds:.1f} s (drain after the last kill: "
+            f"{self.drain_seconds:.1f} s)",
+            "problems: "
+            + ", ".join(f"{k}={len(v)}" for k, v in self.problems.items())
+            + ("  -> PASS" if self.ok else "  -> FAIL"),
+        ]
+        return "\n".join(lines)
+
+    def details(self, limit: int = 10) -> str:
+        """The first problems of each kind, for an assertion message."""
+        return "\n".join(
+            f"{kind}: {items[:limit]}" for kind, items in self.problems.items() if items
+        )
+
+
+class _Nodes:
+    """The node processes of a run, restarted in their slot after a kill."""
+
+    def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path) -> None:
+        self.settings = settings
+        self.env = env
+        self.log_dir = log_dir
+        self.slots: list[subprocess.Popen[bytes] | None] = [None] * settings.nodes
+        self.logs: list[Path] = []
+        self.all: list[subprocess.Popen[bytes]] = []
+        self.exits: list[tuple[float, int, int, str]] = []  # (time, pid, code, log)
+        self.started: dict[int, float] = {}  # pid -> time.monotonic() at start
+
+    def placement(self, slot: int) -> list[str]:
+        s = self.settings
+        if s.layout == "overlap":
+            return ["--node", "0", "--nodes", "1"]
+        if s.layout == "split":
+            return ["--node", str(slot), "--nodes", str(s.nodes)]
+        if slot == s.nodes - 1:  # mixed: the last one owns every shard
+            return ["--node", "0", "--nodes", "1"]
+        return ["--node", str(slot), "--nodes", str(s.nodes - 1)]
+
+    def start(self, slot: int) -> subprocess.Popen[bytes]:
+        path = self.log_dir / f"node{slot}-{len(self.logs)}.log"
+        self.logs.append(path)
+        with open(path, "wb") as out:
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "shardq",
+                    "run",
+                    *self.placement(slot),
+                    "--threads",
+                    str(self.settings.threads),
+                    "--log-level",
+                    "warning",
+                    "--log-format",
+                    "json",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.slots[slot] = child
+        self.all.append(child)
+        self.started[child.pid] = time.monotonic()
+        return child
+
+    def kill(self, slot: int) -> tuple[int, float]:
+        """SIGKILL the slot's process; returns its pid and when it was known dead."""
+        child = self.slots[slot]
+        assert child is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        return child.pid, time.time()
+
+    def reap_exited(self, restart: bool = True) -> None:
+        """Note processes that exited on their own, and start them again."""
+        for slot, child in enumerate(self.slots):
+            if child is not None and child.poll() is not None:
+                log = self.logs[self.all.index(child)]
+                self.exits.append((time.time(), child.pid, child.returncode, _tail(log)))
+                self.slots[slot] = self.start(slot) if restart else None
+
+    def terminate(self, grace: float) -> list[int]:
+        """SIGTERM every running node and wait; returns their exit codes.
+
+        A node gets at least MIN_AGE s to start first: a SIGTERM that arrives before
+        ``shardq run`` installed its handler kills it like any Python process."""
+        running = [c for c in self.slots if c is not None and c.poll() is None]
+        youngest = max((self.started[c.pid] for c in running), default=0.0)
+        time.sleep(max(0.0, youngest + MIN_AGE - time.monotonic()))
+        for child in running:
+            child.send_signal(signal.SIGTERM)
+        codes = []
+        for child in running:
+            try:
+                codes.append(child.wait(grace))
+            except subprocess.TimeoutExpired:
+                codes.append(-1)
+        return codes
+
+    def kill_all(self) -> None:
+        for child in self.all:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def jobs_of(settings: Settings) -> tuple[list[list[Job]], set[tuple[str, int]]]:
+    """The bursts to publish, in order, and the (entity, n) that fail permanently."""
+    rng = random.Random(settings.seed)
+    entities = [f"c{e}" for e in range(settings.entities)]
+    permanent = {
+        (entity, n)
+        for entity in entities
+        for n in range(settings.jobs)
+        if rng.random() < settings.permanent
+    }
+    bursts = []
+    for start in range(0, settings.jobs, settings.burst):
+        order = list(entities)
+        rng.shuffle(order)
+        for entity in order:
+            bursts.append(
+                [
+                    Job(
+                        entity,
+                        _payload(settings, n, (entity, n) in permanent),
+                        dedup_id=f"{entity}-{n}",
+                    )
+                    for n in range(start, min(settings.jobs, start + settings.burst))
+                ]
+            )
+    return bursts, permanent
+
+
+def _payload(settings: Settings, n: int, permanent: bool) -> dict[str, Any]:
+    payload: dict[str, Any] = {"n": n, "fail_rate": settings.fail_rate}
+    if settings.sleep:
+        payload["sleep"] = settings.sleep
+    if permanent:
+        payload["permanent"] = True
+    return payload
+
+
+class _Publisher(threading.Thread):
+    """Publishes the bursts in slices spread over a window; retries a slice that fails."""
+
+    def __init__(self, bursts: list[list[Job]], window: float):
+        super().__init__(name="chaos-publisher", daemon=True)
+        self.bursts = bursts
+        self.window = window
+        self.published = 0
+        self.retries = 0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            slices = max(1, min(len(self.bursts), int(self.window / 0.2)))
+            per = math.ceil(len(self.bursts) / slices)
+            started = time.monotonic()
+            for i in range(0, len(self.bursts), per):
+                if self.stop.is_set():
+                    return
+                due = started + self.window * i / len(self.bursts)
+                self.stop.wait(max(0.0, due - time.monotonic()))
+                items = [job for burst in self.bursts[i : i + per] for job in burst]
+                self._send(items)
+        except BaseException as exc:
+            self.error = exc
+
+    def _send(self, items: list[Job]) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                Ledgered.publish_many(items)
+                self.published += len(items)
+                return
+            except ShardqError:  # the broker is away: same dedup ids, so send again
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise
+                self.retries += 1
+                time.sleep(1.0)
+
+
+def run(
+    settings: Settings,
+    env: dict[str, str],
+    log_dir: Path,
+    outage: Outage | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Report:
+    """One chaos run on the broker that ``env`` (``SHARDQ_*`` variables) names."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **env,
+        "LEDGER_PATH": env.get("LEDGER_PATH", str(log_dir / "ledger.jsonl")),
+        "SHARDQ_APP": "tests.apps.ledger",
+        f"SHARDQ_WORKERS__{WORKER}__shards": str(settings.shards),
+        f"SHARDQ_WORKERS__{WORKER}__visibility_timeout": str(settings.visibility_timeout),
+        "SHARDQ_GRACE_SECONDS": "20",
+    }
+    env.setdefault("SHARDQ_IDLE_WAIT_SECONDS", "1")
+    config = Config.load(env={k: v for k, v in env.items() if k.startswith("SHARDQ_")})
+    ledger.app.configure(config)
+    app = ledger.app
+    report = Report(settings, app.broker.kind, log_dir=str(log_dir))
+    rng = random.Random(settings.seed + 1)
+    bursts, permanent = jobs_of(settings)
+    report.permanent = len(permanent)
+    expected = {f"c{e}": settings.jobs for e in range(settings.entities)}
+    nodes = _Nodes(settings, {**os.environ, **env}, log_dir)
+    publisher = _Publisher(bursts, settings.duration * settings.publish_share)
+    began = time.monotonic()
+    try:
+        app.ensure_queues()
+        for slot in range(settings.nodes):
+            nodes.start(slot)
+        publisher.start()
+        say(f"chaos: {settings.nodes} nodes ({settings.layout}), publishing, killing ...")
+        _chaos_phase(settings, nodes, report, rng, began, outage, say)
+        publisher.join(settings.drain_timeout)
+        if publisher.error is not None:
+            raise publisher.error
+        if publisher.is_alive():
+            raise AssertionError("the publisher did not finish")
+        report.published, report.publish_retries = publisher.published, publisher.retries
+        drained_from = time.monotonic()
+        say(f"chaos: {report.kills} kills done; waiting for the queues to drain ...")
+        drained = _wait_drained(app, settings, nodes, settings.drain_timeout)
+        report.drain_seconds = time.monotonic() - drained_from
+        nodes.reap_exited(restart=False)
+        report.exit_codes = nodes.terminate(grace=30)
+        report.wall_seconds = time.monotonic() - began
+        morgued, report.morgue_reasons = read_morgue(app)
+        report.morgued = len(morgued)
+    finally:
+        publisher.stop.set()
+        nodes.kill_all()
+    report.node_processes = len(nodes.all)
+    entries = ledger.read(env["LEDGER_PATH"]) if Path(env["LEDGER_PATH"]).exists() else []
+    report.executions = sum(1 for e in entries if e["event"] == "start")
+    report.failed_attempts = sum(1 for e in entries if e["event"] == "fail")
+    report.interrupted = _interrupted(entries, report.killed)
+    problems = ledger.check(entries, expected, set(morgued), report.killed)
+    report.duplicates = len(problems["duplicates"])
+    del problems["duplicates"]  # allowed after a kill; bad_duplicates are the others
+    if report.outage_wall is not None:  # and after an outage: see _outage_duplicates
+        excused = _outage_duplicates(entries, problems["bad_duplicates"], report.outage_wall)
+        report.outage_duplicates = len(excused)
+        problems["bad_duplicates"] = [d for d in problems["bad_duplicates"] if d not in excused]
+    problems["not_drained"] = [] if drained else ["shard queues still hold jobs"]
+    problems["unexpected_morgue"] = sorted(set(morgued) - permanent)
+    problems["node_exits"] = [
+        (round(t - began, 1), pid, code, tail)
+        for t, pid, code, tail in nodes.exits
+        if not _during(report.outage, t - began)
+    ]
+    problems["unclean_stop"] = [c for c in report.exit_codes if c != 0]
+    problems["crashes_logged"] = []
+    for path in nodes.logs:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            name = str(event.get("event"))
+            if event.get("level") in ("warning", "error"):
+                report.log_events[name] = report.log_events.get(name, 0) + 1
+            if name in CRASHES:
+                problems["crashes_logged"].append((path.name, name))
+    report.problems = problems
+    return report
+
+
+def _interrupted(entries: list[dict[str, Any]], killed: dict[int, float]) -> int:
+    """Executions started in a killed process that never ended or failed."""
+    open_runs: set[tuple[int, int, str, int]] = set()
+    for e in entries:
+        if e["pid"] not in killed:
+            continue
+        key = (e["pid"], e["tid"], e["entity"], e["n"])
+        if e["event"] == "start":
+            open_runs.add(key)
+        else:
+            open_runs.discard(key)
+    return len(open_runs)
+
+
+def _outage_duplicates(
+    entries: list[dict[str, Any]], duplicates: list[Any], outage: tuple[float, float]
+) -> set[tuple[str, int]]:
+    """Duplicates whose first success was near the outage: the job ran, its delete could
+    not reach the broker (or its visibility ran out meanwhile), so it ran again after.
+    At least once, as documented; only those within OUTAGE_MARGIN s of it are excused."""
+    first_end: dict[tuple[str, int], float] = {}
+    for e in sorted(entries, key=lambda e: e["t"]):
+        if e["event"] == "end":
+            first_end.setdefault((e["entity"], e["n"]), e["t"])
+    down, up = outage[0] - OUTAGE_MARGIN, outage[1] + OUTAGE_MARGIN
+    return {(entity, n) for entity, n in duplicates if down <= first_end[(entity, n)] <= up}
+
+
+def _during(outage: tuple[float, float] | None, t: float) -> bool:
+    """A node may exit while the broker is away (it cannot create its queues)."""
+    return outage is not None and outage[0] <= t <= outage[1] + 10
+
+
+def _chaos_phase(
+    settings: Settings,
+    nodes: _Nodes,
+    report: Report,
+    rng: random.Random,
+    began: float,
+    outage: Outage | None,
+    say: Callable[[str], None],
+) -> None:
+    end = began + settings.duration
+    next_kill = began + (rng.uniform(*settings.kill_every) if settings.kill_every else math.inf)
+    outage_due = began + settings.outage_at if settings.outage_at is not None else math.inf
+    while (now := time.monotonic()) < end:
+        nodes.reap_exited()
+        if outage is not None and now >= outage_due:
+            outage_due = math.inf
+            say(f"chaos: broker outage for {settings.outage_seconds:g} s")
+            down, down_wall = time.monotonic() - began, time.time()
+            outage.stop()  # the publisher's sends fail meanwhile: it sends them again
+            time.sleep(settings.outage_seconds)
+            outage.start()
+            report.outage = (down, time.monotonic() - began)
+            report.outage_wall = (down_wall, time.time())
+            next_kill = time.monotonic() + (
+                rng.uniform(*settings.kill_every) if settings.kill_every else math.inf
+            )
+            continue
+        if now >= next_kill:
+            assert settings.kill_every is not None
+            slot = rng.randrange(settings.nodes)
+            pid, dead = nodes.kill(slot)
+            report.killed[pid] = dead
+            report.kills += 1
+            nodes.start(slot)
+            next_kill = time.monotonic() + rng.uniform(*settings.kill_every)
+        time.sleep(0.05)
+
+
+def _wait_drained(app: Any, settings: Settings, nodes: _Nodes, timeout: float) -> bool:
+    """True once every shard queue is empty twice in a row (polled every 0.5 s)."""
+    queues = [app.shard_queue(WORKER, s) for s in range(settings.shards)]
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline:
+        nodes.reap_exited()
+        try:
+            counts = [app.broker.counts(q) for q in queues]
+        except ShardqError:
+            quiet = 0
+        else:
+            quiet = quiet + 1 if all(c.waiting + c.in_flight == 0 for c in counts) else 0
+            if quiet >= 2:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+def read_morgue(app: Any) -> tuple[set[tuple[str, int]], dict[str, int]]:
+    """Every dead job of the worker as (entity, n), and counts by reason.
+
+    Reads by receiving and deleting (a FIFO queue shows an entity's later messages only
+    once the earlier ones are gone), after checking the size against the records read.
+    """
+    queue = app.morgue_queue(WORKER)
+    size = morgue.MorgueQueue(app, WORKER).size()
+    found: dict[tuple[str, int], str] = {}
+    read = 0
+    receive = {"max_messages": 10, "wait_seconds": 0, "visibility_timeout": 60}
+    while batch := app.broker.receive(queue, **receive):
+        for message in batch:
+            record = morgue.decode(message.body)
+            payload = morgue.payload_of(record)
+            found.setdefault((record.entity_id, payload["n"]), record.reason)
+        read += len(batch)
+        app.broker.delete_batch(queue, [m.receipt for m in batch])
+    if read != size:
+        raise AssertionError(f"the morgue held {size} jobs but {read} were read")
+    return set(found), dict(Counter(found.values()))
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def write_json(report: Report, out: IO[str]) -> None:
+    doc = {k: v for k, v in report.__dict__.items() if k not in ("settings", "problems")}
+    doc["settings"] = report.settings.__dict__
+    doc["problems"] = {k: len(v) for k, v in report.problems.items()}
+    json.dump(doc, out, indent=2, default=str)
