@@ -96,6 +96,17 @@ class Node:
     # -- running ---------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped (or drained with ``until_empty``); returns the exit code."""
+        self._start()
+        quiet = 0
+        while not self.stopping.wait(0.25):
+            if self.until_empty:
+                quiet = quiet + 1 if self._drained() else 0
+                if quiet >= 2:
+                    log.info("node.drained", detail="every shard is empty; stopping")
+                    self.stop()
+        return self._shutdown()
+
+    def _start(self) -> None:
         self._install_signal_handlers()
         self._ensure_queues()
         log.info(
@@ -118,14 +129,6 @@ class Node:
         self.heartbeat.start()
         for lane in self.lanes:
             lane.start()
-        quiet = 0
-        while not self.stopping.wait(0.25):
-            if self.until_empty:
-                quiet = quiet + 1 if self._drained() else 0
-                if quiet >= 2:
-                    log.info("node.drained", detail="every shard is empty; stopping")
-                    self.stop()
-        return self._shutdown()
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
