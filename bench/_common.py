@@ -7,6 +7,7 @@ import platform
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,3 +64,25 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def with_emulator(endpoint_url: str | None, run: Callable[[str], None]) -> None:
+    """Call ``run(endpoint)`` against ``endpoint_url``, or against a ministack started
+    here on 127.0.0.1 (test credentials set) and stopped by its pid afterwards."""
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1"
+    )
+    from tests import emulator as emu
+
+    server = None
+    endpoint = endpoint_url
+    if endpoint is None:
+        server = emu.start()
+        endpoint = server.endpoint_url
+        print(f"ministack pid {server.pid} at {endpoint} (log {server.log_path})", flush=True)
+    try:
+        run(endpoint)
+    finally:
+        if server is not None:
+            emu.stop(server)
+            print(f"ministack pid {server.pid} stopped", flush=True)

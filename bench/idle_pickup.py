@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import Counter
 
-from _common import git_head, machine, peak_rss_mib, percentile
+from _common import git_head, machine, peak_rss_mib, percentile, with_emulator
 
 SHARDS = 64
 GOAL_P99_S = 1.0
@@ -56,23 +56,7 @@ def main() -> None:
     parser.add_argument("--endpoint-url", help="use this running emulator instead of starting one")
     args = parser.parse_args()
 
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1"
-    )
-    from tests import emulator as emu
-
-    server = None
-    endpoint = args.endpoint_url
-    if endpoint is None:
-        server = emu.start()
-        endpoint = server.endpoint_url
-        print(f"ministack pid {server.pid} at {endpoint} (log {server.log_path})", flush=True)
-    try:
-        run(args, endpoint)
-    finally:
-        if server is not None:
-            emu.stop(server)
-            print(f"ministack pid {server.pid} stopped", flush=True)
+    with_emulator(args.endpoint_url, lambda endpoint: run(args, endpoint))
 
 
 def run(args: argparse.Namespace, endpoint: str) -> None:
