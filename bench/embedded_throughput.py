@@ -1,6 +1,6 @@
 """Throughput of one node on the embedded SQLite broker, with blank jobs.
 
-Goal (product brief, section 5): embedded broker, one node, blank jobs: >= 7,000 jobs/s.
+Goal: embedded broker, one node, blank jobs: >= 7,000 jobs/s.
 
 Exact command (from the repo root)::
 

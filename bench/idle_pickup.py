@@ -1,6 +1,6 @@
 """Idle pickup latency and idle SQS cost of one node with 64 shards, on ministack.
 
-Goal (product brief, section 5): a job published to any of 64 idle shards of a node
+Goal: a job published to any of 64 idle shards of a node
 starts within 1 s (p99), while the node makes <= 180 SQS requests per idle shard
 per hour.
 

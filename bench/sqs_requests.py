@@ -1,6 +1,6 @@
 """SQS requests per 1,000 jobs published (publish_many) and processed, on ministack.
 
-Goal (product brief, section 5): <= 320 SQS requests per 1,000 jobs published with
+Goal: <= 320 SQS requests per 1,000 jobs published with
 ``publish_many`` and processed (the floor is 300: 100 SendMessageBatch + 100
 ReceiveMessage + 100 DeleteMessageBatch with every batch full).
 
