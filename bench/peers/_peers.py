@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
@@ -342,3 +343,20 @@ def measure_worker(
     res["injected_failures"] = len(failed.lines)
     res["load1_end"] = loadavg1()
     return res
+
+
+def publish_shardq(app_and_worker: Any, jobs: list[tuple[str, int]]) -> None:
+    """Publish ``(entity, n)`` jobs with shardq's ``publish_many``."""
+    app, worker = app_and_worker
+    app.ensure_queues()
+    report = worker.publish_many([(e, {"n": n}) for e, n in jobs])
+    assert report.sent == len(jobs), report
+
+
+def work_shardq(app: Any, threads: int, ready_file: str) -> None:
+    """Run a shardq node once the driver says go; exit with its code."""
+    from shardq.node import Node
+
+    node = Node(app, app.plan(threads=threads))
+    wait_for_go(ready_file)
+    sys.exit(node.run())

@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 
-from _peers import job, make_jobs, wait_for_go
+from _peers import job, make_jobs, publish_shardq, wait_for_go, work_shardq
 
 SYSTEMS = ("shardq", "celery", "celery-threads", "sqs-workers", "dramatiq")
 REGION = "us-east-1"
@@ -90,19 +90,11 @@ def shardq_app(args: argparse.Namespace):
 
 
 def shardq_publish(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> None:
-    app, blank = shardq_app(args)
-    app.ensure_queues()
-    report = blank.publish_many([(e, {"n": n}) for e, n in jobs])
-    assert report.sent == len(jobs), report
+    publish_shardq(shardq_app(args), jobs)
 
 
 def shardq_work(args: argparse.Namespace) -> None:
-    from shardq.node import Node
-
-    app, _ = shardq_app(args)
-    node = Node(app, app.plan(threads=args.concurrency))
-    wait_for_go(args.ready_file)
-    sys.exit(node.run())
+    work_shardq(shardq_app(args)[0], args.concurrency, args.ready_file)
 
 
 # -- celery ----------------------------------------------------------------------------
