@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from shardq import envelope, morgue
-from shardq.broker.base import BatchResult, Message
+from shardq.broker.base import BatchResult, Message, batches
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.heartbeat import Heartbeat, TimeLimitExceeded
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.limits import MAX_VISIBILITY_SECONDS
 from shardq.middleware import PerformContext, run_around
 from shardq.plan import ShardRef
 from shardq.worker import Worker, WorkerSettings
@@ -313,7 +313,7 @@ class Executor:
     def _settle(self, worker: str, queue: str, settle: _Settle) -> None:
         self._heartbeat.drop([m.receipt for m in settle.delete])
         self._heartbeat.drop([m.receipt for m, _ in settle.hide])
-        for chunk in _batches(settle.delete):
+        for chunk in batches(settle.delete):
             receipts = [m.receipt for m in chunk]
             failed = self._retrying(partial(self._broker.delete_batch, queue, receipts), receipts)
             for m in chunk:
@@ -328,8 +328,8 @@ class Executor:
                         reason=failed[m.receipt],
                         detail="the job ran but its message may be delivered again",
                     )
-        for chunk in _batches(settle.hide):
-            changes = [(m.receipt, s) for m, s in chunk]
+        for hidden in batches(settle.hide):
+            changes = [(m.receipt, s) for m, s in hidden]
             call = partial(self._broker.change_visibility_batch, queue, changes)
             self._retrying(call, [r for r, _ in changes])
 
@@ -401,8 +401,3 @@ def _by_entity(messages: list[Message]) -> Iterator[tuple[str, list[Message]]]:
     for m in messages:
         groups.setdefault(m.group_id, []).append(m)
     return iter(groups.items())
-
-
-def _batches(items: list[Any]) -> Iterator[list[Any]]:
-    for start in range(0, len(items), MAX_BATCH_ENTRIES):
-        yield items[start : start + MAX_BATCH_ENTRIES]

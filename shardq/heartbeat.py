@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 
 import structlog
 
-from shardq.broker.base import Broker, Message
+from shardq.broker.base import Broker, Message, batches
 from shardq.errors import BrokerError
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.limits import MAX_VISIBILITY_SECONDS
 
 T = TypeVar("T")
 log = structlog.get_logger("shardq.heartbeat")
@@ -186,8 +186,8 @@ class Heartbeat:
         for h in due:
             by_queue.setdefault(h.message.queue, []).append(h)
         for queue, items in by_queue.items():
-            for start in range(0, len(items), MAX_BATCH_ENTRIES):
-                self._extend(queue, items[start : start + MAX_BATCH_ENTRIES])
+            for chunk in batches(items):
+                self._extend(queue, chunk)
 
     def _extend(self, queue: str, items: list[_Held]) -> None:
         wall = time.time()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
-from shardq.broker.base import Message, SendEntry
+from shardq.broker.base import Message, SendEntry, batches
 from shardq.errors import BrokerError, EnvelopeError
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.sharding import shard_for
@@ -189,8 +189,7 @@ class MorgueQueue:
                 if wanted is not None and done >= len(wanted):
                     break
         finally:
-            for start in range(0, len(held), MAX_BATCH_ENTRIES):
-                chunk = held[start : start + MAX_BATCH_ENTRIES]
+            for chunk in batches(held):
                 broker.change_visibility_batch(self.queue, [(m.receipt, 0) for m in chunk])
         return done
 

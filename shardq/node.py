@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shardq.broker.base import Message
+from shardq.broker.base import Message, batches
 from shardq.errors import BrokerError
 from shardq.executor import Executor, Observer, Tally
 from shardq.heartbeat import Heartbeat
@@ -389,8 +389,7 @@ def release(app: App, heartbeat: Heartbeat, messages: list[Message]) -> None:
     for m in messages:
         by_queue.setdefault(m.queue, []).append(m)
     for queue_name, items in by_queue.items():
-        for start in range(0, len(items), MAX_BATCH_ENTRIES):
-            chunk = items[start : start + MAX_BATCH_ENTRIES]
+        for chunk in batches(items):
             try:
                 app.broker.change_visibility_batch(queue_name, [(m.receipt, 0) for m in chunk])
             except BrokerError as exc:

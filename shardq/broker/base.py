@@ -16,9 +16,9 @@ Every implementation gives the same FIFO semantics (see the contract tests in
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from shardq.errors import BrokerError
 from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
@@ -142,6 +142,15 @@ class Broker(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional for implementations
         """Release connections; the broker is not used afterwards."""
+
+
+T = TypeVar("T")
+
+
+def batches(items: Sequence[T]) -> Iterator[list[T]]:
+    """Consecutive slices of at most 10 items: one batch call each."""
+    for start in range(0, len(items), MAX_BATCH_ENTRIES):
+        yield list(items[start : start + MAX_BATCH_ENTRIES])
 
 
 def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
