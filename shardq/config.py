@@ -55,6 +55,10 @@ class Config:
     grace_seconds: float = 30.0
     #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
     idle_wait_seconds: float = 20.0
+    #: Receives each node thread keeps in flight while it runs a batch (1..10).
+    prefetch: int = 2
+    #: Seconds between ``node.progress`` log events (0: none).
+    progress_seconds: float = 10.0
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
     #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
@@ -143,6 +147,12 @@ class Config:
             fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
+        if not 1 <= self.prefetch <= 10:
+            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
+        if not 0 <= self.progress_seconds <= 86400:
+            fail("progress_seconds", f"expected 0 to 86400, got {self.progress_seconds!r}")
         if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
             fail(
                 "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
@@ -164,9 +174,9 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
-_INTS = {"threads"}
+_INTS = {"threads", "prefetch"}
 _OPTIONAL_INTS = {"metrics_port"}
-_FLOATS = {"grace_seconds", "idle_wait_seconds"}
+_FLOATS = {"grace_seconds", "idle_wait_seconds", "progress_seconds"}
 
 
 def _merge_workers(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

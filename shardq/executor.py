@@ -3,49 +3,56 @@
 For each entity in the batch, in receive order, its jobs run in chunks of up to
 ``batch_size`` (one ``perform`` call per chunk):
 
-* success: the chunk's messages are deleted (batched at the end of the batch);
-* failure with retries left: the chunk's messages become visible again after the
-  retry delay (``Retry`` or ``retry_in``), and every later job of the entity in the
-  batch is **not run and released** (visibility 0). The entity's group stays blocked
-  by the failed job, so nothing overtakes it and nothing waits out a timeout;
-* failure with no retries left, or a permanent error: the chunk goes to the
-  worker's morgue, is then deleted, and the entity's next jobs run;
-* a body that is not a valid envelope, or names another worker: morgue at once;
-* a chunk whose message visibility lapsed before it started (the heartbeat could not
-  extend it, e.g. while the broker was unreachable) is not run: another node may
-  have received it. It and the entity's later jobs in the batch are left to the
-  broker (the later ones released), to be delivered again in order.
+* success: the chunk's messages are deleted (in the background, by the leases);
+* failure: :func:`shardq.decide.decide` says retry or morgue;
 
-Jobs of other entities in the batch are not affected. ``perform`` of one chunk is
-all or nothing: its jobs retry, and reach the morgue, together.
+  - retry: the failed chunk **and every later job of the entity in the batch** stay
+    together. A retry due within :data:`LOCAL_RETRY_SECONDS` is kept here, held
+    (invisible) and run again by this lane when due; a later one hides them all at
+    the broker for the delay, the failed job first. No later job of the entity ever
+    becomes visible while an earlier one is hidden, so order does not depend on the
+    broker keeping a group blocked (some SQS emulators do not);
+  - morgue: a chunk of several jobs is first run again one job at a time, in order
+    (each job's own outcome decides), so only a job that fails alone goes to the
+    morgue. A job goes to the worker's morgue queue and only then is deleted; the
+    entity's next jobs run;
+
+* a body that is not a valid envelope, or names another worker: morgue at once;
+* a chunk whose visibility lapsed before it started (the broker was unreachable
+  while the leases tried to extend it) is not run: another node may have it. It and
+  the entity's later jobs in the batch are left to the broker to deliver again.
+
+Jobs of other entities in the batch are not affected.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from shardq import envelope, morgue
-from shardq.broker.base import BatchResult, Message, batches
+from shardq.broker.base import Message
+from shardq.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
-from shardq.heartbeat import Heartbeat, TimeLimitExceeded
-from shardq.limits import MAX_VISIBILITY_SECONDS
+from shardq.leases import Leases
 from shardq.middleware import PerformContext, run_around
 from shardq.plan import ShardRef
-from shardq.worker import Worker, WorkerSettings
+from shardq.timelimit import TimeLimitExceeded, TimeLimits
+from shardq.worker import JobInfo, Worker, WorkerSettings
 
 if TYPE_CHECKING:
     from shardq.app import App
 
 log = structlog.get_logger("shardq.job")
-_FLUSH_TRIES = 3
+
+#: Retries due within this many seconds are held by the lane, not hidden at the broker.
+LOCAL_RETRY_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,19 +97,20 @@ class Tally:
         """Broker errors are logged; a tally does not count them."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """Jobs of one entity held for a retry due at ``due`` (monotonic)."""
+
+    due: float
+    ref: ShardRef
+    messages: list[Message]
+
+
 @dataclass
 class _Job:
     message: Message
     payload: Any
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Settle:
-    """What to tell the broker once the batch is done."""
-
-    delete: list[Message] = field(default_factory=list)
-    hide: list[tuple[Message, float]] = field(default_factory=list)
 
 
 class Executor:
@@ -111,78 +119,129 @@ class Executor:
     def __init__(
         self,
         app: App,
-        heartbeat: Heartbeat,
+        leases: Leases,
+        limits: TimeLimits,
         stopping: threading.Event,
         observers: Sequence[Observer] = (),
         max_retry_delay: float | None = None,
     ) -> None:
         self._app = app
         self._broker = app.broker
-        self._heartbeat = heartbeat
+        self._leases = leases
+        self._limits = limits
         self._stopping = stopping
         self._observers = list(observers)
         self._max_retry_delay = max_retry_delay
         self._workers: dict[str, Worker] = {}
-        # receives of a message that ended in a release without running it, so the
-        # attempt number is not inflated by this node's own releases
+        self._rules: dict[str, Rules] = {}
+        # Attempt bookkeeping by message id: receives that ended without a run (hidden
+        # with an earlier failed job), and runs that did not count as a receive (local
+        # retries), so attempt = receive count - unstarted + local.
         self._unstarted: dict[str, int] = {}
+        self._local: dict[str, int] = {}
         self._key = app.signing_key
+        self._debug = False
 
-    def run_batch(self, ref: ShardRef, messages: list[Message]) -> None:
-        """Run a received batch of shard ``ref`` and settle every message."""
-        settle = _Settle()
+    def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
+        """Run a received batch of shard ``ref``; returns the retries held here."""
+        deferred: list[Deferred] = []
+        self._debug = _enabled(logging.DEBUG)
         settings = self._app.settings(ref.worker)
         worker = self._worker(ref.worker)
-        for entity, group in _by_entity(messages):
-            self._run_entity(ref, settings, worker, entity, group, settle)
-        self._settle(ref.worker, messages[0].queue, settle)
+        for _, group in _by_entity(messages):
+            later = self._run_entity(ref, settings, worker, group)
+            if later is not None:
+                deferred.append(later)
+        if len(self._unstarted) + len(self._local) > 100_000:  # ids finished elsewhere
+            self._unstarted.clear()
+            self._local.clear()
+        return deferred
+
+    def attempt(self, message: Message) -> int:
+        """The 1-based attempt the next run of this message is."""
+        key = message.message_id
+        count = message.receive_count - self._unstarted.get(key, 0) + self._local.get(key, 0)
+        return max(1, count)
 
     # -- one entity ----------------------------------------------------------------
     def _run_entity(
-        self,
-        ref: ShardRef,
-        settings: WorkerSettings,
-        worker: Worker,
-        entity: str,
-        messages: list[Message],
-        settle: _Settle,
-    ) -> None:
-        jobs = [job for m in messages if (job := self._decode(ref, m, settle)) is not None]
-        chunks = [
-            jobs[i : i + settings.batch_size] for i in range(0, len(jobs), settings.batch_size)
-        ]
-        for index, chunk in enumerate(chunks):
-            if self._stopping.is_set():  # shutting down: release what has not started
-                self._release([j for c in chunks[index:] for j in c], settle)
-                return
-            if self._heartbeat.lapsed(j.message.receipt for j in chunk):
-                self._give_up(ref, [j for c in chunks[index:] for j in c], settle)
-                return
-            started = time.monotonic()
-            error = self._perform(worker, settings, entity, chunk)
-            duration = round(time.monotonic() - started, 6)
+        self, ref: ShardRef, settings: WorkerSettings, worker: Worker, messages: list[Message]
+    ) -> Deferred | None:
+        jobs = [job for m in messages if (job := self._decode(ref, m)) is not None]
+        i, isolate_until = 0, 0
+        while i < len(jobs):
+            if self._stopping.is_set():  # shutting down: the node releases what has not run
+                return None
+            chunk = jobs[i : i + (1 if i < isolate_until else settings.batch_size)]
+            if any(self._leases.lapsed(j.message) for j in chunk):
+                self._give_up(ref, jobs[i:])
+                return None
+            error, duration = self._perform(worker, settings, chunk)
             if error is None:
-                settle.delete += [j.message for j in chunk]
-                self._outcome("succeeded", ref, chunk, duration)
+                self._succeeded(ref, chunk, duration)
+                i += len(chunk)
                 continue
-            attempt = self._attempt(chunk[0].message)
-            permanent = isinstance(error, type(worker).permanent_errors)
-            if permanent or attempt > settings.max_retries:
-                reason = morgue.REASON_PERMANENT if permanent else morgue.REASON_MAX_RETRIES
-                if self._bury(ref, worker, entity, chunk, reason, error, attempt, settle):
-                    self._outcome("morgued", ref, chunk, duration, error=error, reason=reason)
+            attempt = self.attempt(chunk[0].message)
+            decision = decide(error, attempt, self._rules_for(worker), time.time())
+            if decision.action == MORGUE and len(chunk) > 1:
+                isolate_until = i + len(chunk)  # run them again one at a time
+                continue
+            if decision.action == MORGUE:
+                if self._bury(ref, worker, chunk, decision.reason, error):
+                    self._outcome("morgued", ref, chunk, duration, error, reason=decision.reason)
+                    self._forget_attempts(chunk)
+                    i += len(chunk)
                     continue
-                delay = min(60.0, 2.0**attempt)  # the morgue is unreachable: try again later
-            else:
-                delay = self._retry_delay(worker, error, attempt)
-                if self._max_retry_delay is not None:
-                    delay = min(delay, self._max_retry_delay)
-                self._outcome("retried", ref, chunk, duration, error=error, delay=delay)
-            settle.hide += [(j.message, _cap(j.message, delay)) for j in chunk]
-            self._release([j for c in chunks[index + 1 :] for j in c], settle)
-            return
+                decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
+            if decision.retry_in_failed:
+                log.error(
+                    "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"
+                )
+            self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
+            return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
+        return None
 
-    def _decode(self, ref: ShardRef, message: Message, settle: _Settle) -> _Job | None:
+    def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
+        self._leases.delete([j.message for j in chunk])
+        self._outcome("succeeded", ref, chunk, duration)
+        self._forget_attempts(chunk)
+
+    def _forget_attempts(self, chunk: list[_Job]) -> None:
+        for j in chunk:
+            self._local.pop(j.message.message_id, None)
+            self._unstarted.pop(j.message.message_id, None)
+
+    def _retry(
+        self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
+    ) -> Deferred | None:
+        """Keep the failed jobs and the entity's later ones together until the retry."""
+        messages = [j.message for j in failed + later]
+        if delay <= LOCAL_RETRY_SECONDS:
+            for j in failed:
+                self._local[j.message.message_id] = self._local.get(j.message.message_id, 0) + 1
+            return Deferred(time.monotonic() + delay, ref, messages)
+        for j in later:
+            key = j.message.message_id
+            self._unstarted[key] = self._unstarted.get(key, 0) + 1
+        self._leases.hide(messages, delay)
+        return None
+
+    def _give_up(self, ref: ShardRef, jobs: list[_Job]) -> None:
+        """Run none of these jobs: the first one's message lapsed (see the module doc)."""
+        for job in jobs:
+            if self._leases.lapsed(job.message):
+                log.warning(
+                    "job.lapsed",
+                    worker=ref.worker,
+                    shard=ref.shard,
+                    entity=job.message.group_id,
+                    message_id=job.message.message_id,
+                    detail="its visibility ran out before it started; not run here, it is "
+                    "delivered again",
+                )
+        self._leases.forget([j.message for j in jobs])
+
+    def _decode(self, ref: ShardRef, message: Message) -> _Job | None:
         reason = morgue.REASON_INVALID
         try:
             env = envelope.decode(message.body, self._key)
@@ -194,19 +253,25 @@ class Executor:
                     + ("" if known else f"; no worker {env.worker!r} is registered")
                 )
         except (EnvelopeError, UnknownWorkerError) as exc:
-            attempt = self._attempt(message)
             job = _Job(message, None)
-            if self._bury(ref, None, message.group_id, [job], reason, exc, attempt, settle):
-                self._outcome("morgued", ref, [job], 0.0, error=exc, reason=reason)
+            if self._bury(ref, None, [job], reason, exc):
+                self._outcome("morgued", ref, [job], 0.0, exc, reason=reason)
+                self._forget_attempts([job])
             else:
-                settle.hide.append((message, _cap(message, 30.0)))
+                self._leases.hide([message], 30.0)
             return None
         return _Job(message, env.payload, env.meta)
 
     def _perform(
-        self, worker: Worker, settings: WorkerSettings, entity: str, chunk: list[_Job]
-    ) -> BaseException | None:
+        self, worker: Worker, settings: WorkerSettings, chunk: list[_Job]
+    ) -> tuple[BaseException | None, float]:
+        entity = chunk[0].message.group_id
         payloads = [j.payload for j in chunk]
+        worker.jobs = [
+            JobInfo(j.message.message_id, self.attempt(j.message), j.message.sent_at, j.meta)
+            for j in chunk
+        ]
+        worker.attempt = worker.jobs[0].attempt
 
         def call() -> None:
             worker.perform(entity, payloads)
@@ -216,7 +281,7 @@ class Executor:
                 settings.name,
                 entity,
                 payloads,
-                self._attempt(chunk[0].message),
+                worker.attempt,
                 [j.message.message_id for j in chunk],
                 [j.meta for j in chunk],
             )
@@ -225,75 +290,32 @@ class Executor:
             def call() -> None:
                 run_around(self._app.middleware, "around_perform", perform, ctx)
 
+        started = time.monotonic()
         try:
-            _, overran = self._heartbeat.run_limited(call, settings.time_limit)
+            _, overran = self._limits.run(call, settings.time_limit)
         except Exception as exc:
-            return exc
+            return exc, time.monotonic() - started
+        duration = time.monotonic() - started
         if overran:
-            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s")
-        return None
-
-    def _attempt(self, message: Message) -> int:
-        return max(1, message.receive_count - self._unstarted.get(message.message_id, 0))
-
-    def _retry_delay(self, worker: Worker, error: BaseException, attempt: int) -> float:
-        if isinstance(error, Retry):
-            if error.at is not None:
-                at = error.at
-                if isinstance(at, dt.datetime):
-                    at = at.timestamp()
-                return max(0.0, float(at) - time.time())
-            if error.delay is not None:
-                return max(0.0, float(error.delay))
-        try:
-            return max(0.0, float(worker.retry_in(attempt)))
-        except Exception:
-            log.exception("job.retry_in_failed", worker=type(worker).__name__, attempt=attempt)
-            return min(60.0, 2.0**attempt)
-
-    def _release(self, jobs: list[_Job], settle: _Settle) -> None:
-        for job in jobs:
-            settle.hide.append((job.message, 0.0))
-            key = job.message.message_id
-            self._unstarted[key] = self._unstarted.get(key, 0) + 1
-        if len(self._unstarted) > 100_000:  # ids of jobs another node finished
-            self._unstarted.clear()
-
-    def _give_up(self, ref: ShardRef, jobs: list[_Job], settle: _Settle) -> None:
-        """Run none of these jobs: the first one's message lapsed (see the module doc)."""
-        lapsed = [j for j in jobs if self._heartbeat.lapsed([j.message.receipt])]
-        gone = {j.message.receipt for j in lapsed}
-        self._heartbeat.drop(gone)
-        for job in lapsed:
-            log.warning(
-                "job.lapsed",
-                worker=ref.worker,
-                shard=ref.shard,
-                entity=job.message.group_id,
-                message_id=job.message.message_id,
-                detail="its visibility ran out before it started; not run here, it is "
-                "delivered again",
-            )
-        self._release([j for j in jobs if j.message.receipt not in gone], settle)
+            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s"), duration
+        return None, duration
 
     def _bury(
         self,
         ref: ShardRef,
         worker: Worker | None,
-        entity: str,
         chunk: list[_Job],
         reason: str,
         error: BaseException,
-        attempt: int,
-        settle: _Settle,
     ) -> bool:
         """Write the chunk to the morgue; only then is it deleted. False if that failed."""
         queue = self._app.morgue_queue(ref.worker)
+        entity = chunk[0].message.group_id
         try:
             self._app.ensure_queue(queue, ref.worker)
             limit = self._broker.max_message_bytes(queue)
             for job in chunk:
-                record = morgue.record_for(job.message, reason, error, attempt)
+                record = morgue.record_for(job.message, reason, error, self.attempt(job.message))
                 result = self._broker.send_batch(queue, [morgue.entry(record, limit)])
                 if result.failed:
                     raise BrokerError(result.failed["0"])
@@ -301,7 +323,7 @@ class Executor:
             log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
             self._broker_error("morgue")
             return False
-        settle.delete += [j.message for j in chunk]
+        self._leases.delete([j.message for j in chunk])
         if worker is not None:
             try:
                 worker.retries_exhausted(entity, [j.payload for j in chunk], error)
@@ -309,60 +331,32 @@ class Executor:
                 log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
         return True
 
-    # -- settling ---------------------------------------------------------------
-    def _settle(self, worker: str, queue: str, settle: _Settle) -> None:
-        self._heartbeat.drop([m.receipt for m in settle.delete])
-        self._heartbeat.drop([m.receipt for m, _ in settle.hide])
-        for chunk in batches(settle.delete):
-            receipts = [m.receipt for m in chunk]
-            failed = self._retrying(partial(self._broker.delete_batch, queue, receipts), receipts)
-            for m in chunk:
-                self._unstarted.pop(m.message_id, None)
-                if m.receipt in failed:
-                    log.warning(
-                        "job.delete_failed",
-                        worker=worker,
-                        queue=queue,
-                        entity=m.group_id,
-                        message_id=m.message_id,
-                        reason=failed[m.receipt],
-                        detail="the job ran but its message may be delivered again",
-                    )
-        for hidden in batches(settle.hide):
-            changes = [(m.receipt, s) for m, s in hidden]
-            call = partial(self._broker.change_visibility_batch, queue, changes)
-            self._retrying(call, [r for r, _ in changes])
-
-    def _retrying(self, call: Callable[[], BatchResult], receipts: list[str]) -> dict[str, str]:
-        """Failed receipts of a settle call, retried while the broker is unreachable."""
-        for attempt in range(_FLUSH_TRIES):
-            try:
-                return call().failed
-            except BrokerError as exc:
-                log.warning("broker.settle_failed", attempt=attempt + 1, error=str(exc))
-                self._broker_error("settle")
-                time.sleep(0.5 * 2**attempt)
-        return dict.fromkeys(receipts, "broker unreachable")
-
+    # -- reporting ---------------------------------------------------------------
     def _outcome(
-        self, kind: str, ref: ShardRef, chunk: list[_Job], duration: float, **extra: Any
+        self,
+        kind: str,
+        ref: ShardRef,
+        chunk: list[_Job],
+        duration: float,
+        error: BaseException | None = None,
+        **extra: Any,
     ) -> None:
-        error = extra.pop("error", None)
-        if error is not None:
-            extra["error"] = f"{type(error).__name__}: {error}"
-        expected = kind == "succeeded" or isinstance(error, Retry)  # Retry is asked for
-        level = log.info if expected else log.warning
-        for job in chunk:
-            level(
-                f"job.{kind}",
-                worker=ref.worker,
-                shard=ref.shard,
-                entity=job.message.group_id,
-                message_id=job.message.message_id,
-                attempt=self._attempt(job.message),
-                duration=duration,
-                **extra,
-            )
+        level = _level(kind, error)
+        if level > logging.DEBUG or self._debug:
+            if error is not None:
+                extra["error"] = f"{type(error).__name__}: {error}"
+            for job in chunk:
+                log.log(
+                    level,
+                    f"job.{kind}",
+                    worker=ref.worker,
+                    shard=ref.shard,
+                    entity=job.message.group_id,
+                    message_id=job.message.message_id,
+                    attempt=self.attempt(job.message),
+                    duration=round(duration, 6),
+                    **extra,
+                )
         outcome = Outcome(
             kind,
             ref.worker,
@@ -389,11 +383,32 @@ class Executor:
             worker = self._workers[name] = self._app.worker(name)()
         return worker
 
+    def _rules_for(self, worker: Worker) -> Rules:
+        name = type(worker).__name__
+        rules = self._rules.get(name)
+        if rules is None:
+            rules = self._rules[name] = Rules(
+                max_retries=self._app.settings(name).max_retries,
+                permanent_errors=type(worker).permanent_errors,
+                retry_in=worker.retry_in,
+                max_delay=self._max_retry_delay,
+            )
+        return rules
 
-def _cap(message: Message, delay: float) -> float:
-    """A visibility change may reach at most 12 h after the receive."""
-    room = message.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
-    return max(0.0, min(delay, room))
+
+def _level(kind: str, error: BaseException | None) -> int:
+    """One level per outcome: success at debug, an asked-for retry at info, any other
+    failure (retried or morgued) at warning."""
+    if kind == "succeeded":
+        return logging.DEBUG
+    if kind == "retried" and isinstance(error, Retry):
+        return logging.INFO
+    return logging.WARNING
+
+
+def _enabled(level: int) -> bool:
+    check = getattr(log.bind(), "is_enabled_for", None)
+    return True if check is None else bool(check(level))
 
 
 def _by_entity(messages: list[Message]) -> Iterator[tuple[str, list[Message]]]:

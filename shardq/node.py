@@ -1,62 +1,59 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
 
-Each **lane** owns its shards alone. In a loop it asks its scheduler for the next
-shard with work, takes that shard's waiting batch (or receives one, up to 10
-messages, without waiting) and runs it. A shard whose receive returned fewer than
-10 messages may be empty: it goes to its **poller**, a thread that long-polls that
-one queue (up to ``idle_wait_seconds``, 20 s on SQS) and hands whatever arrives
-back to the lane. So a job published to any idle shard starts about as soon as the
-broker returns it, and an idle shard costs one request per long poll (180 per hour
-on SQS), never a busy loop.
+Each **lane** (:mod:`shardq.lane`) owns its shards alone: its scheduler picks the
+next shard, it runs that shard's batch while its next receives are in flight, and
+hands shards that look empty to the node's idle watch. Every received message is
+held by the node's :class:`~shardq.leases.Leases` until it is settled.
+
+The node's own thread only watches: every quarter second it checks that every part
+is alive (a part that died stops the node with exit code 1: a node never keeps
+running with a dead thread), logs ``node.progress`` now and then, runs the broker's
+housekeeping, and notices when ``--until-empty`` has nothing left.
 
 Shutdown (first SIGTERM/SIGINT, or :meth:`Node.stop`): no new batches start; the
 running ``perform`` calls finish within ``grace_seconds``; every message received
-but not started is released (visible again at once); the process exits 0. A second
-signal exits at once. A message whose job is still running is never released: if
-the grace period runs out it becomes visible when its visibility timeout ends.
+but not started is released (visible again at once), held retries are hidden for
+what is left of their delay, pending deletes are sent, and the process exits 0. A
+second signal exits at once. A message whose job is still running is never
+released: if the grace period runs out it becomes visible when its visibility
+timeout ends. Long polls still waiting on SQS are abandoned, not waited for: a job
+one of them receives afterwards is not run; it is released if the process still
+runs, or reappears after its visibility timeout.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import random
 import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shardq.broker.base import Message, batches
+from shardq.broker.base import Message
 from shardq.errors import BrokerError
-from shardq.executor import Executor, Observer, Tally
-from shardq.heartbeat import Heartbeat
+from shardq.executor import Observer, Tally
+from shardq.lane import Lane, Pollers, Shard, Watcher
+from shardq.leases import HELD, Leases, release_now
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
 from shardq.middleware import notify
 from shardq.plan import Plan, ShardRef, format_plan
-from shardq.scheduler import Scheduler, ShardView
+from shardq.timelimit import TimeLimits
 
 if TYPE_CHECKING:
     from shardq.app import App
 
 log = structlog.get_logger("shardq.node")
 
-
-@dataclass(eq=False)
-class _Shard:
-    """A shard as its lane sees it."""
-
-    ref: ShardRef
-    queue: str
-    visibility_timeout: int
-    waiting: list[Message] = field(default_factory=list)
-    head_sent_at: float | None = None  # sent time of the oldest job believed waiting
-    watched: bool = False
-    last_served: int = 0
+#: Seconds between calls of the broker's housekeeping (``Broker.maintain``).
+MAINTAIN_EVERY_SECONDS = 30.0
+#: Longest wait for pending deletes and releases at shutdown.
+FLUSH_SECONDS = 5.0
 
 
 class Node:
@@ -76,8 +73,17 @@ class Node:
         self.config = app.config
         self.until_empty = until_empty
         self.stopping = threading.Event()
-        self.heartbeat = Heartbeat(app.broker, interval=_heartbeat_interval(app, plan))
-        self.metrics = NodeMetrics(self._lags, self.heartbeat.held_count)
+        threads = max(1, len(plan.threads))
+        self.pool = ThreadPoolExecutor(threads * self.config.prefetch, "shardq-io")
+        self._lease_pool = ThreadPoolExecutor(2 * threads + 2, "shardq-settle")
+        self.leases = Leases(
+            app.broker,
+            self._lease_pool,
+            interval=_lease_interval(app, plan),
+            on_broker_error=self._broker_error,
+        )
+        self.limits = TimeLimits()
+        self.metrics = NodeMetrics(self._lags, self.leases.count)
         self.observers: list[Observer] = [self.metrics, *observers]
         self.metrics_port: int | None = None
         rng = random.Random(seed)
@@ -85,20 +91,27 @@ class Node:
             Lane(self, i, [self._shard(ref) for ref in refs], random.Random(rng.random()))
             for i, refs in enumerate(plan.threads)
         ]
-        self.pollers: dict[int, Poller] = {}
+        self.idle: Pollers | Watcher = Pollers(self)
+        self.failed = False
         self._signals = 0
+        self._progress = _Progress(self)
 
-    def _shard(self, ref: ShardRef) -> _Shard:
+    def _shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
-        queue_name = self.app.shard_queue(ref.worker, ref.shard)
-        return _Shard(ref, queue_name, settings.visibility_timeout)
+        return Shard(ref, self.app.shard_queue(ref.worker, ref.shard), settings.visibility_timeout)
 
     # -- running ---------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped (or drained with ``until_empty``); returns the exit code."""
+        self._install_signal_handlers()
         self._start()
-        quiet = 0
+        quiet, next_maintain = 0, time.monotonic() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
+            self._check_alive()
+            self._progress.maybe_log()
+            if time.monotonic() >= next_maintain:
+                next_maintain = time.monotonic() + MAINTAIN_EVERY_SECONDS
+                self._maintain()
             if self.until_empty:
                 quiet = quiet + 1 if self._drained() else 0
                 if quiet >= 2:
@@ -107,8 +120,6 @@ class Node:
         return self._shutdown()
 
     def _start(self) -> None:
-        self._install_signal_handlers()
-        self._ensure_queues()
         log.info(
             "node.starting",
             node=self.plan.node,
@@ -117,7 +128,19 @@ class Node:
             shards=len(self.plan.shards),
             broker=self.app.broker.kind,
         )
-        log.info("node.plan", plan=format_plan([self.plan]))
+        for line in format_plan([self.plan]).splitlines():
+            log.info("node.plan", line=line)
+        if not self.plan.shards:
+            log.warning(
+                "node.no_shards",
+                node=self.plan.node,
+                nodes=self.plan.nodes,
+                detail="this node owns no shard: there are more nodes than shards; it "
+                "will idle. Run fewer nodes or give the workers more shards.",
+            )
+        self._ensure_queues()
+        if self.stopping.is_set():
+            return
         if self.config.metrics_port is not None:
             self.metrics_port = self.metrics.serve(
                 self.config.metrics_port, self.config.metrics_host
@@ -125,24 +148,58 @@ class Node:
             log.info(
                 "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
             )
+        if self.app.broker.watch([], 0) is not None:
+            self.idle = Watcher(self)
+            self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
-        self.heartbeat.start()
+        self.leases.start()
         for lane in self.lanes:
-            lane.start()
+            if not self.stopping.is_set():
+                lane.start()
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
         self.stopping.set()
         self.app.broker.wake_waiters()
 
-    def watch(self, shard: _Shard, lane: Lane) -> None:
-        """Hand an idle shard to its poller."""
-        shard.watched = True
-        poller = self.pollers.get(id(shard))
-        if poller is None:
-            poller = self.pollers[id(shard)] = Poller(self, shard, lane)
-            poller.start()
-        poller.wake.set()
+    def fail(self, what: str, exc: BaseException) -> None:
+        """A part of the node died for an unexpected reason: stop with exit code 1."""
+        self.failed = True
+        log.error(
+            "node.part_failed",
+            part=what,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+            detail="stopping the node; its jobs are released or reappear",
+        )
+        self.stop()
+
+    # -- what lanes and watchers call ------------------------------------------------
+    def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
+        """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed."""
+        try:
+            messages = self.app.broker.receive(
+                shard.queue,
+                max_messages=MAX_BATCH_ENTRIES,
+                wait_seconds=wait_seconds,
+                visibility_timeout=shard.visibility_timeout,
+            )
+        except BrokerError as exc:
+            self.broker_trouble("receive", shard.queue, exc)
+            return None
+        if messages:
+            self.leases.hold(messages, shard.visibility_timeout)
+        return messages
+
+    def release_straggler(self, messages: list[Message] | None) -> None:
+        """Messages a long poll received after shutdown began: visible again at once."""
+        if messages:
+            self.leases.forget(messages)
+            release_now(self.app.broker, messages)
+
+    def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
+        log.warning(f"node.{operation}_failed", queue=queue, error=str(exc))
+        self._broker_error(operation)
 
     def tally(self) -> Tally:
         total = Tally()
@@ -151,6 +208,9 @@ class Node:
                 for worker, n in getattr(lane.tally, kind).items():
                     total.add(kind, worker, n)
         return total
+
+    def _broker_error(self, operation: str) -> None:
+        self.metrics.broker_error(operation)
 
     def _lags(self) -> list[tuple[str, int, float]]:
         now = time.time()
@@ -164,15 +224,34 @@ class Node:
             for s in lane.shards
         ]
 
-    # -- internals ---------------------------------------------------------------
+    # -- the watching thread -----------------------------------------------------------
+    def _check_alive(self) -> None:
+        dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
+        if not self.leases.alive():
+            dead.append("the lease keeper")
+        if not self.idle.alive():
+            dead.append("the idle watch")
+        if dead and not self.stopping.is_set():
+            self.failed = True
+            log.error("node.thread_died", threads=dead, detail="stopping the node")
+            self.stop()
+
+    def _maintain(self) -> None:
+        try:
+            self.app.broker.maintain()
+        except BrokerError as exc:
+            self.broker_trouble("maintain", None, exc)
+
     def _ensure_queues(self) -> None:
         for ref in self.plan.shards:
+            if self.stopping.is_set():
+                return
             self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard), ref.worker)
         for worker in {ref.worker for ref in self.plan.shards}:
             self.app.ensure_queue(self.app.morgue_queue(worker), worker)
 
     def _drained(self) -> bool:
-        if not all(lane.idle() for lane in self.lanes):
+        if self.leases.count() or not all(lane.idle() for lane in self.lanes):
             return False
         broker = self.app.broker
         try:
@@ -189,15 +268,22 @@ class Node:
         log.info("node.stopping", grace_seconds=self.config.grace_seconds)
         deadline = time.monotonic() + self.config.grace_seconds
         for lane in self.lanes:
-            lane.join(max(0.0, deadline - time.monotonic()))
+            if lane.ident is not None:
+                lane.join(max(0.0, deadline - time.monotonic()))
         stuck = [lane for lane in self.lanes if lane.is_alive()]
-        for poller in self.pollers.values():
-            poller.join(self.config.idle_wait_seconds + 5)
+        self.pool.shutdown(wait=True)  # receives without a wait: one round trip at most
         running = {m.receipt for lane in stuck for m in lane.current}
-        release(
-            self.app, self.heartbeat, [m for m in self.heartbeat.held() if m.receipt not in running]
-        )
-        self.heartbeat.stop()
+        for lane in self.lanes:
+            if lane in stuck:
+                continue
+            for _, _, item in sorted(lane.deferred, key=lambda d: d[0]):
+                self.leases.hide(item.messages, max(0.0, item.due - time.monotonic()))
+        unstarted = [m for m in self.leases.held(HELD) if m.receipt not in running]
+        unstarted.sort(key=lambda m: (m.queue, m.sequence))
+        self.leases.hide(unstarted, 0.0)
+        flushed = self.leases.close(FLUSH_SECONDS)
+        self._lease_pool.shutdown(wait=False)
+        self.limits.close()
         self.metrics.close()
         notify(self.app.middleware, "on_node_stop", self)
         tally = self.tally()
@@ -206,8 +292,16 @@ class Node:
             succeeded=sum(tally.succeeded.values()),
             retried=sum(tally.retried.values()),
             morgued=sum(tally.morgued.values()),
+            released=len(unstarted),
             abandoned_running=len(running),
         )
+        if not flushed:
+            log.warning(
+                "node.unsettled",
+                messages=self.leases.count(),
+                detail="the broker did not confirm every delete or release in time; those "
+                "jobs reappear after their visibility timeout",
+            )
         if stuck:
             log.warning(
                 "node.grace_expired",
@@ -215,7 +309,7 @@ class Node:
                 detail="their messages reappear after their visibility timeout",
             )
             return 3
-        return 1 if any(lane.failed for lane in self.lanes) else 0
+        return 1 if self.failed or any(lane.failed for lane in self.lanes) else 0
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -236,174 +330,39 @@ class Node:
         self.stop()
 
 
-class Lane(threading.Thread):
-    """One node thread: serves its own shards, one batch at a time."""
+class _Progress:
+    """``node.progress`` every ``progress_seconds``: jobs/s per worker and the max lag."""
 
-    def __init__(self, node: Node, index: int, shards: list[_Shard], rng: random.Random) -> None:
-        super().__init__(name=f"shardq-lane-{index}", daemon=True)
-        self.node = node
-        self.shards = shards
-        self.inbox: queue.SimpleQueue[tuple[_Shard, list[Message]]] = queue.SimpleQueue()
-        self.tally = Tally()
-        self.current: list[Message] = []
-        self.failed = False
-        self._scheduler = Scheduler(rng)
-        self._executor = Executor(
-            node.app, node.heartbeat, node.stopping, [self.tally, *node.observers]
-        )
-        self._picks = 0
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._every = node.config.progress_seconds
+        self._last = time.monotonic()
+        self._done: dict[str, int] = {}
 
-    def run(self) -> None:
-        try:
-            self._serve()
-        except Exception:
-            self.failed = True
-            log.exception(
-                "node.lane_failed",
-                lane=self.name,
-                detail="stopping the node; its jobs are released or reappear",
-            )
-            self.node.stop()
-
-    def _serve(self) -> None:
-        for shard in self.shards:  # pollers find out which shards have work
-            self.node.watch(shard, self)
-        while not self.node.stopping.is_set():
-            picked = self._next_shard()
-            if picked is None:
-                continue
-            shard = picked
-            self.current = shard.waiting or self._receive(shard)
-            shard.waiting = []
-            try:
-                if self.current:
-                    self._executor.run_batch(shard.ref, self.current)
-            finally:
-                got, self.current = len(self.current), []
-            if got < MAX_BATCH_ENTRIES:
-                self.node.watch(shard, self)
-
-    def idle(self) -> bool:
-        return (
-            not self.current
-            and self.inbox.empty()
-            and all(s.watched and not s.waiting for s in self.shards)
-        )
-
-    def _next_shard(self) -> _Shard | None:
-        self._collect(block=False)
-        now = time.time()
-        views = [
-            ShardView(
-                s,
-                s.ref.priority,
-                now - s.head_sent_at if s.head_sent_at else 0.0,
-                ready=not s.watched,
-                last_served=s.last_served,
-            )
-            for s in self.shards
-        ]
-        picked = self._scheduler.pick(views)
-        if picked is None:
-            self._collect(block=True)
-            return None
-        self._picks += 1
-        picked.key.last_served = self._picks
-        return picked.key
-
-    def _collect(self, block: bool) -> None:
-        """Take the batches pollers found; wait up to 0.5 s for one if ``block``."""
-        try:
-            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
-        except queue.Empty:
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        if not self._every or now - self._last < self._every:
             return
-        while True:
-            shard, messages = item
-            shard.waiting, shard.watched = messages, False
-            shard.head_sent_at = messages[0].sent_at
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-
-    def _receive(self, shard: _Shard) -> list[Message]:
-        try:
-            messages = self.node.app.broker.receive(
-                shard.queue,
-                max_messages=MAX_BATCH_ENTRIES,
-                wait_seconds=0,
-                visibility_timeout=shard.visibility_timeout,
-            )
-        except BrokerError as exc:
-            log.warning("node.receive_failed", queue=shard.queue, error=str(exc))
-            self.node.metrics.broker_error("receive")
-            return []  # the shard goes to its poller, which backs off
-        self.node.heartbeat.hold(messages, shard.visibility_timeout)
-        if len(messages) == MAX_BATCH_ENTRIES:  # more wait behind: newer than the last one
-            shard.head_sent_at = messages[-1].sent_at
-        return messages
+        tally = self._node.tally()
+        done: dict[str, int] = {}
+        for kind in (tally.succeeded, tally.morgued):
+            for worker, n in kind.items():
+                done[worker] = done.get(worker, 0) + n
+        rates = {
+            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
+        }
+        lags = [lag for _, _, lag in self._node._lags()]
+        log.info(
+            "node.progress",
+            jobs_per_second=rates,
+            done=sum(done.values()),
+            max_lag=round(max(lags, default=0.0), 3),
+            held=self._node.leases.count(),
+        )
+        self._last, self._done = now, done
 
 
-class Poller(threading.Thread):
-    """Long-polls one idle shard and hands the messages that arrive to its lane."""
-
-    def __init__(self, node: Node, shard: _Shard, lane: Lane) -> None:
-        super().__init__(name=f"shardq-poll-{shard.ref}", daemon=True)
-        self.node, self.shard, self.lane = node, shard, lane
-        self.wake = threading.Event()
-
-    def run(self) -> None:
-        node, shard = self.node, self.shard
-        backoff = 0.5
-        while not node.stopping.is_set():
-            if not self.wake.wait(0.5):
-                continue
-            try:
-                messages = node.app.broker.receive(
-                    shard.queue,
-                    max_messages=MAX_BATCH_ENTRIES,
-                    wait_seconds=node.config.idle_wait_seconds,
-                    visibility_timeout=shard.visibility_timeout,
-                )
-            except BrokerError as exc:
-                node.metrics.broker_error("poll")
-                log.warning("node.poll_failed", queue=shard.queue, error=str(exc), retry_in=backoff)
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            if not messages:
-                continue
-            node.heartbeat.hold(messages, shard.visibility_timeout)
-            if node.stopping.is_set():
-                release(node.app, node.heartbeat, messages)
-                return
-            self.wake.clear()
-            self.lane.inbox.put((shard, messages))
-
-
-def release(app: App, heartbeat: Heartbeat, messages: list[Message]) -> None:
-    """Make held messages visible again at once (they were not started)."""
-    heartbeat.drop([m.receipt for m in messages])
-    by_queue: dict[str, list[Message]] = {}
-    for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
-    for queue_name, items in by_queue.items():
-        for chunk in batches(items):
-            try:
-                app.broker.change_visibility_batch(queue_name, [(m.receipt, 0) for m in chunk])
-            except BrokerError as exc:
-                log.warning(
-                    "node.release_failed",
-                    queue=queue_name,
-                    error=str(exc),
-                    detail="they reappear after their visibility timeout",
-                )
-    if messages:
-        log.info("node.released", messages=len(messages))
-
-
-def _heartbeat_interval(app: App, plan: Plan) -> float:
-    """Beat often enough for the shortest visibility timeout of the plan."""
+def _lease_interval(app: App, plan: Plan) -> float:
+    """Extend often enough for the shortest visibility timeout of the plan."""
     shortest = min((app.settings(ref.worker).visibility_timeout for ref in plan.shards), default=60)
     return max(0.1, min(1.0, shortest / 6))

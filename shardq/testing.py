@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,10 +39,11 @@ from typing import TYPE_CHECKING, Any
 from shardq.broker import MemoryBroker
 from shardq.errors import ShardqError
 from shardq.executor import Executor, Outcome
-from shardq.heartbeat import Heartbeat
+from shardq.leases import Leases
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.plan import ShardRef
 from shardq.publisher import Publisher, PublishReport
+from shardq.timelimit import TimeLimits
 
 if TYPE_CHECKING:
     from shardq.app import App
@@ -126,11 +128,14 @@ def drain(app: App, *, max_runs: int = 100_000) -> DrainResult:
     than ``max_runs`` outcomes happen (a job that never stops retrying).
     """
     result = DrainResult()
-    broker = app.broker
-    executor = Executor(app, Heartbeat(broker), threading.Event(), [result], max_retry_delay=0.0)
+    pool = ThreadPoolExecutor(1, "shardq-drain")
+    leases = Leases(app.broker, pool, interval=0.5)
+    leases.start()
+    limits = TimeLimits()
+    executor = Executor(app, leases, limits, threading.Event(), [result], max_retry_delay=0.0)
     _draining.active = True
     try:
-        while _drain_round(app, executor):
+        while _drain_round(app, executor, leases):
             if len(result.runs) > max_runs:
                 raise ShardqError(
                     f"drain stopped after {max_runs} job runs; a job keeps failing and "
@@ -138,10 +143,13 @@ def drain(app: App, *, max_runs: int = 100_000) -> DrainResult:
                 )
     finally:
         _draining.active = False
+        leases.close(10.0)
+        limits.close()
+        pool.shutdown(wait=True)
     return result
 
 
-def _drain_round(app: App, executor: Executor) -> bool:
+def _drain_round(app: App, executor: Executor, leases: Leases) -> bool:
     """Receive once from every shard queue; True if anything ran."""
     progressed = False
     for name in app.workers:
@@ -155,9 +163,14 @@ def _drain_round(app: App, executor: Executor) -> bool:
                 wait_seconds=0,
                 visibility_timeout=settings.visibility_timeout,
             )
-            if messages:
-                executor.run_batch(ShardRef(name, shard, settings.priority), messages)
-                progressed = True
+            if not messages:
+                continue
+            leases.hold(messages, settings.visibility_timeout)
+            retries = executor.run_batch(ShardRef(name, shard, settings.priority), messages)
+            while retries:  # drain retries at once (their delay is capped to 0)
+                retries = [r for d in retries for r in executor.run_batch(d.ref, d.messages)]
+            leases.flush(10.0)
+            progressed = True
     return progressed
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -85,6 +85,19 @@ SETTING_CHECKS = {
 
 
 @dataclass(frozen=True)
+class JobInfo:
+    """One job of the running ``perform`` call (``Worker.jobs``)."""
+
+    message_id: str
+    #: 1-based attempt of this job (receives of its message, less releases by this node).
+    attempt: int
+    #: When it was published (seconds since the epoch, the broker's clock).
+    sent_at: float
+    #: The ``meta`` it was published with.
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     """A worker's effective settings: class attributes with config overrides applied."""
 
@@ -127,6 +140,10 @@ class Worker:
     * ``queue_name``: base of the queue names; defaults from the class name
       (``SyncOrder`` -> ``sync-order``).
     * ``permanent_errors``: exception types that skip retries and go to the morgue.
+
+    Inside ``perform``, ``self.attempt`` is the 1-based attempt of the call's first
+    job and ``self.jobs`` gives each job of the call its message id, attempt, sent
+    time and ``meta``. A worker instance belongs to one node thread.
     """
 
     shards: ClassVar[int] = 1
@@ -139,6 +156,11 @@ class Worker:
     permanent_errors: ClassVar[tuple[type[BaseException], ...]] = (PermanentError,)
 
     app: ClassVar[App | None] = None
+
+    #: Inside ``perform``: the 1-based attempt of the call's first job.
+    attempt: int = 0
+    #: Inside ``perform``: one :class:`JobInfo` per payload of the call, in order.
+    jobs: Sequence[JobInfo] = ()
 
     def __init_subclass__(cls, app: App | None = None, abstract: bool = False, **kw: Any) -> None:
         super().__init_subclass__(**kw)

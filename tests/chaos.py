@@ -69,16 +69,25 @@ OUTAGE_MARGIN = 5.0
 #: Events a node logs when a broker call failed (after boto3's own retries).
 BROKER_TROUBLE = {
     "node.receive_failed",
-    "node.poll_failed",
-    "broker.settle_failed",
+    "node.watch_failed",
+    "lease.request_failed",
+    "lease.lost",
+    "lease.change_failed",
+    "lease.release_failed",
     "job.delete_failed",
     "job.morgue_failed",
-    "heartbeat.extend_failed",
-    "heartbeat.lost",
     "job.lapsed",
 }
 #: Events a node logs when a part of it died or misbehaved.
-CRASHES = {"node.lane_failed", "heartbeat.failed", "observer.failed", "job.retry_in_failed"}
+CRASHES = {
+    "node.lane_failed",
+    "node.part_failed",
+    "node.thread_died",
+    "lease.keeper_failed",
+    "lease.request_crashed",
+    "observer.failed",
+    "job.retry_in_failed",
+}
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,7 @@ class BrokenDeletes(shardq.MemoryBroker):
         raise RuntimeError("bug in the broker")
 
 
-def test_a_lane_that_crashes_stops_the_node_with_exit_1_and_loses_nothing(
+def test_a_broker_bug_in_a_background_thread_stops_the_node_with_exit_1_and_loses_nothing(
     ledger_path: str,
 ) -> None:
     # given a broker whose deletes crash, and one job
@@ -294,7 +294,10 @@ def test_a_lane_that_crashes_stops_the_node_with_exit_1_and_loses_nothing(
         code = Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
     # then the node stops with exit code 1, says why, and the job is still queued
     assert code == 1
-    assert any(e["event"] == "node.lane_failed" for e in logs)
+    assert any(e["event"] == "lease.request_crashed" for e in logs)
+    assert any(
+        e["event"] == "node.thread_died" and e["threads"] == ["the lease keeper"] for e in logs
+    )
     queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
     counts = broker.counts(queue)
     assert counts.waiting + counts.in_flight == 1

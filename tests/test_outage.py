@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ from structlog.testing import capture_logs
 import shardq
 from shardq.config import Config
 from shardq.executor import Executor
-from shardq.heartbeat import Heartbeat
+from shardq.leases import Leases
 from shardq.plan import ShardRef
 from shardq.sharding import shard_for
+from shardq.timelimit import TimeLimits
 from tests import chaos
 from tests import emulator as emu
 from tests.apps import ledger
@@ -49,24 +51,24 @@ def test_a_job_whose_visibility_ran_out_before_it_started_is_not_run(
     app: shardq.App, tmp_path: Path
 ) -> None:
     # given a node that received two jobs of an entity with a 1 s visibility timeout,
-    # and whose heartbeat could not extend them (the broker was away) ...
+    # and whose leases could not extend them (the broker was away: not started) ...
     Ledgered.publish_many([("e", {"n": 0}), ("e", {"n": 1})])
     queue = app.shard_queue("Ledgered", shard_for("e", 3))
     stale = app.broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=1)
-    heartbeat = Heartbeat(app.broker)
-    heartbeat.hold(stale, 1)
+    leases = Leases(app.broker, ThreadPoolExecutor(1))
+    leases.hold(stale, 1)
     time.sleep(1.2)
     # ... so that another node received them once they became visible again
     other = app.broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30)
     assert [m.message_id for m in other] == [m.message_id for m in stale]
     # when the first node gets round to running its batch
-    executor = Executor(app, heartbeat, threading.Event())
+    executor = Executor(app, leases, TimeLimits(), threading.Event())
     with capture_logs() as logs:
         executor.run_batch(ShardRef("Ledgered", shard_for("e", 3), 1), stale)
     # then it runs neither job, says why, and no longer holds them
     assert not (tmp_path / "ledger.jsonl").exists()
     assert [e["event"] for e in logs] == ["job.lapsed", "job.lapsed"]
-    assert heartbeat.held_count() == 0
+    assert leases.count() == 0
     # and the other node still owns them: its deletes succeed
     assert app.broker.delete_batch(queue, [m.receipt for m in other]).failed == {}
 
@@ -76,17 +78,22 @@ def test_a_message_whose_extension_the_broker_refused_is_lapsed(app: shardq.App)
     Ledgered.publish("e", {"n": 0})
     queue = app.shard_queue("Ledgered", shard_for("e", 3))
     (message,) = app.broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=30)
-    heartbeat = Heartbeat(app.broker)
-    heartbeat.hold([message], 30)
-    assert not heartbeat.lapsed([message.receipt])
+    leases = Leases(app.broker, ThreadPoolExecutor(1), interval=0.1)
+    leases.hold([message], 30)
+    assert not leases.lapsed(message)
     # when the broker refuses the extension (another consumer deleted the message)
     app.broker.delete_batch(queue, [message.receipt])
-    heartbeat.hold([message], 0.5)  # due at once
-    heartbeat.beat()
-    # then the message is lapsed until the node drops it
-    assert heartbeat.lapsed([message.receipt])
-    heartbeat.drop([message.receipt])
-    assert not heartbeat.lapsed([message.receipt])
+    with capture_logs() as logs:
+        leases.hold([message], 0.5)  # due at once
+        leases.start()
+        deadline = time.monotonic() + 5
+        while not any(e["event"] == "lease.lost" for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    # then the message is lapsed (before its visibility ends) until the node forgets it
+    assert leases.lapsed(message)
+    leases.forget([message])
+    assert not leases.lapsed(message)
+    leases.close(1)
 
 
 # -- the emulator stopped for 10 s mid-run ------------------------------------------------

@@ -59,10 +59,15 @@ class SqsBroker(Broker):
     ) -> None:
         if client is None:
             config = botocore.config.Config(
-                retries={"mode": "standard", "max_attempts": 5},
+                # Few quick retries: callers retry on their own terms (the leases back
+                # off per message), and a request stuck in long retries holds a thread.
+                retries={"mode": "standard", "max_attempts": 3},
                 max_pool_connections=max_connections,
                 connect_timeout=5,
                 read_timeout=MAX_WAIT_SECONDS + 15,
+                # shardq checks every request before it is made (names, sizes, counts):
+                # botocore's own validation of each request is pure overhead.
+                parameter_validation=False,
             )
             try:
                 client = boto3.session.Session().client(

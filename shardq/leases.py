@@ -1,0 +1,383 @@
+"""The one owner of received jobs: hold, extend, detect lapse, settle.
+
+Every message a node receives is *held* here until it is settled, and only here:
+
+* **extend**: when less than half of a held message's visibility timeout remains,
+  its visibility is extended by a full timeout (within 12 h of the receive), so no
+  other node sees a job that runs or waits its turn here, however long it takes;
+* **lapse**: a message whose visibility ran out before an extension, or whose
+  extension the broker refused, is *lapsed*: another node may have received it, so
+  it must not be started here (:meth:`Leases.lapsed`);
+* **settle**: :meth:`Leases.delete` (the job is done), :meth:`Leases.hide` (visible
+  again after N seconds; 0 releases it at once) or :meth:`Leases.forget` (stop
+  extending, let the broker's timeout return it).
+
+Settling is asynchronous: the caller goes on while a small pool sends the requests,
+batched per queue (10 entries each, changes and extensions together). A message
+being deleted stays held, and extended, until the broker confirms the delete, so a
+kill -9 at any moment loses nothing. A message being hidden or released is never
+extended again, and a change is never sent while an extension of the same message
+is in flight. Changes of one message group go out in the order they were asked
+for, each after the previous one completed, so a later job of an entity never
+becomes visible before an earlier one.
+
+One policy for every request: a broker error is logged (``lease.request_failed``),
+counted, and retried with backoff for as long as the message is still held by this
+node; an entry the broker refuses (its receipt expired: the message is visible
+again or was received elsewhere) is logged once and dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor as Pool
+from dataclasses import dataclass, field
+
+import structlog
+
+from shardq.broker.base import BatchResult, Broker, Message
+from shardq.errors import BrokerError
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+
+log = structlog.get_logger("shardq.leases")
+
+HELD, DELETE, CHANGE = "held", "delete", "change"
+#: How long a settle waits for more of its queue's settles to fill a batch.
+LINGER_SECONDS = 0.005
+#: Longest wait between tries of a failed request.
+MAX_BACKOFF_SECONDS = 5.0
+
+
+@dataclass(eq=False)
+class Lease:
+    """One held message."""
+
+    message: Message
+    visibility_timeout: float
+    expires: float  # monotonic time at which the message becomes visible again
+    state: str = HELD
+    seconds: float = 0.0  # for CHANGE: visible again after this many seconds
+    asked: float = 0.0  # monotonic time the settle was asked for
+    not_before: float = 0.0  # backoff after a failed request
+    tries: int = 0
+    busy: bool = False  # a request about it is in flight
+    lost: bool = False
+
+
+@dataclass
+class _Request:
+    queue: str
+    kind: str  # DELETE or CHANGE (settle changes and extensions)
+    leases: list[Lease] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    extends: list[bool] = field(default_factory=list)  # per entry: an extension, not a settle
+    urgent: bool = False  # holds an extension: send at once
+
+
+class Leases:
+    """Held messages of one node (or of one ``drain``). Thread-safe."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        pool: Pool,
+        *,
+        interval: float = 1.0,
+        on_broker_error: Callable[[str], None] = lambda operation: None,
+    ) -> None:
+        self._broker = broker
+        self._pool = pool
+        self._interval = interval
+        self._on_broker_error = on_broker_error
+        self._cond = threading.Condition()
+        self._held: dict[str, Lease] = {}  # by receipt
+        self._settling: list[Lease] = []  # in the order the settles were asked for
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
+        self.failed: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        """False once the keeper died or a request failed for an unexpected reason."""
+        return self.failed is None and (self._thread.is_alive() or self._closed)
+
+    def close(self, timeout: float) -> bool:
+        """Send every pending settle (waiting up to ``timeout``), then stop extending.
+        True if nothing was left unsettled."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        return done
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every settle asked for so far was sent and answered."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify_all()
+            while self._settling:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    # -- holding -----------------------------------------------------------------
+    def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
+        """Hold messages just received with ``visibility_timeout``."""
+        now = time.monotonic()
+        with self._cond:
+            for m in messages:
+                self._held[m.receipt] = Lease(m, visibility_timeout, now + visibility_timeout)
+
+    def lapsed(self, message: Message) -> bool:
+        """True if this message is no longer this node's to run (see the module doc).
+        A message not held here is not lapsed."""
+        with self._cond:
+            lease = self._held.get(message.receipt)
+            return lease is not None and (lease.lost or lease.expires <= time.monotonic())
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    def held(self, state: str | None = None) -> list[Message]:
+        """Messages held (in one ``state``: held, delete or change)."""
+        with self._cond:
+            return [
+                lease.message
+                for lease in self._held.values()
+                if state is None or lease.state == state
+            ]
+
+    # -- settling ----------------------------------------------------------------
+    def delete(self, messages: Sequence[Message]) -> None:
+        """The jobs are done: delete them (they stay held until the broker confirms)."""
+        self._settle(messages, DELETE, 0.0)
+
+    def hide(self, messages: Sequence[Message], seconds: float) -> None:
+        """Make the messages visible again after ``seconds`` (0: at once), in order."""
+        self._settle(messages, CHANGE, seconds)
+
+    def forget(self, messages: Iterable[Message]) -> None:
+        """Stop extending; the broker returns them when their visibility ends."""
+        with self._cond:
+            for m in messages:
+                lease = self._held.pop(m.receipt, None)
+                if lease is not None and lease in self._settling:
+                    self._settling.remove(lease)
+
+    def _settle(self, messages: Sequence[Message], kind: str, seconds: float) -> None:
+        now = time.monotonic()
+        with self._cond:
+            for m in messages:
+                lease = self._held.get(m.receipt)
+                if lease is None or lease.state != HELD:
+                    continue
+                cap = m.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
+                lease.state, lease.seconds, lease.asked = kind, max(0.0, min(seconds, cap)), now
+                self._settling.append(lease)
+            self._cond.notify_all()
+
+    # -- the keeper's loop ---------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            with self._cond:
+                while not self._closed:
+                    wait = self._dispatch(time.monotonic())
+                    self._cond.wait(wait)
+        except BaseException as exc:  # the node notices and stops: see Node.run
+            self.failed = exc
+            log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
+
+    def _dispatch(self, now: float) -> float:
+        """Send what is due (lock held); returns how long to wait for the next thing."""
+        wait = self._interval
+        requests: dict[tuple[str, str], list[_Request]] = {}
+        groups: dict[tuple[str, str], _Request | None] = {}  # None: wait for an earlier change
+        added: set[int] = set()
+        for lease in self._settling:
+            m = lease.message
+            key = (m.queue, m.group_id)
+            waiting = lease.busy or lease.not_before > now
+            if lease.not_before > now:
+                wait = min(wait, lease.not_before - now)
+            if lease.state == CHANGE:
+                if key in groups and groups[key] is None:
+                    continue
+                if waiting:
+                    groups[key] = None  # later changes of the group wait for this one
+                    continue
+                into = groups.get(key)
+                if into is not None and len(into.leases) >= MAX_BATCH_ENTRIES:
+                    continue
+                groups[key] = self._add(requests, lease, CHANGE, lease.seconds, False, into)
+            elif not waiting:
+                self._add(requests, lease, DELETE, 0.0)
+            else:
+                continue
+            added.add(id(lease))
+        for lease in self._held.values():  # extensions
+            if lease.busy or lease.lost or lease.state == CHANGE or id(lease) in added:
+                continue
+            margin = max(lease.visibility_timeout / 2, 2 * self._interval)
+            due_in = lease.expires - now - margin
+            if due_in > 0:
+                wait = min(wait, due_in)
+                continue
+            room = lease.message.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
+            if room <= 0:
+                lease.lost = True
+                log.warning(
+                    "lease.cap_reached",
+                    queue=lease.message.queue,
+                    message_id=lease.message.message_id,
+                    detail="12 h since the receive; the broker will deliver this job again",
+                )
+                continue
+            request = self._add(requests, lease, CHANGE, min(lease.visibility_timeout, room), True)
+            request.urgent = True
+        for items in requests.values():
+            for request in items:
+                oldest = min(x.asked for x in request.leases)
+                young = now - oldest < LINGER_SECONDS
+                filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
+                if young and filling and not self._closed:
+                    wait = min(wait, LINGER_SECONDS - (now - oldest))
+                    continue  # let it fill up a little
+                for lease in request.leases:
+                    lease.busy = True
+                self._pool.submit(self._send, request, time.monotonic())
+        return max(0.001, wait)
+
+    def _add(
+        self,
+        requests: dict[tuple[str, str], list[_Request]],
+        lease: Lease,
+        kind: str,
+        seconds: float,
+        extend: bool = False,
+        into: _Request | None = None,
+    ) -> _Request:
+        if into is None:
+            bucket = requests.setdefault((lease.message.queue, kind), [])
+            if not bucket or len(bucket[-1].leases) >= MAX_BATCH_ENTRIES:
+                bucket.append(_Request(lease.message.queue, kind))
+            into = bucket[-1]
+        into.leases.append(lease)
+        into.seconds.append(seconds)
+        into.extends.append(extend)
+        return into
+
+    # -- one request, in a pool thread ------------------------------------------------
+    def _send(self, request: _Request, sent: float) -> None:
+        receipts = [lease.message.receipt for lease in request.leases]
+        try:
+            if request.kind == DELETE:
+                result = self._broker.delete_batch(request.queue, receipts)
+            else:
+                result = self._broker.change_visibility_batch(
+                    request.queue, list(zip(receipts, request.seconds, strict=True))
+                )
+            error: BaseException | None = None
+        except BrokerError as exc:
+            result, error = BatchResult(), exc
+        except Exception as exc:  # a bug, not an outage: the node stops (see alive())
+            log.exception("lease.request_crashed", queue=request.queue)
+            self.failed = exc
+            result, error = BatchResult(), exc
+        with self._cond:
+            self._answered(request, sent, result, error)
+            self._cond.notify_all()
+
+    def _answered(
+        self, request: _Request, sent: float, result: BatchResult, error: BaseException | None
+    ) -> None:
+        now = time.monotonic()
+        if error is not None:
+            self._on_broker_error("delete" if request.kind == DELETE else "visibility")
+            log.warning(
+                "lease.request_failed",
+                queue=request.queue,
+                operation=request.kind,
+                messages=len(request.leases),
+                error=str(error),
+            )
+        entries = zip(request.leases, request.seconds, request.extends, strict=True)
+        for lease, seconds, extension in entries:
+            lease.busy = False
+            receipt = lease.message.receipt
+            if extension:
+                if error is None and receipt in result.failed:
+                    lease.lost = True
+                    log.warning(
+                        "lease.lost",
+                        queue=request.queue,
+                        message_id=lease.message.message_id,
+                        reason=result.failed[receipt],
+                    )
+                elif error is None:
+                    lease.expires = sent + seconds  # counted from when it was sent
+                continue  # a failed extension: the next round tries again
+            if error is not None:
+                if lease.expires > now:
+                    lease.tries += 1
+                    lease.not_before = now + min(MAX_BACKOFF_SECONDS, 0.2 * 2**lease.tries)
+                    continue
+                self._gave_up(lease, "the broker was unreachable until its visibility ran out")
+            elif receipt in result.failed:
+                self._gave_up(lease, result.failed[receipt])
+            else:
+                self._drop(lease)
+
+    def _gave_up(self, lease: Lease, reason: str) -> None:
+        m = lease.message
+        log.warning(
+            "job.delete_failed" if lease.state == DELETE else "lease.change_failed",
+            queue=m.queue,
+            entity=m.group_id,
+            message_id=m.message_id,
+            reason=reason,
+            detail="the job ran but may be delivered again"
+            if lease.state == DELETE
+            else "it becomes visible when its current visibility ends",
+        )
+        self._drop(lease)
+
+    def _drop(self, lease: Lease) -> None:
+        self._held.pop(lease.message.receipt, None)
+        if lease in self._settling:
+            self._settling.remove(lease)
+
+
+def release_now(broker: Broker, messages: Sequence[Message]) -> int:
+    """Make held messages visible again at once, in this thread, in order (for callers
+    without a node: admin operations, and long polls that answered after shutdown).
+    Failures are logged, never raised: a message not released reappears after its
+    visibility timeout. Returns how many were released."""
+    released = 0
+    by_queue: dict[str, list[Message]] = {}
+    for m in messages:
+        by_queue.setdefault(m.queue, []).append(m)
+    for queue, items in by_queue.items():
+        items.sort(key=lambda m: m.sequence)
+        for start in range(0, len(items), MAX_BATCH_ENTRIES):
+            chunk = items[start : start + MAX_BATCH_ENTRIES]
+            try:
+                result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])
+            except BrokerError as exc:
+                log.warning(
+                    "lease.release_failed",
+                    queue=queue,
+                    messages=len(chunk),
+                    error=str(exc),
+                    detail="they reappear after their visibility timeout",
+                )
+                continue
+            released += len(chunk) - len(result.failed)
+    return released

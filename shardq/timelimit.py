@@ -1,0 +1,112 @@
+"""Time limits: a ``perform`` that runs past its worker's ``time_limit`` fails.
+
+Python cannot kill a thread. :class:`TimeLimits` raises :class:`TimeLimitExceeded`
+inside the overrunning thread, where it arrives at the next Python bytecode the
+thread runs. Code blocked inside a C call (a socket read with no timeout,
+``time.sleep``, a database driver call) is interrupted only when that call
+returns. Until ``perform`` actually ends, its messages stay held (the lease keeper
+keeps them invisible), so the entity never runs twice at once. Put timeouts on
+your I/O.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+T = TypeVar("T")
+log = structlog.get_logger("shardq.timelimit")
+
+
+class TimeLimitExceeded(Exception):
+    """Raised inside ``perform`` when it runs longer than the worker's ``time_limit``."""
+
+
+@dataclass
+class _Running:
+    thread_id: int
+    deadline: float
+    fired: bool = False
+    done: bool = False
+
+
+class TimeLimits:
+    """Watches running ``perform`` calls that have a time limit (one thread per node,
+    started on first use, idle while nothing limited runs)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running: dict[int, _Running] = {}
+        self._next_token = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run(self, fn: Callable[[], T], time_limit: float | None) -> tuple[T | None, bool]:
+        """Run ``fn`` in this thread; returns (result, overran).
+
+        ``overran`` is True when the time limit passed, even if ``fn`` swallowed the
+        :class:`TimeLimitExceeded` raised in it.
+        """
+        if time_limit is None:
+            return fn(), False
+        with self._cond:
+            token = self._next_token = self._next_token + 1
+            self._running[token] = _Running(threading.get_ident(), time.monotonic() + time_limit)
+            self._ensure_thread()
+            self._cond.notify()
+        try:
+            return fn(), self._finish(token)
+        except TimeLimitExceeded:
+            self._finish(token)
+            raise
+        except BaseException:
+            if self._finish(token):
+                raise TimeLimitExceeded(f"perform ran longer than {time_limit} s") from None
+            raise
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _finish(self, token: int) -> bool:
+        with self._cond:
+            job = self._running.pop(token, None)
+            if job is None:
+                return True
+            job.done = True
+            if job.fired:  # a raise that has not been delivered yet must not escape
+                _async_raise(job.thread_id, None)
+            return job.fired
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._watch, name="shardq-timelimits", daemon=True
+            )
+            self._thread.start()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                pending = [j for j in self._running.values() if not j.fired and not j.done]
+                for job in pending:
+                    if now >= job.deadline:
+                        job.fired = True
+                        _async_raise(job.thread_id, TimeLimitExceeded)
+                waits = [j.deadline - now for j in pending if not j.fired]
+                self._cond.wait(max(0.005, min(waits)) if waits else 1.0)
+
+
+def _async_raise(thread_id: int, exc: Any) -> None:
+    """Raise ``exc`` (a class, or None to cancel) asynchronously in a thread."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
