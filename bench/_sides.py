@@ -117,7 +117,8 @@ def sides(args: argparse.Namespace) -> Iterator[list[Side]]:
             subprocess.run(["tar", "-xf", str(archive), "-C", tmp], check=True)
             # compile now, so the base does not pay for it inside a timed phase
             subprocess.run([sys.executable, "-m", "compileall", "-q", tmp], check=True)
-            out.insert(0, Side("base", Path(tmp), f"git archive {commit} ({args.base_rev})"))
+            label = f"git archive {commit} ({args.base_rev})"
+            out.insert(0, Side("base", Path(tmp).resolve(), label))
         yield out
 
 
@@ -152,6 +153,23 @@ def run_child(
         f"{side.name} child exited {proc.returncode} without a result; stdout:\n"
         f"{proc.stdout[-2000:]}\nstderr ({log_path}):\n{tail}"
     )
+
+
+def origin(side: Side, cwd: str) -> str:
+    """Where ``python -m shardq`` run in ``cwd`` with the side's environment imports
+    shardq from; exits if that is not the side's checkout."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import shardq; print(shardq.__file__)"],
+        env=side.env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = Path(out.stdout.strip()).resolve()
+    if not path.is_relative_to(side.path):
+        sys.exit(f"{side.name}: shardq imports from {path}, not from {side.path}")
+    return str(path.parent)
 
 
 # -- ministack behind the latency proxy -------------------------------------------------
