@@ -243,6 +243,12 @@ def stop_pid(proc: subprocess.Popen[str] | subprocess.Popen[bytes], grace: float
             proc.wait()
 
 
+def in_turn(pair: list[Side], rnd: int) -> list[Side]:
+    """The sides in round ``rnd``'s order: base first in even rounds (0, 2, ...), current
+    first in odd ones, so an effect of going first or second cancels over two rounds."""
+    return pair if rnd % 2 == 0 else pair[::-1]
+
+
 # -- the ledger of lane_worker.Ledger -------------------------------------------------------
 def read_ledger(prefix: str) -> list[tuple[str, int, float]]:
     """Every success recorded in the ``prefix.<pid>`` files, in time order."""

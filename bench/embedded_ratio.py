@@ -7,7 +7,8 @@ Exact command (from the repo root)::
 
 With ``--base-rev 197a6ab`` (``git archive`` of that revision in a temporary
 directory) or ``--base PATH`` the base checkout is measured too, alternating with the
-current one (``--current PATH``, default this checkout) for ``--rounds`` rounds, and
+current one (``--current PATH``, default this checkout) for ``--rounds`` rounds (base
+first in odd rounds, current first in even ones), and
 the table gets a current/base row. Each side runs in its own child process with
 ``PYTHONPATH=<checkout>:bench`` (``bench/_sides.py``, ``bench/_side_child.py``).
 
@@ -39,7 +40,7 @@ import tempfile
 from typing import Any
 
 from _common import machine, table
-from _sides import add_side_args, command_line, median, ratio, run_child, sides
+from _sides import add_side_args, command_line, in_turn, median, ratio, run_child, sides
 
 
 def main() -> None:
@@ -69,7 +70,7 @@ def main() -> None:
                 print(f"{side.name}: {side.label}", flush=True)
             runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in pair}
             for rnd in range(args.rounds):
-                for side in pair:
+                for side in in_turn(pair, rnd):
                     work = os.path.join(tmp, f"{side.name}-{rnd}")
                     os.mkdir(work)
                     spec = {

@@ -3,11 +3,12 @@
 Compares two checkouts of shardq side by side and reports ratios (current / base),
 not absolute times, so the machine's noise is shared: each side runs in its own child
 process with ``PYTHONPATH=<checkout>:bench`` (``bench/_sides.py``), the sides
-alternate (base, current, base, current, ...) for ``--rounds`` rounds, and both talk
-to the same ministack (``tests/emulator.py``) through the counting proxy
-``bench/peers/proxy.py --latency-ms 20`` (every request held 20 ms before it is
-forwarded: about an SQS round trip within a region). All on 127.0.0.1; ministack and
-the proxy are stopped by pid at the end.
+alternate per scenario for ``--rounds`` rounds (base then current in odd rounds,
+current then base in even ones, so going first or second weighs the same on both:
+keep rounds even), and both talk to the same ministack (``tests/emulator.py``)
+through the counting proxy ``bench/peers/proxy.py --latency-ms 20`` (every request
+held 20 ms before it is forwarded: about an SQS round trip within a region). All on
+127.0.0.1; ministack and the proxy are stopped by pid at the end.
 
 Exact command (from the repo root; the base is ``git archive 197a6ab shardq`` in a
 temporary directory, the current side this checkout)::
@@ -45,7 +46,11 @@ until_empty=True).run()``. Figures per run:
 
 Tables show the median over rounds per side and the ratio current/base (for jobs/s
 above 1 is better, for CPU per job below 1 is better); failing-scenario errors are
-summed over rounds. Nothing is written to the repository; ``--keep`` keeps the
+summed over rounds. Two runs of identical code at ``--jobs 500`` differed by up to
+20 % in CPU per job (a fixed cost per run, spread over few jobs, on a shared machine):
+judge CPU ratios at the full size. ``wall`` at 197a6ab includes up to
+``idle_wait_seconds`` of shutdown (pollers finish their long poll), see
+``bench/shutdown_times.py``. Nothing is written to the repository; ``--keep`` keeps the
 temporary directory (child logs, ledgers) and prints its path.
 """
 
@@ -64,6 +69,7 @@ from _sides import (
     check_ledger,
     command_line,
     emulator_behind_proxy,
+    in_turn,
     median,
     ratio,
     read_ledger,
@@ -124,7 +130,7 @@ def main() -> None:
             }
             for rnd in range(args.rounds):
                 for scenario in scenarios:
-                    for side in pair:
+                    for side in in_turn(pair, rnd):
                         res = run_one(args, side, scenario, rnd, up, tmp)
                         if not any(runs[s][side.name] for s in scenarios):
                             print(f"  {side.name} imports shardq from {res['shardq']}")

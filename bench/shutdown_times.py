@@ -16,7 +16,8 @@ file (``sqs://`` at the proxy, a fresh queue prefix, ``idle_wait_seconds``
 ``--shards`` shards, log format and level left at their defaults: JSON at info on
 stderr, kept in a temp file), the way the tests start node processes.
 
-For each of ``--repeats`` repeats, sides alternating (base, current):
+For each of ``--repeats`` repeats, sides alternating (base first in odd repeats,
+current first in even ones):
 
 * ``idle``: start ``shardq run``, wait for its first log line and ``--settle`` s more
   (every shard long-polling an empty queue), send SIGTERM, and time until the
@@ -54,6 +55,7 @@ from _sides import (
     check_ledger,
     command_line,
     emulator_behind_proxy,
+    in_turn,
     median,
     origin,
     ratio,
@@ -105,7 +107,7 @@ def main() -> None:
             }
             for rep in range(args.repeats):
                 for case in CASES:
-                    for side in pair:
+                    for side in in_turn(pair, rep):
                         work = os.path.join(tmp, f"{case}-{side.name}-{rep}")
                         os.mkdir(work)
                         measure = idle if case == "idle" else until_empty
