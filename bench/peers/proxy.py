@@ -11,9 +11,14 @@ string or the form body (query protocol). ReceiveMessage answers are also sorted
 Counts are served at ``GET /__proxy/counts`` (JSON, never forwarded), so a driver can
 snapshot them before and after each phase and take the difference.
 
+``--latency-ms MS`` holds every forwarded request for MS milliseconds before sending it
+upstream (each connection on its own, so concurrent requests wait concurrently): an
+emulator on the same machine then answers about as late as SQS in the same region.
+The counts endpoint is answered at once.
+
 Run (the runner does this itself and stops it by its pid)::
 
-    python bench/peers/proxy.py --upstream http://127.0.0.1:4566 [--port 0]
+    python bench/peers/proxy.py --upstream http://127.0.0.1:4566 [--port 0] [--latency-ms 20]
 
 It prints ``PROXY <port>`` on stdout once it listens.
 """
@@ -107,7 +112,10 @@ def rebuild(start: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> by
 
 
 async def handle(
-    client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream: tuple[str, int]
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    upstream: tuple[str, int],
+    latency: float = 0.0,
 ) -> None:
     up_r = up_w = None
     try:
@@ -133,6 +141,8 @@ async def handle(
             body = await read_body(client_r, headers, until_eof=False)
             action = action_of(start, headers, body)
             COUNTS[action] += 1
+            if latency > 0:
+                await asyncio.sleep(latency)
             if up_w is None:
                 up_r, up_w = await asyncio.open_connection(*upstream)
             up_w.write(rebuild(start, headers, body))
@@ -172,11 +182,11 @@ async def handle(
                     await writer.wait_closed()
 
 
-async def serve(port: int, upstream: str) -> None:
+async def serve(port: int, upstream: str, latency: float = 0.0) -> None:
     parts = urlsplit(upstream)
     target = (parts.hostname or "127.0.0.1", parts.port or 80)
     server = await asyncio.start_server(
-        lambda r, w: handle(r, w, target), "127.0.0.1", port, limit=2**24, backlog=512
+        lambda r, w: handle(r, w, target, latency), "127.0.0.1", port, limit=2**24, backlog=512
     )
     bound = server.sockets[0].getsockname()[1]
     print(f"PROXY {bound}", flush=True)
@@ -189,11 +199,19 @@ def main() -> None:
     parser.add_argument("--upstream", required=True, help="emulator URL, http://127.0.0.1:PORT")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free)")
     parser.add_argument("--log", help="write one line per request here (for debugging)")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="hold each request this long before forwarding it (default 0)",
+    )
     args = parser.parse_args()
+    if args.latency_ms < 0:
+        parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
     if args.log:
         LOG.append(open(args.log, "w", buffering=1))  # noqa: SIM115
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, args.upstream))
+        asyncio.run(serve(args.port, args.upstream, args.latency_ms / 1000.0))
     sys.exit(0)
 
 
