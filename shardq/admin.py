@@ -10,10 +10,11 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardq.app import App
-from shardq.errors import ConfigError
+from shardq.errors import ConfigError, ShardqError
 from shardq.morgue import MorgueQueue, MorgueRecord, payload_of
 from shardq.stats import collect
 
@@ -21,6 +22,89 @@ EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
 
 Loader = Callable[[argparse.Namespace], App]
 RAW = argparse.RawDescriptionHelpFormatter
+BODY_FORMS = '{"message_ids": [...]}, {"entity": "..."}, both, or {"all": true}'
+ARG_FORMS = "--entity ID, --id MESSAGE_ID (repeatable), both, or --all"
+
+
+class SelectionError(ShardqError, ValueError):
+    """A requeue or purge does not say exactly which dead jobs: nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The dead jobs a requeue or purge acts on: those of ``entity`` and/or with one of
+    ``message_ids``, or every one (``everything``). "Every one" is only ever said
+    explicitly: no selection, an unknown key or a contradiction is refused."""
+
+    entity: str | None = None
+    message_ids: tuple[str, ...] | None = None
+    everything: bool = False
+
+    @classmethod
+    def from_body(cls, doc: Any) -> Selection:
+        """From a JSON API body such as ``{"entity": "order-42"}`` or ``{"all": true}``."""
+        if not isinstance(doc, dict):
+            raise SelectionError(f"the request body must be a JSON object: {BODY_FORMS}")
+        unknown = sorted(set(doc) - {"all", "entity", "message_ids"})
+        if unknown:
+            raise SelectionError(
+                f"unknown key {', '.join(map(repr, unknown))}: nothing was changed; "
+                f"send {BODY_FORMS}"
+            )
+        if "all" in doc and doc["all"] is not True:
+            raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
+        return cls._checked(doc.get("entity"), doc.get("message_ids"), "all" in doc, BODY_FORMS)
+
+    @classmethod
+    def from_args(cls, entity: str | None, ids: list[str] | None, everything: bool) -> Selection:
+        """From the ``--entity``, ``--id`` and ``--all`` options of ``shardq morgue``."""
+        return cls._checked(entity, ids, everything, ARG_FORMS)
+
+    @classmethod
+    def _checked(cls, entity: Any, ids: Any, everything: bool, forms: str) -> Selection:
+        if entity is not None and not (isinstance(entity, str) and entity):
+            raise SelectionError("entity must be a non-empty string")
+        if ids is not None and not (
+            isinstance(ids, list) and all(isinstance(i, str) and i for i in ids)
+        ):
+            raise SelectionError("message_ids must be a list of non-empty strings")
+        if everything and (entity is not None or ids is not None):
+            raise SelectionError(
+                "all means every dead job: give it alone, not with an entity or ids"
+            )
+        if not everything and entity is None and ids is None:
+            raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
+        return cls(entity, None if ids is None else tuple(ids), everything)
+
+    @property
+    def empty(self) -> bool:
+        """True if it names no job at all (an empty list of ids)."""
+        return self.message_ids == ()
+
+    def describe(self, worker: str) -> str:
+        """``dead SyncOrder jobs of entity order-42``, ``dead SyncOrder jobs (all of them)``."""
+        if self.everything:
+            return f"dead {worker} jobs (all of them)"
+        parts = [
+            f" of entity {self.entity}" if self.entity else "",
+            f" with ids {', '.join(self.message_ids)}" if self.message_ids else "",
+        ]
+        return f"dead {worker} jobs" + "".join(parts)
+
+
+def act(
+    app: App,
+    worker: str,
+    action: str,
+    selection: Selection,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many."""
+    if selection.empty:
+        return 0
+    morgue = MorgueQueue(app, worker)
+    op = morgue.requeue if action == "requeue" else morgue.purge
+    return op(selection.entity, selection.message_ids, progress=progress)
 
 
 def add_commands(
@@ -59,13 +143,14 @@ def add_commands(
             "send dead jobs back to the tail of their entity's jobs",
             _morgue_requeue,
             "  shardq morgue requeue SyncOrder --entity order-42\n"
-            "  shardq morgue requeue SyncOrder            # every dead SyncOrder job\n",
+            "  shardq morgue requeue SyncOrder --all      # every dead SyncOrder job\n",
         ),
         (
             "purge",
             "delete dead jobs for good",
             _morgue_purge,
-            "  shardq morgue purge SyncOrder --entity order-42 --yes\n",
+            "  shardq morgue purge SyncOrder --entity order-42 --yes\n"
+            "  shardq morgue purge SyncOrder --all --yes\n",
         ),
     ]:
         p = actions.add_parser(
@@ -84,6 +169,13 @@ def add_commands(
         if name == "list":
             p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
             p.add_argument("--json", action="store_true", help="one JSON object per line")
+        else:
+            p.add_argument(
+                "--all",
+                action="store_true",
+                dest="everything",
+                help="every dead job of the worker (required when no --entity or --id)",
+            )
         if name == "purge":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
@@ -197,25 +289,27 @@ def _morgue_list(app: App, args: argparse.Namespace) -> int:
 
 
 def _morgue_requeue(app: App, args: argparse.Namespace) -> int:
-    n = MorgueQueue(app, args.worker).requeue(args.entity, args.ids, progress=_progress("requeued"))
+    selection = Selection.from_args(args.entity, args.ids, args.everything)
+    n = act(app, args.worker, "requeue", selection, progress=_progress("requeued"))
     print(
-        f"requeued {n} dead {args.worker} jobs{_scope(args)}, each at the tail of its "
-        "entity's jobs",
+        f"requeued {n} {selection.describe(args.worker)}, each at the tail of its entity's jobs",
         file=sys.stderr,
     )
     return EXIT_OK
 
 
 def _morgue_purge(app: App, args: argparse.Namespace) -> int:
+    selection = Selection.from_args(args.entity, args.ids, args.everything)
+    scope = selection.describe(args.worker)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete dead {args.worker} jobs{_scope(args)} for good? [y/N] ")
+        answer = input(f"delete {scope} for good? [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    n = MorgueQueue(app, args.worker).purge(args.entity, args.ids, progress=_progress("purged"))
-    print(f"purged {n} dead {args.worker} jobs{_scope(args)}", file=sys.stderr)
+    n = act(app, args.worker, "purge", selection, progress=_progress("purged"))
+    print(f"purged {n} {scope}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -296,14 +390,6 @@ def _progress(verb: str) -> Callable[[int], None]:
         print(f"  {verb} {done}...", end=end, file=sys.stderr, flush=True)
 
     return report
-
-
-def _scope(args: argparse.Namespace) -> str:
-    parts = [
-        f" of entity {args.entity}" if args.entity else "",
-        f" with ids {', '.join(args.ids)}" if args.ids else "",
-    ]
-    return "".join(parts)
 
 
 def _age(seconds: float | None) -> str:

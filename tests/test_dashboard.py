@@ -10,6 +10,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 
 import shardq
 from shardq.broker import MemoryBroker
+from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import NO_THROUGHPUT, DashboardServer, Sampler, make_server, parse_metrics
 from shardq.errors import ConfigError
@@ -282,8 +284,15 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
         {"purged": 1},
     )
     assert [j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder")[1]] == ["o1"]
-    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", {}) == (200, {"requeued": 1})
-    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {}) == (200, {"purged": 0})
+    everything = {"all": True}
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", everything) == (
+        200,
+        {"requeued": 1},
+    )
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", everything) == (
+        200,
+        {"purged": 0},
+    )
     assert MorgueQueue(filled, "SyncOrder").size() == 0
     assert shard_length(filled, "SyncOrder", "o1") == before + 2
 
@@ -300,6 +309,127 @@ def test_errors_are_json(server: DashboardServer) -> None:
     assert call(server, "GET", "/api/v1/nothing")[0] == 404
     assert call(server, "GET", "/api/v1/morgue/SyncOrder/requeue")[0] == 405
     assert MorgueQueue(server.app, "SyncOrder").size() == 3  # nothing was touched
+
+
+def raw_post(srv: DashboardServer, path: str, head: str, body: bytes) -> tuple[int, Any]:
+    """POST bytes as given (no Content-Length added), half-close, read the answer."""
+    with socket.create_connection(("127.0.0.1", srv.server_port), timeout=30) as sock:
+        request = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode()
+        sock.sendall(request + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    headers, _, content = answer.partition(b"\r\n\r\n")
+    return int(headers.split()[1]), json.loads(content)
+
+
+def test_a_typo_an_empty_body_or_a_contradiction_selects_nothing(server: DashboardServer) -> None:
+    # given a morgue with 3 dead SyncOrder jobs
+    morgue = MorgueQueue(server.app, "SyncOrder")
+    for action in ("requeue", "purge"):
+        path = f"/api/v1/morgue/SyncOrder/{action}"
+        for body in [
+            {"entitiy": "o1"},  # a typo must not mean "all"
+            {"entity": "o1", "messageids": ["x"]},
+            {},
+            b"",
+            {"all": False},
+            {"all": "yes"},
+            {"all": True, "entity": "o1"},
+            {"message_ids": ["a", ""]},
+        ]:
+            # when the body does not say exactly what to act on
+            status, doc = call(server, "POST", path, body)
+            # then it is refused with a reason, and nothing is touched
+            assert status == 400, (action, body)
+            assert doc.get("error"), (action, body)
+        status, doc = call(server, "POST", path, {"entitiy": "o1"})
+        assert "'entitiy'" in doc["error"] and '"all": true' in doc["error"]
+        assert morgue.size() == 3
+    # and "all" is said explicitly
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {"all": True}) == (
+        200,
+        {"purged": 3},
+    )
+    assert morgue.size() == 0
+
+
+def test_bodies_without_a_length_are_refused_and_change_nothing(server: DashboardServer) -> None:
+    path = "/api/v1/morgue/SyncOrder/purge"
+    # given a chunked body (no Content-Length)
+    chunked = b'{"all": true}'
+    status, doc = raw_post(
+        server,
+        path,
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n",
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked),
+    )
+    # then it is refused as needing a length, nothing purged
+    assert status == 411 and "Content-Length" in doc["error"]
+    # and so is a body with no length at all, or shorter than its length
+    assert raw_post(server, path, "", b'{"all": true}')[0] == 411
+    status, doc = raw_post(server, path, "Content-Length: 40\r\n", b'{"all": true}')
+    assert status == 400 and "shorter" in doc["error"]
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+
+
+def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
+    server: DashboardServer,
+) -> None:
+    # given records written straight into the morgue queue by someone else
+    filled = server.app
+    queue = filled.morgue_queue("SyncOrder")
+    wrong_types = {
+        "kind": "shardq.morgue",
+        "v": 1,
+        "body": 42,
+        "entity_id": ["x"],
+        "reason": None,
+        "error_type": {},
+        "error_message": 7,
+        "traceback": [],
+        "attempts": "many",
+        "failed_at": "yesterday",
+        "source_queue": 1,
+        "message_id": {"a": 1},
+    }
+    not_a_number = {**wrong_types, "body": "{}", "entity_id": "f2", "reason": "max_retries"}
+    not_a_number.update(error_type="E", error_message="m", traceback="", attempts=1)
+    not_a_number.update(source_queue="q", message_id="m-2")
+    bodies = [
+        json.dumps(wrong_types),
+        json.dumps(not_a_number).replace('"yesterday"', "NaN"),
+        '{"kind": "shardq.morgue", "v": 1, "body": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    ]
+    filled.broker.send_batch(
+        queue, [SendEntry(str(i), b, f"forged-{i}", f"forged-{i}") for i, b in enumerate(bodies)]
+    )
+    # when the dashboard lists the morgue
+    status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
+    # then every record shows, the forged ones as unreadable with their raw text
+    assert status == 200, jobs
+    assert len(jobs) == 6
+    forged = [j for j in jobs if j["unreadable"]]
+    assert len(forged) == 3
+    for job in forged:
+        assert isinstance(job["message_id"], str) and isinstance(job["entity_id"], str)
+        assert isinstance(job["raw"], str) and job["payload"] is None
+        assert isinstance(job["attempts"], int) and isinstance(job["failed_at"], float)
+    assert not any(j["unreadable"] for j in jobs if j["entity_id"] in ("o1", "o2"))
+    # and the forged ones can be deleted one by one, the rest all at once
+    one = forged[0]["message_id"]
+    path = "/api/v1/morgue/SyncOrder/purge"
+    assert call(server, "POST", path, {"message_ids": [one]}) == (200, {"purged": 1})
+    assert call(server, "POST", path, {"all": True}) == (200, {"purged": 5})
+    assert MorgueQueue(filled, "SyncOrder").size() == 0
+
+
+def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
+    deep = b'{"message_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", deep)
+    assert status == 400 and "nested" in doc["error"]
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3
 
 
 def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
