@@ -218,6 +218,8 @@ def add_commands(
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
     dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+    dash.add_argument("--log-format", choices=("auto", "console", "json"))
+    dash.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     dash.add_argument(
         "--scrape",
         action="append",
@@ -355,8 +357,10 @@ def _ensure(app: App, args: argparse.Namespace) -> int:
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:
+    from shardq import logs
     from shardq.dashboard import serve
 
+    logs.configure(app.config.log_format, app.config.log_level)
     serve(
         app,
         host=args.host,

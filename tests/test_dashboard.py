@@ -676,6 +676,62 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
         broker.close()
 
 
+def run_dashboard_command(tmp_path: Path, polls: int, **env: str) -> list[str]:
+    """``shardq dashboard`` with a config file saying ``log_format: json`` and
+    ``log_level: info``: poll its stats ``polls`` times, stop it, return its log lines."""
+    config = tmp_path / "shardq.yaml"
+    config.write_text(
+        "app: tests.apps.ledger\nbroker_url: memory://\nlog_format: json\nlog_level: info\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-m", "shardq", "dashboard", "--config", str(config), "--port", "0"],
+        cwd=root,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        while not any("dashboard.started" in line for line in lines):
+            assert time.monotonic() < deadline and child.poll() is None, lines
+            lines.append(child.stdout.readline())
+        url = re.search(r"http://127\.0\.0\.1:\d+/", lines[-1])
+        assert url, lines
+        for _ in range(polls):
+            with urllib.request.urlopen(url.group(0) + "api/v1/stats", timeout=10) as res:
+                assert res.status == 200
+        os.kill(child.pid, signal.SIGTERM)
+        lines += child.communicate(timeout=20)[0].splitlines()
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+    return [line.strip() for line in lines if line.strip()]
+
+
+def test_the_dashboard_command_logs_as_configured_and_polls_only_at_debug(
+    tmp_path: Path,
+) -> None:
+    # given the config's log_format json and log_level info
+    lines = run_dashboard_command(tmp_path, polls=5)
+    # then every line is a JSON event, and the polls are not logged
+    events = [json.loads(line) for line in lines]
+    assert [e["event"] for e in events] == ["dashboard.started", "dashboard.stopped"]
+    assert {e["level"] for e in events} == {"info"}
+    # and at debug (the environment overrides the file) each request is logged
+    events = [
+        json.loads(line)
+        for line in run_dashboard_command(tmp_path, polls=3, SHARDQ_LOG_LEVEL="debug")
+    ]
+    requests = [e for e in events if e["event"] == "dashboard.request"]
+    assert len(requests) == 3 and {e["level"] for e in requests} == {"debug"}
+    assert "GET /api/v1/stats" in requests[0]["line"]
+
+
 def test_serve_blocks_until_sigterm_and_stops_cleanly() -> None:
     script = (
         "import shardq\n"
