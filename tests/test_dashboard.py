@@ -575,6 +575,102 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
         srv.stop()
 
 
+LAYOUT_PROBLEMS = """
+const problems = [], page = document.documentElement, width = page.clientWidth;
+if (page.scrollWidth > width) problems.push(`the page is ${page.scrollWidth} px wide in ${width}`);
+for (const box of document.querySelectorAll(".mtable, .card")) {
+  if (box.scrollWidth > box.clientWidth + 1) problems.push(`${box.className} overflows`);
+}
+for (const button of document.querySelectorAll("button")) {
+  const r = button.getBoundingClientRect();
+  if (r.width && (r.left < 0 || r.right > width)) {
+    problems.push(`button "${button.textContent.trim()}" spans ${r.left}..${r.right} px`);
+  }
+}
+return problems;
+"""
+
+
+def set_width(driver: Any, width: int, height: int = 1000) -> None:
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+@pytest.mark.parametrize("kind", ["sqlite"])
+def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
+    browser: Any, filled: shardq.App
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given a dead job with the longest entity id SQS allows and a long payload and error
+    long_id = ("tenant-acme/eu-west-1/order-" + "9" * 200)[:128]
+    SyncOrder.publish(long_id, {"note": "y" * 3000, "error": "E" * 600})
+    run_until_empty()
+    srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
+    try:
+        wait = WebDriverWait(browser, 15)
+        browser.get(srv.url)
+        wait.until(
+            lambda d: text_of(d, '[data-worker="SyncOrder"] [data-k="morgue_length"]') == "4"
+        )
+        browser.find_element(By.ID, "m-show").click()
+        dead = "#m-table tr[data-message-id]"
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 4)
+        # then at 1400 and at 420 px (and between) nothing overflows, every button on screen
+        for width in (1400, 1101, 1100, 420):
+            set_width(browser, width)
+            assert browser.execute_script("return window.innerWidth") == width
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+        set_width(browser, 1400)
+
+        # when an entity is chosen and the jobs shown of it are requeued
+        before = shard_length(filled, "SyncOrder", "o1")
+        o1 = next(
+            r
+            for r in browser.find_elements(By.CSS_SELECTOR, dead)
+            if r.get_attribute("data-entity") == "o1"
+        )
+        o1.find_element(By.CSS_SELECTOR, "button.entity").click()
+        wait.until(
+            lambda d: (
+                [r.get_attribute("data-entity") for r in d.find_elements(By.CSS_SELECTOR, dead)]
+                == ["o1", "o1"]
+            )
+        )
+        browser.find_element(By.ID, "m-requeue-shown").click()
+        wait.until(ec.alert_is_present())
+        confirm = browser.switch_to.alert
+        # then the confirmation names the count, and only those two are requeued
+        assert "2 dead SyncOrder jobs shown of entity o1" in confirm.text
+        confirm.accept()
+        wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
+        assert "Requeued 2 of 2" in text_of(browser, "#toast")
+        assert shard_length(filled, "SyncOrder", "o1") == before + 2
+        morgue = MorgueQueue(filled, "SyncOrder")
+        assert sorted(r.entity_id for r in morgue.list_jobs()) == sorted([long_id, "o2"])
+
+        # when all shown are deleted, a dismissed confirmation first changes nothing
+        browser.find_element(By.ID, "m-entity").clear()
+        browser.find_element(By.ID, "m-show").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 2)
+        browser.find_element(By.ID, "m-purge-shown").click()
+        wait.until(ec.alert_is_present())
+        assert "Delete the 2 dead SyncOrder jobs shown for good?" in browser.switch_to.alert.text
+        browser.switch_to.alert.dismiss()
+        assert morgue.size() == 2
+        browser.find_element(By.ID, "m-purge-shown").click()
+        wait.until(ec.alert_is_present())
+        browser.switch_to.alert.accept()
+        wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
+        assert morgue.size() == 0
+    finally:
+        srv.stop()
+
+
 def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     with urllib.request.urlopen(server.url, timeout=10) as res:
         page = res.read().decode()
@@ -584,14 +680,15 @@ def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     assert "https://" not in page and "/api/v1/stats" in page
 
 
-# -- docs/dashboard.png ------------------------------------------------------------
+# -- docs/dashboard.png and docs/dashboard-narrow.png --------------------------------
 @pytest.mark.skipif(
     not os.environ.get("SHARDQ_DASHBOARD_SCREENSHOT"),
-    reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshot",
+    reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshots",
 )
 def test_screenshot(browser: Any, tmp_path: Path) -> None:
     """Realistic data: several workers with backlogs, jobs in flight, a morgue and
-    30 minutes of (synthetic) throughput history."""
+    30 minutes of (synthetic) throughput history; 1400 px wide, then 420 px into the
+    same name with ``-narrow``."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -607,6 +704,15 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
         ]
     )
     SendReceipt.publish("order-5532", {"to": "ann@example.com", "error": "mailbox unavailable"})
+    SyncOrder.publish(
+        "tenant-acme/eu-west-1/order-2024-11-000981273/line-items/sku-33-blue-xl",
+        {
+            "status": "paid",
+            "lines": ["sku-33-blue-xl"] * 12,
+            "error": "line-items/sku-33-blue-xl "
+            "refers to warehouse eu-west-1c, which this tenant cannot ship from",
+        },
+    )
     IndexProduct.publish("sku-33-blue", {"v": 7, "error": "mapping rejected field 'price'"})
     SyncOrder.publish_many([(f"order-{i}", {"status": "paid"}) for i in range(200)])
     run_until_empty()
@@ -657,20 +763,20 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#m-table tr[data-message-id]")) >= 3
         )
         browser.find_element(By.CSS_SELECTOR, '[data-worker="SendReceipt"] summary').click()
-        height = browser.execute_script("return document.documentElement.scrollHeight")
         if os.environ.get("SHARDQ_DASHBOARD_DARK"):
             browser.execute_cdp_cmd(
                 "Emulation.setEmulatedMedia",
                 {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
             )
-        browser.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": 1400, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
-        )
-        time.sleep(0.5)
         out = Path(os.environ["SHARDQ_DASHBOARD_SCREENSHOT"])
         out.parent.mkdir(parents=True, exist_ok=True)
-        assert browser.save_screenshot(str(out))
+        for width, path in [(1400, out), (420, out.with_name(f"{out.stem}-narrow{out.suffix}"))]:
+            set_width(browser, width)
+            height = browser.execute_script("return document.documentElement.scrollHeight")
+            set_width(browser, width, int(height))
+            time.sleep(0.5)
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+            assert browser.save_screenshot(str(path))
     finally:
         srv.stop()
         broker.close()
