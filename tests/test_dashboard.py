@@ -543,8 +543,11 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
         assert "4 shards" in text_of(browser, f"{sync} .meta")
 
         browser.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click()
-        rows = browser.find_elements(By.CSS_SELECTOR, f"{sync} details.shards tbody tr")
-        assert len(rows) == 4 and sum(int(r.text.split()[1]) for r in rows) == 5
+        rows = browser.execute_script(  # read at once: each stats poll redraws the rows
+            "return [...document.querySelectorAll(arguments[0])].map(r => r.innerText)",
+            f"{sync} details.shards tbody tr",
+        )
+        assert len(rows) == 4 and sum(int(r.split()[1]) for r in rows) == 5
 
         browser.find_element(By.ID, "m-show").click()  # SyncOrder: the biggest morgue
         wait.until(ec.alert_is_present())  # 401: dead jobs need the token; the page asks
@@ -602,6 +605,7 @@ def set_width(driver: Any, width: int, height: int = 1000) -> None:
 def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
     browser: Any, filled: shardq.App
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -612,7 +616,8 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
     run_until_empty()
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
-        wait = WebDriverWait(browser, 15)
+        # rows read while the page redraws them go stale: the wait reads them again
+        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
         browser.get(srv.url)
         wait.until(
             lambda d: text_of(d, '[data-worker="SyncOrder"] [data-k="morgue_length"]') == "4"
@@ -647,8 +652,8 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
         # then the confirmation names the count, and only those two are requeued
         assert "2 dead SyncOrder jobs shown of entity o1" in confirm.text
         confirm.accept()
+        wait.until(lambda d: "Requeued 2 of 2" in text_of(d, "#toast"))
         wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
-        assert "Requeued 2 of 2" in text_of(browser, "#toast")
         assert shard_length(filled, "SyncOrder", "o1") == before + 2
         morgue = MorgueQueue(filled, "SyncOrder")
         assert sorted(r.entity_id for r in morgue.list_jobs()) == sorted([long_id, "o2"])
