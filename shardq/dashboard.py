@@ -5,7 +5,7 @@
 /api/v1/morgue/<worker>?entity=&limit=`` lists dead jobs; ``POST .../requeue`` and
 ``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` (or both) or ``{"all":
 true}``, with a Content-Length; anything else (no body, an unknown key) is refused and
-changes nothing (:class:`shardq.admin.Selection`).
+changes nothing (:class:`shardq.selection.Selection`).
 
 A background thread samples stats every ``refresh`` seconds and requests read that
 sample, so clients never make the broker busier. Throughput is the change of ``done``
@@ -35,10 +35,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import structlog
 
-from shardq.admin import Selection, SelectionError, act
 from shardq.app import App
 from shardq.errors import ConfigError, QueueNotFoundError, ShardqError, UnknownWorkerError
 from shardq.morgue import REASON_FOREIGN, MorgueQueue, MorgueRecord, payload_of
+from shardq.selection import Selection, SelectionError, act
 from shardq.stats import collect
 
 log = structlog.get_logger("shardq.dashboard")
