@@ -15,6 +15,7 @@ from typing import Any
 from shardq.app import App
 from shardq.errors import ConfigError
 from shardq.morgue import MorgueQueue, MorgueRecord, payload_of
+from shardq.selection import Selection, act
 from shardq.stats import collect
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
@@ -59,13 +60,14 @@ def add_commands(
             "send dead jobs back to the tail of their entity's jobs",
             _morgue_requeue,
             "  shardq morgue requeue SyncOrder --entity order-42\n"
-            "  shardq morgue requeue SyncOrder            # every dead SyncOrder job\n",
+            "  shardq morgue requeue SyncOrder --all      # every dead SyncOrder job\n",
         ),
         (
             "purge",
             "delete dead jobs for good",
             _morgue_purge,
-            "  shardq morgue purge SyncOrder --entity order-42 --yes\n",
+            "  shardq morgue purge SyncOrder --entity order-42 --yes\n"
+            "  shardq morgue purge SyncOrder --all --yes\n",
         ),
     ]:
         p = actions.add_parser(
@@ -84,6 +86,13 @@ def add_commands(
         if name == "list":
             p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
             p.add_argument("--json", action="store_true", help="one JSON object per line")
+        else:
+            p.add_argument(
+                "--all",
+                action="store_true",
+                dest="everything",
+                help="every dead job of the worker (required when no --entity or --id)",
+            )
         if name == "purge":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
@@ -126,6 +135,8 @@ def add_commands(
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
     dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+    dash.add_argument("--log-format", choices=("auto", "console", "json"))
+    dash.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     dash.add_argument(
         "--scrape",
         action="append",
@@ -197,25 +208,27 @@ def _morgue_list(app: App, args: argparse.Namespace) -> int:
 
 
 def _morgue_requeue(app: App, args: argparse.Namespace) -> int:
-    n = MorgueQueue(app, args.worker).requeue(args.entity, args.ids, progress=_progress("requeued"))
+    selection = Selection.from_args(args.entity, args.ids, args.everything)
+    n = act(app, args.worker, "requeue", selection, progress=_progress("requeued"))
     print(
-        f"requeued {n} dead {args.worker} jobs{_scope(args)}, each at the tail of its "
-        "entity's jobs",
+        f"requeued {n} {selection.describe(args.worker)}, each at the tail of its entity's jobs",
         file=sys.stderr,
     )
     return EXIT_OK
 
 
 def _morgue_purge(app: App, args: argparse.Namespace) -> int:
+    selection = Selection.from_args(args.entity, args.ids, args.everything)
+    scope = selection.describe(args.worker)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete dead {args.worker} jobs{_scope(args)} for good? [y/N] ")
+        answer = input(f"delete {scope} for good? [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    n = MorgueQueue(app, args.worker).purge(args.entity, args.ids, progress=_progress("purged"))
-    print(f"purged {n} dead {args.worker} jobs{_scope(args)}", file=sys.stderr)
+    n = act(app, args.worker, "purge", selection, progress=_progress("purged"))
+    print(f"purged {n} {scope}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -261,8 +274,10 @@ def _ensure(app: App, args: argparse.Namespace) -> int:
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:
+    from shardq import logs
     from shardq.dashboard import serve
 
+    logs.configure(app.config.log_format, app.config.log_level)
     serve(
         app,
         host=args.host,
@@ -296,14 +311,6 @@ def _progress(verb: str) -> Callable[[int], None]:
         print(f"  {verb} {done}...", end=end, file=sys.stderr, flush=True)
 
     return report
-
-
-def _scope(args: argparse.Namespace) -> str:
-    parts = [
-        f" of entity {args.entity}" if args.entity else "",
-        f" with ids {', '.join(args.ids)}" if args.ids else "",
-    ]
-    return "".join(parts)
 
 
 def _age(seconds: float | None) -> str:

@@ -3,7 +3,9 @@
 ``GET /api/v1/stats`` is :func:`shardq.stats.collect` plus ``throughput`` (per worker
 ``[[unix_time, jobs_per_minute], ...]`` over 30 minutes, or null); ``GET
 /api/v1/morgue/<worker>?entity=&limit=`` lists dead jobs; ``POST .../requeue`` and
-``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` or ``{}`` (all).
+``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` (or both) or ``{"all":
+true}``, with a Content-Length; anything else (no body, an unknown key) is refused and
+changes nothing (:class:`shardq.selection.Selection`).
 
 A background thread samples stats every ``refresh`` seconds and requests read that
 sample, so clients never make the broker busier. Throughput is the change of ``done``
@@ -35,7 +37,8 @@ import structlog
 
 from shardq.app import App
 from shardq.errors import ConfigError, QueueNotFoundError, ShardqError, UnknownWorkerError
-from shardq.morgue import MorgueQueue, MorgueRecord, payload_of
+from shardq.morgue import REASON_FOREIGN, MorgueQueue, MorgueRecord, payload_of
+from shardq.selection import Selection, SelectionError, act
 from shardq.stats import collect
 
 log = structlog.get_logger("shardq.dashboard")
@@ -43,6 +46,7 @@ T = TypeVar("T")
 
 WINDOW = 1800.0  # seconds of throughput history kept
 MAX_BODY = 1 << 20
+MAX_RAW = 4000  # characters of an unreadable record shown
 MAX_LIMIT = 1000
 OUTCOMES = frozenset({"succeeded", "morgued"})
 EMBEDDED = frozenset({"sqlite", "memory"})  # brokers that count deleted jobs
@@ -300,38 +304,60 @@ class Handler(BaseHTTPRequestHandler):
             limit = _int_param(query, "limit", 100)
             with self.server.morgue_lock:
                 records = _or_none(lambda: morgue.list_jobs(entity=entity, limit=limit)) or []
-            return self._json(200, [_record_dict(r, app.signing_key) for r in records])
-        body = self._body()
-        ids = body.get("message_ids")
-        entity = body.get("entity")
-        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
-            raise HttpError(400, "message_ids must be a list of strings")
-        if entity is not None and not (isinstance(entity, str) and entity):
-            raise HttpError(400, "entity must be a non-empty string")
-        key = "requeued" if action == "requeue" else "purged"
-        if ids == []:
-            return self._json(200, {key: 0})
-        op = morgue.requeue if action == "requeue" else morgue.purge
-        with self.server.morgue_lock:
-            n = _or_none(lambda: op(entity=entity, message_ids=ids)) or 0
-        log.info(f"dashboard.morgue_{action}", worker=name, entity=entity, ids=ids, count=n)
-        self._json(200, {key: n})
-
-    def _body(self) -> dict[str, Any]:
+            return self._json(
+                200, _records_json([_record_dict(r, app.signing_key) for r in records])
+            )
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            selection = Selection.from_body(self._body())
+        except SelectionError as exc:
+            raise HttpError(400, str(exc)) from None
+        with self.server.morgue_lock:
+            n = _or_none(lambda: act(app, name, action, selection)) or 0
+        log.info(
+            f"dashboard.morgue_{action}",
+            worker=name,
+            entity=selection.entity,
+            ids=selection.message_ids,
+            all=selection.everything,
+            count=n,
+        )
+        self._json(200, {"requeued" if action == "requeue" else "purged": n})
+
+    def _body(self) -> Any:
+        """The JSON body; refused unless its length is given and it is all there."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise HttpError(
+                411, "send the body with a Content-Length header (chunked bodies are refused)"
+            )
+        lengths = set(self.headers.get_all("Content-Length") or [])
+        if not lengths:
+            raise HttpError(411, "a POST needs a Content-Length header and a JSON body")
+        try:
+            (length,) = (int(v) for v in lengths)
+            if length < 0:
+                raise ValueError(length)
         except ValueError:
-            raise HttpError(400, "invalid Content-Length") from None
+            raise HttpError(400, f"invalid Content-Length {', '.join(sorted(lengths))}") from None
         if length > MAX_BODY:
             raise HttpError(413, f"request body over {MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length > 0 else b""
         try:
-            body = json.loads(raw or b"{}")
+            raw = self.rfile.read(length)
+        except OSError as exc:
+            raise HttpError(408, f"the request body did not arrive: {exc}") from None
+        if len(raw) < length:
+            raise HttpError(
+                400, f"the request body is shorter than its Content-Length ({len(raw)} < {length})"
+            )
+        if not raw.strip():
+            raise HttpError(
+                400, 'the request body is empty: send a JSON object such as {"all": true}'
+            )
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise HttpError(400, "the request body is nested too deeply") from None
         except ValueError as exc:
             raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise HttpError(400, "the request body must be a JSON object")
-        return body
 
     # -- responses ----------------------------------------------------------------------
     def _json(self, status: int, doc: Any) -> None:
@@ -352,7 +378,28 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _record_dict(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
-    return {**record.__dict__, "payload": payload_of(record, key)}
+    """A dead job as the API shows it. A record that is not a shardq morgue record, or
+    whose job body cannot be read, is ``unreadable`` and shows its ``raw`` text."""
+    payload = payload_of(record, key)
+    unreadable = record.reason == REASON_FOREIGN or payload is None
+    raw = record.body[:MAX_RAW] if unreadable else None
+    return {**record.__dict__, "payload": payload, "unreadable": unreadable, "raw": raw}
+
+
+def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``docs``, with any job whose payload JSON cannot carry (NaN, nested too deeply)
+    shown as unreadable instead."""
+    try:
+        json.dumps(docs, allow_nan=False)
+        return docs
+    except (ValueError, RecursionError):
+        pass
+    for doc in docs:
+        try:
+            json.dumps(doc["payload"], allow_nan=False)
+        except (ValueError, RecursionError):
+            doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
+    return docs
 
 
 def _or_none(call: Callable[[], T]) -> T | None:

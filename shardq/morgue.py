@@ -17,6 +17,7 @@ between writing the morgue record and deleting the job does not record it twice
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
 import uuid
@@ -42,6 +43,7 @@ REASON_MAX_RETRIES = "max_retries"
 REASON_PERMANENT = "permanent_error"
 REASON_INVALID = "invalid_message"
 REASON_UNKNOWN_WORKER = "unknown_worker"
+REASON_FOREIGN = "foreign_message"  # not a readable shardq morgue record
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ def decode(text: str) -> MorgueRecord:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise ValueError("not a shardq morgue record")
     fields = {k: doc[k] for k in MorgueRecord.__dataclass_fields__}
+    for name, value in fields.items():  # anyone who can write to the queue can forge one
+        wanted = (int, float) if name == "failed_at" else int if name == "attempts" else str
+        if not isinstance(value, wanted) or isinstance(value, bool):
+            raise TypeError(f"morgue record field {name!r} has the wrong type")
+    if not math.isfinite(fields["failed_at"]):
+        raise ValueError("morgue record field 'failed_at' is not a finite time")
     return MorgueRecord(**fields)
 
 
@@ -226,7 +234,7 @@ def _decode_or_placeholder(message: Message) -> MorgueRecord:
         return MorgueRecord(
             body=message.body,
             entity_id=message.group_id,
-            reason="foreign_message",
+            reason=REASON_FOREIGN,
             error_type="",
             error_message="not a shardq morgue record",
             traceback="",

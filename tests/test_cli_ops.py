@@ -68,10 +68,17 @@ def test_morgue_list_requeue_and_purge(env: Env) -> None:
     assert "tail of its entity's jobs" in requeued.stderr
     assert stats(env)["by_worker"]["Ledgered"]["shards"][shard_for("e1", 3)]["length"] == 2
     assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 1
-    # then purge needs confirmation, and removes the rest with --yes
-    refused = env.cli("morgue", "purge", "Ledgered", stdin="")
+    # then neither acts on every dead job unless told so with --all
+    for action, *confirm in [("requeue",), ("purge", "--yes")]:
+        unsaid = env.cli("morgue", action, "Ledgered", *confirm)
+        assert unsaid.returncode == 2 and "--all" in unsaid.stderr, unsaid.stderr
+        both = env.cli("morgue", action, "Ledgered", "--all", "--entity", "e2", *confirm)
+        assert both.returncode == 2 and "alone" in both.stderr, both.stderr
+    assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 1
+    # and purge needs confirmation, and removes the rest with --all --yes
+    refused = env.cli("morgue", "purge", "Ledgered", "--all", stdin="")
     assert refused.returncode == 2 and "--yes" in refused.stderr
-    purged = env.cli("morgue", "purge", "Ledgered", "--yes")
+    purged = env.cli("morgue", "purge", "Ledgered", "--all", "--yes")
     assert purged.returncode == 0 and "purged 1 dead Ledgered jobs" in purged.stderr
     assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 0
 

@@ -10,6 +10,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 
 import shardq
 from shardq.broker import MemoryBroker
+from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import NO_THROUGHPUT, DashboardServer, Sampler, make_server, parse_metrics
 from shardq.errors import ConfigError
@@ -282,8 +284,15 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
         {"purged": 1},
     )
     assert [j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder")[1]] == ["o1"]
-    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", {}) == (200, {"requeued": 1})
-    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {}) == (200, {"purged": 0})
+    everything = {"all": True}
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", everything) == (
+        200,
+        {"requeued": 1},
+    )
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", everything) == (
+        200,
+        {"purged": 0},
+    )
     assert MorgueQueue(filled, "SyncOrder").size() == 0
     assert shard_length(filled, "SyncOrder", "o1") == before + 2
 
@@ -300,6 +309,127 @@ def test_errors_are_json(server: DashboardServer) -> None:
     assert call(server, "GET", "/api/v1/nothing")[0] == 404
     assert call(server, "GET", "/api/v1/morgue/SyncOrder/requeue")[0] == 405
     assert MorgueQueue(server.app, "SyncOrder").size() == 3  # nothing was touched
+
+
+def raw_post(srv: DashboardServer, path: str, head: str, body: bytes) -> tuple[int, Any]:
+    """POST bytes as given (no Content-Length added), half-close, read the answer."""
+    with socket.create_connection(("127.0.0.1", srv.server_port), timeout=30) as sock:
+        request = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode()
+        sock.sendall(request + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    headers, _, content = answer.partition(b"\r\n\r\n")
+    return int(headers.split()[1]), json.loads(content)
+
+
+def test_a_typo_an_empty_body_or_a_contradiction_selects_nothing(server: DashboardServer) -> None:
+    # given a morgue with 3 dead SyncOrder jobs
+    morgue = MorgueQueue(server.app, "SyncOrder")
+    for action in ("requeue", "purge"):
+        path = f"/api/v1/morgue/SyncOrder/{action}"
+        for body in [
+            {"entitiy": "o1"},  # a typo must not mean "all"
+            {"entity": "o1", "messageids": ["x"]},
+            {},
+            b"",
+            {"all": False},
+            {"all": "yes"},
+            {"all": True, "entity": "o1"},
+            {"message_ids": ["a", ""]},
+        ]:
+            # when the body does not say exactly what to act on
+            status, doc = call(server, "POST", path, body)
+            # then it is refused with a reason, and nothing is touched
+            assert status == 400, (action, body)
+            assert doc.get("error"), (action, body)
+        status, doc = call(server, "POST", path, {"entitiy": "o1"})
+        assert "'entitiy'" in doc["error"] and '"all": true' in doc["error"]
+        assert morgue.size() == 3
+    # and "all" is said explicitly
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {"all": True}) == (
+        200,
+        {"purged": 3},
+    )
+    assert morgue.size() == 0
+
+
+def test_bodies_without_a_length_are_refused_and_change_nothing(server: DashboardServer) -> None:
+    path = "/api/v1/morgue/SyncOrder/purge"
+    # given a chunked body (no Content-Length)
+    chunked = b'{"all": true}'
+    status, doc = raw_post(
+        server,
+        path,
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n",
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked),
+    )
+    # then it is refused as needing a length, nothing purged
+    assert status == 411 and "Content-Length" in doc["error"]
+    # and so is a body with no length at all, or shorter than its length
+    assert raw_post(server, path, "", b'{"all": true}')[0] == 411
+    status, doc = raw_post(server, path, "Content-Length: 40\r\n", b'{"all": true}')
+    assert status == 400 and "shorter" in doc["error"]
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+
+
+def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
+    server: DashboardServer,
+) -> None:
+    # given records written straight into the morgue queue by someone else
+    filled = server.app
+    queue = filled.morgue_queue("SyncOrder")
+    wrong_types = {
+        "kind": "shardq.morgue",
+        "v": 1,
+        "body": 42,
+        "entity_id": ["x"],
+        "reason": None,
+        "error_type": {},
+        "error_message": 7,
+        "traceback": [],
+        "attempts": "many",
+        "failed_at": "yesterday",
+        "source_queue": 1,
+        "message_id": {"a": 1},
+    }
+    not_a_number = {**wrong_types, "body": "{}", "entity_id": "f2", "reason": "max_retries"}
+    not_a_number.update(error_type="E", error_message="m", traceback="", attempts=1)
+    not_a_number.update(source_queue="q", message_id="m-2")
+    bodies = [
+        json.dumps(wrong_types),
+        json.dumps(not_a_number).replace('"yesterday"', "NaN"),
+        '{"kind": "shardq.morgue", "v": 1, "body": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    ]
+    filled.broker.send_batch(
+        queue, [SendEntry(str(i), b, f"forged-{i}", f"forged-{i}") for i, b in enumerate(bodies)]
+    )
+    # when the dashboard lists the morgue
+    status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
+    # then every record shows, the forged ones as unreadable with their raw text
+    assert status == 200, jobs
+    assert len(jobs) == 6
+    forged = [j for j in jobs if j["unreadable"]]
+    assert len(forged) == 3
+    for job in forged:
+        assert isinstance(job["message_id"], str) and isinstance(job["entity_id"], str)
+        assert isinstance(job["raw"], str) and job["payload"] is None
+        assert isinstance(job["attempts"], int) and isinstance(job["failed_at"], float)
+    assert not any(j["unreadable"] for j in jobs if j["entity_id"] in ("o1", "o2"))
+    # and the forged ones can be deleted one by one, the rest all at once
+    one = forged[0]["message_id"]
+    path = "/api/v1/morgue/SyncOrder/purge"
+    assert call(server, "POST", path, {"message_ids": [one]}) == (200, {"purged": 1})
+    assert call(server, "POST", path, {"all": True}) == (200, {"purged": 5})
+    assert MorgueQueue(filled, "SyncOrder").size() == 0
+
+
+def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
+    deep = b'{"message_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", deep)
+    assert status == 400 and "nested" in doc["error"]
+    assert MorgueQueue(server.app, "SyncOrder").size() == 3
 
 
 def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
@@ -413,8 +543,11 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
         assert "4 shards" in text_of(browser, f"{sync} .meta")
 
         browser.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click()
-        rows = browser.find_elements(By.CSS_SELECTOR, f"{sync} details.shards tbody tr")
-        assert len(rows) == 4 and sum(int(r.text.split()[1]) for r in rows) == 5
+        rows = browser.execute_script(  # read at once: each stats poll redraws the rows
+            "return [...document.querySelectorAll(arguments[0])].map(r => r.innerText)",
+            f"{sync} details.shards tbody tr",
+        )
+        assert len(rows) == 4 and sum(int(r.split()[1]) for r in rows) == 5
 
         browser.find_element(By.ID, "m-show").click()  # SyncOrder: the biggest morgue
         wait.until(ec.alert_is_present())  # 401: dead jobs need the token; the page asks
@@ -445,6 +578,104 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
         srv.stop()
 
 
+LAYOUT_PROBLEMS = """
+const problems = [], page = document.documentElement, width = page.clientWidth;
+if (page.scrollWidth > width) problems.push(`the page is ${page.scrollWidth} px wide in ${width}`);
+for (const box of document.querySelectorAll(".mtable, .card")) {
+  if (box.scrollWidth > box.clientWidth + 1) problems.push(`${box.className} overflows`);
+}
+for (const button of document.querySelectorAll("button")) {
+  const r = button.getBoundingClientRect();
+  if (r.width && (r.left < 0 || r.right > width)) {
+    problems.push(`button "${button.textContent.trim()}" spans ${r.left}..${r.right} px`);
+  }
+}
+return problems;
+"""
+
+
+def set_width(driver: Any, width: int, height: int = 1000) -> None:
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+@pytest.mark.parametrize("kind", ["sqlite"])
+def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
+    browser: Any, filled: shardq.App
+) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given a dead job with the longest entity id SQS allows and a long payload and error
+    long_id = ("tenant-acme/eu-west-1/order-" + "9" * 200)[:128]
+    SyncOrder.publish(long_id, {"note": "y" * 3000, "error": "E" * 600})
+    run_until_empty()
+    srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
+    try:
+        # rows read while the page redraws them go stale: the wait reads them again
+        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        browser.get(srv.url)
+        wait.until(
+            lambda d: text_of(d, '[data-worker="SyncOrder"] [data-k="morgue_length"]') == "4"
+        )
+        browser.find_element(By.ID, "m-show").click()
+        dead = "#m-table tr[data-message-id]"
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 4)
+        # then at 1400 and at 420 px (and between) nothing overflows, every button on screen
+        for width in (1400, 1101, 1100, 420):
+            set_width(browser, width)
+            assert browser.execute_script("return window.innerWidth") == width
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+        set_width(browser, 1400)
+
+        # when an entity is chosen and the jobs shown of it are requeued
+        before = shard_length(filled, "SyncOrder", "o1")
+        o1 = next(
+            r
+            for r in browser.find_elements(By.CSS_SELECTOR, dead)
+            if r.get_attribute("data-entity") == "o1"
+        )
+        o1.find_element(By.CSS_SELECTOR, "button.entity").click()
+        wait.until(
+            lambda d: (
+                [r.get_attribute("data-entity") for r in d.find_elements(By.CSS_SELECTOR, dead)]
+                == ["o1", "o1"]
+            )
+        )
+        browser.find_element(By.ID, "m-requeue-shown").click()
+        wait.until(ec.alert_is_present())
+        confirm = browser.switch_to.alert
+        # then the confirmation names the count, and only those two are requeued
+        assert "2 dead SyncOrder jobs shown of entity o1" in confirm.text
+        confirm.accept()
+        wait.until(lambda d: "Requeued 2 of 2" in text_of(d, "#toast"))
+        wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
+        assert shard_length(filled, "SyncOrder", "o1") == before + 2
+        morgue = MorgueQueue(filled, "SyncOrder")
+        assert sorted(r.entity_id for r in morgue.list_jobs()) == sorted([long_id, "o2"])
+
+        # when all shown are deleted, a dismissed confirmation first changes nothing
+        browser.find_element(By.ID, "m-entity").clear()
+        browser.find_element(By.ID, "m-show").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 2)
+        browser.find_element(By.ID, "m-purge-shown").click()
+        wait.until(ec.alert_is_present())
+        assert "Delete the 2 dead SyncOrder jobs shown for good?" in browser.switch_to.alert.text
+        browser.switch_to.alert.dismiss()
+        assert morgue.size() == 2
+        browser.find_element(By.ID, "m-purge-shown").click()
+        wait.until(ec.alert_is_present())
+        browser.switch_to.alert.accept()
+        wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
+        assert morgue.size() == 0
+    finally:
+        srv.stop()
+
+
 def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     with urllib.request.urlopen(server.url, timeout=10) as res:
         page = res.read().decode()
@@ -454,14 +685,15 @@ def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     assert "https://" not in page and "/api/v1/stats" in page
 
 
-# -- docs/dashboard.png ------------------------------------------------------------
+# -- docs/dashboard.png and docs/dashboard-narrow.png --------------------------------
 @pytest.mark.skipif(
     not os.environ.get("SHARDQ_DASHBOARD_SCREENSHOT"),
-    reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshot",
+    reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshots",
 )
 def test_screenshot(browser: Any, tmp_path: Path) -> None:
     """Realistic data: several workers with backlogs, jobs in flight, a morgue and
-    30 minutes of (synthetic) throughput history."""
+    30 minutes of (synthetic) throughput history; 1400 px wide, then 420 px into the
+    same name with ``-narrow``."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -477,6 +709,15 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
         ]
     )
     SendReceipt.publish("order-5532", {"to": "ann@example.com", "error": "mailbox unavailable"})
+    SyncOrder.publish(
+        "tenant-acme/eu-west-1/order-2024-11-000981273/line-items/sku-33-blue-xl",
+        {
+            "status": "paid",
+            "lines": ["sku-33-blue-xl"] * 12,
+            "error": "line-items/sku-33-blue-xl "
+            "refers to warehouse eu-west-1c, which this tenant cannot ship from",
+        },
+    )
     IndexProduct.publish("sku-33-blue", {"v": 7, "error": "mapping rejected field 'price'"})
     SyncOrder.publish_many([(f"order-{i}", {"status": "paid"}) for i in range(200)])
     run_until_empty()
@@ -527,23 +768,79 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#m-table tr[data-message-id]")) >= 3
         )
         browser.find_element(By.CSS_SELECTOR, '[data-worker="SendReceipt"] summary').click()
-        height = browser.execute_script("return document.documentElement.scrollHeight")
         if os.environ.get("SHARDQ_DASHBOARD_DARK"):
             browser.execute_cdp_cmd(
                 "Emulation.setEmulatedMedia",
                 {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
             )
-        browser.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": 1400, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
-        )
-        time.sleep(0.5)
         out = Path(os.environ["SHARDQ_DASHBOARD_SCREENSHOT"])
         out.parent.mkdir(parents=True, exist_ok=True)
-        assert browser.save_screenshot(str(out))
+        for width, path in [(1400, out), (420, out.with_name(f"{out.stem}-narrow{out.suffix}"))]:
+            set_width(browser, width)
+            height = browser.execute_script("return document.documentElement.scrollHeight")
+            set_width(browser, width, int(height))
+            time.sleep(0.5)
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+            assert browser.save_screenshot(str(path))
     finally:
         srv.stop()
         broker.close()
+
+
+def run_dashboard_command(tmp_path: Path, polls: int, **env: str) -> list[str]:
+    """``shardq dashboard`` with a config file saying ``log_format: json`` and
+    ``log_level: info``: poll its stats ``polls`` times, stop it, return its log lines."""
+    config = tmp_path / "shardq.yaml"
+    config.write_text(
+        "app: tests.apps.ledger\nbroker_url: memory://\nlog_format: json\nlog_level: info\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-m", "shardq", "dashboard", "--config", str(config), "--port", "0"],
+        cwd=root,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        while not any("dashboard.started" in line for line in lines):
+            assert time.monotonic() < deadline and child.poll() is None, lines
+            lines.append(child.stdout.readline())
+        url = re.search(r"http://127\.0\.0\.1:\d+/", lines[-1])
+        assert url, lines
+        for _ in range(polls):
+            with urllib.request.urlopen(url.group(0) + "api/v1/stats", timeout=10) as res:
+                assert res.status == 200
+        os.kill(child.pid, signal.SIGTERM)
+        lines += child.communicate(timeout=20)[0].splitlines()
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+    return [line.strip() for line in lines if line.strip()]
+
+
+def test_the_dashboard_command_logs_as_configured_and_polls_only_at_debug(
+    tmp_path: Path,
+) -> None:
+    # given the config's log_format json and log_level info
+    lines = run_dashboard_command(tmp_path, polls=5)
+    # then every line is a JSON event, and the polls are not logged
+    events = [json.loads(line) for line in lines]
+    assert [e["event"] for e in events] == ["dashboard.started", "dashboard.stopped"]
+    assert {e["level"] for e in events} == {"info"}
+    # and at debug (the environment overrides the file) each request is logged
+    events = [
+        json.loads(line)
+        for line in run_dashboard_command(tmp_path, polls=3, SHARDQ_LOG_LEVEL="debug")
+    ]
+    requests = [e for e in events if e["event"] == "dashboard.request"]
+    assert len(requests) == 3 and {e["level"] for e in requests} == {"debug"}
+    assert "GET /api/v1/stats" in requests[0]["line"]
 
 
 def test_serve_blocks_until_sigterm_and_stops_cleanly() -> None:

@@ -1,0 +1,57 @@
+"""Which dead jobs a requeue or purge acts on: said exactly, or refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardq.selection import Selection, SelectionError
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"all": True}, Selection(everything=True)),
+        ({"entity": "o1"}, Selection(entity="o1")),
+        ({"message_ids": ["a", "b"]}, Selection(message_ids=("a", "b"))),
+        ({"entity": "o1", "message_ids": ["a"]}, Selection("o1", ("a",))),
+        ({"message_ids": []}, Selection(message_ids=())),
+    ],
+)
+def test_a_body_that_says_which_jobs_is_read_as_said(body: Any, expected: Selection) -> None:
+    assert Selection.from_body(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"entitiy": "o1"}, "unknown key 'entitiy'"),
+        ({"entity": "o1", "ids": ["a"]}, "unknown key 'ids'"),
+        ({}, "say which dead jobs"),
+        ([], "must be a JSON object"),
+        (None, "must be a JSON object"),
+        ({"all": False}, '"all" must be true'),
+        ({"all": 1}, '"all" must be true'),
+        ({"all": True, "entity": "o1"}, "alone"),
+        ({"all": True, "message_ids": []}, "alone"),
+        ({"entity": ""}, "non-empty string"),
+        ({"entity": None}, "say which dead jobs"),
+        ({"message_ids": "a"}, "list of non-empty strings"),
+        ({"message_ids": [1]}, "list of non-empty strings"),
+    ],
+)
+def test_anything_else_is_refused_with_the_reason(body: Any, reason: str) -> None:
+    with pytest.raises(SelectionError, match=reason.replace("(", r"\(")):
+        Selection.from_body(body)
+
+
+def test_the_command_line_needs_all_to_act_on_every_job() -> None:
+    assert Selection.from_args(None, None, True).describe("W") == "dead W jobs (all of them)"
+    assert Selection.from_args("o1", ["a"], False).describe("W") == (
+        "dead W jobs of entity o1 with ids a"
+    )
+    with pytest.raises(SelectionError, match="--all"):
+        Selection.from_args(None, None, False)
+    with pytest.raises(SelectionError, match="alone"):
+        Selection.from_args("o1", None, True)
