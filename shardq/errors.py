@@ -36,6 +36,14 @@ class PayloadTooLargeError(PayloadError):
     """An encoded job exceeds the queue's maximum message size."""
 
 
+class DedupIdError(ShardqError, ValueError):
+    """A ``dedup_id`` is not a non-empty string of valid Unicode."""
+
+
+class MetricsServerError(ShardqError):
+    """The Prometheus endpoint cannot listen where asked (port in use, bad address)."""
+
+
 class EnvelopeError(ShardqError, ValueError):
     """A message body is not a valid shardq envelope (malformed, unsigned, future version)."""
 

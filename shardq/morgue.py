@@ -65,6 +65,9 @@ class MorgueListing:
     reached: int
     #: True if ``limit`` stopped the listing before it reached everything.
     limited: bool
+    #: Entities that may have dead jobs beyond the ones reached (one receive returned
+    #: 10 of theirs: their later ones hide behind those until they leave the morgue).
+    capped: frozenset[str] = frozenset()
 
     @property
     def unreached(self) -> int:
@@ -238,6 +241,7 @@ class _Browse:
         self.groups: dict[str, list[str]] = {}  # group id -> its message ids, in order
         self.found: dict[str, MorgueRecord] = {}  # matching records by morgue message id
         self.seen: set[str] = set()
+        self.capped: set[str] = set()
 
     def run(self) -> MorgueListing:
         try:
@@ -249,7 +253,7 @@ class _Browse:
             self.morgue.release(self.held.values())
         records = [self.found[i] for ids in self.groups.values() for i in ids if i in self.found]
         limited = len(self.found) >= self.limit and size > len(self.seen)
-        return MorgueListing(records, size, len(self.seen), limited)
+        return MorgueListing(records, size, len(self.seen), limited, frozenset(self.capped))
 
     def _full(self) -> bool:
         return len(self.found) >= self.limit or (
@@ -294,6 +298,8 @@ class _Browse:
                 ids = [i for i in self.groups[group] if i in self.held]
                 self.morgue.release([self.held.pop(i) for i in ids])
                 new, of_group = self._take(self.morgue.receive(), group)
+                if of_group >= MAX_BATCH_ENTRIES:
+                    self.capped.add(group)
                 if not new or of_group >= MAX_BATCH_ENTRIES or self._full():
                     break
 
