@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +137,61 @@ def test_list_says_how_many_it_did_not_show(app: shardq.App) -> None:
     assert (len(full.records), full.size, full.unreached, full.limited) == (15, 17, 2, False)
     assert (len(limited.records), limited.limited) == (4, True)
     assert limited.size - len(limited.records) == 13
+
+
+FORGED = {
+    "body is a number": {"body": 7},
+    "attempts is a string": {"attempts": "3"},
+    "failed_at is a string": {"failed_at": "yesterday"},
+    "reason is a list": {"reason": ["x"]},
+}
+
+
+def forged(entity: str, **wrong: object) -> str:
+    doc = {
+        "kind": "shardq.morgue",
+        "v": 1,
+        "body": "{}",
+        "entity_id": entity,
+        "reason": "max_retries",
+        "error_type": "E",
+        "error_message": "m",
+        "traceback": "",
+        "attempts": 1,
+        "failed_at": 1.0,
+        "source_queue": "q",
+        "message_id": f"forged-{entity}",
+    }
+    return json.dumps({**doc, **wrong})
+
+
+def test_forged_records_list_as_unreadable_and_requeue_refuses_them_keeping_them(
+    app: shardq.App,
+) -> None:
+    # given morgue messages with the right kind but wrong field types, written straight
+    # into the morgue queue
+    queue = app.morgue_queue("Ledgered")
+    entries = [
+        SendEntry(str(i), forged(f"f{i}", **wrong), f"f{i}", f"forged-{i}")
+        for i, wrong in enumerate(FORGED.values())
+    ]
+    assert not app.broker.send_batch(queue, entries).failed
+    morgue_queue = MorgueQueue(app, "Ledgered")
+    # when the morgue is listed
+    records = morgue_queue.list_jobs()
+    # then each forged one shows as unreadable, saying what is wrong, next to the real ones
+    unreadable = {r.entity_id: r for r in records if r.reason == "unreadable_record"}
+    assert sorted(unreadable) == ["f0", "f1", "f2", "f3"]
+    for i, problem in enumerate(["body", "attempts", "failed_at", "reason"]):
+        assert problem in unreadable[f"f{i}"].error_message
+    assert len(records) == 9
+    # and a requeue of everything refuses them, names them, and leaves them in the morgue
+    refused: list[tuple[str, str]] = []
+    requeued = morgue_queue.requeue(refused=lambda r, why: refused.append((r.entity_id, why)))
+    assert requeued == 5
+    assert sorted(e for e, _ in refused) == ["f0", "f1", "f2", "f3"]
+    assert all("not a readable shardq morgue record" in why for _, why in refused)
+    assert sorted(r.entity_id for r in morgue_queue.list_jobs()) == ["f0", "f1", "f2", "f3"]
+    # and a purge by id removes one of them
+    assert morgue_queue.purge(message_ids=[unreadable["f0"].message_id]) == 1
+    assert morgue_queue.size() == 3
