@@ -117,7 +117,7 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
                 raise _not_published(
                     lines, done + exc.sent, failed, start + len(chunk), reason, gaps
                 ) from exc
-            except BrokerError as exc:
+            except ShardqError as exc:  # refused before sending (e.g. a middleware's change)
                 raise _not_published(lines, done, [], start, str(exc), []) from exc
             done += report.sent
             progress(done)

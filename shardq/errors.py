@@ -49,7 +49,7 @@ class EnvelopeError(ShardqError, ValueError):
 
 
 class BrokerError(ShardqError):
-    """A broker call failed; the job was not lost, retry or check the broker."""
+    """A broker call failed; the message names the call. Retry, or check the broker."""
 
 
 class QueueNotFoundError(BrokerError):
