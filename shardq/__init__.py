@@ -10,6 +10,7 @@ from shardq.config import Config
 from shardq.errors import (
     BrokerError,
     ConfigError,
+    DedupIdError,
     EnvelopeError,
     InvalidEntityIdError,
     PayloadError,
@@ -34,6 +35,7 @@ __all__ = [
     "BrokerError",
     "Config",
     "ConfigError",
+    "DedupIdError",
     "EnvelopeError",
     "InvalidEntityIdError",
     "Job",

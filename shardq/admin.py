@@ -12,11 +12,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardq import bulk
 from shardq.app import App
 from shardq.errors import ConfigError
-from shardq.morgue import MorgueQueue, MorgueRecord, payload_of
+from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
 from shardq.stats import collect
+from shardq.terminal import Progress, plural
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
 
@@ -50,7 +52,7 @@ def add_commands(
     for name, help, handler, examples in [
         (
             "list",
-            "list dead jobs (the first 10 of each entity)",
+            "list dead jobs, oldest first per entity",
             _morgue_list,
             "  shardq morgue list SyncOrder\n"
             "  shardq morgue list SyncOrder --entity order-42 --json\n",
@@ -99,14 +101,24 @@ def add_commands(
 
     publish = command(
         "publish",
-        "publish one job",
+        "publish one job, or many from JSON lines",
         '  shardq publish SyncOrder order-42 \'{"status": "paid"}\'\n'
-        '  echo \'{"status": "paid"}\' | shardq publish SyncOrder order-42 -\n',
+        '  echo \'{"status": "paid"}\' | shardq publish SyncOrder order-42 -\n'
+        "  shardq publish SyncOrder --file jobs.jsonl   # one job per line:\n"
+        '    {"entity": "order-42", "payload": {"status": "paid"}, "dedup_id": "evt-981"}\n',
         _publish,
     )
     publish.add_argument("worker", metavar="WORKER")
-    publish.add_argument("entity", metavar="ENTITY")
-    publish.add_argument("payload", metavar="PAYLOAD_JSON", help="JSON, or - to read stdin")
+    publish.add_argument("entity", metavar="ENTITY", nargs="?")
+    publish.add_argument(
+        "payload", metavar="PAYLOAD_JSON", nargs="?", help="JSON, or - to read stdin"
+    )
+    publish.add_argument(
+        "--file",
+        metavar="PATH",
+        help="publish one job per line of this file (- for stdin): a JSON object with "
+        "entity, payload and optional dedup_id and meta",
+    )
     publish.add_argument("--dedup-id", help="idempotency key (5 minutes, per entity)")
     publish.add_argument("--meta", metavar="JSON", help="metadata object (trace ids, ...)")
 
@@ -184,37 +196,79 @@ def _stats(app: App, args: argparse.Namespace) -> int:
 
 
 def _morgue_list(app: App, args: argparse.Namespace) -> int:
-    morgue = MorgueQueue(app, args.worker)
-    records = morgue.list_jobs(entity=args.entity, limit=args.limit)
-    if args.ids:
-        records = [r for r in records if r.message_id in set(args.ids)]
+    listing = MorgueQueue(app, args.worker).browse(args.entity, args.limit, args.ids)
+    records = listing.records
     if args.json:
         for r in records:
             print(json.dumps(_record_dict(r, app)))
-        return EXIT_OK
-    rows = [("entity", "message id", "reason", "attempts", "failed at", "error")]
-    for r in records:
-        failed = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M:%S"
-        )
-        error = f"{r.error_type}: {r.error_message}"[:60]
-        rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), failed, error))
-    print(_table(rows))
-    print(
-        f"{len(records)} dead {args.worker} jobs shown; the morgue holds {morgue.size()}",
-        file=sys.stderr,
-    )
+    else:
+        rows = [("entity", "message id", "reason", "attempts", "failed at (UTC)", "error")]
+        for r in records:
+            failed = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc).strftime(
+                "%Y-%m-%d %H:%M:%S"
+            )
+            error = f"{r.error_type}: {r.error_message}"[:60]
+            rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), failed, error))
+        print(_table(rows))
+    print(_listing_summary(listing, args), file=sys.stderr)
     return EXIT_OK
+
+
+def _listing_summary(listing: MorgueListing, args: argparse.Namespace) -> str:
+    records = listing.records
+    shown = plural(len(records), f"dead {args.worker} job")
+    text = f"{shown}{_scope(args)} shown; the morgue holds {listing.size}"
+    raise_limit = f"the limit of {args.limit} was reached: pass --limit {listing.size} to see more"
+    behind = (
+        "an entity's dead jobs beyond its first 10 cannot be received until those leave "
+        "the morgue: requeue or purge them (--entity, --id) to reach the rest"
+    )
+    if args.ids:
+        absent = sorted(set(args.ids) - {r.message_id for r in records})
+        if not absent:
+            return text
+        unreached = f" or among the {listing.unreached} not reached" if listing.unreached else ""
+        return f"{text}; not found: {', '.join(absent)} (not in the morgue{unreached})"
+    if args.entity:
+        if listing.limited:
+            return f"{text}; more may match: {raise_limit}"
+        if args.entity in listing.capped:
+            return f"{text}; entity {args.entity} has more: {behind}"
+        return text
+    missing = listing.size - len(records)
+    if missing <= 0:
+        return text
+    if listing.limited:
+        return f"{text}; {missing} not shown: {raise_limit}"
+    return (
+        f"{text}; {missing} not shown: {behind} (jobs a node or another listing holds "
+        "also stay out of sight)"
+    )
 
 
 def _morgue_requeue(app: App, args: argparse.Namespace) -> int:
     selection = Selection.from_args(args.entity, args.ids, args.everything)
-    n = act(app, args.worker, "requeue", selection, progress=_progress("requeued"))
+    refused: dict[str, tuple[MorgueRecord, str]] = {}
+
+    def refuse(record: MorgueRecord, why: str) -> None:
+        refused[record.message_id] = (record, why)
+
+    with Progress("requeued") as progress:
+        n = act(app, args.worker, "requeue", selection, progress, refuse)
     print(
-        f"requeued {n} {selection.describe(args.worker)}, each at the tail of its entity's jobs",
+        f"requeued {plural(n, f'dead {args.worker} job')}{selection.scope()}, each at the tail "
+        "of its entity's jobs",
         file=sys.stderr,
     )
-    return EXIT_OK
+    for record, why in refused.values():
+        print(
+            f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
+            "It stays in the morgue, and its entity's later dead jobs stay behind it: see it "
+            f"with `shardq morgue list {args.worker} --id {record.message_id} --json`, "
+            f"delete it with `shardq morgue purge {args.worker} --id {record.message_id} --yes`",
+            file=sys.stderr,
+        )
+    return EXIT_USAGE if refused else EXIT_OK
 
 
 def _morgue_purge(app: App, args: argparse.Namespace) -> int:
@@ -227,12 +281,17 @@ def _morgue_purge(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    n = act(app, args.worker, "purge", selection, progress=_progress("purged"))
-    print(f"purged {n} {scope}", file=sys.stderr)
+    with Progress("purged") as progress:
+        n = act(app, args.worker, "purge", selection, progress)
+    print(f"purged {plural(n, f'dead {args.worker} job')}{selection.scope()}", file=sys.stderr)
     return EXIT_OK
 
 
 def _publish(app: App, args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return _publish_file(app, args)
+    if args.entity is None or args.payload is None:
+        raise ConfigError("publish takes WORKER ENTITY PAYLOAD_JSON, or WORKER --file PATH")
     worker = app.worker(args.worker)
     text = sys.stdin.read() if args.payload == "-" else args.payload
     payload = _json_arg("PAYLOAD_JSON", text)
@@ -240,6 +299,29 @@ def _publish(app: App, args: argparse.Namespace) -> int:
     if meta is not None and not isinstance(meta, dict):
         raise ConfigError("--meta must be a JSON object")
     print(worker.publish(args.entity, payload, dedup_id=args.dedup_id, meta=meta))
+    return EXIT_OK
+
+
+def _publish_file(app: App, args: argparse.Namespace) -> int:
+    if args.entity is not None or args.dedup_id is not None or args.meta is not None:
+        raise ConfigError(
+            "publish --file takes each job's entity, payload, dedup_id and meta from its "
+            "line: drop ENTITY, PAYLOAD_JSON, --dedup-id and --meta"
+        )
+    worker = app.worker(args.worker).__name__
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        if args.file == "-":
+            lines = bulk.read_jobs(app, worker, sys.stdin, source)
+        else:
+            with open(args.file, encoding="utf-8") as stream:
+                lines = bulk.read_jobs(app, worker, stream, source)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source} is not UTF-8 text ({exc.reason})") from None
+    n = bulk.publish_lines(app, worker, lines)
+    print(f"published {plural(n, f'{worker} job')} from {source}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -269,7 +351,10 @@ def _ensure(app: App, args: argparse.Namespace) -> int:
                 )
     for line in drift:
         print(f"drift: {line}")
-    print(f"{created} queues created, {checked} checked, {len(drift)} drifted", file=sys.stderr)
+    print(
+        f"{plural(created, 'queue')} created, {checked} checked, {len(drift)} drifted",
+        file=sys.stderr,
+    )
     return EXIT_DRIFT if drift else EXIT_OK
 
 
@@ -298,19 +383,28 @@ def _record_dict(record: MorgueRecord, app: App) -> dict[str, Any]:
 
 def _json_arg(name: str, text: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ConfigError(
+            f"{name} is JSON nested too deeply to read; flatten it, or store the data "
+            "elsewhere and publish a reference"
+        ) from None
     except ValueError as exc:
         raise ConfigError(
             f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
         ) from None
 
 
-def _progress(verb: str) -> Callable[[int], None]:
-    def report(done: int) -> None:
-        end = "\r" if sys.stderr.isatty() else "\n"
-        print(f"  {verb} {done}...", end=end, file=sys.stderr, flush=True)
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
-    return report
+
+def _scope(args: argparse.Namespace) -> str:
+    parts = [
+        f" of entity {args.entity}" if args.entity else "",
+        f" with ids {', '.join(args.ids)}" if args.ids else "",
+    ]
+    return "".join(parts)
 
 
 def _age(seconds: float | None) -> str:

@@ -20,8 +20,11 @@ from shardq.app import App
 from shardq.config import Config
 from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.plan import format_plan
+from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+#: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
+EXIT_PIPE = 128 + 13
 
 _EPILOG_RUN = """examples:
   shardq run --node 0 --nodes 3 --threads 8      # node 0 of a 3-node deployment
@@ -45,13 +48,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
+    except BrokenPipeError:  # `shardq stats --json | head`: the reader left
+        _silence_stdout()
+        return EXIT_PIPE
     except BrokerError as exc:
         print(f"shardq: broker error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except ShardqError as exc:
         print(f"shardq: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,7 +209,7 @@ def _print_summary(node: Any, elapsed: float) -> None:
     workers = sorted(set(tally.succeeded) | set(tally.retried) | set(tally.morgued))
     total = sum(tally.succeeded.values())
     print(
-        f"\nshardq node {node.plan.node}: {total} jobs succeeded in {elapsed:.1f} s",
+        f"\nshardq node {node.plan.node}: {plural(total, 'job')} succeeded in {elapsed:.1f} s",
         file=sys.stderr,
     )
     if workers:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -167,6 +168,18 @@ class Config:
             fail(
                 "broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}"
             )
+        if self.endpoint_url is not None:
+            url = urlsplit(str(self.endpoint_url))
+            if url.scheme not in ("http", "https") or not url.hostname:
+                fail(
+                    "endpoint_url",
+                    "expected an http:// or https:// URL such as http://127.0.0.1:4566, "
+                    f"got {self.endpoint_url!r}",
+                )
+            try:
+                url.port  # noqa: B018 (raises for a port that is not a number)
+            except ValueError:
+                fail("endpoint_url", f"the port of {self.endpoint_url!r} is not a number")
         if not isinstance(self.workers, Mapping) or not all(
             isinstance(v, Mapping) for v in self.workers.values()
         ):

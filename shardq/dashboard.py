@@ -37,7 +37,7 @@ import structlog
 
 from shardq.app import App
 from shardq.errors import ConfigError, QueueNotFoundError, ShardqError, UnknownWorkerError
-from shardq.morgue import REASON_FOREIGN, MorgueQueue, MorgueRecord, payload_of
+from shardq.morgue import REASON_UNREADABLE, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, SelectionError, act
 from shardq.stats import collect
 
@@ -381,7 +381,7 @@ def _record_dict(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
     """A dead job as the API shows it. A record that is not a shardq morgue record, or
     whose job body cannot be read, is ``unreadable`` and shows its ``raw`` text."""
     payload = payload_of(record, key)
-    unreadable = record.reason == REASON_FOREIGN or payload is None
+    unreadable = record.reason == REASON_UNREADABLE or payload is None
     raw = record.body[:MAX_RAW] if unreadable else None
     return {**record.__dict__, "payload": payload, "unreadable": unreadable, "raw": raw}
 

@@ -40,14 +40,28 @@ def encode(env: Envelope, signing_key: bytes | None = None) -> str:
         "published_at": round(env.published_at, 6),
         "meta": env.meta,
     }
+    whose = f"payload or meta for entity {env.entity!r} of worker {env.worker}"
     try:
         text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(
-            f"payload or meta for entity {env.entity!r} of worker {env.worker} is not "
-            f"JSON-serialisable ({exc}); pass dicts, lists, strings, numbers, booleans "
-            "or None, and convert dates and decimals to strings first"
+            f"{whose} is not JSON-serialisable ({exc}); pass dicts, lists, strings, numbers, "
+            "booleans or None, and convert dates and decimals to strings first"
         ) from exc
+    except RecursionError:
+        raise PayloadError(
+            f"{whose} is nested too deeply to encode (or refers to itself); "
+            "flatten it or store it elsewhere and publish a reference"
+        ) from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PayloadError(
+                f"{whose} contains a string that is not valid Unicode ({exc.reason}: "
+                f"{exc.object[exc.start : exc.end]!r}); a lone surrogate such as '\\ud800' "
+                "usually comes from mis-decoded bytes: decode them with errors='replace'"
+            ) from None
     if signing_key is None:
         return text
     return f"{_SIG_PREFIX}{_sign(signing_key, text)}:{text}"
@@ -65,7 +79,7 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc})") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
@@ -91,6 +105,10 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     if "payload" not in doc:
         raise EnvelopeError("envelope has no payload")
     return Envelope(worker, entity, doc["payload"], float(published_at), meta)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _sign(key: bytes, text: str) -> str:

@@ -36,12 +36,20 @@ class PayloadTooLargeError(PayloadError):
     """An encoded job exceeds the queue's maximum message size."""
 
 
+class DedupIdError(ShardqError, ValueError):
+    """A ``dedup_id`` is not a non-empty string of valid Unicode."""
+
+
+class MetricsServerError(ShardqError):
+    """The Prometheus endpoint cannot listen where asked (port in use, bad address)."""
+
+
 class EnvelopeError(ShardqError, ValueError):
     """A message body is not a valid shardq envelope (malformed, unsigned, future version)."""
 
 
 class BrokerError(ShardqError):
-    """A broker call failed; the job was not lost, retry or check the broker."""
+    """A broker call failed; the message names the call. Retry, or check the broker."""
 
 
 class QueueNotFoundError(BrokerError):

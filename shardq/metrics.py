@@ -14,6 +14,7 @@ collide. Lag and in-flight are computed when scraped, not on every job.
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.errors import MetricsServerError
 from shardq.executor import Outcome
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
@@ -67,7 +69,19 @@ class NodeMetrics:
     def serve(self, port: int, host: str) -> int:
         """Serve ``/metrics``; returns the port (useful with port 0)."""
         with self._lock:
-            server, _ = start_http_server(port, addr=host, registry=self.registry)
+            try:
+                server, _ = start_http_server(port, addr=host, registry=self.registry)
+            except OSError as exc:
+                raise MetricsServerError(
+                    f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
+                    + (
+                        "another process uses that port: pick a free one with --metrics-port "
+                        "(or metrics_port in the config)"
+                        if exc.errno == errno.EADDRINUSE
+                        else "check --metrics-host and --metrics-port (metrics_host, "
+                        "metrics_port in the config)"
+                    )
+                ) from exc
             self._server = server
             return int(server.server_address[1])
 

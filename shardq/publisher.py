@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
 from shardq.broker.base import SendEntry
-from shardq.errors import BrokerError, PayloadTooLargeError, PublishError, ShardqError
+from shardq.errors import (
+    BrokerError,
+    DedupIdError,
+    PayloadTooLargeError,
+    PublishError,
+    ShardqError,
+)
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.middleware import PublishContext, run_around
 from shardq.sharding import check_entity_id, shard_for
@@ -88,6 +94,13 @@ class Publisher:
             self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
         )
 
+    def check(self, worker: type[Worker] | str, job: Job) -> None:
+        """Raise what :meth:`publish_many` would raise for this job (bad entity id,
+        payload or dedup_id, message too large), without publishing it."""
+        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
+        settings = self._app.settings(cls)
+        self._prepare(0, "", job, cls.__name__, settings.shards, self._app.signing_key, {})
+
     def _publish(self, cls: type[Worker], jobs: list[Job]) -> PublishReport:
         app = self._app
         settings = app.settings(cls)
@@ -148,7 +161,9 @@ class Publisher:
         if job.dedup_id is None:
             dedup = uuid.uuid4().hex
         else:
-            dedup = hashlib.sha256(f"{entity}\0{job.dedup_id}".encode()).hexdigest()
+            dedup = hashlib.sha256(
+                f"{entity}\0{_dedup_key(where, job.dedup_id)}".encode()
+            ).hexdigest()
         entry = SendEntry(str(len(by_queue.get(queue, ()))), body, entity, dedup)
         return queue, _Prepared(index, entity, entry, size)
 
@@ -202,6 +217,19 @@ def _chunks(jobs: list[_Prepared]) -> Iterable[list[_Prepared]]:
         size += job.size
     if chunk:
         yield chunk
+
+
+def _dedup_key(where: str, dedup_id: object) -> str:
+    if not isinstance(dedup_id, str) or not dedup_id:
+        raise DedupIdError(f"{where}dedup_id must be a non-empty string, got {dedup_id!r}")
+    try:
+        dedup_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DedupIdError(
+            f"{where}dedup_id {dedup_id!r} is not valid Unicode ({exc.reason} at position "
+            f"{exc.start}); use a string of whole characters"
+        ) from None
+    return dedup_id
 
 
 def _as_job(index: int, item: JobSpec) -> Job:

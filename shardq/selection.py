@@ -12,7 +12,7 @@ from typing import Any
 
 from shardq.app import App
 from shardq.errors import ShardqError
-from shardq.morgue import MorgueQueue
+from shardq.morgue import MorgueQueue, MorgueRecord
 
 BODY_FORMS = '{"message_ids": [...]}, {"entity": "..."}, both, or {"all": true}'
 ARG_FORMS = "--entity ID, --id MESSAGE_ID (repeatable), both, or --all"
@@ -75,13 +75,17 @@ class Selection:
 
     def describe(self, worker: str) -> str:
         """``dead SyncOrder jobs of entity order-42``, ``dead SyncOrder jobs (all of them)``."""
+        return f"dead {worker} jobs{self.scope()}"
+
+    def scope(self) -> str:
+        """`` of entity order-42``, `` with ids a, b`` or `` (all of them)``."""
         if self.everything:
-            return f"dead {worker} jobs (all of them)"
+            return " (all of them)"
         parts = [
             f" of entity {self.entity}" if self.entity else "",
             f" with ids {', '.join(self.message_ids)}" if self.message_ids else "",
         ]
-        return f"dead {worker} jobs" + "".join(parts)
+        return "".join(parts)
 
 
 def act(
@@ -90,10 +94,13 @@ def act(
     action: str,
     selection: Selection,
     progress: Callable[[int], None] | None = None,
+    refused: Callable[[MorgueRecord, str], None] | None = None,
 ) -> int:
-    """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many."""
+    """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
+    ``refused`` hears of each dead job that cannot be requeued (it stays)."""
     if selection.empty:
         return 0
     morgue = MorgueQueue(app, worker)
-    op = morgue.requeue if action == "requeue" else morgue.purge
-    return op(selection.entity, selection.message_ids, progress=progress)
+    if action == "requeue":
+        return morgue.requeue(selection.entity, selection.message_ids, progress, refused)
+    return morgue.purge(selection.entity, selection.message_ids, progress)

@@ -99,8 +99,8 @@ def test_a_foreign_message_nested_too_deeply_is_listed_in_the_morgue() -> None:
     app.broker.send_batch(app.morgue_queue(Job), [SendEntry("0", TOO_DEEP, "e", "d-0")])
     # when the morgue is listed
     (record,) = morgue.MorgueQueue(app, "Job").list_jobs()
-    # then it shows as a foreign message, with no payload
-    assert (record.reason, record.entity_id) == ("foreign_message", "e")
+    # then it shows as an unreadable record, with no payload
+    assert (record.reason, record.entity_id) == ("unreadable_record", "e")
     assert morgue.payload_of(record) is None
 
 

@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from shardq.broker import SendEntry
 from shardq.sharding import shard_for
+from tests.apps import ledger
 from tests.children import ROOT, Env
 
 pytestmark = pytest.mark.slow
@@ -79,7 +82,7 @@ def test_morgue_list_requeue_and_purge(env: Env) -> None:
     refused = env.cli("morgue", "purge", "Ledgered", "--all", stdin="")
     assert refused.returncode == 2 and "--yes" in refused.stderr
     purged = env.cli("morgue", "purge", "Ledgered", "--all", "--yes")
-    assert purged.returncode == 0 and "purged 1 dead Ledgered jobs" in purged.stderr
+    assert purged.returncode == 0 and "purged 1 dead Ledgered job (all of them)" in purged.stderr
     assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 0
 
 
@@ -134,3 +137,60 @@ def test_an_unreachable_broker_exits_1() -> None:
     # then the command exits 1 and says the broker is unreachable
     assert result.returncode == 1
     assert "broker error" in result.stderr and "cannot reach SQS" in result.stderr
+
+
+def test_publish_file_publishes_every_line_in_order_and_the_morgue_lists_them_all(
+    env: Env, tmp_path: Path
+) -> None:
+    # given 60 jobs in a file, the 10 of entity "a" and each 10th of the others failing
+    # for good, published in one command
+    lines = [
+        json.dumps({"entity": "a" if n % 6 == 0 else f"o{n % 7}", "payload": {"n": n}})
+        for n in range(60)
+    ]
+    lines = [
+        line.replace("}}", ', "permanent": true}}') if ('"a"' in line or n % 10 == 1) else line
+        for n, line in enumerate(lines)
+    ]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(lines) + "\n")
+    published = env.cli("publish", "Ledgered", "--file", str(jobs))
+    assert published.returncode == 0, published.stderr
+    assert "published 60 Ledgered jobs from" in published.stderr
+    assert stats(env)["total"]["length"] == 60
+    assert env.cli("run", "--until-empty").returncode == 0
+    # when the morgue is listed, as a table and as JSON
+    table = env.cli("morgue", "list", "Ledgered")
+    listed = env.cli("morgue", "list", "Ledgered", "--json")
+    # then every dead job shows, the times are labelled UTC, and nothing is said missing
+    dead = sorted(n for n, line in enumerate(lines) if '"permanent": true' in line)
+    records = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted(r["payload"]["n"] for r in records) == dead
+    assert [r["payload"]["n"] for r in records if r["entity_id"] == "a"] == list(range(0, 60, 6))
+    assert "failed at (UTC)" in table.stdout.splitlines()[0]
+    assert f"{len(dead)} dead Ledgered jobs shown; the morgue holds {len(dead)}\n" in (
+        listed.stderr
+    )
+    # and a listing with a limit says how many it did not show
+    limited = env.cli("morgue", "list", "Ledgered", "--json", "--limit", "5")
+    assert f"{len(dead) - 5} not shown: the limit of 5 was reached" in limited.stderr
+
+
+def test_requeue_refuses_an_unreadable_record_and_keeps_it(env: Env) -> None:
+    # given garbage written straight into the morgue queue, with the right kind
+    app = ledger.app
+    queue = app.morgue_queue("Ledgered")
+    app.ensure_queue(queue, "Ledgered")
+    forged = json.dumps({"kind": "shardq.morgue", "v": 1, "body": 7, "entity_id": "f"})
+    assert not app.broker.send_batch(queue, [SendEntry("0", forged, "f", "forged-1")]).failed
+    # when it is listed, then it shows as unreadable
+    listed = env.cli("morgue", "list", "Ledgered")
+    assert listed.returncode == 0, listed.stderr
+    assert "unreadable_record" in listed.stdout
+    # when everything is requeued, then it is refused by name, kept, and the exit code says so
+    requeued = env.cli("morgue", "requeue", "Ledgered", "--all")
+    assert requeued.returncode == 2, requeued.stderr
+    assert "requeued 0 dead Ledgered jobs" in requeued.stderr
+    assert "not requeued: dead job" in requeued.stderr and "stays in the morgue" in requeued.stderr
+    assert "Traceback" not in requeued.stderr
+    assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 1

@@ -397,3 +397,19 @@ def test_an_apps_own_config_is_the_base_that_file_env_and_flags_override(
     )
     assert config.workers == {"A": {"shards": 2, "batch_size": 5}}
     assert config.source.startswith("the app's config + ")
+
+
+@pytest.mark.parametrize(
+    "url", ["notaurl", "127.0.0.1:4566", "ftp://host", "http://", "http://h:x"]
+)
+def test_an_endpoint_url_that_is_not_an_http_url_is_a_config_error_naming_the_key(
+    url: str,
+) -> None:
+    with pytest.raises(ConfigError, match="environment: endpoint_url: ") as raised:
+        Config.load(env={"SHARDQ_ENDPOINT_URL": url})
+    assert repr(url) in str(raised.value)
+
+
+def test_an_http_endpoint_url_is_accepted() -> None:
+    config = Config.load(env={"SHARDQ_ENDPOINT_URL": "http://127.0.0.1:4566"})
+    assert config.endpoint_url == "http://127.0.0.1:4566"

@@ -314,3 +314,26 @@ def test_any_json_payload_round_trips(payload: Any, meta: dict[str, Any], signed
     decoded = decode(encode(original, key), key)
     # then it is equal to the original
     assert decoded == original
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_body_with_nan_or_infinity_is_refused_as_encoding_refuses_it(constant: str) -> None:
+    # given a body someone wrote by hand with a number JSON does not have
+    body = encode(sample({"n": 1})).replace('{"n":1}', f'{{"n":{constant}}}')
+    assert constant in body
+    # when it is decoded, then it is not a valid envelope
+    with pytest.raises(EnvelopeError, match=f"{constant} is not a JSON number"):
+        decode(body)
+
+
+def test_a_payload_nested_too_deeply_is_a_payload_error() -> None:
+    deep: Any = []
+    for _ in range(1500):
+        deep = [deep]
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        encode(sample(deep))
+
+
+def test_a_payload_with_a_lone_surrogate_is_a_payload_error() -> None:
+    with pytest.raises(PayloadError, match="not valid Unicode"):
+        encode(sample({"name": "\ud800"}))

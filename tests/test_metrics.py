@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -12,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import shardq
 from shardq.config import Config
+from shardq.errors import MetricsServerError
+from shardq.metrics import NodeMetrics
 from shardq.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
@@ -78,3 +81,19 @@ def test_the_metrics_endpoint_shows_the_counters_moving(
     # and the endpoint is closed with the node
     with pytest.raises(OSError):
         scrape(node.metrics_port)
+
+
+def test_a_port_already_in_use_is_a_clear_error() -> None:
+    # given a port another listener holds
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        metrics = NodeMetrics(lambda: [], lambda: 0)
+        # when the metrics endpoint is asked to serve there
+        with pytest.raises(MetricsServerError) as raised:
+            metrics.serve(port, "127.0.0.1")
+    # then the error names the address and what to do
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in str(raised.value)
+    assert "pick a free one with --metrics-port" in str(raised.value)
+    assert isinstance(raised.value, shardq.ShardqError)

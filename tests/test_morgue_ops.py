@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import shardq
-from shardq import envelope
+from shardq import envelope, morgue
+from shardq.broker import Message, SendEntry
+from shardq.broker.base import batches
 from shardq.config import Config
 from shardq.morgue import MorgueQueue
 from shardq.node import Node
@@ -84,3 +87,111 @@ def test_purge_everything_empties_the_morgue(app: shardq.App) -> None:
     morgue = MorgueQueue(app, "Ledgered")
     assert morgue.purge() == 5
     assert morgue.list_jobs() == [] and morgue.size() == 0
+
+
+def bury(app: shardq.App, jobs: list[tuple[str, int]]) -> None:
+    """Write morgue records straight into the morgue, in this order."""
+    queue = app.morgue_queue("Ledgered")
+    entries = []
+    for i, (entity, n) in enumerate(jobs):
+        body = envelope.encode(envelope.Envelope("Ledgered", entity, {"n": n}))
+        message = Message("shard.fifo", f"id-{entity}-{n}", "", body, entity, 1, 0.0, str(i))
+        record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+        entries.append(morgue.entry(record, 1024 * 1024))
+    for chunk in batches(entries):
+        sent = app.broker.send_batch(
+            queue, [SendEntry(str(i), e.body, e.group_id, e.dedup_id) for i, e in enumerate(chunk)]
+        )
+        assert not sent.failed
+
+
+def test_list_shows_every_dead_job_even_when_an_entity_straddles_receives(
+    app: shardq.App,
+) -> None:
+    # given 162 more dead jobs: entity "a" has 5, spread far apart among 40 other entities
+    spread = [(f"o{i % 40}", 100 + i) for i in range(157)]
+    for n, at in enumerate([3, 50, 100, 140, 156]):
+        spread.insert(at, ("a", n))
+    bury(app, spread)
+    morgue_queue = MorgueQueue(app, "Ledgered")
+    # when the whole morgue is listed
+    listing = morgue_queue.browse(limit=1000)
+    # then every dead job shows, each entity's in order, and nothing is missing
+    assert len(listing.records) == 167 and listing.size == 167
+    assert (listing.unreached, listing.limited) == (0, False)
+    assert [n for e, n in numbers(listing.records) if e == "a"] == [0, 1, 2, 3, 4]
+    assert numbers(morgue_queue.browse(entity="a").records) == [("a", n) for n in range(5)]
+    # and the listing held nothing back: the entity's dead jobs requeue at once
+    assert morgue_queue.requeue(entity="a") == 5
+
+
+def test_list_says_how_many_it_did_not_show(app: shardq.App) -> None:
+    # given an entity with 12 dead jobs (one receive returns at most 10 of them)
+    bury(app, [("big", n) for n in range(12)])
+    morgue_queue = MorgueQueue(app, "Ledgered")
+    # when the morgue is listed, in full and with a limit
+    full = morgue_queue.browse()
+    limited = morgue_queue.browse(limit=4)
+    # then the listing shows the first 10 of that entity and counts the 2 it could not reach
+    assert [n for e, n in numbers(full.records) if e == "big"] == list(range(10))
+    assert (len(full.records), full.size, full.unreached, full.limited) == (15, 17, 2, False)
+    assert (len(limited.records), limited.limited) == (4, True)
+    assert limited.size - len(limited.records) == 13
+
+
+FORGED = {
+    "body is a number": {"body": 7},
+    "attempts is a string": {"attempts": "3"},
+    "failed_at is a string": {"failed_at": "yesterday"},
+    "reason is a list": {"reason": ["x"]},
+}
+
+
+def forged(entity: str, **wrong: object) -> str:
+    doc = {
+        "kind": "shardq.morgue",
+        "v": 1,
+        "body": "{}",
+        "entity_id": entity,
+        "reason": "max_retries",
+        "error_type": "E",
+        "error_message": "m",
+        "traceback": "",
+        "attempts": 1,
+        "failed_at": 1.0,
+        "source_queue": "q",
+        "message_id": f"forged-{entity}",
+    }
+    return json.dumps({**doc, **wrong})
+
+
+def test_forged_records_list_as_unreadable_and_requeue_refuses_them_keeping_them(
+    app: shardq.App,
+) -> None:
+    # given morgue messages with the right kind but wrong field types, written straight
+    # into the morgue queue
+    queue = app.morgue_queue("Ledgered")
+    entries = [
+        SendEntry(str(i), forged(f"f{i}", **wrong), f"f{i}", f"forged-{i}")
+        for i, wrong in enumerate(FORGED.values())
+    ]
+    assert not app.broker.send_batch(queue, entries).failed
+    morgue_queue = MorgueQueue(app, "Ledgered")
+    # when the morgue is listed
+    records = morgue_queue.list_jobs()
+    # then each forged one shows as unreadable, saying what is wrong, next to the real ones
+    unreadable = {r.entity_id: r for r in records if r.reason == "unreadable_record"}
+    assert sorted(unreadable) == ["f0", "f1", "f2", "f3"]
+    for i, problem in enumerate(["body", "attempts", "failed_at", "reason"]):
+        assert problem in unreadable[f"f{i}"].error_message
+    assert len(records) == 9
+    # and a requeue of everything refuses them, names them, and leaves them in the morgue
+    refused: list[tuple[str, str]] = []
+    requeued = morgue_queue.requeue(refused=lambda r, why: refused.append((r.entity_id, why)))
+    assert requeued == 5
+    assert sorted(e for e, _ in refused) == ["f0", "f1", "f2", "f3"]
+    assert all("not a readable shardq morgue record" in why for _, why in refused)
+    assert sorted(r.entity_id for r in morgue_queue.list_jobs()) == ["f0", "f1", "f2", "f3"]
+    # and a purge by id removes one of them
+    assert morgue_queue.purge(message_ids=[unreadable["f0"].message_id]) == 1
+    assert morgue_queue.size() == 3

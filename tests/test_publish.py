@@ -22,6 +22,7 @@ from shardq.broker import (
 )
 from shardq.errors import (
     BrokerError,
+    DedupIdError,
     InvalidEntityIdError,
     PayloadError,
     PayloadTooLargeError,
@@ -378,6 +379,40 @@ def test_a_nan_payload_sends_nothing(app: shardq.App) -> None:
     worker = define(app)
     with pytest.raises(PayloadError, match=r"^item 0: "):
         worker.publish_many([("e1", float("nan")), ("e1", 1)])
+    assert waiting(app, worker) == 0
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "meta", "problem"),
+    [
+        (nested(1500), None, "nested too deeply"),
+        ({"name": "\ud800"}, None, "not valid Unicode"),
+        (1, {"trace": "\udfff"}, "not valid Unicode"),
+    ],
+)
+def test_a_deep_or_invalid_unicode_payload_is_a_payload_error_and_sends_nothing(
+    app: shardq.App, payload: Any, meta: Any, problem: str
+) -> None:
+    worker = define(app)
+    with pytest.raises(PayloadError, match=problem):
+        worker.publish("e1", payload, meta=meta)
+    with pytest.raises(PayloadError, match=f"^item 1: .*{problem}"):
+        worker.publish_many([("e1", 1), shardq.Job("e1", payload, meta=meta)])
+    assert waiting(app, worker) == 0
+
+
+@pytest.mark.parametrize("dedup_id", ["\ud800", "", 42])
+def test_a_dedup_id_that_is_not_a_valid_string_is_refused(app: shardq.App, dedup_id: Any) -> None:
+    worker = define(app)
+    with pytest.raises(DedupIdError, match="dedup_id"):
+        worker.publish("e1", 1, dedup_id=dedup_id)
     assert waiting(app, worker) == 0
 
 

@@ -1,0 +1,150 @@
+"""Publishing many jobs from JSON lines, and what the commands print while they work."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+import shardq
+from shardq import bulk, envelope
+from shardq.broker import MemoryBroker, SendEntry, SendResult
+from shardq.errors import ConfigError
+from shardq.terminal import Progress, plural
+
+
+class RefusingBroker(MemoryBroker):
+    """Refuses (per entry, as SQS may) every job whose payload is ``poison``."""
+
+    def __init__(self, poison: object) -> None:
+        super().__init__()
+        self.poison = poison
+
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        refused = [e for e in entries if envelope.decode(e.body).payload == self.poison]
+        rest = [e for e in entries if e not in refused]
+        result = super().send_batch(queue, rest) if rest else SendResult()
+        for entry in refused:
+            result.failed[entry.id] = "InternalError: simulated refusal"
+        return result
+
+
+@pytest.fixture
+def app() -> Iterator[shardq.App]:
+    app = shardq.App(broker=RefusingBroker(poison="poison"))
+
+    @app.register
+    class Job(shardq.Worker):
+        shards = 2
+
+        def perform(self, entity_id: str, payloads: list[object]) -> None: ...
+
+    yield app
+    app.broker.close()
+
+
+def lines(*texts: str) -> list[str]:
+    return [t + "\n" for t in texts]
+
+
+def waiting(app: shardq.App) -> int:
+    app.ensure_queues()
+    return sum(app.broker.counts(app.shard_queue("Job", s)).waiting for s in range(2))
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"entity": "e", "payload": 1, "priority": 3}', "unknown key 'priority'"),
+        ('{"entity": "e"}', "no 'payload'"),
+        ('{"payload": 1}', "no 'entity'"),
+        ('{"entity": 5, "payload": 1}', "entity must be a string"),
+        ('{"entity": "e", "payload": 1, "dedup_id": 5}', "dedup_id must be a string"),
+        ('{"entity": "e", "payload": 1, "meta": []}', "meta must be an object"),
+        ('{"entity": "e", "payload": NaN}', "NaN is not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ("{oops", "not valid JSON"),
+        ("[" * 1500 + "]" * 1500, "nested too deeply"),
+    ],
+)
+def test_a_bad_line_is_refused_saying_why(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        bulk.parse_line(text)
+
+
+def test_bad_lines_are_named_by_number_and_nothing_is_published(app: shardq.App) -> None:
+    # given a file whose lines 2 and 4 are bad (line 3 is blank and skipped)
+    text = lines(
+        '{"entity": "a", "payload": 1}',
+        '{"entity": "a", "payload": 1, "x": 2}',
+        "",
+        '{"entity": "has space", "payload": 1}',
+        '{"entity": "b", "payload": "\\ud800"}',
+    )
+    # when it is read, then the error names each bad line, and nothing was sent
+    with pytest.raises(ConfigError) as raised:
+        bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    message = str(raised.value)
+    assert "jobs.jsonl: 3 lines cannot be published, so nothing was" in message
+    assert "line 2: unknown key 'x'" in message
+    assert "line 4: entity id 'has space' contains ' '" in message
+    assert "line 5: " in message and "not valid Unicode" in message
+    assert "line 1:" not in message and "line 3:" not in message
+    assert waiting(app) == 0
+
+
+def test_good_lines_are_published_in_order_with_their_dedup_ids(app: shardq.App) -> None:
+    text = lines(
+        *[f'{{"entity": "e{n % 3}", "payload": {n}}}' for n in range(1200)],
+        '{"entity": "e0", "payload": 0, "dedup_id": "k", "meta": {"trace": "t"}}',
+        '{"entity": "e0", "payload": 0, "dedup_id": "k"}',
+    )
+    jobs = bulk.read_jobs(app, "Job", text, "stdin")
+    assert [line.number for line in jobs[:2]] == [1, 2] and len(jobs) == 1202
+    assert bulk.publish_lines(app, "Job", jobs) == 1202
+    assert waiting(app) == 1201  # the repeated dedup_id was published once
+
+
+def test_a_refused_job_stops_the_publish_and_the_error_names_every_line_not_published(
+    app: shardq.App,
+) -> None:
+    # given 1,200 jobs where line 700 is refused by the broker
+    text = lines(*[f'{{"entity": "e{n % 5}", "payload": {n}}}' for n in range(1, 1201)])
+    text[699] = '{"entity": "e0", "payload": "poison"}\n'
+    jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    # when they are published
+    with pytest.raises(bulk.BulkPublishError) as raised:
+        bulk.publish_lines(app, "Job", jobs)
+    # then the first batch and the rest of line 700's batch are published, except the later
+    # lines of its entity; the error names exactly the lines that were not
+    error = raised.value
+    held_back = [n for n in range(701, 1001) if n % 5 == 0]
+    assert error.lines == [700, *held_back, *range(1001, 1201)]
+    assert waiting(app) == 1200 - len(error.lines)
+    assert f"published {1200 - len(error.lines)} of 1200 jobs" in str(error)
+    assert "lines (700, 705, 710" in str(error) and "simulated refusal" in str(error)
+
+
+def test_plural_counts() -> None:
+    assert [plural(n, "job") for n in (0, 1, 2)] == ["0 jobs", "1 job", "2 jobs"]
+
+
+class Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_shows_only_on_a_terminal_and_clears_its_line(tty: bool) -> None:
+    stream = Stream(tty)
+    with Progress("requeued", 20, stream=stream) as progress:
+        progress(10)
+    if tty:
+        assert stream.getvalue() == "\r  requeued 10 of 20...\033[K\r\033[K"
+    else:
+        assert stream.getvalue() == ""

@@ -1,0 +1,89 @@
+"""Command-line failures end with a clear message and exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.children import ROOT
+from tests.test_bad_input import shardq_cli
+
+
+def embedded(tmp_path: Path) -> dict[str, str]:
+    return {"SHARDQ_BROKER_URL": f"sqlite:///{tmp_path / 'b.db'}"}
+
+
+def test_a_metrics_port_in_use_exits_2_saying_so(tmp_path: Path) -> None:
+    # given a port another process listens on
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # when a node is started with its metrics there
+        result = shardq_cli(
+            "run", "--until-empty", "--metrics-port", str(port), env=embedded(tmp_path)
+        )
+    # then it exits 2 naming the port, with no traceback
+    assert result.returncode == 2, result.stderr
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_endpoint_url_that_is_not_a_url_exits_2_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "shardq.yaml"
+    config.write_text("broker_url: sqs://\nendpoint_url: notaurl\n")
+    result = shardq_cli("stats", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert str(config) in result.stderr
+    assert "endpoint_url: expected an http:// or https:// URL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("[" * 1500 + "]" * 1500, "PAYLOAD_JSON is JSON nested too deeply"),
+        ('{"n": NaN}', "NaN is not a JSON number"),
+        ('{"name": "\\ud800"}', "not valid Unicode"),
+    ],
+)
+def test_publish_of_a_payload_json_cannot_carry_exits_2(
+    tmp_path: Path, payload: str, message: str
+) -> None:
+    result = shardq_cli("publish", "Ledgered", "e", "-", stdin=payload, env=embedded(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stats_into_a_closed_pipe_exit_quietly(tmp_path: Path) -> None:
+    # given `shardq stats --json | head -0`: the reader is gone before anything is written
+    child = subprocess.Popen(
+        [sys.executable, "-m", "shardq", "stats", "--json"],
+        cwd=ROOT,
+        env={**os.environ, "SHARDQ_APP": "tests.apps.ledger", **embedded(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()
+    # then it exits as a tool ended by SIGPIPE does, and prints nothing on stderr
+    stderr = child.stderr.read().decode()
+    assert child.wait(60) == 141
+    assert stderr == ""
+
+
+def test_publish_file_names_the_bad_lines_and_publishes_nothing(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"entity": "a", "payload": {"n": 0}}\n{"entity": "a", "pay": 1}\n')
+    result = shardq_cli("publish", "Ledgered", "--file", str(jobs), env=embedded(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "1 line cannot be published, so nothing was" in result.stderr
+    assert "line 2: unknown key 'pay'" in result.stderr
+    stats = json.loads(shardq_cli("stats", "--json", env=embedded(tmp_path)).stdout)
+    assert stats["total"]["length"] == 0
