@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import shardq
+
 from tests.children import ROOT
 from tests.test_bad_input import shardq_cli
 
@@ -87,3 +89,25 @@ def test_publish_file_names_the_bad_lines_and_publishes_nothing(tmp_path: Path) 
     assert "line 2: unknown key 'pay'" in result.stderr
     stats = json.loads(shardq_cli("stats", "--json", env=embedded(tmp_path)).stdout)
     assert stats["total"]["length"] == 0
+
+
+def test_an_unreachable_sqs_names_the_operation_and_only_speaks_of_jobs_where_jobs_are_involved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given an SQS endpoint where nothing listens
+    from shardq.broker.sqs import SqsBroker
+    from tests.emulator import free_port
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    broker = SqsBroker(region="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    broker._urls["q.fifo"] = f"{broker.endpoint_url}/000000000000/q.fifo"
+    # when stats are read, then the error says what failed and nothing about a job
+    with pytest.raises(shardq.BrokerError) as stats_error:
+        broker.counts("q.fifo")
+    assert "reading attributes of q.fifo: cannot reach SQS" in str(stats_error.value)
+    assert "job" not in str(stats_error.value)
+    # and when a receive fails, it says that queued jobs are not lost
+    with pytest.raises(shardq.BrokerError) as receive_error:
+        broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=1)
+    assert "queued jobs are not lost" in str(receive_error.value)

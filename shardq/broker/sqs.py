@@ -41,6 +41,14 @@ _SYSTEM_ATTRIBUTES = [
     "MessageGroupId",
     "SequenceNumber",
 ]
+#: What a failed call means for the jobs it was about (by the first word of ``what``).
+_SAFE = {
+    "sending": "; whether it was queued is unknown: sent again with the same dedup ids "
+    "within 5 minutes, each job is queued once",
+    "receiving": "; queued jobs are not lost",
+    "deleting": "; the jobs stay queued and may run again",
+    "changing": "; the jobs keep their current visibility",
+}
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -104,7 +112,7 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(what) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            raise BrokerError(f"{what}: cannot reach SQS ({exc}); the job is not lost") from exc
+            raise BrokerError(f"{what}: cannot reach SQS ({exc}){_SAFE.get(what.split()[0], '')}") from exc
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
