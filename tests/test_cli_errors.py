@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import shardq
-
 from tests.children import ROOT
 from tests.test_bad_input import shardq_cli
 
