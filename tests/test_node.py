@@ -301,3 +301,76 @@ def test_a_broker_bug_in_a_background_thread_stops_the_node_with_exit_1_and_lose
     queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
     counts = broker.counts(queue)
     assert counts.waiting + counts.in_flight == 1
+
+
+def test_a_failed_batch_sends_only_the_job_that_fails_alone_to_the_morgue(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given perform gets 5 jobs of an entity at once, and job 2 of them is broken for good
+    app.configure(app.config.with_overrides(workers={"Ledgered": {"batch_size": 5}}))
+    Ledgered.publish_many([("e", {"n": n, "permanent": n == 2}) for n in range(5)])
+    # when the node runs them
+    with capture_logs() as logs:
+        run_until_empty(app, threads=1)
+    # then the call failed, its jobs ran again one at a time, in order, and only job 2
+    # (which failed alone) is in the morgue; the others succeeded, in order
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [
+        *[("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("fail", 2)],
+        *[("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("fail", 2)],
+        *[("start", 3), ("end", 3), ("start", 4), ("end", 4)],
+    ]
+    assert [(r.entity_id, r.reason) for r in morgue_records(app)] == [("e", "permanent_error")]
+    morgued = [e for e in logs if e["event"] == "job.morgued"]
+    assert len(morgued) == 1 and morgued[0]["log_level"] == "warning"
+    assert sum(1 for e in logs if e["event"] == "job.succeeded") == 4
+
+
+def test_perform_sees_the_attempt_and_each_job_of_its_call(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given a worker that notes self.attempt and self.jobs, and fails its first try
+    seen: list[tuple[int, list[tuple[str, int, str]]]] = []
+
+    def perform(self: Ledgered, entity_id: str, payloads: list[Any]) -> None:
+        seen.append((self.attempt, [(j.message_id, j.attempt, j.meta["k"]) for j in self.jobs]))
+        assert all(j.sent_at > 0 for j in self.jobs)
+        if len(seen) == 1:
+            raise shardq.Retry(delay=0)
+
+    app.configure(app.config.with_overrides(workers={"Ledgered": {"batch_size": 2}}))
+    first = Ledgered.publish("e", {"n": 0}, meta={"k": "a"})
+    second = Ledgered.publish("e", {"n": 1}, meta={"k": "b"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Ledgered, "perform", perform)
+        # when a node runs them
+        run_until_empty(app, threads=1)
+    # then perform saw attempt 1, then attempt 2, with each job's id, attempt and meta
+    assert seen == [
+        (1, [(first, 1, "a"), (second, 1, "b")]),
+        (2, [(first, 2, "a"), (second, 2, "b")]),
+    ]
+
+
+def test_a_long_retry_hides_the_entitys_later_jobs_with_the_failed_one(
+    app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given retries go through the broker (none is held in the node), and job 1 of an
+    # entity fails twice with jobs 2..4 queued behind it
+    monkeypatch.setattr(shardq.executor, "LOCAL_RETRY_SECONDS", -1.0)
+    monkeypatch.setattr(Ledgered, "retry_in", lambda self, attempt: 0.3)
+    Ledgered.publish_many([("e", {"n": n, "fail": 2 if n == 1 else 0}) for n in range(5)])
+    # when the node runs
+    with capture_logs() as logs:
+        run_until_empty(app)
+    # then jobs 2..4 start only after job 1 succeeded, and nothing was released while
+    # job 1 was hidden: its later jobs were hidden with it
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [
+        *[("start", 0), ("end", 0)],
+        *[("start", 1), ("fail", 1)] * 2,
+        *[("start", 1), ("end", 1), ("start", 2), ("end", 2)],
+        *[("start", 3), ("end", 3), ("start", 4), ("end", 4)],
+    ]
+    retried = [e for e in logs if e["event"] == "job.retried"]
+    assert [e["attempt"] for e in retried] == [1, 2]
