@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -184,6 +186,7 @@ def load_app(spec: str) -> App:
 
 
 def _run(args: argparse.Namespace) -> int:
+    early = _EarlyStop()  # a SIGTERM while the node starts up stops it cleanly
     app, config = load(args)
     from shardq import logs
     from shardq.node import Node
@@ -191,10 +194,30 @@ def _run(args: argparse.Namespace) -> int:
     logs.configure(config.log_format, config.log_level)
     plan = app.plan(node=args.node, nodes=args.nodes)
     node = Node(app, plan, until_empty=args.until_empty, seed=args.seed)
+    if early.signals:
+        print("shardq: stopped before the node started", file=sys.stderr)
+        return EXIT_OK
     started = time.monotonic()
-    code = node.run()
+    code = node.run(lambda: early.signals)
     _print_summary(node, time.monotonic() - started)
     return code
+
+
+class _EarlyStop:
+    """Signal handlers for the moments before the node installs its own: the first
+    SIGTERM/SIGINT is remembered (the node then stops at once, exit 0), a second one
+    exits at once."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            os._exit(128 + signum)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -101,9 +101,14 @@ class Node:
         return Shard(ref, self.app.shard_queue(ref.worker, ref.shard), settings.visibility_timeout)
 
     # -- running ---------------------------------------------------------------
-    def run(self) -> int:
-        """Run until stopped (or drained with ``until_empty``); returns the exit code."""
+    def run(self, signals_before: Callable[[], int] | None = None) -> int:
+        """Run until stopped (or drained with ``until_empty``); returns the exit code.
+        ``signals_before`` tells how many stop signals came before the node's own
+        handlers were installed (the CLI's start-up handlers count them)."""
         self._install_signal_handlers()
+        self._signals = signals_before() if signals_before else 0
+        if self._signals:
+            self.stop()
         self._start()
         quiet, next_maintain = 0, time.monotonic() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):

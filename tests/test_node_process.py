@@ -119,3 +119,61 @@ def test_main_returns_instead_of_exiting_on_help(capsys: pytest.CaptureFixture[s
     assert main(["run", "--help"]) == 0
     assert "--until-empty" in capsys.readouterr().out
     assert main(["run", "--no-such-flag"]) == 2
+
+
+def queued(env: Env, entity: str = "e") -> tuple[int, int]:
+    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for(entity, 3))
+    counts = ledger.app.broker.counts(queue)
+    return counts.waiting, counts.in_flight
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6, 1.0, 1.5])
+def test_a_sigterm_at_any_moment_of_start_up_exits_0_and_loses_nothing(
+    env: Env, delay: float
+) -> None:
+    # given three queued jobs of an entity
+    Ledgered.publish_many([("e", {"n": n}) for n in range(3)])
+    # when a node gets SIGTERM while it starts up (or just after)
+    node = env.node("--threads", "1")
+    time.sleep(delay)
+    node.send_signal(signal.SIGTERM)
+    # then it exits 0 without a traceback
+    assert node.wait(15) == 0
+    stderr = node.stderr.read().decode() if node.stderr else ""
+    assert "Traceback" not in stderr
+    # and every job either ran to its end or is queued again, visible, none in flight
+    done = sum(1 for ev in env.events() if ev[0] == "end")
+    waiting, in_flight = queued(env)
+    assert (done + waiting, in_flight) == (3, 0)
+
+
+def test_an_idle_node_exits_promptly_on_sigterm_even_with_long_polls_waiting(env: Env) -> None:
+    # given an idle node whose pollers wait 20 s per long poll
+    env.vars["SHARDQ_IDLE_WAIT_SECONDS"] = "20"
+    node = env.node("--threads", "2")
+
+    def started() -> bool:
+        try:
+            return queued(env) == (0, 0)
+        except shardq.QueueNotFoundError:
+            return False
+
+    env.wait_for(started)  # its queues exist
+    time.sleep(1.0)
+    # when it gets SIGTERM, then it exits 0 without waiting out its long polls
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(10) == 0
+    # and a job published afterwards is visible, not taken by an abandoned poll
+    Ledgered.publish("e", {"n": 0})
+    env.wait_for(lambda: queued(env) == (1, 0), timeout=5)
+    assert env.events() == []
+
+
+def test_until_empty_exits_soon_after_the_last_job(env: Env) -> None:
+    # given five jobs and a node draining them with 20 s long polls
+    env.vars["SHARDQ_IDLE_WAIT_SECONDS"] = "20"
+    Ledgered.publish_many([(f"e{n}", {"n": 0}) for n in range(5)])
+    # when it runs with --until-empty, then it exits 0 well before a long poll ends
+    node = env.node("--threads", "2", "--until-empty")
+    assert node.wait(15) == 0
+    assert sorted(ev[1] for ev in env.events() if ev[0] == "end") == [f"e{n}" for n in range(5)]

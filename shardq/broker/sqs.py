@@ -112,7 +112,8 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(what) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            raise BrokerError(f"{what}: cannot reach SQS ({exc}){_SAFE.get(what.split()[0], '')}") from exc
+            meaning = _SAFE.get(what.split()[0], "")
+            raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
