@@ -152,7 +152,7 @@ class Lane(threading.Thread):
         """In a pool thread: one receive without waiting, handed back to the lane."""
         messages: list[Message] | None = None
         try:
-            messages = self.node.receive(shard, wait_seconds=0)
+            messages = self.node.receive(shard, wait_seconds=self.node.app.broker.prefetch_wait)
         except BaseException as exc:
             self.node.fail(f"a receive for {shard.ref}", exc)
         finally:

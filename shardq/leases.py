@@ -13,7 +13,8 @@ Every message a node receives is *held* here until it is settled, and only here:
   extending, let the broker's timeout return it).
 
 Settling is asynchronous: the caller goes on while a small pool sends the requests,
-batched per queue (10 entries each, changes and extensions together). A message
+batched per queue (10 entries each, changes and extensions together; a settle waits
+up to the broker's ``settle_linger`` for others to fill its batch). A message
 being deleted stays held, and extended, until the broker confirms the delete, so a
 kill -9 at any moment loses nothing. A message being hidden or released is never
 extended again, and a change is never sent while an extension of the same message
@@ -44,8 +45,6 @@ from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
 log = structlog.get_logger("shardq.leases")
 
 HELD, DELETE, CHANGE = "held", "delete", "change"
-#: How long a settle waits for more of its queue's settles to fill a batch.
-LINGER_SECONDS = 0.005
 #: Longest wait between tries of a failed request.
 MAX_BACKOFF_SECONDS = 5.0
 
@@ -88,6 +87,7 @@ class Leases:
         on_broker_error: Callable[[str], None] = lambda operation: None,
     ) -> None:
         self._broker = broker
+        self._linger = broker.settle_linger
         self._pool = pool
         self._interval = interval
         self._on_broker_error = on_broker_error
@@ -245,10 +245,10 @@ class Leases:
         for items in requests.values():
             for request in items:
                 oldest = min(x.asked for x in request.leases)
-                young = now - oldest < LINGER_SECONDS
+                young = now - oldest < self._linger
                 filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
                 if young and filling and not self._closed:
-                    wait = min(wait, LINGER_SECONDS - (now - oldest))
+                    wait = min(wait, self._linger - (now - oldest))
                     continue  # let it fill up a little
                 for lease in request.leases:
                     lease.busy = True

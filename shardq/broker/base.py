@@ -94,6 +94,12 @@ class Broker(abc.ABC):
 
     #: Short name used in logs and URLs (``sqlite``, ``memory``, ``sqs``).
     kind: str = "broker"
+    #: Seconds a node may hold back a delete or visibility change to fill a batch of
+    #: 10 (each request costs a round trip, and money on SQS).
+    settle_linger: float = 0.002
+    #: Seconds a node's read-ahead receive may wait for a message (whole seconds on
+    #: SQS): an empty answer costs a request, a short wait usually does not.
+    prefetch_wait: float = 0.0
 
     @abc.abstractmethod
     def ensure_queue(

@@ -9,6 +9,7 @@ operation, so benchmarks and metrics can report what a workload costs.
 from __future__ import annotations
 
 import math
+import platform
 import threading
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import boto3
+import botocore
 import botocore.config
 import botocore.exceptions
 
@@ -56,6 +58,8 @@ class SqsBroker(Broker):
     """SQS FIFO queues in one account and region."""
 
     kind = "sqs"
+    settle_linger = 0.02
+    prefetch_wait = 1.0
 
     def __init__(
         self,
@@ -76,6 +80,9 @@ class SqsBroker(Broker):
                 # shardq checks every request before it is made (names, sizes, counts):
                 # botocore's own validation of each request is pure overhead.
                 parameter_validation=False,
+                # A fixed User-Agent: botocore otherwise rebuilds it for every request,
+                # a sixth of a node's CPU.
+                user_agent=_user_agent(),
             )
             try:
                 client = boto3.session.Session().client(
@@ -289,6 +296,15 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
+
+
+def _user_agent() -> str:
+    from shardq import __version__
+
+    return (
+        f"shardq/{__version__} botocore/{botocore.__version__} "
+        f"Python/{platform.python_version()}"
+    )
 
 
 def _no_credentials(what: str) -> BrokerError:
