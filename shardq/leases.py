@@ -94,6 +94,7 @@ class Leases:
         self._cond = threading.Condition()
         self._held: dict[str, Lease] = {}  # by receipt
         self._settling: list[Lease] = []  # in the order the settles were asked for
+        self._extend_at = 0.0  # monotonic time of the next look for extensions due
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
         self.failed: BaseException | None = None
@@ -131,9 +132,11 @@ class Leases:
     def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
         """Hold messages just received with ``visibility_timeout``."""
         now = time.monotonic()
+        due = now + visibility_timeout - self._margin(visibility_timeout)
         with self._cond:
             for m in messages:
                 self._held[m.receipt] = Lease(m, visibility_timeout, now + visibility_timeout)
+            self._extend_at = min(self._extend_at, due)
 
     def lapsed(self, message: Message) -> bool:
         """True if this message is no longer this node's to run (see the module doc).
@@ -222,13 +225,33 @@ class Leases:
             else:
                 continue
             added.add(id(lease))
-        for lease in self._held.values():  # extensions
+        if now >= self._extend_at:
+            self._extend_at = self._extensions(requests, added, now)
+        wait = min(wait, self._extend_at - now)
+        for items in requests.values():
+            for request in items:
+                oldest = min(x.asked for x in request.leases)
+                young = now - oldest < self._linger
+                filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
+                if young and filling and not self._closed:
+                    wait = min(wait, self._linger - (now - oldest))
+                    continue  # let it fill up a little
+                for lease in request.leases:
+                    lease.busy = True
+                self._pool.submit(self._send, request, time.monotonic())
+        return max(0.001, wait)
+
+    def _extensions(
+        self, requests: dict[tuple[str, str], list[_Request]], added: set[int], now: float
+    ) -> float:
+        """Add the extensions due to ``requests``; returns when the next one is due."""
+        next_at = now + self._interval
+        for lease in self._held.values():
             if lease.busy or lease.lost or lease.state == CHANGE or id(lease) in added:
                 continue
-            margin = max(lease.visibility_timeout / 2, 2 * self._interval)
-            due_in = lease.expires - now - margin
-            if due_in > 0:
-                wait = min(wait, due_in)
+            due = lease.expires - self._margin(lease.visibility_timeout)
+            if due > now:
+                next_at = min(next_at, due)
                 continue
             room = lease.message.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
             if room <= 0:
@@ -242,18 +265,11 @@ class Leases:
                 continue
             request = self._add(requests, lease, CHANGE, min(lease.visibility_timeout, room), True)
             request.urgent = True
-        for items in requests.values():
-            for request in items:
-                oldest = min(x.asked for x in request.leases)
-                young = now - oldest < self._linger
-                filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
-                if young and filling and not self._closed:
-                    wait = min(wait, self._linger - (now - oldest))
-                    continue  # let it fill up a little
-                for lease in request.leases:
-                    lease.busy = True
-                self._pool.submit(self._send, request, time.monotonic())
-        return max(0.001, wait)
+        return next_at
+
+    def _margin(self, visibility_timeout: float) -> float:
+        """Extend when less than this remains: half the timeout, two rounds at least."""
+        return max(visibility_timeout / 2, 2 * self._interval)
 
     def _add(
         self,

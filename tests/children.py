@@ -32,6 +32,9 @@ class Env:
         }
         if kind == "sqlite":
             self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{tmp_path / 'broker.db'}"
+        elif kind == "sqlite-reopen":  # a FIFO defect some emulators have (test-only)
+            path = tmp_path / "broker.db"
+            self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{path}?test_reopen_groups=1"
         else:
             server = request.getfixturevalue("sqs_emulator")
             self.vars.update(

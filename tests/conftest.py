@@ -38,6 +38,8 @@ def sqs_emulator() -> Iterator[emu.Emulator]:
 def make_broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Broker:
     if kind == "sqlite":
         return SqliteBroker(str(tmp_path / "broker.db"))
+    if kind == "sqlite-reopen":  # the embedded engine with a FIFO defect some emulators have
+        return SqliteBroker(str(tmp_path / "broker.db"), reopen_groups=True)
     if kind == "memory":
         return MemoryBroker()
     from shardq.broker.sqs import SqsBroker
