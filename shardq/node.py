@@ -118,10 +118,12 @@ class Node:
                 next_maintain = time.monotonic() + MAINTAIN_EVERY_SECONDS
                 self._maintain()
             if self.until_empty:
-                quiet = quiet + 1 if self._drained() else 0
-                if quiet >= 2:
+                quiet = quiet + 1 if self._idle() else 0
+                if quiet >= 2 and self._drained():  # asks the broker once idle a while
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
+                elif quiet >= 2:
+                    quiet = 0
         return self._shutdown()
 
     def _start(self) -> None:
@@ -255,9 +257,10 @@ class Node:
         for worker in {ref.worker for ref in self.plan.shards}:
             self.app.ensure_queue(self.app.morgue_queue(worker), worker)
 
+    def _idle(self) -> bool:
+        return not self.leases.count() and all(lane.idle() for lane in self.lanes)
+
     def _drained(self) -> bool:
-        if self.leases.count() or not all(lane.idle() for lane in self.lanes):
-            return False
         broker = self.app.broker
         try:
             for lane in self.lanes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -74,3 +75,24 @@ def test_json_format_writes_one_object_per_line() -> None:
     record = json.loads(line)
     assert record["event"] == "job.succeeded" and record["entity"] == "e-1"
     assert record["level"] == "info" and "timestamp" in record
+
+
+def test_a_running_node_logs_its_progress_now_and_then() -> None:
+    # given a node that logs progress every 0.3 s, and jobs that take 1.5 s in all
+    app = shardq.App(shardq.Config(broker_url="memory://", progress_seconds=0.3))
+
+    @app.register
+    class Slow(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[object]) -> None:
+            time.sleep(0.05)
+
+    Slow.publish_many([(f"e{n}", n) for n in range(30)])
+    # when it runs them
+    with capture_logs() as captured:
+        Node(app, app.plan(threads=1), until_empty=True).run()
+    # then it logged node.progress at info, with jobs/s for the worker and the max lag
+    progress = [e for e in captured if e["event"] == "node.progress"]
+    assert len(progress) >= 2
+    assert all(e["log_level"] == "info" for e in progress)
+    assert any(e["jobs_per_second"].get("Slow", 0) > 0 for e in progress)
+    assert {"done", "max_lag", "held"} <= set(progress[0])
