@@ -17,8 +17,9 @@ each after ``publish_many`` of the same ``--jobs`` blank jobs (``bench/lane_work
 ``Blank``, job i for ``entity-{i % entities}``, over ``--shards`` shard queues; not
 timed):
 
-* ``raw-1``: the broker alone, one thread: per shard queue, ``receive`` 10 (no wait)
-  then ``delete_batch`` them, until the queue is empty (what a node does per batch);
+* ``raw-1``: the broker alone, one thread: per shard queue, ``send_batch`` of the
+  same bodies 10 at a time, then ``receive`` 10 (no wait) and ``delete_batch`` them
+  until the queue is empty: the broker's work for each job (send + receive + delete);
 * ``raw-T``: the same with ``--threads`` threads, thread i owning queues i, i+T, ...;
 * ``node``: ``Node(app, app.plan(threads=T), until_empty=True).run()`` with the log
   set up as ``shardq run`` does by default: ``shardq.logs.configure(format, level)``
