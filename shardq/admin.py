@@ -14,6 +14,7 @@ from typing import Any
 
 from shardq import bulk
 from shardq.app import App
+from shardq.envelope import refuse_constant
 from shardq.errors import ConfigError
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
@@ -383,7 +384,7 @@ def _record_dict(record: MorgueRecord, app: App) -> dict[str, Any]:
 
 def _json_arg(name: str, text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=refuse_constant)
     except RecursionError:
         raise ConfigError(
             f"{name} is JSON nested too deeply to read; flatten it, or store the data "
@@ -394,9 +395,6 @@ def _json_arg(name: str, text: str) -> Any:
             f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
         ) from None
 
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _scope(args: argparse.Namespace) -> str:

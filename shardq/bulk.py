@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from shardq.envelope import refuse_constant
 from shardq.errors import BrokerError, ConfigError, PublishError, ShardqError
 from shardq.publisher import Job
 from shardq.terminal import Progress, plural
@@ -78,7 +79,7 @@ def read_jobs(app: App, worker: str, lines: Iterable[str], source: str) -> list[
 def parse_line(text: str) -> Job:
     """The job of one line; ValueError says what is wrong with it."""
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, parse_constant=refuse_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
     except ValueError as exc:
@@ -159,6 +160,3 @@ def ranges(numbers: Sequence[int], most: int = 20) -> str:
         shown.append(f"and {len(runs) - most} more runs")
     return ", ".join(shown)
 
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")

@@ -79,7 +79,7 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
     try:
-        doc = json.loads(body, parse_constant=_refuse_constant)
+        doc = json.loads(body, parse_constant=refuse_constant)
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc})") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
@@ -107,7 +107,8 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     return Envelope(worker, entity, doc["payload"], float(published_at), meta)
 
 
-def _refuse_constant(name: str) -> Any:
+def refuse_constant(name: str) -> Any:
+    """``json.loads(..., parse_constant=refuse_constant)``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not a JSON number")
 
 

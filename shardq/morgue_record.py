@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from shardq.broker.base import Message, SendEntry
+from shardq.envelope import refuse_constant
 from shardq.errors import BrokerError
 
 log = structlog.get_logger("shardq.morgue")
@@ -136,7 +137,7 @@ def decode(text: str) -> MorgueRecord:
     """Read a record (this format or version 1); ValueError says why it is not one."""
     header, newline, body = text.partition("\n")
     try:
-        doc = json.loads(header if newline else text, parse_constant=_refuse_constant)
+        doc = json.loads(header if newline else text, parse_constant=refuse_constant)
     except RecursionError:
         raise ValueError("nested too deeply to be a morgue record") from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
@@ -237,9 +238,6 @@ def _fit(head: dict[str, Any], budget: int) -> bool:
                 head[key] = f"{original[:keep]} {TRIMMED}"
     return len(_dump(head)) <= budget
 
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 __all__ = [
