@@ -62,7 +62,7 @@ def waiting(app: shardq.App) -> int:
         ('{"entity": 5, "payload": 1}', "entity must be a string"),
         ('{"entity": "e", "payload": 1, "dedup_id": 5}', "dedup_id must be a string"),
         ('{"entity": "e", "payload": 1, "meta": []}', "meta must be an object"),
-        ('{"entity": "e", "payload": NaN}', "NaN is not valid JSON"),
+        ('{"entity": "e", "payload": NaN}', "NaN is not a JSON number"),
         ("[1, 2]", "expected a JSON object"),
         ("{oops", "not valid JSON"),
         ("[" * 1500 + "]" * 1500, "nested too deeply"),
