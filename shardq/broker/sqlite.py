@@ -522,11 +522,16 @@ class SqliteBroker(Broker):
         self._waiters.wake_all()
 
     def _start_watcher(self) -> None:
-        if self.path == ":memory:" or (self._watcher and self._watcher.is_alive()):
+        if self.path == ":memory:" or self._closed:
+            return
+        if self._watcher and self._watcher.is_alive():
             return
         with self._lock:
             if self._watcher is None or not self._watcher.is_alive():
-                self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
+                try:
+                    self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
+                except sqlite3.Error as exc:
+                    raise error(self.path, exc, "watching it for other processes") from exc
                 self._watcher.start()
 
     # -- housekeeping -------------------------------------------------------

@@ -115,25 +115,26 @@ class OtherProcesses(threading.Thread):
     """Polls ``PRAGMA data_version`` of the file and wakes waiters of changed queues."""
 
     def __init__(self, path: str, waiters: Waiters, poll_interval: float) -> None:
+        """Read the current versions here, before any wait relies on the watcher."""
         super().__init__(name="shardq-sqlite-watch", daemon=True)
-        self._path, self._waiters, self._poll_interval = path, waiters, poll_interval
+        self._waiters, self._poll_interval = waiters, poll_interval
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        waiters.changed_elsewhere(self._versions())
+
+    def _versions(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT name, version FROM queues").fetchall())
 
     def run(self) -> None:
-        waiters = self._waiters
+        waiters, db = self._waiters, self._db
         try:
-            db = sqlite3.connect(self._path, timeout=30.0, isolation_level=None)
-        except sqlite3.Error:
-            return  # the broker's own calls report what is wrong with the file
-        try:
-            data_version = None
             while not waiters.closed:
                 if not waiters.busy.wait(1.0):
                     continue
                 current = db.execute("PRAGMA data_version").fetchone()[0]
-                if current != data_version:
-                    data_version = current
-                    rows = dict(db.execute("SELECT name, version FROM queues").fetchall())
-                    changed = waiters.changed_elsewhere(rows)
+                if current != self._data_version:
+                    self._data_version = current
+                    changed = waiters.changed_elsewhere(self._versions())
                     if changed:
                         waiters.notify(changed)
                 waiters.stopped.wait(self._poll_interval)
