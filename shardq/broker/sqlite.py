@@ -77,8 +77,8 @@ __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 # The first :n receivable groups by head, then up to :n visible messages of each,
 # and of those the first :n in send order: the :n oldest receivable messages.
 _RECEIVE = """
-SELECT m.seq, m.group_id, m.body, m.message_id, m.sent_at, m.receive_count
-FROM (SELECT group_id FROM groups
+SELECT m.seq, m.group_id, m.body, m.message_id, m.sent_at, m.receive_count, g.head_seq
+FROM (SELECT group_id, head_seq FROM groups
       WHERE queue = :q AND (blocked_until <= :now OR reopened)
       ORDER BY head_seq LIMIT :n) AS g
 JOIN messages AS m ON m.seq IN (
@@ -88,23 +88,20 @@ JOIN messages AS m ON m.seq IN (
 ORDER BY m.seq LIMIT :n
 """
 _NEXT_UNBLOCKED = "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?"
-# A group's in-flight messages are among its first 10 (a receive takes at most 10
-# messages, from the head of an unblocked group), so its blocked_until is the latest
-# visibility of those; only the test-only reopen mode needs to look at all of them.
-_REFRESH_GROUPS = """
-UPDATE groups SET
-    head_seq = (SELECT seq FROM messages AS m
-                WHERE m.queue = groups.queue AND m.group_id = groups.group_id
-                ORDER BY seq LIMIT 1),
-    blocked_until = (SELECT MAX(visible_at) FROM (
-        SELECT visible_at FROM messages AS m
-        WHERE m.queue = groups.queue AND m.group_id = groups.group_id
-        ORDER BY seq LIMIT {scan}))
-WHERE queue = ? AND group_id IN ({marks}) RETURNING group_id, blocked_until
+_KNOWN_GROUPS = """
+SELECT j.value FROM json_each(?1) AS j
+WHERE EXISTS (SELECT 1 FROM messages WHERE queue = ?2 AND group_id = j.value)
 """
-_DROP_EMPTY_GROUPS = """
-DELETE FROM groups WHERE queue = ? AND group_id IN ({marks}) AND NOT EXISTS (
-    SELECT 1 FROM messages AS m WHERE m.queue = groups.queue AND m.group_id = groups.group_id)
+# Each group's head now and the latest visibility of its in-flight messages. Those
+# are among its first 10 (a receive takes at most 10 messages, from the head of an
+# unblocked group); only the test-only reopen mode needs to look at all of them.
+_GROUP_STATE = """
+SELECT j.value,
+    (SELECT seq FROM messages WHERE queue = ?2 AND group_id = j.value ORDER BY seq LIMIT 1),
+    (SELECT MAX(visible_at) FROM (
+        SELECT visible_at FROM messages WHERE queue = ?2 AND group_id = j.value
+        ORDER BY seq LIMIT ?3))
+FROM json_each(?1) AS j
 """
 _READY = """
 SELECT j.value FROM json_each(:qs) AS j WHERE EXISTS (
@@ -268,41 +265,71 @@ class SqliteBroker(Broker):
         with self._tx(f"sending to queue {queue}") as db:
             _, max_bytes = self._queue(db, queue)
             purge_expired_dedup(db, _SEND_PURGE)
+            fresh = []
             for entry in entries:
                 reason = entry_problem(entry, max_bytes)
                 if reason:
                     result.failed[entry.id] = reason
-                    continue
-                seen = db.execute(
-                    "SELECT message_id FROM dedup WHERE queue = ? AND dedup_id = ?"
-                    " AND expires_at > ?",
-                    (queue, entry.dedup_id, now),
-                ).fetchone()
-                if seen is not None:
-                    result.message_ids[entry.id] = seen[0]
-                    continue
-                message_id = str(uuid.uuid4())
-                seq = db.execute(
-                    "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (queue, entry.group_id, entry.body, message_id, now, now),
-                ).lastrowid
-                db.execute(
-                    "INSERT OR IGNORE INTO groups (queue, group_id, head_seq, blocked_until)"
-                    " VALUES (?, ?, ?, ?)",
-                    (queue, entry.group_id, seq, now),
-                )
-                db.execute(
-                    "INSERT OR REPLACE INTO dedup (queue, dedup_id, message_id, expires_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (queue, entry.dedup_id, message_id, now + DEDUP_WINDOW_SECONDS),
-                )
-                result.message_ids[entry.id] = message_id
+                else:
+                    fresh.append(entry)
+            if fresh:
+                self._store(db, queue, fresh, now, result)
             if result.message_ids:
                 version = self._bump(db, queue)
         if version is not None:
             self._waiters.wrote({queue: version})
         return result
+
+    def _store(
+        self,
+        db: sqlite3.Connection,
+        queue: str,
+        entries: list[SendEntry],
+        now: float,
+        result: SendResult,
+    ) -> None:
+        """Store the entries whose deduplication id is new, in order, with their groups."""
+        dedup_ids = list(dict.fromkeys(e.dedup_id for e in entries))
+        seen = dict(
+            db.execute(
+                "SELECT dedup_id, message_id FROM dedup WHERE queue = ? AND expires_at > ?"
+                f" AND dedup_id IN ({_marks(len(dedup_ids))})",
+                (queue, now, *dedup_ids),
+            ).fetchall()
+        )
+        new: list[tuple[SendEntry, str]] = []
+        for entry in entries:
+            if entry.dedup_id not in seen:
+                seen[entry.dedup_id] = str(uuid.uuid4())
+                new.append((entry, seen[entry.dedup_id]))
+            result.message_ids[entry.id] = seen[entry.dedup_id]
+        if not new:
+            return
+        groups = list(dict.fromkeys(e.group_id for e, _ in new))
+        known = {
+            row[0]
+            for row in db.execute(_KNOWN_GROUPS, (json.dumps(groups), queue)).fetchall()
+        }
+        rows = db.execute(
+            "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
+            f" VALUES {','.join(['(?, ?, ?, ?, ?, ?)'] * len(new))} RETURNING seq, message_id",
+            [v for e, mid in new for v in (queue, e.group_id, e.body, mid, now, now)],
+        ).fetchall()
+        seqs = dict((message_id, seq) for seq, message_id in rows)
+        heads = {}
+        for entry, message_id in new:
+            if entry.group_id not in known and entry.group_id not in heads:
+                heads[entry.group_id] = seqs[message_id]  # the group's first message
+        db.executemany(
+            "INSERT INTO groups (queue, head_seq, group_id, blocked_until) VALUES (?, ?, ?, ?)",
+            [(queue, seq, group, now) for group, seq in heads.items()],
+        )
+        expires = now + DEDUP_WINDOW_SECONDS
+        db.executemany(
+            "INSERT OR REPLACE INTO dedup (queue, dedup_id, message_id, expires_at)"
+            " VALUES (?, ?, ?, ?)",
+            [(queue, e.dedup_id, message_id, expires) for e, message_id in new],
+        )
 
     # -- receive ------------------------------------------------------------
     def receive(
@@ -347,11 +374,11 @@ class SqliteBroker(Broker):
                 f" receive_count = receive_count + 1 WHERE seq IN ({_marks(len(seqs))})",
                 (visible_at, now, token, *seqs),
             )
-            groups = list(dict.fromkeys(row[1] for row in rows))
+            heads = list(dict.fromkeys(row[6] for row in rows))
             db.execute(
                 "UPDATE groups SET blocked_until = max(blocked_until, ?), reopened = 0"
-                f" WHERE queue = ? AND group_id IN ({_marks(len(groups))})",
-                (visible_at, queue, *groups),
+                f" WHERE queue = ? AND head_seq IN ({_marks(len(heads))})",
+                (visible_at, queue, *heads),
             )
         return [
             Message(
@@ -365,7 +392,7 @@ class SqliteBroker(Broker):
                 sequence=f"{seq:020d}",
                 received_at=now,
             )
-            for seq, group_id, body, message_id, sent_at, count in rows
+            for seq, group_id, body, message_id, sent_at, count, _ in rows
         ], None
 
     # -- delete and visibility ----------------------------------------------
@@ -373,27 +400,28 @@ class SqliteBroker(Broker):
         check_batch(receipts, list(receipts))
         result = BatchResult()
         now = time.time()
-        groups: dict[str, None] = {}
+        deleted: dict[str, list[int]] = {}
         with self._tx(f"deleting from queue {queue}") as db:
             self._queue(db, queue)
             for receipt in receipts:
                 key = _parse_receipt(receipt)
                 row = None
                 if key is not None:
+                    # one row per statement: SQLite deletes a list of rowids far slower
                     row = db.execute(
                         "DELETE FROM messages WHERE seq = ? AND token = ? AND queue = ?"
                         " AND visible_at > ? RETURNING group_id",
                         (key[0], key[1], queue, now),
                     ).fetchone()
-                if row is None:
+                if row is None or key is None:
                     result.failed[receipt] = _STALE
                 else:
-                    groups[row[0]] = None
-            unblocked = self._refresh_groups(db, queue, list(groups), now, drop_empty=True)
+                    deleted.setdefault(row[0], []).append(key[0])
+            unblocked = self._refresh_groups(db, queue, deleted, now)
             version = None
-            if groups:
-                deleted = len(receipts) - len(result.failed)
-                version = self._bump(db, queue, deleted, wake=bool(unblocked))
+            if deleted:
+                count = len(receipts) - len(result.failed)
+                version = self._bump(db, queue, count, wake=unblocked)
         if version is not None and unblocked:
             self._waiters.wrote({queue: version})
         return result
@@ -406,7 +434,7 @@ class SqliteBroker(Broker):
         now = time.time()
         groups: dict[str, None] = {}
         released: set[str] = set()
-        earlier = False
+        earlier = False  # some message becomes visible earlier than it would have
         with self._tx(f"changing visibility in queue {queue}") as db:
             self._queue(db, queue)
             for receipt, seconds in changes:
@@ -434,36 +462,76 @@ class SqliteBroker(Broker):
                     earlier = earlier or now + seconds < row[2]
                     if seconds == 0:
                         released.add(row[1])
-            self._refresh_groups(db, queue, list(groups), now, drop_empty=False)
-            if self.reopen_groups and released:
-                self._reopen(db, queue, released, now)
+            self._refresh_groups(db, queue, dict.fromkeys(groups, []), now, released)
             version = self._bump(db, queue, wake=earlier) if earlier else None
         if version is not None:
             self._waiters.wrote({queue: version})
         return result
 
     def _refresh_groups(
-        self, db: sqlite3.Connection, queue: str, groups: list[str], now: float, *, drop_empty: bool
-    ) -> list[str]:
-        """Recompute the heads of these groups; the ones now receivable."""
-        if not groups:
-            return []
-        marks = _marks(len(groups))
-        if drop_empty:
-            db.execute(_DROP_EMPTY_GROUPS.format(marks=marks), (queue, *groups))
-        scan = -1 if self.reopen_groups else MAX_BATCH_ENTRIES
-        sql = _REFRESH_GROUPS.format(marks=marks, scan=scan)
-        rows = db.execute(sql, (queue, *groups)).fetchall()
-        return [group for group, blocked_until in rows if blocked_until <= now]
+        self,
+        db: sqlite3.Connection,
+        queue: str,
+        deleted: dict[str, list[int]],
+        now: float,
+        released: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> bool:
+        """Bring the rows of these groups up to date after deletes (``deleted`` maps
+        each group to the messages deleted from it) or visibility changes (with no
+        messages). True if one of them is receivable now.
 
-    def _reopen(self, db: sqlite3.Connection, queue: str, groups: set[str], now: float) -> None:
-        """Test-only defect: released groups with messages still in flight become open."""
-        marks = _marks(len(groups))
-        db.execute(
-            f"UPDATE groups SET reopened = 1 WHERE queue = ? AND group_id IN ({marks})"
-            " AND blocked_until > ?",
-            (queue, *groups, now),
-        )
+        ``released``: groups a message of which was made visible at once (only the
+        test-only reopen mode uses it).
+        """
+        if not deleted:
+            return False
+        scan = -1 if self.reopen_groups else MAX_BATCH_ENTRIES
+        rows = db.execute(
+            _GROUP_STATE, (json.dumps(list(deleted)), queue, scan)
+        ).fetchall()
+        moved: dict[int, tuple[str, int | None, float]] = {}  # old head -> new state
+        stay: list[tuple[float, bool, str, int]] = []
+        receivable = False
+        for group, head, blocked_until in rows:
+            old_head = min([*deleted[group], head] if head is not None else deleted[group])
+            reopened = self.reopen_groups and group in released and blocked_until > now
+            if head is not None and (blocked_until <= now or reopened):
+                receivable = True
+            if old_head == head:
+                stay.append((blocked_until, reopened, queue, head))
+            else:
+                moved[old_head] = (group, head, blocked_until)
+        if stay:
+            db.executemany(
+                "UPDATE groups SET blocked_until = ?, reopened = reopened OR ?"
+                " WHERE queue = ? AND head_seq = ?",
+                stay,
+            )
+        if moved:
+            was_reopened: dict[int, int] = {}
+            if self.reopen_groups:
+                was_reopened = dict(
+                    db.execute(
+                        "SELECT head_seq, reopened FROM groups WHERE queue = ?"
+                        f" AND head_seq IN ({_marks(len(moved))})",
+                        (queue, *moved),
+                    ).fetchall()
+                )
+            # one row per statement: SQLite deletes a list of keys far slower
+            db.executemany(
+                "DELETE FROM groups WHERE queue = ? AND head_seq = ?",
+                [(queue, old) for old in moved],
+            )
+            db.executemany(
+                "INSERT INTO groups (queue, head_seq, group_id, blocked_until, reopened)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [
+                    (queue, head, group, blocked_until, was_reopened.get(old, 0))
+                    for old, (group, head, blocked_until) in moved.items()
+                    if head is not None
+                ],
+            )
+        return receivable
 
     # -- waiting ------------------------------------------------------------
     def _bump(

@@ -61,18 +61,20 @@ CREATE TABLE IF NOT EXISTS dedup (
 CREATE INDEX IF NOT EXISTS dedup_by_expiry ON dedup (expires_at);
 """
 
+# Keyed by head: a receive walks a queue's groups in head order and updates rows
+# next to each other; a send of a new group appends. The row of a group is found
+# through its head (the first of its messages, by messages_by_group_seq).
 _GROUPS = """
 CREATE TABLE groups (
     queue TEXT NOT NULL,
-    group_id TEXT NOT NULL,
     head_seq INTEGER NOT NULL,
+    group_id TEXT NOT NULL,
     blocked_until REAL NOT NULL,
     reopened INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (queue, group_id)
+    PRIMARY KEY (queue, head_seq)
 ) WITHOUT ROWID;
-CREATE INDEX groups_by_head ON groups (queue, head_seq, blocked_until, reopened);
-INSERT INTO groups (queue, group_id, head_seq, blocked_until)
-    SELECT queue, group_id, MIN(seq), MAX(visible_at) FROM messages GROUP BY queue, group_id;
+INSERT INTO groups (queue, head_seq, group_id, blocked_until)
+    SELECT queue, MIN(seq), group_id, MAX(visible_at) FROM messages GROUP BY queue, group_id;
 DROP INDEX IF EXISTS messages_by_queue;
 DROP INDEX IF EXISTS messages_by_group;
 DROP INDEX IF EXISTS messages_by_visibility;
