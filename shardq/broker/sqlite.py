@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from shardq.broker.base import (
     BatchResult,
@@ -74,18 +75,18 @@ from shardq.limits import (
 
 __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 
-# The first :n receivable groups by head, then up to :n visible messages of each,
-# and of those the first :n in send order: the :n oldest receivable messages.
-_RECEIVE = """
-SELECT m.seq, m.group_id, m.body, m.message_id, m.sent_at, m.receive_count, g.head_seq
-FROM (SELECT group_id, head_seq FROM groups
-      WHERE queue = :q AND (blocked_until <= :now OR reopened)
-      ORDER BY head_seq LIMIT :n) AS g
-JOIN messages AS m ON m.seq IN (
-    SELECT seq FROM messages
-    WHERE queue = :q AND group_id = g.group_id AND +visible_at <= :now
-    ORDER BY seq LIMIT :n)
-ORDER BY m.seq LIMIT :n
+# A receive takes the receivable groups in head order (oldest first): as many of the
+# first group's visible messages as it may return (as SQS does), then the first
+# visible message of each following group. Three short indexed queries, however
+# long the backlog behind any group.
+_RECEIVABLE_GROUPS = """
+SELECT head_seq, group_id FROM groups
+WHERE queue = ? AND (blocked_until <= ? OR reopened) ORDER BY head_seq LIMIT ?
+"""
+_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
+_GROUP_MESSAGES = f"""
+SELECT {_COLUMNS} FROM messages
+WHERE queue = ? AND group_id = ? AND +visible_at <= ? ORDER BY seq LIMIT ?
 """
 _NEXT_UNBLOCKED = "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?"
 _KNOWN_GROUPS = """
@@ -364,7 +365,7 @@ class SqliteBroker(Broker):
         visible_at = now + visibility_timeout
         with self._tx(f"receiving from queue {queue}") as db:
             self._queue(db, queue)
-            rows = db.execute(_RECEIVE, {"q": queue, "now": now, "n": max_messages}).fetchall()
+            rows = self._receivable(db, queue, now, max_messages)
             if not rows:
                 return [], db.execute(_NEXT_UNBLOCKED, (queue, now)).fetchone()[0]
             token = secrets.token_hex(8)
@@ -375,10 +376,10 @@ class SqliteBroker(Broker):
                 (visible_at, now, token, *seqs),
             )
             heads = list(dict.fromkeys(row[6] for row in rows))
-            db.execute(
+            db.executemany(
                 "UPDATE groups SET blocked_until = max(blocked_until, ?), reopened = 0"
-                f" WHERE queue = ? AND head_seq IN ({_marks(len(heads))})",
-                (visible_at, queue, *heads),
+                " WHERE queue = ? AND head_seq = ?",
+                [(visible_at, queue, head) for head in heads],
             )
         return [
             Message(
@@ -394,6 +395,33 @@ class SqliteBroker(Broker):
             )
             for seq, group_id, body, message_id, sent_at, count, _ in rows
         ], None
+
+    def _receivable(
+        self, db: sqlite3.Connection, queue: str, now: float, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` messages to receive, each with its group's head (see _RECEIVABLE_GROUPS)."""
+        groups = db.execute(_RECEIVABLE_GROUPS, (queue, now, limit)).fetchall()
+        if not groups:
+            return []
+        (head, first), rest = groups[0], groups[1:]
+        rows = [(*r, head) for r in db.execute(_GROUP_MESSAGES, (queue, first, now, limit))]
+        rest = rest[: limit - len(rows)]
+        if rest:
+            heads = {h: g for h, g in rest}
+            found = {
+                r[0]: r
+                for r in db.execute(
+                    f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(heads))})"
+                    " AND visible_at <= ?",
+                    (*heads, now),
+                )
+            }
+            for h, group in rest:
+                if h in found:
+                    rows.append((*found[h], h))
+                else:  # a reopened group's head is in flight (test-only mode)
+                    rows += [(*r, h) for r in db.execute(_GROUP_MESSAGES, (queue, group, now, 1))]
+        return rows
 
     # -- delete and visibility ----------------------------------------------
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:

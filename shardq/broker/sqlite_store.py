@@ -169,31 +169,52 @@ def _run(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
+# SQLite's primary result codes (sqlite3 exposes them only from Python 3.11).
+_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
+# Before Python 3.11 an exception carries no code: recognise SQLite's messages.
+_BY_TEXT = {
+    "database or disk is full": _FULL,
+    "file is not a database": _NOTADB,
+    "malformed": _CORRUPT,
+    "locked": _BUSY,
+    "readonly": _READONLY,
+    "disk i/o error": _IOERR,
+    "unable to open": _CANTOPEN,
+}
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF
+    text = str(exc).lower()
+    return next((c for words, c in _BY_TEXT.items() if words in text), None)
+
+
 def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:
     """A :class:`BrokerError` saying what went wrong with the file and what to do."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None
+    code = _code(exc)
     where = f"the embedded broker file {path}"
-    if primary == sqlite3.SQLITE_FULL:
+    if code == _FULL:
         return BrokerError(
             f"{where} is full: no room on its disk or in its size limit ({exc}) while "
             f"{doing}; nothing of this call was stored. Free disk space, then retry"
         )
-    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+    if code in (_CORRUPT, _NOTADB):
         return BrokerError(
             f"{where} is damaged or not an SQLite database ({exc}) while {doing}; restore it "
             "from a backup or point broker_url at a new file"
         )
-    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+    if code in (_BUSY, _LOCKED):
         return BrokerError(
             f"{where} stayed locked by another process for 30 s ({exc}) while {doing}; "
             "retry, and check for a process holding it"
         )
-    if primary == sqlite3.SQLITE_READONLY:
+    if code == _READONLY:
         return BrokerError(
             f"{where} is read-only ({exc}) while {doing}; make it and its directory writable"
         )
-    if primary in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN):
+    if code in (_IOERR, _CANTOPEN):
         return BrokerError(
             f"{where} could not be read or written ({exc}) while {doing}; check its disk "
             "and permissions, then retry"
