@@ -75,34 +75,51 @@ from shardq.limits import (
 
 __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 
-# A receive takes the receivable groups in head order (oldest first): as many of the
-# first group's visible messages as it may return (as SQS does), then the first
-# visible message of each following group. Three short indexed queries, however
-# long the backlog behind any group.
+# A receive returns the oldest receivable messages, in send order: it walks the
+# receivable groups in head order, then reads only the messages that can be among
+# the oldest. Short indexed queries, however long the backlog behind any group.
 _RECEIVABLE_GROUPS = """
-SELECT head_seq, group_id FROM groups
+SELECT head_seq, group_id, reopened FROM groups
 WHERE queue = ? AND (blocked_until <= ? OR reopened) ORDER BY head_seq LIMIT ?
 """
-_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
-_GROUP_MESSAGES = f"""
-SELECT {_COLUMNS} FROM messages
-WHERE queue = ? AND group_id = ? AND +visible_at <= ? ORDER BY seq LIMIT ?
+# The message after each group's head (all of an unblocked group's messages are
+# visible: the index alone answers).
+_SECONDS = """
+SELECT (SELECT seq FROM messages
+        WHERE queue = ?2 AND group_id = json_extract(j.value, '$[0]')
+          AND seq > json_extract(j.value, '$[1]')
+        ORDER BY seq LIMIT 1)
+FROM json_each(?1) AS j ORDER BY j.key
 """
+_GROUP_SEQS = """
+SELECT seq FROM messages
+WHERE queue = ? AND group_id = ? AND +visible_at <= ? AND seq <= ? ORDER BY seq LIMIT ?
+"""
+_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
 _NEXT_UNBLOCKED = "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?"
 _KNOWN_GROUPS = """
 SELECT j.value FROM json_each(?1) AS j
 WHERE EXISTS (SELECT 1 FROM messages WHERE queue = ?2 AND group_id = j.value)
 """
-# Each group's head now and the latest visibility of its in-flight messages. Those
-# are among its first 10 (a receive takes at most 10 messages, from the head of an
-# unblocked group); only the test-only reopen mode needs to look at all of them.
+# For each group (a [group, first deleted seq or null] pair): its head now, and the
+# latest visibility of its messages that may be in flight: only messages received
+# at some time can be, and those are at most its ``last_received``. The group's row
+# is found by its old head (the first deleted message, if that came first).
 _GROUP_STATE = """
-SELECT j.value,
-    (SELECT seq FROM messages WHERE queue = ?2 AND group_id = j.value ORDER BY seq LIMIT 1),
-    (SELECT MAX(visible_at) FROM (
-        SELECT visible_at FROM messages WHERE queue = ?2 AND group_id = j.value
-        ORDER BY seq LIMIT ?3))
-FROM json_each(?1) AS j
+WITH d AS (
+    SELECT json_extract(value, '$[0]') AS grp, json_extract(value, '$[1]') AS gone, key
+    FROM json_each(?1)),
+h AS (
+    SELECT grp, gone, key, (SELECT seq FROM messages WHERE queue = ?2 AND group_id = grp
+                            ORDER BY seq LIMIT 1) AS head
+    FROM d)
+SELECT h.grp, h.head, g.head_seq,
+    (SELECT MAX(visible_at) FROM messages
+     WHERE queue = ?2 AND group_id = h.grp AND seq <= g.last_received)
+FROM h JOIN groups AS g ON g.queue = ?2 AND g.head_seq = CASE
+    WHEN h.gone IS NULL THEN h.head WHEN h.head IS NULL THEN h.gone
+    ELSE min(h.gone, h.head) END
+ORDER BY h.key
 """
 _READY = """
 SELECT j.value FROM json_each(:qs) AS j WHERE EXISTS (
@@ -375,11 +392,13 @@ class SqliteBroker(Broker):
                 f" receive_count = receive_count + 1 WHERE seq IN ({_marks(len(seqs))})",
                 (visible_at, now, token, *seqs),
             )
-            heads = list(dict.fromkeys(row[6] for row in rows))
+            last: dict[int, int] = {}  # head -> the group's last message received
+            for row in rows:
+                last[row[6]] = max(row[0], last.get(row[6], 0))
             db.executemany(
-                "UPDATE groups SET blocked_until = max(blocked_until, ?), reopened = 0"
-                " WHERE queue = ? AND head_seq = ?",
-                [(visible_at, queue, head) for head in heads],
+                "UPDATE groups SET blocked_until = max(blocked_until, ?), reopened = 0,"
+                " last_received = max(last_received, ?) WHERE queue = ? AND head_seq = ?",
+                [(visible_at, seq, queue, head) for head, seq in last.items()],
             )
         return [
             Message(
@@ -399,29 +418,34 @@ class SqliteBroker(Broker):
     def _receivable(
         self, db: sqlite3.Connection, queue: str, now: float, limit: int
     ) -> list[tuple[Any, ...]]:
-        """Up to ``limit`` messages to receive, each with its group's head (see _RECEIVABLE_GROUPS)."""
+        """Up to ``limit`` messages to receive, each with its group's head."""
         groups = db.execute(_RECEIVABLE_GROUPS, (queue, now, limit)).fetchall()
         if not groups:
             return []
-        (head, first), rest = groups[0], groups[1:]
-        rows = [(*r, head) for r in db.execute(_GROUP_MESSAGES, (queue, first, now, limit))]
-        rest = rest[: limit - len(rows)]
-        if rest:
-            heads = {h: g for h, g in rest}
-            found = {
-                r[0]: r
-                for r in db.execute(
-                    f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(heads))})"
-                    " AND visible_at <= ?",
-                    (*heads, now),
-                )
-            }
-            for h, group in rest:
-                if h in found:
-                    rows.append((*found[h], h))
-                else:  # a reopened group's head is in flight (test-only mode)
-                    rows += [(*r, h) for r in db.execute(_GROUP_MESSAGES, (queue, group, now, 1))]
-        return rows
+        plain = [(h, g) for h, g, reopened in groups if not reopened]
+        seconds = db.execute(_SECONDS, (json.dumps([[g, h] for h, g in plain]), queue)).fetchall()
+        present = [(g, h, (h, second)) for (h, g), (second,) in zip(plain, seconds)]
+        for h, g, reopened in groups:
+            if reopened:  # test-only mode: the head may be in flight
+                seqs = [r[0] for r in db.execute(_GROUP_SEQS, (queue, g, now, 2**63 - 1, 2))]
+                if seqs:
+                    present.append((g, h, (seqs[0], seqs[1] if len(seqs) > 1 else None)))
+        # the first message of each group is a candidate: nothing after the last of
+        # them can be among the oldest ``limit`` when there are ``limit`` of them
+        bound = max(f[0] for _, _, f in present) if len(present) == limit else 2**63 - 1
+        head_of: dict[int, int] = {}
+        for group, head, (first, second) in present:
+            head_of[first] = head
+            if second is not None and second <= bound:  # more of this group may come
+                more = db.execute(_GROUP_SEQS, (queue, group, now, bound, limit)).fetchall()
+                head_of.update((seq, head) for (seq,) in more)
+        chosen = sorted(head_of)[:limit]
+        if not chosen:
+            return []
+        found = db.execute(
+            f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(chosen))})", chosen
+        ).fetchall()
+        return sorted((*row, head_of[row[0]]) for row in found)
 
     # -- delete and visibility ----------------------------------------------
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
@@ -513,52 +537,25 @@ class SqliteBroker(Broker):
         """
         if not deleted:
             return False
-        scan = -1 if self.reopen_groups else MAX_BATCH_ENTRIES
-        rows = db.execute(
-            _GROUP_STATE, (json.dumps(list(deleted)), queue, scan)
-        ).fetchall()
-        moved: dict[int, tuple[str, int | None, float]] = {}  # old head -> new state
-        stay: list[tuple[float, bool, str, int]] = []
+        pairs = [[group, min(seqs) if seqs else None] for group, seqs in deleted.items()]
+        rows = db.execute(_GROUP_STATE, (json.dumps(pairs), queue)).fetchall()
+        updates: list[tuple[int, float, bool, str, int]] = []
+        emptied: list[tuple[str, int]] = []
         receivable = False
-        for group, head, blocked_until in rows:
-            old_head = min([*deleted[group], head] if head is not None else deleted[group])
+        for group, head, old_head, latest in rows:
+            if head is None:
+                emptied.append((queue, old_head))
+                continue
+            blocked_until = latest or 0.0
             reopened = self.reopen_groups and group in released and blocked_until > now
-            if head is not None and (blocked_until <= now or reopened):
-                receivable = True
-            if old_head == head:
-                stay.append((blocked_until, reopened, queue, head))
-            else:
-                moved[old_head] = (group, head, blocked_until)
-        if stay:
-            db.executemany(
-                "UPDATE groups SET blocked_until = ?, reopened = reopened OR ?"
-                " WHERE queue = ? AND head_seq = ?",
-                stay,
-            )
-        if moved:
-            was_reopened: dict[int, int] = {}
-            if self.reopen_groups:
-                was_reopened = dict(
-                    db.execute(
-                        "SELECT head_seq, reopened FROM groups WHERE queue = ?"
-                        f" AND head_seq IN ({_marks(len(moved))})",
-                        (queue, *moved),
-                    ).fetchall()
-                )
-            # one row per statement: SQLite deletes a list of keys far slower
-            db.executemany(
-                "DELETE FROM groups WHERE queue = ? AND head_seq = ?",
-                [(queue, old) for old in moved],
-            )
-            db.executemany(
-                "INSERT INTO groups (queue, head_seq, group_id, blocked_until, reopened)"
-                " VALUES (?, ?, ?, ?, ?)",
-                [
-                    (queue, head, group, blocked_until, was_reopened.get(old, 0))
-                    for old, (group, head, blocked_until) in moved.items()
-                    if head is not None
-                ],
-            )
+            receivable = receivable or blocked_until <= now or reopened
+            updates.append((head, blocked_until, reopened, queue, old_head))
+        db.executemany("DELETE FROM groups WHERE queue = ? AND head_seq = ?", emptied)
+        db.executemany(
+            "UPDATE groups SET head_seq = ?, blocked_until = ?, reopened = reopened OR ?"
+            " WHERE queue = ? AND head_seq = ?",
+            updates,
+        )
         return receivable
 
     # -- waiting ------------------------------------------------------------

@@ -9,7 +9,8 @@ Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
 * ``groups``: one row per message group that has messages: its first message
   (``head_seq``), the latest end of visibility of its messages (``blocked_until``:
   the group is blocked while that is in the future) and the test-only ``reopened``
-  flag. A receive walks group heads, so a group with a long backlog behind a hidden
+  flag, and its ``last_received`` message (only messages up to it can be in flight).
+  A receive walks group heads, so a group with a long backlog behind a hidden
   head costs one row, not its backlog.
 * ``dedup``: deduplication ids seen within the last 5 minutes.
 """
@@ -26,7 +27,7 @@ from shardq.errors import BrokerError
 SHARDQ_TABLES = {
     "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
-    "groups": {"queue", "group_id", "head_seq", "blocked_until", "reopened"},
+    "groups": {"queue", "group_id", "head_seq", "blocked_until", "reopened", "last_received"},
     "dedup": {"queue", "dedup_id", "message_id", "expires_at"},
 }
 
@@ -71,10 +72,13 @@ CREATE TABLE groups (
     group_id TEXT NOT NULL,
     blocked_until REAL NOT NULL,
     reopened INTEGER NOT NULL DEFAULT 0,
+    last_received INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, head_seq)
 ) WITHOUT ROWID;
-INSERT INTO groups (queue, head_seq, group_id, blocked_until)
-    SELECT queue, MIN(seq), group_id, MAX(visible_at) FROM messages GROUP BY queue, group_id;
+INSERT INTO groups (queue, head_seq, group_id, blocked_until, last_received)
+    SELECT queue, MIN(seq), group_id, MAX(visible_at),
+           COALESCE(MAX(CASE WHEN token IS NOT NULL THEN seq END), 0)
+    FROM messages GROUP BY queue, group_id;
 DROP INDEX IF EXISTS messages_by_queue;
 DROP INDEX IF EXISTS messages_by_group;
 DROP INDEX IF EXISTS messages_by_visibility;
