@@ -42,6 +42,7 @@ from _common import git_head, machine, percentile, table
 
 from shardq.broker import SqliteBroker
 from shardq.broker.base import SendEntry
+from shardq.errors import ShardqError
 
 
 def entry(group: str, body: str = "{}") -> SendEntry:
@@ -64,6 +65,15 @@ def fresh_broker(tmp: str, name: str = "broker.db") -> SqliteBroker:
 # -- a: waiting receives ------------------------------------------------------------
 
 
+def wait_on(broker: SqliteBroker, stop: threading.Event, queue: str) -> None:
+    """Wait in receive on ``queue`` until ``stop`` (as an idle shard's poller does)."""
+    while not stop.is_set():
+        try:
+            broker.receive(queue, max_messages=10, wait_seconds=20, visibility_timeout=30)
+        except ShardqError:  # the broker closes at the end
+            return
+
+
 def part_a(rounds: int) -> None:
     rows = []
     for waiting in (8, 200, 1000):
@@ -72,18 +82,13 @@ def part_a(rounds: int) -> None:
             broker.ensure_queue("busy.fifo")
             stop = threading.Event()
 
-            def wait_on(queue: str) -> None:
-                while not stop.is_set():
-                    try:
-                        broker.receive(queue, max_messages=10, wait_seconds=20, visibility_timeout=30)
-                    except Exception:  # noqa: BLE001 - the broker closes at the end
-                        return
-
             threads = []
             for i in range(waiting):
                 queue = f"idle-{i}.fifo"
                 broker.ensure_queue(queue)
-                threads.append(threading.Thread(target=wait_on, args=(queue,), daemon=True))
+                threads.append(
+                    threading.Thread(target=wait_on, args=(broker, stop, queue), daemon=True)
+                )
             for thread in threads:
                 thread.start()
             time.sleep(1.0 + waiting / 500)  # let them all block in receive
@@ -111,7 +116,7 @@ def part_a(rounds: int) -> None:
 
 def block_entity(broker: SqliteBroker, queue: str, backlog: int) -> None:
     """``backlog`` jobs of one entity, its head received and hidden for 10 minutes."""
-    for start in range(0, backlog, 10):
+    for _ in range(0, backlog, 10):
         broker.send_batch(
             queue,
             [SendEntry(str(i), "{}", "blocked", uuid.uuid4().hex) for i in range(10)],
@@ -214,11 +219,16 @@ def part_c(jobs: int) -> None:
         for b in range(jobs // 10):
             broker.send_batch(
                 queues[b % 8],
-                [SendEntry(str(i), body, f"e{(b * 10 + i) % 10000}", f"d{b}-{i}") for i in range(10)],
+                [
+                    SendEntry(str(i), body, f"e{(b * 10 + i) % 10000}", f"d{b}-{i}")
+                    for i in range(10)
+                ],
             )
         rows.append([f"{jobs:,} jobs published", f"{size_mib(path):.2f}"])
         for queue in queues:
-            while got := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
+            while got := broker.receive(
+                queue, max_messages=10, wait_seconds=0, visibility_timeout=60
+            ):
                 broker.delete_batch(queue, [m.receipt for m in got])
         rows.append(["drained", f"{size_mib(path):.2f}"])
         if maintain:
@@ -229,7 +239,9 @@ def part_c(jobs: int) -> None:
             maintain()
             after = size_mib(path)
             ok = "yes" if after <= 3 * fresh + 5 else "NO"
-            rows.append([f"maintain() after the window (<= 3x fresh + 5 MiB: {ok})", f"{after:.2f}"])
+            rows.append(
+                [f"maintain() after the window (<= 3x fresh + 5 MiB: {ok})", f"{after:.2f}"]
+            )
         else:
             rows.append(["maintain()", "n/a"])
         broker.close()

@@ -17,7 +17,6 @@ from shardq.broker import Broker, SendEntry, SqliteBroker
 from tests.test_broker_contract import bodies, delete, receive, send
 
 
-
 @pytest.fixture
 def queues(broker: Broker) -> list[str]:
     names = [f"w{i}-{uuid.uuid4().hex[:12]}.fifo" for i in range(3)]
@@ -110,9 +109,7 @@ def test_a_blocked_group_whose_visibility_ends_wakes_the_watch(
     assert 0.5 < time.monotonic() - started < 5
 
 
-def test_a_delete_that_unblocks_a_group_wakes_the_watch(
-    broker: Broker, queues: list[str]
-) -> None:
+def test_a_delete_that_unblocks_a_group_wakes_the_watch(broker: Broker, queues: list[str]) -> None:
     watching(broker)
     send(broker, queues[1], "g", "first", "second")
     first = receive(broker, queues[1], n=1)

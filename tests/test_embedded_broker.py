@@ -242,7 +242,7 @@ def test_reopen_mode_lets_a_released_later_message_overtake_a_hidden_one(
     broker.ensure_queue(QUEUE)
     broker.send_batch(QUEUE, [SendEntry(str(i), f"m{i}", "g", f"d{i}") for i in (1, 2)])
     # given messages 1 and 2 of a group in flight
-    first, second = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60)
+    _first, second = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60)
     # when 2 is released while 1 stays hidden
     assert not broker.change_visibility_batch(QUEUE, [(second.receipt, 0)]).failed
     got = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60)
@@ -294,8 +294,10 @@ def test_compact_shrinks_a_file_made_without_incremental_vacuum(tmp_path: Path) 
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA auto_vacuum = NONE")
-        db.execute("CREATE TABLE queues (name TEXT PRIMARY KEY, visibility_timeout REAL NOT NULL,"
-                   " max_message_bytes INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0)")
+        db.execute(
+            "CREATE TABLE queues (name TEXT PRIMARY KEY, visibility_timeout REAL NOT NULL,"
+            " max_message_bytes INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0)"
+        )
     broker = SqliteBroker(str(path))
     broker.ensure_queue(QUEUE)
     for n in range(300):

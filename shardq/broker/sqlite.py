@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from shardq.broker.base import (
@@ -205,10 +205,9 @@ class SqliteBroker(Broker):
         return self._db
 
     def _rollback(self) -> None:
-        try:
+        # SQLite may have rolled back already (it may, e.g. when the disk is full)
+        with suppress(sqlite3.Error):
             self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # SQLite rolled back already (it may, e.g. when the disk is full)
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -325,8 +324,7 @@ class SqliteBroker(Broker):
             return
         groups = list(dict.fromkeys(e.group_id for e, _ in new))
         known = {
-            row[0]
-            for row in db.execute(_KNOWN_GROUPS, (json.dumps(groups), queue)).fetchall()
+            row[0] for row in db.execute(_KNOWN_GROUPS, (json.dumps(groups), queue)).fetchall()
         }
         rows = db.execute(
             "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
@@ -424,7 +422,7 @@ class SqliteBroker(Broker):
             return []
         plain = [(h, g) for h, g, reopened in groups if not reopened]
         seconds = db.execute(_SECONDS, (json.dumps([[g, h] for h, g in plain]), queue)).fetchall()
-        present = [(g, h, (h, second)) for (h, g), (second,) in zip(plain, seconds)]
+        present = [(g, h, (h, second)) for (h, g), (second,) in zip(plain, seconds, strict=True)]
         for h, g, reopened in groups:
             if reopened:  # test-only mode: the head may be in flight
                 seqs = [r[0] for r in db.execute(_GROUP_SEQS, (queue, g, now, 2**63 - 1, 2))]
@@ -514,7 +512,7 @@ class SqliteBroker(Broker):
                     earlier = earlier or now + seconds < row[2]
                     if seconds == 0:
                         released.add(row[1])
-            self._refresh_groups(db, queue, dict.fromkeys(groups, []), now, released)
+            self._refresh_groups(db, queue, {group: [] for group in groups}, now, released)
             version = self._bump(db, queue, wake=earlier) if earlier else None
         if version is not None:
             self._waiters.wrote({queue: version})

@@ -118,7 +118,9 @@ class OtherProcesses(threading.Thread):
         """Read the current versions here, before any wait relies on the watcher."""
         super().__init__(name="shardq-sqlite-watch", daemon=True)
         self._waiters, self._poll_interval = waiters, poll_interval
-        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(
+            path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         self._data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
         waiters.changed_elsewhere(self._versions())
 
