@@ -78,48 +78,45 @@ __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 # A receive returns the oldest receivable messages, in send order: it walks the
 # receivable groups in head order, then reads only the messages that can be among
 # the oldest. Short indexed queries, however long the backlog behind any group.
+_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
+# The receivable groups in head order, each with its head message (visible unless
+# the group was reopened, a test-only mode) and the seq of the message after it.
 _RECEIVABLE_GROUPS = """
-SELECT head_seq, group_id, reopened FROM groups
-WHERE queue = ? AND (blocked_until <= ? OR reopened) ORDER BY head_seq LIMIT ?
-"""
-# The message after each group's head (all of an unblocked group's messages are
-# visible: the index alone answers).
-_SECONDS = """
-SELECT (SELECT seq FROM messages
-        WHERE queue = ?2 AND group_id = json_extract(j.value, '$[0]')
-          AND seq > json_extract(j.value, '$[1]')
-        ORDER BY seq LIMIT 1)
-FROM json_each(?1) AS j ORDER BY j.key
+SELECT g.head_seq, g.reopened, m.visible_at,
+    (SELECT seq FROM messages AS s
+     WHERE s.queue = g.queue AND s.group_id = g.group_id AND s.seq > g.head_seq
+     ORDER BY s.seq LIMIT 1),
+    m.seq, m.group_id, m.body, m.message_id, m.sent_at, m.receive_count
+FROM groups AS g JOIN messages AS m ON m.seq = g.head_seq
+WHERE g.queue = ? AND (g.blocked_until <= ? OR g.reopened) ORDER BY g.head_seq LIMIT ?
 """
 _GROUP_SEQS = """
 SELECT seq FROM messages
 WHERE queue = ? AND group_id = ? AND +visible_at <= ? AND seq <= ? ORDER BY seq LIMIT ?
 """
-_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
 _NEXT_UNBLOCKED = "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?"
 _KNOWN_GROUPS = """
 SELECT j.value FROM json_each(?1) AS j
 WHERE EXISTS (SELECT 1 FROM messages WHERE queue = ?2 AND group_id = j.value)
 """
-# For each group (a [group, first deleted seq or null] pair): its head now, and the
-# latest visibility of its messages that may be in flight: only messages received
-# at some time can be, and those are at most its ``last_received``. The group's row
-# is found by its old head (the first deleted message, if that came first).
+# For each group (``{rows}``: one ``(?, ?, ?)`` (group, first deleted seq or null,
+# order) each): its head now, and the latest visibility of its messages that may be
+# in flight: only messages received at some time can be, and those are at most its
+# ``last_received``. The group's row is found by its old head (the first deleted
+# message, if that came first).
 _GROUP_STATE = """
-WITH d AS (
-    SELECT json_extract(value, '$[0]') AS grp, json_extract(value, '$[1]') AS gone, key
-    FROM json_each(?1)),
+WITH d(grp, gone, n) AS (VALUES {rows}),
 h AS (
-    SELECT grp, gone, key, (SELECT seq FROM messages WHERE queue = ?2 AND group_id = grp
-                            ORDER BY seq LIMIT 1) AS head
+    SELECT grp, gone, n, (SELECT seq FROM messages WHERE queue = ? AND group_id = grp
+                          ORDER BY seq LIMIT 1) AS head
     FROM d)
 SELECT h.grp, h.head, g.head_seq,
     (SELECT MAX(visible_at) FROM messages
-     WHERE queue = ?2 AND group_id = h.grp AND seq <= g.last_received)
-FROM h JOIN groups AS g ON g.queue = ?2 AND g.head_seq = CASE
+     WHERE queue = ? AND group_id = h.grp AND seq <= g.last_received)
+FROM h JOIN groups AS g ON g.queue = ? AND g.head_seq = CASE
     WHEN h.gone IS NULL THEN h.head WHEN h.head IS NULL THEN h.gone
     ELSE min(h.gone, h.head) END
-ORDER BY h.key
+ORDER BY h.n
 """
 _READY = """
 SELECT j.value FROM json_each(:qs) AS j WHERE EXISTS (
@@ -135,6 +132,9 @@ _WATCH_CHUNK = 200
 #: Expired deduplication ids a send purges on the way (keeps up with what it adds).
 _SEND_PURGE = 2 * MAX_BATCH_ENTRIES
 _STALE = "receipt handle is invalid or expired (the message is visible again or was deleted)"
+
+
+_END = 2**63 - 1  # no seq is larger
 
 
 def _marks(count: int) -> str:
@@ -418,32 +418,33 @@ class SqliteBroker(Broker):
     ) -> list[tuple[Any, ...]]:
         """Up to ``limit`` messages to receive, each with its group's head."""
         groups = db.execute(_RECEIVABLE_GROUPS, (queue, now, limit)).fetchall()
-        if not groups:
-            return []
-        plain = [(h, g) for h, g, reopened in groups if not reopened]
-        seconds = db.execute(_SECONDS, (json.dumps([[g, h] for h, g in plain]), queue)).fetchall()
-        present = [(g, h, (h, second)) for (h, g), (second,) in zip(plain, seconds, strict=True)]
-        for h, g, reopened in groups:
-            if reopened:  # test-only mode: the head may be in flight
-                seqs = [r[0] for r in db.execute(_GROUP_SEQS, (queue, g, now, 2**63 - 1, 2))]
+        rows: dict[int, tuple[Any, ...]] = {}  # seq -> message columns and group head
+        present: list[tuple[str, int, int, int | None]] = []  # group, head, first, second
+        for head, reopened, visible_at, second, *message in groups:
+            if visible_at <= now:
+                rows[head] = (*message, head)
+                present.append((message[1], head, head, second))
+            elif reopened:  # test-only mode: the head is in flight, a later one is not
+                seqs = [r[0] for r in db.execute(_GROUP_SEQS, (queue, message[1], now, _END, 2))]
                 if seqs:
-                    present.append((g, h, (seqs[0], seqs[1] if len(seqs) > 1 else None)))
-        # the first message of each group is a candidate: nothing after the last of
-        # them can be among the oldest ``limit`` when there are ``limit`` of them
-        bound = max(f[0] for _, _, f in present) if len(present) == limit else 2**63 - 1
+                    present.append((message[1], head, seqs[0], (seqs[1:] or [None])[0]))
+        # each group's first message is a candidate: nothing after the last of them
+        # can be among the oldest ``limit`` when there are ``limit`` of them
+        bound = max(p[2] for p in present) if len(present) == limit else _END
         head_of: dict[int, int] = {}
-        for group, head, (first, second) in present:
+        for group, head, first, second in present:
             head_of[first] = head
             if second is not None and second <= bound:  # more of this group may come
                 more = db.execute(_GROUP_SEQS, (queue, group, now, bound, limit)).fetchall()
                 head_of.update((seq, head) for (seq,) in more)
         chosen = sorted(head_of)[:limit]
-        if not chosen:
-            return []
-        found = db.execute(
-            f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(chosen))})", chosen
-        ).fetchall()
-        return sorted((*row, head_of[row[0]]) for row in found)
+        missing = [seq for seq in chosen if seq not in rows]
+        if missing:
+            for row in db.execute(
+                f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(missing))})", missing
+            ):
+                rows[row[0]] = (*row, head_of[row[0]])
+        return [rows[seq] for seq in chosen]
 
     # -- delete and visibility ----------------------------------------------
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
@@ -535,8 +536,13 @@ class SqliteBroker(Broker):
         """
         if not deleted:
             return False
-        pairs = [[group, min(seqs) if seqs else None] for group, seqs in deleted.items()]
-        rows = db.execute(_GROUP_STATE, (json.dumps(pairs), queue)).fetchall()
+        sql = _GROUP_STATE.format(rows=",".join(["(?, ?, ?)"] * len(deleted)))
+        args = [
+            v
+            for n, (group, seqs) in enumerate(deleted.items())
+            for v in (group, min(seqs) if seqs else None, n)
+        ]
+        rows = db.execute(sql, (*args, queue, queue, queue)).fetchall()
         updates: list[tuple[int, float, bool, str, int]] = []
         emptied: list[tuple[str, int]] = []
         receivable = False
