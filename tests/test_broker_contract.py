@@ -74,6 +74,31 @@ def test_a_group_is_blocked_while_one_of_its_messages_is_in_flight(
     assert bodies(receive(broker, queue)) == ["a2"]
 
 
+def test_a_group_stays_blocked_until_every_message_in_flight_is_resolved(
+    broker: Broker, queue: str
+) -> None:
+    # given four messages of a group, three of them received together
+    send(broker, queue, "g", "1", "2", "3", "4")
+    one, two, three = receive(broker, queue, n=3)
+    # when the middle one is released and the first deleted
+    assert not broker.change_visibility_batch(queue, [(two.receipt, 0)]).failed
+    delete(broker, queue, [one])
+    # then the group stays blocked while the third is in flight
+    assert receive(broker, queue) == []
+    # and once it is deleted the group goes on in order
+    delete(broker, queue, [three])
+    assert bodies(receive(broker, queue)) == ["2", "4"]
+
+
+def test_a_long_group_goes_on_after_a_full_batch_is_deleted(broker: Broker, queue: str) -> None:
+    send(broker, queue, "g", *[f"m{i}" for i in range(10)])
+    send(broker, queue, "g", "m10", "m11")
+    first = receive(broker, queue, n=10)
+    assert bodies(first) == [f"m{i}" for i in range(10)]
+    delete(broker, queue, first)
+    assert bodies(receive(broker, queue)) == ["m10", "m11"]
+
+
 def test_one_receive_returns_several_messages_of_a_group_in_order(
     broker: Broker, queue: str
 ) -> None:

@@ -31,25 +31,64 @@ __all__ = [
 
 URL_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db, memory:// or sqs://"
 
+#: The query parameters each URL scheme accepts.
+URL_PARAMETERS = {
+    # allow_other_tables: share the file with other applications' tables on purpose.
+    # test_reopen_groups: test-only emulation of a LocalStack FIFO defect (see
+    # shardq.broker.sqlite); never in production.
+    "sqlite": ("allow_other_tables", "test_reopen_groups"),
+    "memory": ("test_reopen_groups",),
+    "sqs": ("region", "endpoint_url"),
+}
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
 
 def broker_from_url(
     url: str, *, region: str | None = None, endpoint_url: str | None = None
 ) -> Broker:
-    """Make a broker from a URL. ``sqs://?region=..&endpoint_url=..`` may carry both."""
+    """Make a broker from a URL. ``sqs://?region=..&endpoint_url=..`` may carry both.
+
+    ``sqlite:///path.db?allow_other_tables=1`` lets the embedded broker share a file
+    that holds other tables; ``test_reopen_groups=1`` (sqlite and memory) is test-only.
+    Unknown parameters are refused.
+    """
     parts = urlsplit(url)
+    if parts.scheme not in URL_PARAMETERS:
+        raise ConfigError(f"broker_url {url!r} is not supported; use {URL_FORMS}")
+    query = _parameters(url, parts.scheme, parts.query)
     if parts.scheme == "sqlite":
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise ConfigError(f"broker_url {url!r} has no file path; use {URL_FORMS}")
-        return SqliteBroker(path)
-    if parts.scheme == "memory":
-        return MemoryBroker()
-    if parts.scheme == "sqs":
-        from shardq.broker.sqs import SqsBroker  # boto3 is imported only when used
-
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        return SqsBroker(
-            region=query.get("region", region),
-            endpoint_url=query.get("endpoint_url", endpoint_url),
+        return SqliteBroker(
+            path,
+            reopen_groups=_flag(url, query, "test_reopen_groups"),
+            allow_other_tables=_flag(url, query, "allow_other_tables"),
         )
-    raise ConfigError(f"broker_url {url!r} is not supported; use {URL_FORMS}")
+    if parts.scheme == "memory":
+        return MemoryBroker(reopen_groups=_flag(url, query, "test_reopen_groups"))
+    from shardq.broker.sqs import SqsBroker  # boto3 is imported only when used
+
+    return SqsBroker(
+        region=query.get("region", region),
+        endpoint_url=query.get("endpoint_url", endpoint_url),
+    )
+
+
+def _parameters(url: str, scheme: str, text: str) -> dict[str, str]:
+    query = {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
+    allowed = URL_PARAMETERS[scheme]
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"broker_url {url!r} has unknown parameter(s) {', '.join(unknown)}; "
+            f"{scheme}:// URLs take {', '.join(allowed)}"
+        )
+    return query
+
+
+def _flag(url: str, query: dict[str, str], name: str) -> bool:
+    value = query.get(name, "0").lower()
+    if value not in _TRUE + _FALSE:
+        raise ConfigError(f"broker_url {url!r}: {name} must be 1 or 0, got {value!r}")
+    return value in _TRUE

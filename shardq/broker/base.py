@@ -158,6 +158,21 @@ class Broker(abc.ABC):
         do nothing; their waits end within ``wait_seconds``.
         """
 
+    def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
+        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message.
+
+        Returns the queues that may (an empty list on timeout or after
+        :meth:`wake_waiters`), or None if this broker cannot watch many queues at
+        once (SQS: the caller then long-polls each queue with :meth:`receive`).
+        A queue is returned only if a receive could return something from it now,
+        or if it was written since the call began, so a watch loop never spins on
+        a queue whose visible messages all belong to blocked groups.
+        """
+        return None
+
+    def maintain(self) -> None:  # noqa: B027 - optional for implementations
+        """Periodic housekeeping; the node calls it about every 30 s."""
+
     def close(self) -> None:  # noqa: B027 - optional for implementations
         """Release connections; the broker is not used afterwards."""
 

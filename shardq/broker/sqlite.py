@@ -1,26 +1,45 @@
 """The embedded broker: SQS FIFO semantics on a local SQLite file.
 
-* Durable across ``kill -9`` (WAL journal, every call is one transaction).
+* Durable across ``kill -9`` (WAL journal, every call is one transaction: a call
+  that fails stored nothing).
 * Safe for several node processes on one machine (``BEGIN IMMEDIATE`` plus a busy
   timeout serialise writers).
+* Every SQLite error becomes a :class:`~shardq.errors.BrokerError` naming the file
+  and what to do (a full disk says so).
+* A receive costs the same on any queue: it walks the heads of the queue's message
+  groups (see :mod:`shardq.broker.sqlite_store`), not the messages behind a blocked
+  head, so no call holds the broker's lock for long.
 * A receive that waits wakes as soon as a message may be receivable: at once for
-  writes from this process; within ``poll_interval`` (25 ms) for writes from other
-  processes, which one background thread per broker notices by polling SQLite's
-  ``PRAGMA data_version`` (a counter read, not a query of the queues); and when the
-  earliest invisible message of the queue becomes visible again.
+  writes of its queue from this process (only that queue's waiters are woken);
+  within ``poll_interval`` (25 ms) for writes from other processes (see
+  :mod:`shardq.broker.sqlite_wait`); and when a blocked group's visibility ends.
+  :meth:`SqliteBroker.watch` waits on many queues at once the same way.
+* :meth:`SqliteBroker.maintain` (the node calls it about every 30 s) purges expired
+  deduplication ids, gives freed pages back to the disk and truncates the WAL;
+  :func:`compact` rewrites a file by hand.
 
 :class:`MemoryBroker` is the same engine on an in-memory database: no file, for
 unit tests.
+
+Test-only: ``reopen_groups=True`` (URL parameter ``test_reopen_groups=1``) emulates
+a known defect of LocalStack's SQS FIFO emulation, so ordering tests can check that
+shardq copes with it. When a visibility change releases a message of group G (to
+visibility 0) while another message of G is still in flight, G is "reopened":
+receives ignore G's in-flight messages when deciding whether G is blocked, so G's
+visible later messages can be received out of order, until a receive returns a
+message of G (which blocks it again as usual). Never use it in production.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from shardq.broker.base import (
@@ -35,6 +54,16 @@ from shardq.broker.base import (
     check_send_batch,
     entry_problem,
 )
+from shardq.broker.sqlite_store import (
+    PURGE_CHUNK,
+    VACUUM_CHUNK,
+    checkpoint,
+    compact,
+    error,
+    open_db,
+    purge_expired_dedup,
+)
+from shardq.broker.sqlite_wait import OtherProcesses, Waiters
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import (
     DEDUP_WINDOW_SECONDS,
@@ -44,95 +73,141 @@ from shardq.limits import (
     MIN_MESSAGE_BYTES,
 )
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS queues (
-    name TEXT PRIMARY KEY,
-    visibility_timeout REAL NOT NULL,
-    max_message_bytes INTEGER NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0,
-    deleted INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    queue TEXT NOT NULL,
-    group_id TEXT NOT NULL,
-    body TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    sent_at REAL NOT NULL,
-    visible_at REAL NOT NULL,
-    received_at REAL,
-    receive_count INTEGER NOT NULL DEFAULT 0,
-    token TEXT
-);
-CREATE INDEX IF NOT EXISTS messages_by_queue ON messages (queue, seq);
-CREATE INDEX IF NOT EXISTS messages_by_group ON messages (queue, group_id, visible_at);
-CREATE INDEX IF NOT EXISTS messages_by_visibility ON messages (queue, visible_at);
-CREATE TABLE IF NOT EXISTS dedup (
-    queue TEXT NOT NULL,
-    dedup_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (queue, dedup_id)
-) WITHOUT ROWID;
-"""
+__all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 
-# "+visible_at" keeps SQLite from using messages_by_visibility here: it must walk
-# messages_by_queue in seq order and stop after :n rows, not sort the whole queue
-# (which made receives slower the longer the backlog).
-_RECEIVE = """
-SELECT seq, group_id, body, message_id, sent_at, receive_count FROM messages AS m
-WHERE queue = :q AND +visible_at <= :now
-  AND NOT EXISTS (
-    SELECT 1 FROM messages AS x
-    WHERE x.queue = :q AND x.group_id = m.group_id AND x.visible_at > :now)
-ORDER BY seq LIMIT :n
+# A receive returns the oldest receivable messages, in send order: it walks the
+# receivable groups in head order, then reads only the messages that can be among
+# the oldest. Short indexed queries, however long the backlog behind any group.
+_COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
+# The receivable groups in head order, each with its head message (visible unless
+# the group was reopened, a test-only mode) and the seq of the message after it.
+_RECEIVABLE_GROUPS = """
+SELECT g.head_seq, g.reopened, m.visible_at,
+    (SELECT seq FROM messages AS s
+     WHERE s.queue = g.queue AND s.group_id = g.group_id AND s.seq > g.head_seq
+     ORDER BY s.seq LIMIT 1),
+    m.seq, m.group_id, m.body, m.message_id, m.sent_at, m.receive_count
+FROM groups AS g JOIN messages AS m ON m.seq = g.head_seq
+WHERE g.queue = ? AND (g.blocked_until <= ? OR g.reopened) ORDER BY g.head_seq LIMIT ?
 """
+_GROUP_SEQS = """
+SELECT seq FROM messages
+WHERE queue = ? AND group_id = ? AND +visible_at <= ? AND seq <= ? ORDER BY seq LIMIT ?
+"""
+_NEXT_UNBLOCKED = "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?"
+_KNOWN_GROUPS = """
+SELECT j.value FROM json_each(?1) AS j
+WHERE EXISTS (SELECT 1 FROM messages WHERE queue = ?2 AND group_id = j.value)
+"""
+# For each group (``{rows}``: one ``(?, ?, ?)`` (group, first deleted seq or null,
+# order) each): its head now, and the latest visibility of its messages that may be
+# in flight: only messages received at some time can be, and those are at most its
+# ``last_received``. The group's row is found by its old head (the first deleted
+# message, if that came first).
+_GROUP_STATE = """
+WITH d(grp, gone, n) AS (VALUES {rows}),
+h AS (
+    SELECT grp, gone, n, (SELECT seq FROM messages WHERE queue = ? AND group_id = grp
+                          ORDER BY seq LIMIT 1) AS head
+    FROM d)
+SELECT h.grp, h.head, g.head_seq,
+    (SELECT MAX(visible_at) FROM messages
+     WHERE queue = ? AND group_id = h.grp AND seq <= g.last_received)
+FROM h JOIN groups AS g ON g.queue = ? AND g.head_seq = CASE
+    WHEN h.gone IS NULL THEN h.head WHEN h.head IS NULL THEN h.gone
+    ELSE min(h.gone, h.head) END
+ORDER BY h.n
+"""
+_READY = """
+SELECT j.value FROM json_each(:qs) AS j WHERE EXISTS (
+    SELECT 1 FROM groups AS g
+    WHERE g.queue = j.value AND (g.blocked_until <= :now OR g.reopened))
+"""
+_NEXT_READY = """
+SELECT MIN(g.blocked_until) FROM json_each(:qs) AS j JOIN groups AS g ON g.queue = j.value
+WHERE g.blocked_until > :now
+"""
+#: Queues checked per hold of the broker's lock by :meth:`SqliteBroker.watch`.
+_WATCH_CHUNK = 200
+#: Expired deduplication ids a send purges on the way (keeps up with what it adds).
+_SEND_PURGE = 2 * MAX_BATCH_ENTRIES
+_STALE = "receipt handle is invalid or expired (the message is visible again or was deleted)"
 
-_DEDUP_PURGE_EVERY = 60.0
+
+_END = 2**63 - 1  # no seq is larger
+
+
+def _marks(count: int) -> str:
+    return ",".join("?" * count)
 
 
 class SqliteBroker(Broker):
-    """The embedded broker on the SQLite file ``path`` (created if missing)."""
+    """The embedded broker on the SQLite file ``path`` (created if missing).
+
+    ``allow_other_tables`` lets it share a file that holds other applications'
+    tables (refused by default, so a mistyped ``broker_url`` cannot quietly add
+    shardq's tables to an application database). ``reopen_groups`` is test-only
+    (see the module docstring).
+    """
 
     kind = "sqlite"
 
-    def __init__(self, path: str, *, poll_interval: float = 0.025) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        poll_interval: float = 0.025,
+        reopen_groups: bool = False,
+        allow_other_tables: bool = False,
+    ) -> None:
         self.path = path
+        self.reopen_groups = reopen_groups
         self._poll_interval = poll_interval
         self._lock = threading.RLock()
-        try:
-            self._db = self._connect()
-        except sqlite3.Error as exc:
-            raise BrokerError(
-                f"cannot open the embedded broker file {path} ({exc}); check that its "
-                "directory exists and is writable"
-            ) from exc
+        self._db = open_db(path, allow_other_tables=allow_other_tables)
         self._queue_cache: dict[str, tuple[float, int]] = {}
-        self._changed = threading.Condition()
-        self._versions: dict[str, int] = {}
-        self._waiters = 0
-        self._wakeups = 0
+        self._waiters = Waiters()
         self._closed = False
-        self._watcher: threading.Thread | None = None
-        self._next_dedup_purge = 0.0
+        self._watcher: OtherProcesses | None = None
 
-    # -- connection ---------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA busy_timeout = 30000")
-        if self.path != ":memory:":
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-        db.executescript(_SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
-        if "deleted" not in columns:  # a file made by shardq 0.1.0
-            db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
-        return db
+    # -- transactions -------------------------------------------------------
+    @contextmanager
+    def _tx(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; any SQLite error rolls it back whole."""
+        with self._lock:
+            db = self._open_db()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise error(self.path, exc, doing) from exc
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error):
+                    raise error(self.path, exc, doing) from exc
+                raise
 
-    def _tx(self) -> _Tx:
+    @contextmanager
+    def _read(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection for reads outside a write transaction."""
+        with self._lock:
+            db = self._open_db()
+            try:
+                yield db
+            except sqlite3.Error as exc:
+                raise error(self.path, exc, doing) from exc
+
+    def _open_db(self) -> sqlite3.Connection:
         if self._closed:
-            raise BrokerError(f"the embedded broker on {self.path} is closed")
-        return _Tx(self._lock, self._db)
+            raise BrokerError(f"the embedded broker on {self.path} is closed; make a new one")
+        return self._db
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled back already (it may, e.g. when the disk is full)
+        with suppress(sqlite3.Error):
+            self._db.execute("ROLLBACK")
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -144,7 +219,7 @@ class SqliteBroker(Broker):
                 f"max_message_bytes {size} for queue {name} is outside "
                 f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}"
             )
-        with self._tx() as db:
+        with self._tx(f"creating queue {name}") as db:
             db.execute(
                 "INSERT OR IGNORE INTO queues (name, visibility_timeout, max_message_bytes)"
                 " VALUES (?, ?, ?)",
@@ -167,25 +242,30 @@ class SqliteBroker(Broker):
         return self._queue_cache[name]
 
     def max_message_bytes(self, queue: str) -> int:
-        with self._tx() as db:
+        with self._read(f"reading queue {queue}") as db:
             return self._queue(db, queue)[1]
 
     def counts(self, queue: str) -> QueueCounts:
         now = time.time()
-        with self._tx() as db:
+        with self._read(f"counting queue {queue}") as db:
             self._queue(db, queue)
-            waiting, in_flight, oldest = db.execute(
-                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0),"
-                " MIN(sent_at) FROM messages WHERE queue = :q",
+            waiting, in_flight = db.execute(
+                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0)"
+                " FROM messages WHERE queue = :q",
                 {"q": queue, "now": now},
             ).fetchone()
+            oldest = db.execute(
+                "SELECT MIN(sent_at) FROM messages WHERE seq ="
+                " (SELECT MIN(head_seq) FROM groups WHERE queue = ?)",
+                (queue,),
+            ).fetchone()[0]
             (deleted,) = db.execute(
                 "SELECT deleted FROM queues WHERE name = ?", (queue,)
             ).fetchone()
         return QueueCounts(int(waiting), int(in_flight), oldest, int(deleted))
 
     def queue_settings(self, queue: str) -> QueueSettings | None:
-        with self._tx() as db:
+        with self._read(f"reading queue {queue}") as db:
             row = db.execute(
                 "SELECT visibility_timeout, max_message_bytes FROM queues WHERE name = ?", (queue,)
             ).fetchone()
@@ -198,39 +278,74 @@ class SqliteBroker(Broker):
         check_send_batch(entries)
         result = SendResult()
         now = time.time()
-        with self._tx() as db:
+        version = None
+        with self._tx(f"sending to queue {queue}") as db:
             _, max_bytes = self._queue(db, queue)
-            if now >= self._next_dedup_purge:
-                db.execute("DELETE FROM dedup WHERE expires_at <= ?", (now,))
-                self._next_dedup_purge = now + _DEDUP_PURGE_EVERY
+            purge_expired_dedup(db, _SEND_PURGE)
+            fresh = []
             for entry in entries:
                 reason = entry_problem(entry, max_bytes)
                 if reason:
                     result.failed[entry.id] = reason
-                    continue
-                seen = db.execute(
-                    "SELECT message_id FROM dedup WHERE queue = ? AND dedup_id = ?"
-                    " AND expires_at > ?",
-                    (queue, entry.dedup_id, now),
-                ).fetchone()
-                if seen is not None:
-                    result.message_ids[entry.id] = seen[0]
-                    continue
-                message_id = str(uuid.uuid4())
-                db.execute(
-                    "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (queue, entry.group_id, entry.body, message_id, now, now),
-                )
-                db.execute(
-                    "INSERT OR REPLACE INTO dedup (queue, dedup_id, message_id, expires_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (queue, entry.dedup_id, message_id, now + DEDUP_WINDOW_SECONDS),
-                )
-                result.message_ids[entry.id] = message_id
+                else:
+                    fresh.append(entry)
+            if fresh:
+                self._store(db, queue, fresh, now, result)
             if result.message_ids:
-                self._bump(db, queue)
+                version = self._bump(db, queue)
+        if version is not None:
+            self._waiters.wrote({queue: version})
         return result
+
+    def _store(
+        self,
+        db: sqlite3.Connection,
+        queue: str,
+        entries: list[SendEntry],
+        now: float,
+        result: SendResult,
+    ) -> None:
+        """Store the entries whose deduplication id is new, in order, with their groups."""
+        dedup_ids = list(dict.fromkeys(e.dedup_id for e in entries))
+        seen = dict(
+            db.execute(
+                "SELECT dedup_id, message_id FROM dedup WHERE queue = ? AND expires_at > ?"
+                f" AND dedup_id IN ({_marks(len(dedup_ids))})",
+                (queue, now, *dedup_ids),
+            ).fetchall()
+        )
+        new: list[tuple[SendEntry, str]] = []
+        for entry in entries:
+            if entry.dedup_id not in seen:
+                seen[entry.dedup_id] = str(uuid.uuid4())
+                new.append((entry, seen[entry.dedup_id]))
+            result.message_ids[entry.id] = seen[entry.dedup_id]
+        if not new:
+            return
+        groups = list(dict.fromkeys(e.group_id for e, _ in new))
+        known = {
+            row[0] for row in db.execute(_KNOWN_GROUPS, (json.dumps(groups), queue)).fetchall()
+        }
+        rows = db.execute(
+            "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
+            f" VALUES {','.join(['(?, ?, ?, ?, ?, ?)'] * len(new))} RETURNING seq, message_id",
+            [v for e, mid in new for v in (queue, e.group_id, e.body, mid, now, now)],
+        ).fetchall()
+        seqs = dict((message_id, seq) for seq, message_id in rows)
+        heads = {}
+        for entry, message_id in new:
+            if entry.group_id not in known and entry.group_id not in heads:
+                heads[entry.group_id] = seqs[message_id]  # the group's first message
+        db.executemany(
+            "INSERT INTO groups (queue, head_seq, group_id, blocked_until) VALUES (?, ?, ?, ?)",
+            [(queue, seq, group, now) for group, seq in heads.items()],
+        )
+        expires = now + DEDUP_WINDOW_SECONDS
+        db.executemany(
+            "INSERT OR REPLACE INTO dedup (queue, dedup_id, message_id, expires_at)"
+            " VALUES (?, ?, ?, ?)",
+            [(queue, e.dedup_id, message_id, expires) for e, message_id in new],
+        )
 
     # -- receive ------------------------------------------------------------
     def receive(
@@ -240,74 +355,126 @@ class SqliteBroker(Broker):
             raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
         if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:
             raise BrokerError(f"visibility_timeout {visibility_timeout} is outside 0..43200")
-        deadline = time.monotonic() + max(0.0, wait_seconds)
-        woken = False
-        while True:
-            seen = self._version(queue)
-            messages, next_visible = self._receive_now(queue, max_messages, visibility_timeout)
-            remaining = deadline - time.monotonic()
-            if messages or remaining <= 0 or self._closed or woken:
-                return messages
-            if next_visible is not None:
-                remaining = min(remaining, max(0.0, next_visible - time.time()) + 0.001)
-            woken = self._wait_for_change(queue, seen, remaining)
+        if wait_seconds <= 0:
+            return self._receive_now(queue, max_messages, visibility_timeout)[0]
+        deadline = time.monotonic() + wait_seconds
+        waiter = self._waiters.add([queue])  # before the first look: no write is missed
+        try:
+            self._start_watcher()
+            while True:
+                waiter.event.clear()
+                messages, next_visible = self._receive_now(queue, max_messages, visibility_timeout)
+                remaining = deadline - time.monotonic()
+                if messages or remaining <= 0 or waiter.woken:
+                    return messages
+                if next_visible is not None:
+                    remaining = min(remaining, max(0.0, next_visible - time.time()) + 0.001)
+                waiter.event.wait(remaining)
+        finally:
+            self._waiters.remove(waiter)
 
     def _receive_now(
         self, queue: str, max_messages: int, visibility_timeout: float
     ) -> tuple[list[Message], float | None]:
         now = time.time()
-        with self._tx() as db:
+        visible_at = now + visibility_timeout
+        with self._tx(f"receiving from queue {queue}") as db:
             self._queue(db, queue)
-            rows = db.execute(_RECEIVE, {"q": queue, "now": now, "n": max_messages}).fetchall()
+            rows = self._receivable(db, queue, now, max_messages)
             if not rows:
-                nxt = db.execute(
-                    "SELECT MIN(visible_at) FROM messages WHERE queue = ? AND visible_at > ?",
-                    (queue, now),
-                ).fetchone()[0]
-                return [], nxt
-            messages = []
-            for seq, group_id, body, message_id, sent_at, count in rows:
-                token = secrets.token_hex(8)
-                db.execute(
-                    "UPDATE messages SET visible_at = ?, received_at = ?, token = ?,"
-                    " receive_count = receive_count + 1 WHERE seq = ?",
-                    (now + visibility_timeout, now, token, seq),
-                )
-                messages.append(
-                    Message(
-                        queue=queue,
-                        message_id=message_id,
-                        receipt=f"{seq}.{token}",
-                        body=body,
-                        group_id=group_id,
-                        receive_count=count + 1,
-                        sent_at=sent_at,
-                        sequence=f"{seq:020d}",
-                        received_at=now,
-                    )
-                )
-        return messages, None
+                return [], db.execute(_NEXT_UNBLOCKED, (queue, now)).fetchone()[0]
+            token = secrets.token_hex(8)
+            seqs = [row[0] for row in rows]
+            db.execute(
+                "UPDATE messages SET visible_at = ?, received_at = ?, token = ?,"
+                f" receive_count = receive_count + 1 WHERE seq IN ({_marks(len(seqs))})",
+                (visible_at, now, token, *seqs),
+            )
+            last: dict[int, int] = {}  # head -> the group's last message received
+            for row in rows:
+                last[row[6]] = max(row[0], last.get(row[6], 0))
+            db.executemany(
+                "UPDATE groups SET blocked_until = max(blocked_until, ?), reopened = 0,"
+                " last_received = max(last_received, ?) WHERE queue = ? AND head_seq = ?",
+                [(visible_at, seq, queue, head) for head, seq in last.items()],
+            )
+        return [
+            Message(
+                queue=queue,
+                message_id=message_id,
+                receipt=f"{seq}.{token}",
+                body=body,
+                group_id=group_id,
+                receive_count=count + 1,
+                sent_at=sent_at,
+                sequence=f"{seq:020d}",
+                received_at=now,
+            )
+            for seq, group_id, body, message_id, sent_at, count, _ in rows
+        ], None
+
+    def _receivable(
+        self, db: sqlite3.Connection, queue: str, now: float, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` messages to receive, each with its group's head."""
+        groups = db.execute(_RECEIVABLE_GROUPS, (queue, now, limit)).fetchall()
+        rows: dict[int, tuple[Any, ...]] = {}  # seq -> message columns and group head
+        present: list[tuple[str, int, int, int | None]] = []  # group, head, first, second
+        for head, reopened, visible_at, second, *message in groups:
+            if visible_at <= now:
+                rows[head] = (*message, head)
+                present.append((message[1], head, head, second))
+            elif reopened:  # test-only mode: the head is in flight, a later one is not
+                seqs = [r[0] for r in db.execute(_GROUP_SEQS, (queue, message[1], now, _END, 2))]
+                if seqs:
+                    present.append((message[1], head, seqs[0], (seqs[1:] or [None])[0]))
+        # each group's first message is a candidate: nothing after the last of them
+        # can be among the oldest ``limit`` when there are ``limit`` of them
+        bound = max(p[2] for p in present) if len(present) == limit else _END
+        head_of: dict[int, int] = {}
+        for group, head, first, second in present:
+            head_of[first] = head
+            if second is not None and second <= bound:  # more of this group may come
+                more = db.execute(_GROUP_SEQS, (queue, group, now, bound, limit)).fetchall()
+                head_of.update((seq, head) for (seq,) in more)
+        chosen = sorted(head_of)[:limit]
+        missing = [seq for seq in chosen if seq not in rows]
+        if missing:
+            for row in db.execute(
+                f"SELECT {_COLUMNS} FROM messages WHERE seq IN ({_marks(len(missing))})", missing
+            ):
+                rows[row[0]] = (*row, head_of[row[0]])
+        return [rows[seq] for seq in chosen]
 
     # -- delete and visibility ----------------------------------------------
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
         result = BatchResult()
         now = time.time()
-        with self._tx() as db:
+        deleted: dict[str, list[int]] = {}
+        with self._tx(f"deleting from queue {queue}") as db:
             self._queue(db, queue)
             for receipt in receipts:
                 key = _parse_receipt(receipt)
-                cur = None
+                row = None
                 if key is not None:
-                    cur = db.execute(
+                    # one row per statement: SQLite deletes a list of rowids far slower
+                    row = db.execute(
                         "DELETE FROM messages WHERE seq = ? AND token = ? AND queue = ?"
-                        " AND visible_at > ?",
+                        " AND visible_at > ? RETURNING group_id",
                         (key[0], key[1], queue, now),
-                    )
-                if cur is None or cur.rowcount != 1:
+                    ).fetchone()
+                if row is None or key is None:
                     result.failed[receipt] = _STALE
-            if len(result.failed) < len(receipts):
-                self._bump(db, queue, deleted=len(receipts) - len(result.failed))
+                else:
+                    deleted.setdefault(row[0], []).append(key[0])
+            unblocked = self._refresh_groups(db, queue, deleted, now)
+            version = None
+            if deleted:
+                count = len(receipts) - len(result.failed)
+                version = self._bump(db, queue, count, wake=unblocked)
+        if version is not None and unblocked:
+            self._waiters.wrote({queue: version})
         return result
 
     def change_visibility_batch(
@@ -316,7 +483,10 @@ class SqliteBroker(Broker):
         check_batch(changes, [r for r, _ in changes])
         result = BatchResult()
         now = time.time()
-        with self._tx() as db:
+        groups: dict[str, None] = {}
+        released: set[str] = set()
+        earlier = False  # some message becomes visible earlier than it would have
+        with self._tx(f"changing visibility in queue {queue}") as db:
             self._queue(db, queue)
             for receipt, seconds in changes:
                 key = _parse_receipt(receipt)
@@ -327,8 +497,8 @@ class SqliteBroker(Broker):
                     result.failed[receipt] = _STALE
                     continue
                 row = db.execute(
-                    "SELECT received_at FROM messages WHERE seq = ? AND token = ? AND queue = ?"
-                    " AND visible_at > ?",
+                    "SELECT received_at, group_id, visible_at FROM messages"
+                    " WHERE seq = ? AND token = ? AND queue = ? AND visible_at > ?",
                     (key[0], key[1], queue, now),
                 ).fetchone()
                 if row is None:
@@ -339,88 +509,157 @@ class SqliteBroker(Broker):
                     db.execute(
                         "UPDATE messages SET visible_at = ? WHERE seq = ?", (now + seconds, key[0])
                     )
-            self._bump(db, queue)
+                    groups[row[1]] = None
+                    earlier = earlier or now + seconds < row[2]
+                    if seconds == 0:
+                        released.add(row[1])
+            self._refresh_groups(db, queue, {group: [] for group in groups}, now, released)
+            version = self._bump(db, queue, wake=earlier) if earlier else None
+        if version is not None:
+            self._waiters.wrote({queue: version})
         return result
 
-    # -- waiting ------------------------------------------------------------
-    def _bump(self, db: sqlite3.Connection, queue: str, deleted: int = 0) -> None:
-        """Record a change of ``queue`` for waiters here and in other processes."""
-        db.execute(
-            "UPDATE queues SET version = version + 1, deleted = deleted + ? WHERE name = ?",
-            (deleted, queue),
-        )
-        with self._changed:
-            self._versions[queue] = self._versions.get(queue, 0) + 1
-            self._changed.notify_all()
+    def _refresh_groups(
+        self,
+        db: sqlite3.Connection,
+        queue: str,
+        deleted: dict[str, list[int]],
+        now: float,
+        released: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> bool:
+        """Bring the rows of these groups up to date after deletes (``deleted`` maps
+        each group to the messages deleted from it) or visibility changes (with no
+        messages). True if one of them is receivable now.
 
-    def _version(self, queue: str) -> int:
-        with self._changed:
-            return self._versions.get(queue, 0)
+        ``released``: groups a message of which was made visible at once (only the
+        test-only reopen mode uses it).
+        """
+        if not deleted:
+            return False
+        sql = _GROUP_STATE.format(rows=",".join(["(?, ?, ?)"] * len(deleted)))
+        args = [
+            v
+            for n, (group, seqs) in enumerate(deleted.items())
+            for v in (group, min(seqs) if seqs else None, n)
+        ]
+        rows = db.execute(sql, (*args, queue, queue, queue)).fetchall()
+        updates: list[tuple[int, float, bool, str, int]] = []
+        emptied: list[tuple[str, int]] = []
+        receivable = False
+        for group, head, old_head, latest in rows:
+            if head is None:
+                emptied.append((queue, old_head))
+                continue
+            blocked_until = latest or 0.0
+            reopened = self.reopen_groups and group in released and blocked_until > now
+            receivable = receivable or blocked_until <= now or reopened
+            updates.append((head, blocked_until, reopened, queue, old_head))
+        db.executemany("DELETE FROM groups WHERE queue = ? AND head_seq = ?", emptied)
+        db.executemany(
+            "UPDATE groups SET head_seq = ?, blocked_until = ?, reopened = reopened OR ?"
+            " WHERE queue = ? AND head_seq = ?",
+            updates,
+        )
+        return receivable
+
+    # -- waiting ------------------------------------------------------------
+    def _bump(
+        self, db: sqlite3.Connection, queue: str, deleted: int = 0, *, wake: bool = True
+    ) -> int:
+        """Count deletes; if ``wake``, record a change of ``queue`` for waiters here and in
+        other processes (they are woken after the commit). The queue's version."""
+        row = db.execute(
+            "UPDATE queues SET version = version + ?, deleted = deleted + ? WHERE name = ?"
+            " RETURNING version",
+            (int(wake), deleted, queue),
+        ).fetchone()
+        return int(row[0])
+
+    def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
+        names = list(dict.fromkeys(queues))
+        deadline = time.monotonic() + max(0.0, timeout)
+        waiter = self._waiters.add(names)
+        try:
+            self._start_watcher()
+            while True:
+                waiter.event.clear()
+                if waiter.woken:
+                    return []
+                ready, next_at = self._ready(names)
+                changed = self._waiters.take_changed(waiter)
+                if waiter.woken:
+                    return []
+                if ready or changed:
+                    found = ready | changed
+                    return [q for q in names if q in found]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                if next_at is not None:
+                    remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
+                waiter.event.wait(remaining)
+        finally:
+            self._waiters.remove(waiter)
+
+    def _ready(self, queues: list[str]) -> tuple[set[str], float | None]:
+        """Queues where a receive could return a message now; else when one could."""
+        ready: set[str] = set()
+        next_at: float | None = None
+        for start in range(0, len(queues), _WATCH_CHUNK):
+            args = {"qs": json.dumps(queues[start : start + _WATCH_CHUNK]), "now": time.time()}
+            with self._read("watching queues") as db:
+                ready.update(row[0] for row in db.execute(_READY, args))
+                if not ready:
+                    at = db.execute(_NEXT_READY, args).fetchone()[0]
+                    if at is not None and (next_at is None or at < next_at):
+                        next_at = at
+        return ready, next_at
 
     def wake_waiters(self) -> None:
-        with self._changed:
-            self._wakeups += 1
-            self._changed.notify_all()
-
-    def _wait_for_change(self, queue: str, seen: int, timeout: float) -> bool:
-        """Wait until ``queue`` may have changed; True if woken by :meth:`wake_waiters`."""
-        with self._changed:
-            self._waiters += 1
-            wakeups = self._wakeups
-            try:
-                self._start_watcher()
-                self._changed.wait_for(
-                    lambda: (
-                        self._closed
-                        or self._wakeups != wakeups
-                        or self._versions.get(queue, 0) != seen
-                    ),
-                    timeout,
-                )
-                return self._wakeups != wakeups
-            finally:
-                self._waiters -= 1
+        self._waiters.wake_all()
 
     def _start_watcher(self) -> None:
-        if self.path == ":memory:" or (self._watcher and self._watcher.is_alive()):
+        if self.path == ":memory:" or self._closed:
             return
-        self._watcher = threading.Thread(
-            target=self._watch_other_processes, name="shardq-sqlite-watch", daemon=True
-        )
-        self._watcher.start()
+        if self._watcher and self._watcher.is_alive():
+            return
+        with self._lock:
+            if self._watcher is None or not self._watcher.is_alive():
+                try:
+                    self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
+                except sqlite3.Error as exc:
+                    raise error(self.path, exc, "watching it for other processes") from exc
+                self._watcher.start()
 
-    def _watch_other_processes(self) -> None:
-        """Notice commits of other processes and wake the waiters of changed queues."""
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+    # -- housekeeping -------------------------------------------------------
+    def maintain(self) -> None:
+        """Purge expired deduplication ids, give free pages back, truncate the WAL.
+
+        Works in short transactions so other calls are not held up for long.
+        """
+        while True:
+            with self._tx("purging expired deduplication ids") as db:
+                if purge_expired_dedup(db, PURGE_CHUNK) < PURGE_CHUNK:
+                    break
+        if self.path == ":memory:":
+            return
+        while True:
+            with self._tx("giving free pages back to the disk") as db:
+                incremental = db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+                if not incremental or not db.execute("PRAGMA freelist_count").fetchone()[0]:
+                    break
+                db.execute(f"PRAGMA incremental_vacuum({VACUUM_CHUNK})").fetchall()
         try:
-            data_version = None
-            known: dict[str, int] = {}
-            while not self._closed:
-                with self._changed:
-                    if self._waiters == 0:
-                        self._changed.wait(1.0)
-                        continue
-                current = db.execute("PRAGMA data_version").fetchone()[0]
-                if current != data_version:
-                    data_version = current
-                    rows = dict(db.execute("SELECT name, version FROM queues").fetchall())
-                    changed = [q for q, v in rows.items() if known.get(q) != v]
-                    known = rows
-                    if changed:
-                        with self._changed:
-                            for q in changed:
-                                self._versions[q] = self._versions.get(q, 0) + 1
-                            self._changed.notify_all()
-                time.sleep(self._poll_interval)
-        finally:
-            db.close()
+            checkpoint(self.path)
+        except sqlite3.Error as exc:
+            raise error(self.path, exc, "checkpointing its WAL") from exc
 
     def close(self) -> None:
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+        self._waiters.wake_all(closing=True)
         with self._lock:
-            self._db.close()
+            if not self._closed:
+                self._closed = True
+                self._db.close()
 
 
 class MemoryBroker(SqliteBroker):
@@ -429,33 +668,8 @@ class MemoryBroker(SqliteBroker):
 
     kind = "memory"
 
-    def __init__(self) -> None:
-        super().__init__(":memory:")
-
-
-_STALE = "receipt handle is invalid or expired (the message is visible again or was deleted)"
-
-
-class _Tx:
-    """One serialised ``BEGIN IMMEDIATE`` transaction on the broker's connection."""
-
-    def __init__(self, lock: threading.RLock, db: sqlite3.Connection) -> None:
-        self._lock, self._db = lock, db
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            self._lock.release()
-            raise BrokerError(f"embedded broker is unavailable: {exc}") from exc
-        return self._db
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            self._db.execute("ROLLBACK" if exc_type else "COMMIT")
-        finally:
-            self._lock.release()
+    def __init__(self, *, reopen_groups: bool = False) -> None:
+        super().__init__(":memory:", reopen_groups=reopen_groups)
 
 
 def _parse_receipt(receipt: str) -> tuple[int, str] | None:

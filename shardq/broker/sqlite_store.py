@@ -1,0 +1,263 @@
+"""The embedded broker's file: schema, opening checks, error messages, housekeeping.
+
+Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
+``allow_other_tables``):
+
+* ``queues``: one row per queue, with a ``version`` bumped by every write that may
+  make a message receivable (other processes watch it) and a ``deleted`` counter.
+* ``messages``: one row per message; ``seq`` is the send order.
+* ``groups``: one row per message group that has messages: its first message
+  (``head_seq``), the latest end of visibility of its messages (``blocked_until``:
+  the group is blocked while that is in the future) and the test-only ``reopened``
+  flag, and its ``last_received`` message (only messages up to it can be in flight).
+  A receive walks group heads, so a group with a long backlog behind a hidden
+  head costs one row, not its backlog.
+* ``dedup``: deduplication ids seen within the last 5 minutes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from shardq.errors import BrokerError
+
+#: shardq's tables and columns each must have (a same-named table of another
+#: application is refused).
+SHARDQ_TABLES = {
+    "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
+    "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
+    "groups": {"queue", "group_id", "head_seq", "blocked_until", "reopened", "last_received"},
+    "dedup": {"queue", "dedup_id", "message_id", "expires_at"},
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    visibility_timeout REAL NOT NULL,
+    max_message_bytes INTEGER NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue TEXT NOT NULL,
+    group_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    visible_at REAL NOT NULL,
+    received_at REAL,
+    receive_count INTEGER NOT NULL DEFAULT 0,
+    token TEXT
+);
+CREATE INDEX IF NOT EXISTS messages_by_group_seq ON messages (queue, group_id, seq);
+CREATE TABLE IF NOT EXISTS dedup (
+    queue TEXT NOT NULL,
+    dedup_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (queue, dedup_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dedup_by_expiry ON dedup (expires_at);
+"""
+
+# Keyed by head: a receive walks a queue's groups in head order and updates rows
+# next to each other; a send of a new group appends. The row of a group is found
+# through its head (the first of its messages, by messages_by_group_seq).
+_GROUPS = """
+CREATE TABLE groups (
+    queue TEXT NOT NULL,
+    head_seq INTEGER NOT NULL,
+    group_id TEXT NOT NULL,
+    blocked_until REAL NOT NULL,
+    reopened INTEGER NOT NULL DEFAULT 0,
+    last_received INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, head_seq)
+) WITHOUT ROWID;
+INSERT INTO groups (queue, head_seq, group_id, blocked_until, last_received)
+    SELECT queue, MIN(seq), group_id, MAX(visible_at),
+           COALESCE(MAX(CASE WHEN token IS NOT NULL THEN seq END), 0)
+    FROM messages GROUP BY queue, group_id;
+DROP INDEX IF EXISTS messages_by_queue;
+DROP INDEX IF EXISTS messages_by_group;
+DROP INDEX IF EXISTS messages_by_visibility;
+"""
+
+#: Rows of expired deduplication ids deleted per transaction (a few ms at most).
+PURGE_CHUNK = 1000
+#: Free pages returned to the file system per transaction by maintenance.
+VACUUM_CHUNK = 512
+#: After a checkpoint, the WAL file is cut back to this size at most.
+WAL_SIZE_LIMIT = 4 * 2**20
+
+PURGE_EXPIRED_DEDUP = """
+DELETE FROM dedup WHERE (queue, dedup_id) IN (
+    SELECT queue, dedup_id FROM dedup WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)
+"""
+
+
+def open_db(path: str, *, allow_other_tables: bool) -> sqlite3.Connection:
+    """Open (creating if needed) the broker file at ``path`` with shardq's schema."""
+    try:
+        db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise BrokerError(
+            f"cannot open the embedded broker file {path} ({exc}); check that its "
+            "directory exists and is writable"
+        ) from exc
+    try:
+        _prepare(db, path, allow_other_tables)
+    except BaseException as exc:
+        db.close()
+        if isinstance(exc, sqlite3.Error):
+            raise error(path, exc, "opening it") from exc
+        raise
+    return db
+
+
+def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
+    db.execute("PRAGMA busy_timeout = 30000")
+    tables = {
+        row[0]
+        for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+            " AND substr(name, 1, 7) != 'sqlite_'"
+        )
+    }
+    others = sorted(tables - SHARDQ_TABLES.keys())
+    for name in tables & SHARDQ_TABLES.keys():
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({name})")}
+        if not SHARDQ_TABLES[name] <= columns:
+            raise BrokerError(
+                f"{path} is not a shardq broker file: its table {name!r} is another "
+                "application's. Point broker_url at a file of its own (e.g. sqlite:///shardq.db)"
+            )
+    if others and not allow_other_tables:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise BrokerError(
+            f"{path} is not a shardq broker file: it holds other tables ({shown}). Point "
+            "broker_url at a file of its own (e.g. sqlite:///shardq.db), or, to share this "
+            "file on purpose, add ?allow_other_tables=1 to the URL"
+        )
+    if not tables:  # a new file: let maintenance give freed pages back to the disk
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    if path != ":memory:":
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+    db.execute("BEGIN IMMEDIATE")  # one process at a time sets the file up
+    try:
+        _create(db)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _create(db: sqlite3.Connection) -> None:
+    has_groups = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'groups'"
+    ).fetchone()
+    _run(db, _SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
+    if "deleted" not in columns:  # a file made by shardq 0.1.0
+        db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
+    if not has_groups:  # a new file, or one made before group heads existed
+        _run(db, _GROUPS)
+
+
+def _run(db: sqlite3.Connection, script: str) -> None:
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+# SQLite's primary result codes (sqlite3 exposes them only from Python 3.11).
+_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
+# Before Python 3.11 an exception carries no code: recognise SQLite's messages.
+_BY_TEXT = {
+    "database or disk is full": _FULL,
+    "file is not a database": _NOTADB,
+    "malformed": _CORRUPT,
+    "locked": _BUSY,
+    "readonly": _READONLY,
+    "disk i/o error": _IOERR,
+    "unable to open": _CANTOPEN,
+}
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF
+    text = str(exc).lower()
+    return next((c for words, c in _BY_TEXT.items() if words in text), None)
+
+
+def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:
+    """A :class:`BrokerError` saying what went wrong with the file and what to do."""
+    code = _code(exc)
+    where = f"the embedded broker file {path}"
+    if code == _FULL:
+        return BrokerError(
+            f"{where} is full: no room on its disk or in its size limit ({exc}) while "
+            f"{doing}; nothing of this call was stored. Free disk space, then retry"
+        )
+    if code in (_CORRUPT, _NOTADB):
+        return BrokerError(
+            f"{where} is damaged or not an SQLite database ({exc}) while {doing}; restore it "
+            "from a backup or point broker_url at a new file"
+        )
+    if code in (_BUSY, _LOCKED):
+        return BrokerError(
+            f"{where} stayed locked by another process for 30 s ({exc}) while {doing}; "
+            "retry, and check for a process holding it"
+        )
+    if code == _READONLY:
+        return BrokerError(
+            f"{where} is read-only ({exc}) while {doing}; make it and its directory writable"
+        )
+    if code in (_IOERR, _CANTOPEN):
+        return BrokerError(
+            f"{where} could not be read or written ({exc}) while {doing}; check its disk "
+            "and permissions, then retry"
+        )
+    return BrokerError(f"{where} failed ({exc}) while {doing}; retry or check the file")
+
+
+def purge_expired_dedup(db: sqlite3.Connection, limit: int) -> int:
+    """Delete up to ``limit`` expired deduplication ids; how many went."""
+    return db.execute(PURGE_EXPIRED_DEDUP, (time.time(), limit)).rowcount
+
+
+def checkpoint(path: str) -> None:
+    """Copy the WAL into the file and truncate the WAL (skipped while others hold it)."""
+    db = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+    try:
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.OperationalError:
+        pass  # busy: the next maintenance tries again
+    finally:
+        db.close()
+
+
+def compact(path: str) -> None:
+    """Rewrite the broker file at ``path`` to its smallest size, by hand.
+
+    Stop every node and publisher using the file first: this takes an exclusive lock
+    for as long as the rewrite lasts. It also switches a file made before shardq
+    created files with ``auto_vacuum = INCREMENTAL`` to that mode, so from then on
+    the node's periodic maintenance gives freed space back to the disk.
+    """
+    db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+    try:
+        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        db.execute("VACUUM")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.Error as exc:
+        raise error(path, exc, "compacting it") from exc
+    finally:
+        db.close()

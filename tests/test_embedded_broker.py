@@ -1,0 +1,316 @@
+"""The embedded broker's own behaviour: a full disk, foreign files, URL options,
+disk housekeeping and the test-only group reopening mode.
+
+A full disk is simulated without root by SQLite's ``PRAGMA max_page_count`` on the
+broker's connection: once the file may not grow, every write needing a new page
+fails with SQLITE_FULL exactly as on a full disk.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+import shardq
+from shardq.broker import Broker, MemoryBroker, SendEntry, SqliteBroker, broker_from_url
+from shardq.broker.sqlite import compact
+from shardq.errors import BrokerError, ConfigError, PublishError
+
+QUEUE = "q.fifo"
+
+
+def entries(prefix: str, count: int = 10, size: int = 50) -> list[SendEntry]:
+    return [
+        SendEntry(str(i), f"{prefix}-{i}:" + "x" * size, f"{prefix}-{i}", uuid.uuid4().hex)
+        for i in range(count)
+    ]
+
+
+def limit_file(broker: SqliteBroker, pages: int | None) -> None:
+    """Let the file grow by ``pages`` more pages at most (None: no limit)."""
+    with broker._lock:
+        db = broker._db
+        current = db.execute("PRAGMA page_count").fetchone()[0]
+        limit = 2**30 if pages is None else current + pages
+        db.execute(f"PRAGMA max_page_count = {limit}")
+
+
+def drain(broker: Broker, queue: str = QUEUE) -> list[str]:
+    seen: list[str] = []
+    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30):
+        seen += [m.body for m in batch]
+        assert not broker.delete_batch(queue, [m.receipt for m in batch]).failed
+    return seen
+
+
+def file_bytes(path: Path) -> int:
+    return sum(os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> SqliteBroker:
+    instance = SqliteBroker(str(tmp_path / "broker.db"))
+    instance.ensure_queue(QUEUE)
+    yield instance  # type: ignore[misc]
+    instance.close()
+
+
+# -- a full disk ----------------------------------------------------------------
+
+
+def test_a_full_file_fails_sends_and_receives_with_a_broker_error_naming_it(
+    broker: SqliteBroker,
+) -> None:
+    # given 300 messages, then a file that may not grow any more
+    for n in range(30):
+        broker.send_batch(QUEUE, entries(f"a{n}"))
+    limit_file(broker, 0)
+    # when a send and a receive need room
+    with pytest.raises(BrokerError) as sent:
+        for n in range(100):
+            broker.send_batch(QUEUE, entries(f"b{n}"))
+    with pytest.raises(BrokerError) as received:
+        for _ in range(30):
+            broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=30)
+    # then each says the file is full and names it
+    for problem in (sent.value, received.value):
+        assert "is full" in str(problem)
+        assert broker.path in str(problem)
+        assert isinstance(problem.__cause__, sqlite3.OperationalError)
+
+
+def test_after_room_returns_everything_works_and_nothing_was_lost(
+    broker: SqliteBroker,
+) -> None:
+    # given messages stored before the file filled up, and sends refused once it had
+    stored = [e.body for n in range(30) for e in entries(f"a{n}")]
+    for n in range(30):
+        broker.send_batch(QUEUE, entries(f"a{n}"))
+    limit_file(broker, 0)
+    refused = 0
+    for n in range(20):
+        try:
+            result = broker.send_batch(QUEUE, entries(f"b{n}"))
+            stored += [e.body for e in entries(f"b{n}") if e.id in result.message_ids]
+        except BrokerError:
+            refused += 1
+    assert refused
+    # when room returns
+    limit_file(broker, None)
+    broker.send_batch(QUEUE, entries("after"))
+    # then every stored message and the new ones are received, once each
+    assert sorted(drain(broker)) == sorted(stored + [e.body for e in entries("after")])
+
+
+def test_a_delete_on_a_full_file_still_works_and_frees_room(broker: SqliteBroker) -> None:
+    for n in range(30):
+        broker.send_batch(QUEUE, entries(f"a{n}"))
+    received = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=30)
+    limit_file(broker, 0)
+    # when the received messages are deleted on the full file
+    result = broker.delete_batch(QUEUE, [m.receipt for m in received])
+    # then they are gone: a node can still drain a full file
+    assert not result.failed
+    assert broker.counts(QUEUE).in_flight == 0
+
+
+def test_publish_many_on_a_full_file_reports_exactly_the_jobs_not_stored(
+    tmp_path: Path,
+) -> None:
+    # given an app on the embedded broker whose file may grow only a little
+    app = shardq.App(shardq.Config(), broker=SqliteBroker(str(tmp_path / "b.db")))
+
+    class Sync(shardq.Worker):
+        shards = 1
+
+        def perform(self, entity_id: str, payloads: list[object]) -> None:
+            pass
+
+    app.register(Sync)
+    app.ensure_queues()
+    broker = app.broker
+    assert isinstance(broker, SqliteBroker)
+    limit_file(broker, 12)
+    # when 500 jobs over 50 entities are published
+    jobs = [(f"e{i % 50}", {"n": i, "pad": "x" * 200}) for i in range(500)]
+    with pytest.raises(PublishError) as caught:
+        Sync.publish_many(jobs)
+    error = caught.value
+    failed = {index for index, _, _ in error.failed}
+    # then some were stored and some not, and the report names the unstored ones
+    assert 0 < len(failed) < 500
+    assert error.sent == 500 - len(failed)
+    assert any("is full" in reason for _, _, reason in error.failed)
+    # and, once room returns, exactly the jobs not reported failed are in the queue
+    limit_file(broker, None)
+    queue = app.shard_queue("Sync", 0)
+    stored = {shardq.envelope.decode(body, None).payload["n"] for body in drain(broker, queue)}
+    assert stored == set(range(500)) - failed
+    app.broker.close()
+
+
+# -- files that are not shardq's ------------------------------------------------
+
+
+def test_a_file_with_other_tables_is_refused_unless_allowed(tmp_path: Path) -> None:
+    # given an application's database
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    # when the embedded broker is pointed at it
+    with pytest.raises(BrokerError) as refused:
+        SqliteBroker(str(path))
+    # then it is refused, naming the tables and the option, and the file is unchanged
+    assert "customers" in str(refused.value)
+    assert "allow_other_tables=1" in str(refused.value)
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"customers"}
+    # and with the option it shares the file
+    shared = broker_from_url(f"sqlite:///{path}?allow_other_tables=1")
+    shared.ensure_queue(QUEUE)
+    shared.close()
+
+
+def test_a_table_of_another_application_with_a_shardq_name_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, text TEXT)")
+    with pytest.raises(BrokerError, match="'messages' is another application's"):
+        SqliteBroker(str(path), allow_other_tables=True)
+
+
+def test_a_file_that_is_not_sqlite_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    with pytest.raises(BrokerError) as refused:
+        SqliteBroker(str(path))
+    assert "not an SQLite database" in str(refused.value)
+    assert "directory exists" not in str(refused.value)
+    assert path.read_bytes().startswith(b"these are my notes")
+
+
+# -- URL options ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///x.db?nonsense=1",
+        "memory://?allow_other_tables=1",
+        "sqs://?test_reopen_groups=1",
+    ],
+)
+def test_unknown_url_parameters_are_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        broker_from_url(url)
+
+
+def test_a_flag_that_is_not_1_or_0_is_refused() -> None:
+    with pytest.raises(ConfigError, match="test_reopen_groups must be 1 or 0"):
+        broker_from_url("memory://?test_reopen_groups=maybe")
+
+
+def test_the_reopen_mode_is_set_from_the_url(tmp_path: Path) -> None:
+    memory = broker_from_url("memory://?test_reopen_groups=1")
+    plain = broker_from_url("memory://")
+    on_file = broker_from_url(f"sqlite:///{tmp_path / 'b.db'}?test_reopen_groups=1")
+    assert isinstance(memory, MemoryBroker) and memory.reopen_groups
+    assert isinstance(plain, MemoryBroker) and not plain.reopen_groups
+    assert isinstance(on_file, SqliteBroker) and on_file.reopen_groups
+    for b in (memory, plain, on_file):
+        b.close()
+
+
+# -- the test-only group reopening mode -------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+@pytest.mark.parametrize("reopen", [True, False])
+def test_reopen_mode_lets_a_released_later_message_overtake_a_hidden_one(
+    tmp_path: Path, kind: str, reopen: bool
+) -> None:
+    broker: SqliteBroker = (
+        SqliteBroker(str(tmp_path / "b.db"), reopen_groups=reopen)
+        if kind == "sqlite"
+        else MemoryBroker(reopen_groups=reopen)
+    )
+    broker.ensure_queue(QUEUE)
+    broker.send_batch(QUEUE, [SendEntry(str(i), f"m{i}", "g", f"d{i}") for i in (1, 2)])
+    # given messages 1 and 2 of a group in flight
+    _first, second = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60)
+    # when 2 is released while 1 stays hidden
+    assert not broker.change_visibility_batch(QUEUE, [(second.receipt, 0)]).failed
+    got = broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60)
+    # then with the mode on 2 is received before 1 (the emulated defect); off, it is not
+    assert [m.body for m in got] == (["m2"] if reopen else [])
+    # and a receive that returned a message of the group blocks it again
+    assert broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60) == []
+    broker.close()
+
+
+# -- disk housekeeping --------------------------------------------------------------
+
+
+def test_maintain_gives_the_space_of_a_drained_backlog_back(tmp_path: Path) -> None:
+    # given a fresh file, then 5,000 messages published and drained
+    path = tmp_path / "b.db"
+    broker = SqliteBroker(str(path))
+    broker.ensure_queue(QUEUE)
+    broker.maintain()
+    fresh = file_bytes(path)
+    for n in range(500):
+        broker.send_batch(QUEUE, entries(f"m{n}", size=400))
+    assert len(drain(broker)) == 5000
+    grown = file_bytes(path)
+    # and their deduplication ids expired
+    with broker._lock:
+        broker._db.execute("UPDATE dedup SET expires_at = 0")
+    # when the broker is maintained
+    broker.maintain()
+    # then the file and its WAL are back near their fresh size
+    assert grown > 3 * fresh + 2**20
+    assert file_bytes(path) <= 3 * fresh + 64 * 1024
+    with broker._lock:
+        assert broker._db.execute("SELECT COUNT(*) FROM dedup").fetchone()[0] == 0
+    broker.close()
+
+
+def test_maintain_keeps_deduplication_ids_still_in_their_window(broker: SqliteBroker) -> None:
+    result = broker.send_batch(QUEUE, [SendEntry("0", "once", "g", "same")])
+    drain(broker)
+    broker.maintain()
+    again = broker.send_batch(QUEUE, [SendEntry("0", "once", "g", "same")])
+    assert again.message_ids == result.message_ids
+    assert drain(broker) == []
+
+
+def test_compact_shrinks_a_file_made_without_incremental_vacuum(tmp_path: Path) -> None:
+    # given a file created the way older versions did (no auto_vacuum), with a drained backlog
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA auto_vacuum = NONE")
+        db.execute(
+            "CREATE TABLE queues (name TEXT PRIMARY KEY, visibility_timeout REAL NOT NULL,"
+            " max_message_bytes INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0)"
+        )
+    broker = SqliteBroker(str(path))
+    broker.ensure_queue(QUEUE)
+    for n in range(300):
+        broker.send_batch(QUEUE, entries(f"m{n}", size=400))
+    drain(broker)
+    with broker._lock:
+        broker._db.execute("UPDATE dedup SET expires_at = 0")
+    broker.maintain()
+    broker.close()
+    before = file_bytes(path)
+    # when it is compacted by hand
+    compact(str(path))
+    # then it shrank, and maintenance can shrink it from now on
+    assert file_bytes(path) < before / 4
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
