@@ -139,18 +139,6 @@ class Broker(abc.ABC):
     def max_message_bytes(self, queue: str) -> int:
         """The queue's largest accepted message body, in bytes."""
 
-    def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
-        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message.
-
-        Returns the queues that may (an empty list on timeout or after
-        :meth:`wake_waiters`), or None if this broker cannot watch many queues at once
-        (SQS: the caller then long-polls each queue with :meth:`receive`).
-        """
-        return None
-
-    def maintain(self) -> None:  # noqa: B027 - optional for implementations
-        """Periodic housekeeping; the node calls it about every 30 s."""
-
     def wake_waiters(self) -> None:  # noqa: B027 - optional for implementations
         """Make receives that are waiting return now (empty if nothing came).
 
