@@ -298,23 +298,32 @@ class _Poller(threading.Thread):
 
 class Watcher(threading.Thread):
     """Embedded broker: one thread watches every idle shard of the node at once
-    (``Broker.watch``) and tells a shard's lane when a job may have arrived."""
+    (``Broker.watch``) and tells a shard's lane when a job may have arrived.
 
-    #: Longest a newly idle shard waits to join the watch.
-    ROUND_SECONDS = 0.05
+    While shards keep joining, a round lasts :data:`BUSY_ROUND` (a newly idle shard
+    waits at most that long to be watched); when none joined during a round, the
+    next lasts :data:`IDLE_ROUND`, and the first shard that joins wakes it at once.
+    """
+
+    BUSY_ROUND = 0.05
+    IDLE_ROUND = 1.0
 
     def __init__(self, node: Node) -> None:
         super().__init__(name="shardq-watch", daemon=True)
         self.node = node
         self._lock = threading.Lock()
         self._watched: dict[str, tuple[Shard, Lane]] = {}
-        self._added = threading.Event()
+        self._joined = threading.Event()
+        self._long_round = False
 
     def watch(self, shard: Shard, lane: Lane) -> None:
         shard.watched = True
         with self._lock:
             self._watched[shard.queue] = (shard, lane)
-        self._added.set()
+            wake, self._long_round = self._long_round, False
+        self._joined.set()
+        if wake:
+            self.node.app.broker.wake_waiters()
 
     def alive(self) -> bool:
         return self.is_alive() or self.node.stopping.is_set()
@@ -328,14 +337,18 @@ class Watcher(threading.Thread):
     def _run(self) -> None:
         node, backoff = self.node, 0.5
         while not node.stopping.is_set():
+            busy = self._joined.is_set()
+            self._joined.clear()
             with self._lock:
                 queues = list(self._watched)
+                self._long_round = not busy
             if not queues:
-                self._added.wait(0.5)
-                self._added.clear()
+                self._joined.wait(0.5)
                 continue
             try:
-                ready = node.app.broker.watch(queues, self.ROUND_SECONDS)
+                ready = node.app.broker.watch(
+                    queues, self.BUSY_ROUND if busy else self.IDLE_ROUND
+                )
             except BrokerError as exc:
                 node.broker_trouble("watch", None, exc)
                 node.stopping.wait(backoff)

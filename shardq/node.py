@@ -74,8 +74,10 @@ class Node:
         self.until_empty = until_empty
         self.stopping = threading.Event()
         threads = max(1, len(plan.threads))
-        self.pool = ThreadPoolExecutor(threads * self.config.prefetch, "shardq-io")
-        self._lease_pool = ThreadPoolExecutor(2 * threads + 2, "shardq-settle")
+        # Requests overlap their round trips (SQS); a local broker runs one at a time.
+        local = app.broker.watch([], 0) is not None
+        self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
+        self._lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
         self.leases = Leases(
             app.broker,
             self._lease_pool,
