@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import Broker, MemoryBroker, SendEntry, SqliteBroker, broker_from_url
 from shardq.broker.sqlite import compact
 from shardq.errors import BrokerError, ConfigError, PublishError
+from shardq.node import Node
 
 QUEUE = "q.fifo"
 
@@ -314,3 +318,42 @@ def test_compact_shrinks_a_file_made_without_incremental_vacuum(tmp_path: Path) 
     assert file_bytes(path) < before / 4
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+
+
+def test_a_node_on_a_full_disk_keeps_going_and_recovers_when_room_returns(
+    tmp_path: Path,
+) -> None:
+    # given a node running on a file that may not grow, with jobs queued before it filled
+    broker = SqliteBroker(str(tmp_path / "broker.db"))
+    app = shardq.App(shardq.Config(idle_wait_seconds=1, grace_seconds=5))
+    app.configure(broker=broker)
+    done: list[int] = []
+
+    @app.register
+    class Job(shardq.Worker):
+        shards = 2
+
+        def perform(self, entity_id: str, payloads: list[int]) -> None:
+            done.extend(payloads)
+
+    app.ensure_queues()
+    Job.publish_many([(f"e{n % 7}", n) for n in range(300)])
+    limit_file(broker, 0)
+    node = Node(app, app.plan(threads=2), until_empty=True)
+    runner = threading.Thread(target=node.run)
+    with capture_logs() as logs:
+        # when it runs a while with no room, then room returns
+        runner.start()
+        time.sleep(2.0)
+        full = list(logs)
+        limit_file(broker, None)
+        runner.join(60)
+    # then it kept running, said why it could not work, and ran every job once, in order
+    assert not runner.is_alive()
+    assert any("is full" in str(e.get("error", "")) for e in full)
+    assert not any(e["event"] in {"node.part_failed", "node.thread_died"} for e in logs)
+    assert sorted(done) == list(range(300))
+    for entity in range(7):
+        mine = [n for n in done if n % 7 == entity]
+        assert mine == sorted(mine)
+    broker.close()
