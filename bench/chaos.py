@@ -12,6 +12,8 @@ Exact commands (from the repo root)::
         --duration 180 --kill-every 1 3
     python bench/chaos.py --broker sqs --nodes 4 --entities 500 --jobs 20 \
         --duration 90 --kill-every 1 3 --outage-at 30 --outage-seconds 10
+    python bench/chaos.py --broker sqlite-reopen --nodes 4 --entities 1000 --jobs 20 \
+        --duration 180 --kill-every 1 3
 
 ``--broker sqlite`` uses a fresh embedded broker file in a temporary directory;
 ``--broker sqs`` starts ministack on 127.0.0.1 (with ``PERSIST_STATE=1`` when
@@ -40,7 +42,12 @@ def main() -> int:
 
     defaults = chaos.Settings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--broker", choices=("sqlite", "sqs"), default="sqlite")
+    parser.add_argument(
+        "--broker",
+        choices=("sqlite", "sqlite-reopen", "sqs"),
+        default="sqlite",
+        help="sqlite-reopen: the embedded broker with the test-only group reopening defect",
+    )
     parser.add_argument("--nodes", type=int, default=4, help="node processes (default 4)")
     parser.add_argument("--layout", choices=chaos.LAYOUTS, default="mixed")
     parser.add_argument("--threads", type=int, default=2, help="threads per node (2)")
@@ -101,6 +108,8 @@ def main() -> int:
     try:
         if args.broker == "sqlite":
             env["SHARDQ_BROKER_URL"] = f"sqlite:///{work / 'broker.db'}"
+        elif args.broker == "sqlite-reopen":
+            env["SHARDQ_BROKER_URL"] = f"sqlite:///{work / 'broker.db'}?test_reopen_groups=1"
         else:
             os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
             state = str(work / "ministack-state") if args.outage_at is not None else None
