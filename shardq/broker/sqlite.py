@@ -32,6 +32,7 @@ message of G (which blocks it again as usual). Never use it in production.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sqlite3
@@ -135,6 +136,11 @@ _STALE = "receipt handle is invalid or expired (the message is visible again or 
 
 
 _END = 2**63 - 1  # no seq is larger
+
+
+@functools.lru_cache(maxsize=MAX_BATCH_ENTRIES)
+def _group_state(count: int) -> str:
+    return _GROUP_STATE.format(rows=",".join(["(?, ?, ?)"] * count))
 
 
 def _marks(count: int) -> str:
@@ -536,7 +542,7 @@ class SqliteBroker(Broker):
         """
         if not deleted:
             return False
-        sql = _GROUP_STATE.format(rows=",".join(["(?, ?, ?)"] * len(deleted)))
+        sql = _group_state(len(deleted))
         args = [
             v
             for n, (group, seqs) in enumerate(deleted.items())

@@ -85,9 +85,9 @@ DROP INDEX IF EXISTS messages_by_visibility;
 """
 
 #: Rows of expired deduplication ids deleted per transaction (a few ms at most).
-PURGE_CHUNK = 1000
+PURGE_CHUNK = 250
 #: Free pages returned to the file system per transaction by maintenance.
-VACUUM_CHUNK = 512
+VACUUM_CHUNK = 128
 #: After a checkpoint, the WAL file is cut back to this size at most.
 WAL_SIZE_LIMIT = 4 * 2**20
 
