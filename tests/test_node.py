@@ -309,7 +309,9 @@ def test_a_failed_batch_sends_only_the_job_that_fails_alone_to_the_morgue(
     app: shardq.App, ledger_path: str
 ) -> None:
     # given perform gets 5 jobs of an entity at once, and job 2 of them is broken for good
-    app.configure(app.config.with_overrides(workers={"Ledgered": {"batch_size": 5}}))
+    app.configure(
+        app.config.with_overrides(workers={"Ledgered": {"batch_size": 5}}), broker=app.broker
+    )
     Ledgered.publish_many([("e", {"n": n, "permanent": n == 2}) for n in range(5)])
     # when the node runs them
     with capture_logs() as logs:
@@ -340,7 +342,9 @@ def test_perform_sees_the_attempt_and_each_job_of_its_call(
         if len(seen) == 1:
             raise shardq.Retry(delay=0)
 
-    app.configure(app.config.with_overrides(workers={"Ledgered": {"batch_size": 2}}))
+    app.configure(
+        app.config.with_overrides(workers={"Ledgered": {"batch_size": 2}}), broker=app.broker
+    )
     first = Ledgered.publish("e", {"n": 0}, meta={"k": "a"})
     second = Ledgered.publish("e", {"n": 1}, meta={"k": "b"})
     with pytest.MonkeyPatch.context() as mp:
