@@ -96,3 +96,35 @@ def test_a_running_node_logs_its_progress_now_and_then() -> None:
     assert all(e["log_level"] == "info" for e in progress)
     assert any(e["jobs_per_second"].get("Slow", 0) > 0 for e in progress)
     assert {"done", "max_lag", "held"} <= set(progress[0])
+
+
+def test_a_node_that_owns_no_shard_warns_and_says_why(app: shardq.App) -> None:
+    # given five nodes for a worker of two shards, and this node is the fifth
+    plan = app.plan(node=4, nodes=5, threads=1)
+    assert plan.shards == []
+    # when it runs
+    with capture_logs() as captured:
+        Node(app, plan, until_empty=True).run()
+    # then it warns that it owns no shard, and why
+    (warning,) = [e for e in captured if e["event"] == "node.no_shards"]
+    assert warning["log_level"] == "warning" and "more nodes than shards" in warning["detail"]
+
+
+def test_a_job_that_exhausts_its_retries_is_morgued_at_warning_like_a_permanent_error(
+    app: shardq.App,
+) -> None:
+    # given a worker with no retries whose job asks for a retry
+    @app.register
+    class Again(shardq.Worker):
+        max_retries = 0
+
+        def perform(self, entity_id: str, payloads: list[object]) -> None:
+            raise shardq.Retry(delay=0)
+
+    Again.publish("e", 1)
+    # when a node runs it
+    with capture_logs() as captured:
+        Node(app, app.plan(threads=1), until_empty=True).run()
+    # then its trip to the morgue is a warning, as for any other job that died
+    (morgued,) = [e for e in captured if e["event"] == "job.morgued"]
+    assert morgued["log_level"] == "warning" and morgued["reason"] == "max_retries"
