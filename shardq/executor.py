@@ -17,7 +17,8 @@ For each entity in the batch, in receive order, its jobs run in chunks of up to
     morgue. A job goes to the worker's morgue queue and only then is deleted; the
     entity's next jobs run;
 
-* a body that is not a valid envelope, or names another worker: morgue at once;
+* a body that is not a valid envelope, or names another worker: the morgue in its
+  turn (if the morgue cannot be written, it and the entity's later jobs wait 30 s);
 * a chunk whose visibility lapsed before it started (the broker was unreachable
   while the leases tried to extend it) is not run: another node may have it. It and
   the entity's later jobs in the batch are left to the broker to deliver again.
@@ -53,6 +54,8 @@ log = structlog.get_logger("shardq.job")
 
 #: Retries due within this many seconds are held by the lane, not hidden at the broker.
 LOCAL_RETRY_SECONDS = 10.0
+#: When an invalid message could not be written to the morgue: try again after this.
+INVALID_RETRY_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class _Job:
     message: Message
     payload: Any
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Set for a message that is not a valid job (it goes to the morgue in its turn).
+    invalid: BaseException | None = None
+    reason: str = ""
 
 
 class Executor:
@@ -167,15 +173,20 @@ class Executor:
     def _run_entity(
         self, ref: ShardRef, settings: WorkerSettings, worker: Worker, messages: list[Message]
     ) -> Deferred | None:
-        jobs = [job for m in messages if (job := self._decode(ref, m)) is not None]
+        jobs = [self._decode(ref, m) for m in messages]
         i, isolate_until = 0, 0
         while i < len(jobs):
             if self._stopping.is_set():  # shutting down: the node releases what has not run
                 return None
-            chunk = jobs[i : i + (1 if i < isolate_until else settings.batch_size)]
+            chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
             if any(self._leases.lapsed(j.message) for j in chunk):
                 self._give_up(ref, jobs[i:])
                 return None
+            if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
+                if self._bury_invalid(ref, chunk[0]):
+                    i += 1
+                    continue
+                return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
             error, duration = self._perform(worker, settings, chunk)
             if error is None:
                 self._succeeded(ref, chunk, duration)
@@ -200,6 +211,17 @@ class Executor:
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
         return None
+
+    @staticmethod
+    def _chunk(jobs: list[_Job], start: int, size: int) -> list[_Job]:
+        """Up to ``size`` jobs from ``start`` for one call; an invalid message alone."""
+        chunk = [jobs[start]]
+        if chunk[0].invalid is None:
+            for job in jobs[start + 1 : start + size]:
+                if job.invalid is not None:
+                    break
+                chunk.append(job)
+        return chunk
 
     def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
         self._leases.delete([j.message for j in chunk])
@@ -239,9 +261,12 @@ class Executor:
                     detail="its visibility ran out before it started; not run here, it is "
                     "delivered again",
                 )
+        for job in jobs:  # delivered again without having run here
+            key = job.message.message_id
+            self._unstarted[key] = self._unstarted.get(key, 0) + 1
         self._leases.forget([j.message for j in jobs])
 
-    def _decode(self, ref: ShardRef, message: Message) -> _Job | None:
+    def _decode(self, ref: ShardRef, message: Message) -> _Job:
         reason = morgue.REASON_INVALID
         try:
             env = envelope.decode(message.body, self._key)
@@ -253,14 +278,17 @@ class Executor:
                     + ("" if known else f"; no worker {env.worker!r} is registered")
                 )
         except (EnvelopeError, UnknownWorkerError) as exc:
-            job = _Job(message, None)
-            if self._bury(ref, None, [job], reason, exc):
-                self._outcome("morgued", ref, [job], 0.0, exc, reason=reason)
-                self._forget_attempts([job])
-            else:
-                self._leases.hide([message], 30.0)
-            return None
+            return _Job(message, None, invalid=exc, reason=reason)
         return _Job(message, env.payload, env.meta)
+
+    def _bury_invalid(self, ref: ShardRef, job: _Job) -> bool:
+        """An invalid message's turn: the morgue at once. False if that failed."""
+        assert job.invalid is not None
+        if not self._bury(ref, None, [job], job.reason, job.invalid):
+            return False
+        self._outcome("morgued", ref, [job], 0.0, job.invalid, reason=job.reason)
+        self._forget_attempts([job])
+        return True
 
     def _perform(
         self, worker: Worker, settings: WorkerSettings, chunk: list[_Job]

@@ -97,6 +97,8 @@ class Lane(threading.Thread):
             self.node.idle.watch(shard, self)
         while not self.node.stopping.is_set():
             self._collect(self._next_due())
+            if self.node.stopping.is_set():
+                return
             self._prefetch()
             picked = self._pick([s for s in self.shards if s.batches])
             if picked is None:
@@ -153,6 +155,9 @@ class Lane(threading.Thread):
         messages: list[Message] | None = None
         try:
             messages = self.node.receive(shard, wait_seconds=self.node.app.broker.prefetch_wait)
+            if self.node.stopping.is_set():  # the node may have swept what it holds
+                self.node.release_straggler(messages)
+                messages = None
         except BaseException as exc:
             self.node.fail(f"a receive for {shard.ref}", exc)
         finally:
@@ -262,7 +267,8 @@ class Pollers:
         poller.wake.set()
 
     def alive(self) -> bool:
-        return all(p.is_alive() for p in self._threads.values()) or self.node.stopping.is_set()
+        pollers = list(self._threads.values())  # lanes add pollers meanwhile
+        return all(p.is_alive() for p in pollers) or self.node.stopping.is_set()
 
 
 class _Poller(threading.Thread):

@@ -45,6 +45,8 @@ from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
 log = structlog.get_logger("shardq.leases")
 
 HELD, DELETE, CHANGE = "held", "delete", "change"
+#: A job is not started with less visibility left than this.
+START_MARGIN_SECONDS = 0.25
 #: Longest wait between tries of a failed request.
 MAX_BACKOFF_SECONDS = 5.0
 
@@ -139,11 +141,15 @@ class Leases:
             self._extend_at = min(self._extend_at, due)
 
     def lapsed(self, message: Message) -> bool:
-        """True if this message is no longer this node's to run (see the module doc).
-        A message not held here is not lapsed."""
+        """True if this message is no longer this node's to run (see the module doc),
+        or has less than :data:`START_MARGIN_SECONDS` of visibility left (the local
+        clock starts when the receive returns, a little after the broker's). A message
+        not held here is not lapsed."""
         with self._cond:
             lease = self._held.get(message.receipt)
-            return lease is not None and (lease.lost or lease.expires <= time.monotonic())
+            if lease is None:
+                return False
+            return lease.lost or lease.expires - START_MARGIN_SECONDS <= time.monotonic()
 
     def count(self) -> int:
         with self._cond:

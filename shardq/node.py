@@ -96,6 +96,7 @@ class Node:
         self.idle: Pollers | Watcher = Pollers(self)
         self.failed = False
         self._signals = 0
+        self._signal_name: str | None = None
         self._progress = _Progress(self)
 
     def _shard(self, ref: ShardRef) -> Shard:
@@ -111,7 +112,20 @@ class Node:
         self._signals = signals_before() if signals_before else 0
         if self._signals:
             self.stop()
-        self._start()
+        try:
+            self._start()  # a broker or config error here ends the run (the CLI says why)
+        except BaseException:
+            self.stop()
+            self.metrics.close()
+            raise
+        try:
+            self._watch()
+        except Exception as exc:  # a bug here must still stop the lanes and release jobs
+            self.fail("the node's own thread", exc)
+        return self._shutdown()
+
+    def _watch(self) -> None:
+        """The node's own loop: health, progress, housekeeping, until-empty."""
         quiet, next_maintain = 0, time.monotonic() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
             self._check_alive()
@@ -126,7 +140,6 @@ class Node:
                     self.stop()
                 elif quiet >= 2:
                     quiet = 0
-        return self._shutdown()
 
     def _start(self) -> None:
         log.info(
@@ -214,7 +227,7 @@ class Node:
         total = Tally()
         for lane in self.lanes:
             for kind in ("succeeded", "retried", "morgued"):
-                for worker, n in getattr(lane.tally, kind).items():
+                for worker, n in list(getattr(lane.tally, kind).items()):
                     total.add(kind, worker, n)
         return total
 
@@ -275,19 +288,27 @@ class Node:
         return True
 
     def _shutdown(self) -> int:
+        if self._signal_name:
+            log.info(
+                "node.signal",
+                signal=self._signal_name,
+                detail="finishing running jobs; send it again to exit at once",
+            )
+        self.app.broker.wake_waiters()
         log.info("node.stopping", grace_seconds=self.config.grace_seconds)
         deadline = time.monotonic() + self.config.grace_seconds
         for lane in self.lanes:
             if lane.ident is not None:
                 lane.join(max(0.0, deadline - time.monotonic()))
         stuck = [lane for lane in self.lanes if lane.is_alive()]
-        self.pool.shutdown(wait=True)  # receives without a wait: one round trip at most
+        # Receives still in flight are not waited for: what they bring is released
+        # as a straggler (see Lane._fetch).
+        self.pool.shutdown(wait=False, cancel_futures=True)
         running = {m.receipt for lane in stuck for m in lane.current}
         for lane in self.lanes:
-            if lane in stuck:
-                continue
-            for _, _, item in sorted(lane.deferred, key=lambda d: d[0]):
-                self.leases.hide(item.messages, max(0.0, item.due - time.monotonic()))
+            for _, _, item in sorted(list(lane.deferred), key=lambda d: d[0]):
+                if not any(m.receipt in running for m in item.messages):
+                    self.leases.hide(item.messages, max(0.0, item.due - time.monotonic()))
         unstarted = [m for m in self.leases.held(HELD) if m.receipt not in running]
         unstarted.sort(key=lambda m: (m.queue, m.sequence))
         self.leases.hide(unstarted, 0.0)
@@ -319,7 +340,8 @@ class Node:
                 detail="their messages reappear after their visibility timeout",
             )
             return 3
-        return 1 if self.failed or any(lane.failed for lane in self.lanes) else 0
+        failed = self.failed or not self.leases.alive() or any(lane.failed for lane in self.lanes)
+        return 1 if failed else 0
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -328,16 +350,13 @@ class Node:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        # Only flags here: a handler that logged or took a lock could deadlock with
+        # the interrupted code. The node's loop logs it and wakes the waiters.
         self._signals += 1
         if self._signals > 1:
-            log.warning("node.forced_exit", signal=signal.Signals(signum).name)
             os._exit(128 + signum)
-        log.info(
-            "node.signal",
-            signal=signal.Signals(signum).name,
-            detail="finishing running jobs; send it again to exit at once",
-        )
-        self.stop()
+        self._signal_name = signal.Signals(signum).name
+        self.stopping.set()
 
 
 class _Progress:

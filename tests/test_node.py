@@ -380,3 +380,44 @@ def test_a_long_retry_hides_the_entitys_later_jobs_with_the_failed_one(
     ]
     retried = [e for e in logs if e["event"] == "job.retried"]
     assert [e["attempt"] for e in retried] == [1, 2]
+
+
+class MorgueDownAtFirst(shardq.MemoryBroker):
+    """A broker whose morgue queues refuse the first two writes (then it recovers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def send_batch(self, queue: str, entries: Any) -> Any:
+        if queue.endswith("-morgue.fifo") and self.refused < 2:
+            self.refused += 1
+            raise shardq.BrokerError("the morgue is unreachable")
+        return super().send_batch(queue, entries)
+
+
+def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
+    ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an entity whose second message is garbage, behind and before valid jobs,
+    # and a morgue that refuses the first writes
+    monkeypatch.setattr(shardq.executor, "INVALID_RETRY_SECONDS", 0.2)
+    broker = MorgueDownAtFirst()
+    ledger.app.configure(Config(idle_wait_seconds=1, grace_seconds=5), broker=broker)
+    ledger.app.ensure_queues()
+    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    Ledgered.publish("e", {"n": 0})
+    broker.send_batch(queue, [SendEntry("0", "not a job", "e", "garbage")])
+    Ledgered.publish("e", {"n": 2})
+    # when a node runs them
+    with capture_logs() as logs:
+        run_until_empty(ledger.app, threads=1)
+    # then job 2 ran only after the garbage reached the morgue, never before
+    events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
+    assert events == [("start", 0), ("end", 0), ("start", 2), ("end", 2)]
+    assert broker.refused == 2
+    outcomes = [e["event"] for e in logs if e["event"].startswith("job.")]
+    assert outcomes.index("job.morgued") < outcomes.index("job.succeeded", 1)
+    (record,) = morgue_records(ledger.app)
+    assert record.reason == "invalid_message"
+    broker.close()
