@@ -79,6 +79,7 @@ class Lane(threading.Thread):
         )
         self._picks = 0
         self._in_flight = 0
+        self._in_hand = 0  # received batches not started, over all the lane's shards
 
     def run(self) -> None:
         try:
@@ -105,6 +106,7 @@ class Lane(threading.Thread):
                 continue
             shard = picked
             batch = shard.batches.popleft()
+            self._in_hand -= 1
             shard.head_sent_at = shard.batches[0][0].sent_at if shard.batches else None
             self._prefetch()
             self.current = batch
@@ -137,9 +139,10 @@ class Lane(threading.Thread):
 
     # -- receiving ------------------------------------------------------------------
     def _prefetch(self) -> None:
-        """Keep up to ``prefetch`` receives in flight for shards that may have work."""
+        """Keep up to ``prefetch`` receives in flight for shards that may have work, and
+        no more than ``prefetch`` + 1 batches received and not started in the lane."""
         limit = self.node.config.prefetch
-        while self._in_flight < limit:
+        while self._in_flight < limit and self._in_flight + self._in_hand <= limit:
             candidates = [
                 s for s in self.shards if s.more and s.fetching < limit and len(s.batches) < 2
             ]
@@ -190,6 +193,7 @@ class Lane(threading.Thread):
             shard.watched = False
         if messages:
             shard.batches.append(messages)
+            self._in_hand += 1
             if shard.head_sent_at is None:
                 shard.head_sent_at = messages[0].sent_at
         shard.more = full
@@ -312,7 +316,7 @@ class Watcher(threading.Thread):
     """
 
     BUSY_ROUND = 0.05
-    IDLE_ROUND = 1.0
+    IDLE_ROUND = 0.5
 
     def __init__(self, node: Node) -> None:
         super().__init__(name="shardq-watch", daemon=True)
