@@ -127,16 +127,6 @@ class Lane(threading.Thread):
             and all(s.watched and not s.batches for s in self.shards)
         )
 
-    def unstarted(self) -> list[Message]:
-        """Messages received for this lane and not started (read after it stopped)."""
-        found = [m for s in self.shards for b in s.batches for m in b]
-        while True:
-            try:
-                _, messages, _ = self.inbox.get_nowait()
-            except queue.Empty:
-                return found
-            found += messages or []
-
     # -- receiving ------------------------------------------------------------------
     def _prefetch(self) -> None:
         """Keep up to ``prefetch`` receives in flight for shards that may have work, and

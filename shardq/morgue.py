@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
-from shardq.broker.base import Message, SendEntry, batches
+from shardq.broker.base import Message, SendEntry
 from shardq.errors import BrokerError, EnvelopeError
+from shardq.leases import release_now
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.morgue_record import (
     KIND,
@@ -153,8 +154,9 @@ class MorgueQueue:
         )
 
     def release(self, messages: Iterable[Message]) -> None:
-        for chunk in batches(list(messages)):
-            self.app.broker.change_visibility_batch(self.queue, [(m.receipt, 0) for m in chunk])
+        """Make held dead jobs visible again (a failure is logged, never raised: it must
+        not mask the error that ended a scan; they reappear after ``hold`` anyway)."""
+        release_now(self.app.broker, list(messages))
 
     def _scan(
         self,

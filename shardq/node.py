@@ -75,7 +75,8 @@ class Node:
         self.stopping = threading.Event()
         threads = max(1, len(plan.threads))
         # Requests overlap their round trips (SQS); a local broker runs one at a time.
-        local = app.broker.watch([], 0) is not None
+        # A broker that watches many queues at once is local (embedded).
+        self.local = local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
         self._lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
         self.leases = Leases(
@@ -170,7 +171,7 @@ class Node:
             log.info(
                 "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
             )
-        if self.app.broker.watch([], 0) is not None:
+        if self.local:
             self.idle = Watcher(self)
             self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
