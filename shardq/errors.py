@@ -56,6 +56,11 @@ class QueueNotFoundError(BrokerError):
     """A queue does not exist; run ``shardq queues ensure`` or let the node create it."""
 
 
+class FleetError(ShardqError):
+    """The fleet's shared state cannot be read or written; the message says why and
+    what to do (usually: check the broker, or upgrade shardq on this machine)."""
+
+
 class PublishError(ShardqError):
     """Some jobs of a publish were not accepted by the broker.
 

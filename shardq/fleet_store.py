@@ -1,0 +1,169 @@
+"""Where the fleet document lives: the only message group of a FIFO queue.
+
+No extra service: the document is a message of the app's fleet state queue
+(``{queue_prefix}shardq-fleet.fifo``, created like any other queue), in message
+group ``fleet``.
+
+* **Write** (:meth:`FleetStore.update`): receive the document with a visibility of
+  ``lock_seconds``. While it is in flight no other writer can receive it (a FIFO
+  group lock), so the receive is an exclusive lock. Send the changed document (one
+  version higher), then delete the received one. A writer that dies between the two
+  leaves both; the next reader takes the highest version and the next writer deletes
+  the rest. A writer that took longer than its lock (minus a margin) gives up that
+  try rather than overwrite a newer version. Three requests per write.
+* **Read** (:meth:`FleetStore.read`): receive with visibility 0 (a peek: the group is
+  not locked), one request. While a writer holds the lock the peek finds nothing and
+  is tried again a little later.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from shardq.broker.base import Broker, Message, SendEntry
+from shardq.errors import BrokerError, FleetError
+from shardq.fleet_doc import FleetDoc
+from shardq.limits import FIFO_SUFFIX, MAX_BATCH_ENTRIES, MAX_MESSAGE_BYTES
+
+log = structlog.get_logger("shardq.fleet")
+
+#: The message group holding the document.
+GROUP = "fleet"
+#: Dedup id of the first (empty) document: concurrent creators store one.
+CREATED_DEDUP_ID = "fleet-created"
+#: A write that took longer than its lock minus this does not send its version.
+LOCK_MARGIN_SECONDS = 2.0
+
+
+def fleet_queue(queue_prefix: str) -> str:
+    """The fleet state queue of an app with this queue prefix."""
+    return f"{queue_prefix}shardq-fleet{FIFO_SUFFIX}"
+
+
+class FleetStore:
+    """Read and write one app's fleet document on its broker."""
+
+    def __init__(self, broker: Broker, queue: str, *, lock_seconds: float = 10.0) -> None:
+        if lock_seconds <= LOCK_MARGIN_SECONDS:
+            raise ValueError(f"lock_seconds must exceed {LOCK_MARGIN_SECONDS}")
+        self.broker = broker
+        self.queue = queue
+        self.lock_seconds = lock_seconds
+        self._rng = random.Random()
+
+    def ensure(self) -> None:
+        """Create the fleet state queue unless it exists."""
+        self.broker.ensure_queue(
+            self.queue,
+            visibility_timeout=int(self.lock_seconds),
+            max_message_bytes=MAX_MESSAGE_BYTES,
+        )
+
+    def read(self, timeout: float = 5.0) -> FleetDoc | None:
+        """The current document (None if there is none yet), without locking it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            messages = self._receive(visibility=0.0)
+            docs = self._parse(messages, delete_bad=False)
+            if docs:
+                return docs[-1]
+            if not messages and self._empty():
+                return None
+            if time.monotonic() >= deadline:
+                raise FleetError(self._locked_text(timeout))
+            self._pause()
+
+    def update(self, change: Callable[[FleetDoc], FleetDoc], timeout: float = 15.0) -> FleetDoc:
+        """Apply ``change`` to the current document under the lock; the written version.
+
+        ``change`` may be called more than once (a try that lost its lock is redone);
+        it must not have side effects beyond building the new document.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            received_at = time.monotonic()
+            messages = self._receive(visibility=self.lock_seconds)
+            if messages:
+                written = self._write(messages, change, received_at)
+                if written is not None:
+                    return written
+            elif self._empty():
+                self._create()
+                continue
+            if time.monotonic() >= deadline:
+                raise FleetError(self._locked_text(timeout))
+            self._pause()
+
+    # -- internals ------------------------------------------------------------------
+    def _write(
+        self, messages: list[Message], change: Callable[[FleetDoc], FleetDoc], received_at: float
+    ) -> FleetDoc | None:
+        docs = self._parse(messages, delete_bad=True)
+        current = docs[-1] if docs else FleetDoc()
+        new = replace(change(current), version=current.version + 1, written=time.time())
+        text = new.to_text()
+        if len(text.encode("utf-8")) > MAX_MESSAGE_BYTES:
+            raise FleetError(
+                f"the fleet document would be {len(text)} bytes, over the {MAX_MESSAGE_BYTES}"
+                " bytes a message can hold: too many nodes or shards for one fleet"
+            )
+        if time.monotonic() - received_at > self.lock_seconds - LOCK_MARGIN_SECONDS:
+            log.warning("fleet.lock_lapsed", detail="writing the fleet document took too long")
+            return None  # another writer may hold a newer version by now
+        entry = SendEntry("0", text, GROUP, uuid.uuid4().hex)
+        result = self.broker.send_batch(self.queue, [entry])
+        if result.failed:
+            raise BrokerError(f"sending the fleet document failed: {result.failed['0']}")
+        deleted = self.broker.delete_batch(self.queue, [m.receipt for m in messages])
+        if deleted.failed:  # the next writer deletes what is left
+            log.warning("fleet.old_versions_left", count=len(deleted.failed))
+        return new
+
+    def _receive(self, visibility: float) -> list[Message]:
+        return self.broker.receive(
+            self.queue,
+            max_messages=MAX_BATCH_ENTRIES,
+            wait_seconds=0,
+            visibility_timeout=visibility,
+        )
+
+    def _parse(self, messages: list[Message], *, delete_bad: bool) -> list[FleetDoc]:
+        """The documents among ``messages``, oldest version first."""
+        docs, bad = [], []
+        for message in messages:
+            try:
+                docs.append(FleetDoc.from_text(message.body))
+            except FleetError as exc:
+                if "newer than" in str(exc):
+                    raise
+                log.warning("fleet.bad_document", message_id=message.message_id, error=str(exc))
+                bad.append(message.receipt)
+        if bad and delete_bad and docs:
+            self.broker.delete_batch(self.queue, bad)
+        return sorted(docs, key=lambda d: (d.version, d.written))
+
+    def _empty(self) -> bool:
+        counts = self.broker.counts(self.queue)
+        return counts.waiting == 0 and counts.in_flight == 0
+
+    def _create(self) -> None:
+        entry = SendEntry("0", FleetDoc().to_text(), GROUP, CREATED_DEDUP_ID)
+        result = self.broker.send_batch(self.queue, [entry])
+        if result.failed:
+            raise BrokerError(f"creating the fleet document failed: {result.failed['0']}")
+
+    def _pause(self) -> None:
+        time.sleep(self._rng.uniform(0.02, 0.2))
+
+    def _locked_text(self, timeout: float) -> str:
+        return (
+            f"the fleet document in {self.queue} stayed locked for {timeout:.0f} s; another "
+            "node may be writing it over a slow link. Try again; if it persists, check "
+            "that the broker answers"
+        )
