@@ -21,7 +21,8 @@ from shardq.admin import add_commands
 from shardq.app import App
 from shardq.config import Config
 from shardq.errors import BrokerError, ConfigError, ShardqError
-from shardq.plan import format_plan
+from shardq.fleet_doc import ELASTIC, STATIC
+from shardq.plan import Plan, format_plan
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -29,9 +30,15 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
 EXIT_PIPE = 128 + 13
 
 _EPILOG_RUN = """examples:
-  shardq run --node 0 --nodes 3 --threads 8      # node 0 of a 3-node deployment
+  shardq run                                     # join the app's elastic fleet
   shardq run --until-empty                       # process what is queued, then exit
+  shardq run --node 0 --nodes 3 --threads 8      # node 0 of a static 3-node plan
   SHARDQ_BROKER_URL=sqs:// shardq run --node 1 --nodes 2
+
+Without --node the node joins the fleet: it takes its fair share of the shards
+(leases in the shardq-leases queue), hands them back when it stops, and takes over
+those of nodes that die (within lease_seconds, default 30). With --node N --nodes M
+it serves the static plan of `shardq plan`.
 """
 _EPILOG_PLAN = """examples:
   shardq plan --nodes 3 --threads 4              # every node's shards, per thread
@@ -85,10 +92,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run a node",
         epilog=_EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run node N: serve its share of all shards until SIGTERM/SIGINT.",
+        description="Run a node: serve its share of all shards until SIGTERM/SIGINT.",
     )
     _common(run)
-    _placement(run)
+    _placement(run, node_default=None, nodes_default=None)
     run.add_argument(
         "--until-empty",
         action="store_true",
@@ -126,9 +133,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-prefix", help="prefix of every queue name")
 
 
-def _placement(p: argparse.ArgumentParser, node_default: int | None = 0) -> None:
+def _placement(
+    p: argparse.ArgumentParser, node_default: int | None = 0, nodes_default: int | None = 1
+) -> None:
     p.add_argument("--node", type=int, default=node_default, help="this node's number, from 0")
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument(
+        "--nodes", type=int, default=nodes_default, help="number of nodes of a static plan"
+    )
     p.add_argument("--threads", type=int, help="threads per node (default from config: 4)")
 
 
@@ -192,8 +203,20 @@ def _run(args: argparse.Namespace) -> int:
     from shardq.node import Node
 
     logs.configure(config.log_format, config.log_level)
-    plan = app.plan(node=args.node, nodes=args.nodes)
-    node = Node(app, plan, until_empty=args.until_empty, seed=args.seed)
+    if args.node is None and args.nodes is not None:
+        raise ConfigError("--nodes needs --node (a static plan); leave both out to join the fleet")
+    if args.node is None:
+        node = Node(
+            app,
+            Plan(0, 0, ()),
+            until_empty=args.until_empty,
+            seed=args.seed,
+            threads=config.threads,
+            membership=ELASTIC,
+        )
+    else:
+        plan = app.plan(node=args.node, nodes=args.nodes or 1)
+        node = Node(app, plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.signals:
         print("shardq: stopped before the node started", file=sys.stderr)
         return EXIT_OK

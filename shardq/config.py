@@ -60,6 +60,12 @@ class Config:
     prefetch: int = 2
     #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
+    #: Elastic fleet: a node's shard leases expire this long after its last renewal, so
+    #: a killed node's shards are served by others within it (10..600).
+    lease_seconds: float = 30.0
+    #: Seconds between a node's reports to the fleet document (5..45; a node silent
+    #: for 60 s is shown as gone).
+    report_seconds: float = 45.0
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
     #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
@@ -154,6 +160,10 @@ class Config:
             fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
         if not 0 <= self.progress_seconds <= 86400:
             fail("progress_seconds", f"expected 0 to 86400, got {self.progress_seconds!r}")
+        if not 10 <= self.lease_seconds <= 600:
+            fail("lease_seconds", f"expected 10 to 600, got {self.lease_seconds!r}")
+        if not 5 <= self.report_seconds <= 45:
+            fail("report_seconds", f"expected 5 to 45, got {self.report_seconds!r}")
         if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
             fail(
                 "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
@@ -189,7 +199,13 @@ class Config:
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
 _INTS = {"threads", "prefetch"}
 _OPTIONAL_INTS = {"metrics_port"}
-_FLOATS = {"grace_seconds", "idle_wait_seconds", "progress_seconds"}
+_FLOATS = {
+    "grace_seconds",
+    "idle_wait_seconds",
+    "progress_seconds",
+    "lease_seconds",
+    "report_seconds",
+}
 
 
 def _merge_workers(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,495 @@
+"""A node's membership of its app's fleet: shard leases, presence, reports, balance.
+
+**Leases** live in the app's leases queue (``{queue_prefix}shardq-leases.fifo``), a
+FIFO queue on the app's own broker (SQS, or the embedded SQLite file):
+
+* one message per shard, in message group ``shard:<worker>:<n>``. A node that
+  receives it holds the shard: while the message is in flight no other node can
+  receive it. The node renews all its leases together every ``lease_seconds / 2``
+  (10 per request), each to ``lease_seconds``; a node killed with kill -9 stops
+  renewing and its shards become receivable within ``lease_seconds``;
+* one *presence* message per elastic node, group ``node:<id>``, held and renewed
+  with its leases. A presence that becomes visible again long after it was sent
+  means its node stopped renewing: whoever receives it records the node as gone.
+
+Every node long-polls the leases queue (one request per 20 s when nothing happens)
+and decides for each lease it receives (:func:`take_lease`): take it if the fleet
+document's target for that shard is this node, or a node that is not live; else
+hand it back after a second for the target to pick up (and take it anyway once it
+has come back for :data:`BOUNCE_GIVE_UP_SECONDS`).
+
+**Reports and balance**: every ``report_seconds`` (and at once on join, leave and
+takeover) the node rewrites its entry in the fleet document
+(:mod:`shardq.fleet_store`), moves nodes silent for :data:`STALE_SECONDS` to gone,
+and recomputes the targets (:func:`shardq.assign.assign`: within one of a fair share
+of every worker, few moves). A shard whose target is another live node is drained
+(:meth:`Node.drop_shard`: running batches finish, held jobs are released in order)
+and only then its lease is released.
+
+Safety does not rest on the leases: a job's message stays in flight while any node
+holds it (FIFO group locks), so two nodes briefly serving one shard still never run
+one entity's jobs at once or out of order. The leases make ownership exclusive in
+the normal case, so handovers are quick and balanced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.assign import assign, key_text, parse_key
+from shardq.broker.base import Message, SendEntry, batches
+from shardq.errors import BrokerError, ShardqError
+from shardq.fleet_doc import ELASTIC, STATIC, FleetDoc, NodeReport
+from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.limits import FIFO_SUFFIX, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
+from shardq.plan import ShardRef
+
+if TYPE_CHECKING:
+    from shardq.node import Node
+
+log = structlog.get_logger("shardq.fleet")
+
+#: A node whose report is older than this is moved to gone ("not reporting").
+STALE_SECONDS = 60.0
+#: A lease that keeps coming back to this node this long is taken even if targeted
+#: elsewhere (its target is not picking it up).
+BOUNCE_GIVE_UP_SECONDS = 5.0
+#: Seconds a bounced lease stays hidden, giving its target the next receive.
+BOUNCE_SECONDS = 1
+#: A held lease is given up (its shard dropped) this long before it could expire.
+LAPSE_MARGIN_SECONDS = 2.0
+SHARD_GROUP, NODE_GROUP = "shard:", "node:"
+
+
+def leases_queue(queue_prefix: str) -> str:
+    """The leases queue of an app with this queue prefix."""
+    return f"{queue_prefix}shardq-leases{FIFO_SUFFIX}"
+
+
+def make_node_id() -> str:
+    """``host-pid-xxxx``: unique in a fleet, readable in logs."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
+    return f"{host[:60] or 'node'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+def take_lease(key: str, me: str, doc: FleetDoc, live: set[str], bounced_for: float | None) -> bool:
+    """Whether a node that received the lease of ``key`` keeps it (a pure decision)."""
+    target = doc.targets.get(key)
+    if target is None or target == me or target not in live:
+        return True
+    return bounced_for is not None and bounced_for >= BOUNCE_GIVE_UP_SECONDS
+
+
+class Fleet:
+    """One node's membership: started by the node, stopped after its shutdown sweep."""
+
+    def __init__(self, node: Node, *, elastic: bool, node_id: str | None = None) -> None:
+        self.node = node
+        self.app = node.app
+        self.broker = node.app.broker
+        config = node.app.config
+        self.id = node_id or make_node_id()
+        self.elastic = elastic
+        self.lease_seconds = config.lease_seconds
+        self.report_seconds = config.report_seconds
+        self.store = FleetStore(self.broker, fleet_queue(config.queue_prefix))
+        self.queue = leases_queue(config.queue_prefix)
+        self.started = time.time()
+        self.doc = FleetDoc()
+        self.failed = False
+        self._lock = threading.Lock()
+        self._held: dict[str, Message] = {}  # shard key -> its lease message
+        self._expires: dict[str, float] = {}  # shard key -> monotonic lapse time
+        self._presence: Message | None = None
+        self._dropping: dict[str, threading.Event] = {}
+        self._bounced: dict[str, float] = {}  # key -> monotonic time first bounced
+        self._gone: dict[str, str] = {}  # node -> reason, to record at the next write
+        self._update_now = threading.Event()
+        self._stop = threading.Event()
+        self._rng = random.Random()
+        self._threads: list[threading.Thread] = []
+        self._done_before = 0
+        self._rate_at = time.monotonic()
+        self._doc_at = 0.0
+        self._presence_sent = 0.0
+
+    # -- life -----------------------------------------------------------------------
+    def join(self) -> None:
+        """Create what is missing, enter the document, start the threads. Broker errors
+        propagate (the node does not start)."""
+        self.store.ensure()
+        if self.elastic:
+            self.broker.ensure_queue(self.queue, visibility_timeout=int(self.lease_seconds))
+            self._create_leases()
+            self._send_presence()
+        self._update()
+        log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
+        loops = [("shardq-fleet", self._keep)]
+        if self.elastic:
+            loops.append(("shardq-fleet-poll", self._poll))
+        for name, target in loops:
+            thread = threading.Thread(target=self._guard, args=(target,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def alive(self) -> bool:
+        return self._stop.is_set() or all(t.is_alive() for t in self._threads)
+
+    def leave(self) -> None:
+        """After the node's shutdown sweep: leave the document, hand every lease back."""
+        self._stop.set()
+        try:
+            self.store.update(self._leaving, timeout=5.0)
+        except ShardqError as exc:
+            log.warning("fleet.leave_failed", error=str(exc))
+        with self._lock:
+            leases = list(self._held.values())
+            presence, self._presence = self._presence, None
+            self._held.clear()
+        self._release(leases, 0)
+        if presence is not None:
+            self._safely("delete", lambda: self.broker.delete_batch(self.queue, [presence.receipt]))
+        log.info("fleet.left", node=self.id, released=len(leases))
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return sorted(self._held)
+
+    # -- the keeper: renewals, reports, balance ----------------------------------------
+    def _keep(self) -> None:
+        renew_every = self.lease_seconds / 2
+        next_renew = time.monotonic() + renew_every
+        next_report = time.monotonic() + self._report_interval()
+        while not self._stop.wait(0.25) and not self.node.stopping.is_set():
+            now = time.monotonic()
+            if self.elastic and now >= next_renew:
+                next_renew = now + (renew_every if self._renew() else 1.0)
+            if self.elastic:
+                self._drop_lapsed()
+                self._resend_presence()
+            if now >= next_report or self._update_now.is_set():
+                self._update_now.clear()
+                next_report = now + (self._report_interval() if self._try_update() else 2.0)
+            if self.elastic:
+                self._balance()
+
+    def _report_interval(self) -> float:
+        return self.report_seconds * self._rng.uniform(0.85, 1.0)
+
+    def _renew(self) -> bool:
+        with self._lock:
+            entries = [(k, m) for k, m in self._held.items()]
+            if self._presence is not None:
+                entries.append(("", self._presence))
+        sent = time.monotonic()
+        ok = True
+        for chunk in batches(entries):
+            try:
+                result = self.broker.change_visibility_batch(
+                    self.queue, [(m.receipt, self.lease_seconds) for _, m in chunk]
+                )
+            except BrokerError as exc:
+                log.warning("fleet.renew_failed", error=str(exc))
+                self.node.broker_trouble("renew", self.queue, exc)
+                ok = False
+                continue
+            for key, message in chunk:
+                if message.receipt in result.failed:
+                    self._lost(key, result.failed[message.receipt])
+                elif key:
+                    with self._lock:
+                        if key in self._held:
+                            self._expires[key] = sent + self.lease_seconds
+        return ok
+
+    def _lost(self, key: str, reason: str) -> None:
+        """A lease the broker no longer lets us renew: another node may hold it now."""
+        if not key:
+            log.warning("fleet.presence_lost", node=self.id, reason=reason)
+            with self._lock:
+                self._presence = None
+            self._send_presence()
+            self._update_now.set()
+            return
+        log.warning("fleet.lease_lost", shard=key, reason=reason)
+        with self._lock:
+            self._held.pop(key, None)
+            self._expires.pop(key, None)
+        self.node.drop_shard(self._ref(key))
+
+    def _drop_lapsed(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            lapsed = [k for k, t in self._expires.items() if now > t - LAPSE_MARGIN_SECONDS]
+        for key in lapsed:
+            self._lost(key, "not renewed in time (the broker did not answer)")
+
+    def _resend_presence(self) -> None:
+        """A presence not received back within half a lease (others took it for stale,
+        or it was lost) is sent again."""
+        with self._lock:
+            missing = self._presence is None
+        if missing and time.monotonic() - self._presence_sent > self.lease_seconds / 2:
+            self._send_presence()
+
+    def _balance(self) -> None:
+        """Drain shards targeted at another live node; release their leases once drained."""
+        live = self._live()
+        with self._lock:
+            held = list(self._held)
+        for key in held:
+            target = self.doc.targets.get(key)
+            if target and target != self.id and target in live and key not in self._dropping:
+                log.info("fleet.handing_over", shard=key, to=target)
+                self._dropping[key] = self.node.drop_shard(self._ref(key))
+        for key, drained in list(self._dropping.items()):
+            if drained.is_set():
+                del self._dropping[key]
+                with self._lock:
+                    message = self._held.pop(key, None)
+                    self._expires.pop(key, None)
+                if message is not None:
+                    self._release([message], 0)
+
+    # -- the document ---------------------------------------------------------------
+    def _try_update(self) -> bool:
+        try:
+            self._update()
+            return True
+        except ShardqError as exc:
+            log.warning("fleet.report_failed", error=str(exc))
+            return False
+
+    def _update(self) -> None:
+        self.doc = self.store.update(self._changed)
+        self._doc_at = time.monotonic()
+        for node in list(self._gone):
+            if node in self.doc.gone or node not in self.doc.nodes:
+                self._gone.pop(node, None)
+
+    def _refresh(self) -> None:
+        """A fresh look at the document (one peek), at most every 2 s."""
+        if time.monotonic() - self._doc_at < 2.0:
+            return
+        self._doc_at = time.monotonic()
+        try:
+            self.doc = self.store.read(timeout=2.0) or self.doc
+        except ShardqError as exc:
+            log.warning("fleet.read_failed", error=str(exc))
+
+    def _changed(self, doc: FleetDoc) -> FleetDoc:
+        now = time.time()
+        doc = doc.pruned(now).with_node(self._report(now))
+        for node, reason in list(self._gone.items()):
+            doc = doc.without_node(node, reason, now)
+        for node, report in list(doc.nodes.items()):
+            if node != self.id and now - report.seen > STALE_SECONDS:
+                doc = doc.without_node(node, "not reporting", now)
+        return self._retarget(doc)
+
+    def _leaving(self, doc: FleetDoc) -> FleetDoc:
+        return self._retarget(doc.without_node(self.id, "stopped", time.time()))
+
+    def _retarget(self, doc: FleetDoc) -> FleetDoc:
+        elastic = sorted(n for n, r in doc.nodes.items() if r.mode == ELASTIC)
+        holders = {}
+        for key, node in doc.owners().items():
+            try:
+                holders[parse_key(key)] = node
+            except ValueError:
+                continue
+        shards = {name: self.app.settings(name).shards for name in self.app.workers}
+        targets = {key_text(k): n for k, n in assign(shards, elastic, holders).items()}
+        return replace(doc, targets=targets, leases=tuple(sorted({*doc.leases, *self._keys()})))
+
+    def _report(self, now: float) -> NodeReport:
+        lags = {f"{w}:{s}": round(lag, 3) for w, s, lag in self.node.lags()}
+        tally = self.node.tally()
+        done = sum(tally.succeeded.values()) + sum(tally.morgued.values())
+        elapsed = max(1e-3, time.monotonic() - self._rate_at)
+        rate = (done - self._done_before) / elapsed
+        self._done_before, self._rate_at = done, time.monotonic()
+        held = self.held() if self.elastic else sorted(lags)
+        return NodeReport(
+            node=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            seen=now,
+            mode=ELASTIC if self.elastic else STATIC,
+            threads=len(self.node.lanes),
+            held=tuple(held),
+            lags={k: v for k, v in lags.items() if k in set(held)},
+            jobs_per_second=round(rate, 2),
+            done=done,
+            max_lag=max(lags.values(), default=0.0),
+            version=_version(),
+        )
+
+    def _live(self) -> set[str]:
+        """Elastic nodes of the document, less those this node has seen go."""
+        return {n for n, r in self.doc.nodes.items() if r.mode == ELASTIC} - set(self._gone)
+
+    # -- the poller: receiving leases and presences ---------------------------------------
+    def _poll(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set() and not self.node.stopping.is_set():
+            try:
+                messages = self.broker.receive(
+                    self.queue,
+                    max_messages=MAX_BATCH_ENTRIES,
+                    wait_seconds=min(MAX_WAIT_SECONDS, self.lease_seconds / 2),
+                    visibility_timeout=self.lease_seconds,
+                )
+            except BrokerError as exc:
+                self.node.broker_trouble("receive", self.queue, exc)
+                self._stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            backoff = 0.5
+            if self._stop.is_set() or self.node.stopping.is_set():
+                self._release(messages, 0)
+                return
+            self._received(messages)
+
+    def _received(self, messages: Sequence[Message]) -> None:
+        firsts: dict[str, Message] = {}
+        extra: list[Message] = []  # copies of a lease (a node start after the dedup window)
+        for message in messages:
+            if message.group_id in firsts:
+                extra.append(message)
+            else:
+                firsts[message.group_id] = message
+        if extra:
+            receipts = [m.receipt for m in extra]
+            self._safely("delete", lambda: self.broker.delete_batch(self.queue, receipts))
+        bounce: list[Message] = []
+        # presences first: a node found gone here frees its leases in the same batch
+        for group, message in sorted(firsts.items(), key=lambda g: not g[0].startswith(NODE_GROUP)):
+            if group.startswith(NODE_GROUP):
+                self._presence_seen(group[len(NODE_GROUP) :], message, bounce)
+            elif group.startswith(SHARD_GROUP):
+                self._lease_seen(group[len(SHARD_GROUP) :], message, bounce)
+            else:
+                bounce.append(message)
+        self._release(bounce, BOUNCE_SECONDS)
+
+    def _presence_seen(self, node: str, message: Message, bounce: list[Message]) -> None:
+        if node == self.id:
+            with self._lock:
+                self._presence = message
+            return
+        if time.time() - message.sent_at < self.lease_seconds + 5:
+            bounce.append(message)  # just sent: its node has not received it yet
+            return
+        log.warning("fleet.node_gone", node=node, reason="lease expired")
+        self._safely("delete", lambda: self.broker.delete_batch(self.queue, [message.receipt]))
+        self._gone[node] = "lease expired"
+        self._update_now.set()
+
+    def _lease_seen(self, key: str, message: Message, bounce: list[Message]) -> None:
+        try:
+            ref = self._ref(key)
+        except (ValueError, ShardqError):
+            bounce.append(message)  # a worker this node's code does not have
+            return
+        first = self._bounced.get(key)
+        now = time.monotonic()
+        bounced_for = None if first is None else now - first
+        if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
+            self._refresh()  # the target may have changed or gone meanwhile
+            if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
+                self._bounced.setdefault(key, now)
+                bounce.append(message)
+                return
+        self._bounced.pop(key, None)
+        with self._lock:
+            self._held[key] = message
+            self._expires[key] = now + self.lease_seconds
+        try:
+            self.node.add_shard(ref)
+        except ShardqError as exc:
+            log.warning("fleet.add_failed", shard=key, error=str(exc))
+            with self._lock:
+                self._held.pop(key, None)
+                self._expires.pop(key, None)
+            self._release([message], 0)
+            return
+        log.info("fleet.took", shard=key, target=self.doc.targets.get(key))
+        if self.doc.targets.get(key) != self.id:
+            self._update_now.set()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _keys(self) -> list[str]:
+        return [
+            f"{name}:{shard}"
+            for name in sorted(self.app.workers)
+            for shard in range(self.app.settings(name).shards)
+        ]
+
+    def _ref(self, key: str) -> ShardRef:
+        worker, shard = parse_key(key)
+        settings = self.app.settings(worker)
+        if not 0 <= shard < settings.shards:
+            raise ValueError(f"shard {shard} of {worker} is beyond its {settings.shards} shards")
+        return ShardRef(worker, shard, settings.priority)
+
+    def _create_leases(self) -> None:
+        """Send the lease message of every shard the document does not list yet."""
+        doc = self.store.read() or FleetDoc()
+        missing = [k for k in self._keys() if k not in set(doc.leases)]
+        entries = [
+            SendEntry(
+                str(i), json.dumps({"kind": "shard", "key": k}), SHARD_GROUP + k, "lease-" + k
+            )
+            for i, k in enumerate(missing)
+        ]
+        for chunk in batches(entries):
+            result = self.broker.send_batch(self.queue, chunk)
+            if result.failed:
+                raise BrokerError(f"creating shard leases failed: {result.failed}")
+
+    def _send_presence(self) -> None:
+        self._presence_sent = time.monotonic()
+        body = json.dumps({"kind": "node", "node": self.id, "started": self.started})
+        entry = SendEntry("0", body, NODE_GROUP + self.id, uuid.uuid4().hex)
+        self._safely("send", lambda: self.broker.send_batch(self.queue, [entry]))
+
+    def _release(self, messages: Sequence[Message], seconds: float) -> None:
+        for chunk in batches(list(messages)):
+            self._safely(
+                "release",
+                lambda c=chunk: self.broker.change_visibility_batch(  # type: ignore[misc]
+                    self.queue, [(m.receipt, float(seconds)) for m in c]
+                ),
+            )
+
+    def _safely(self, operation: str, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BrokerError as exc:
+            self.node.broker_trouble(operation, self.queue, exc)
+
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as exc:
+            self.failed = True
+            self.node.fail("the fleet membership", exc)
+
+
+def _version() -> str:
+    from shardq import __version__
+
+    return __version__
