@@ -223,6 +223,8 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     print(table(rows, align="lrrrrrl"))
     for line in fleet_lines(stats.fleet, stats.lag_source):
         print(line, file=sys.stderr)
+    if stats.fleet_error:
+        print(f"cannot read the fleet document: {stats.fleet_error}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -66,6 +66,7 @@ class Sampler:
         self._failing: dict[str, float] = {}  # scrape URL -> since when it fails
         self._latest: dict[str, Any] | None = None
         self._fleet: FleetView | None = None
+        self._fleet_error: str | None = None
         self._error: str | None = None
         self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self._thread: threading.Thread | None = None
@@ -129,7 +130,10 @@ class Sampler:
         with self._lock:
             self.source, self.excludes = source, excludes
             self._add_points(now, names, rates, total)
-            self._latest, self._fleet, self._error = data, stats.fleet, None
+            self._latest, self._error = data, None
+            self._fleet_error = stats.fleet_error
+            if stats.fleet_error is None:
+                self._fleet = stats.fleet
         self._ready.set()
 
     def _scrape_all(self, now: float) -> dict[str, dict[str, float]]:
@@ -203,6 +207,8 @@ class Sampler:
         """The latest fleet sample as ``/api/v1/nodes`` (and ``shardq nodes --json``)."""
         self._ready.wait(wait)
         with self._lock:
+            if self._fleet_error is not None:
+                raise SampleUnavailable(f"cannot read the fleet document: {self._fleet_error}")
             if self._fleet is None:
                 raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
             return self._fleet.to_json()

@@ -10,6 +10,8 @@
   broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
   morgue), where the broker counts them (embedded); ``None`` on SQS.
+* ``fleet_error``: why the fleet document could not be read (owners and reported
+  lags are then unknown), else ``None``.
 * ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
   "excludes"}``: the live nodes' number and reported jobs per second together, and
   the nodes gone in the last hour that this total leaves out (``{"node", "since",
@@ -23,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
-from shardq.errors import QueueNotFoundError
+from shardq.errors import FleetError, QueueNotFoundError
 from shardq.fleet_doc import FleetDoc
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.fleet_view import FleetView, fleet_view
@@ -66,6 +68,8 @@ class Stats:
     broker: str
     workers: list[WorkerStats]
     fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
+    #: Why the fleet document could not be read (the counts are still right).
+    fleet_error: str | None = None
 
     @property
     def lag_source(self) -> str | None:
@@ -93,6 +97,7 @@ class Stats:
             },
             "by_worker": by_worker,
             "fleet": _fleet_dict(self.fleet),
+            "fleet_error": self.fleet_error,
         }
 
 
@@ -100,7 +105,11 @@ def collect(app: App) -> Stats:
     """Read the counts of every shard and morgue queue of the app's workers, and the
     fleet document for each shard's owner (and lag, where the broker cannot tell it)."""
     now = time.time()
-    fleet = fleet_view(read_fleet(app), now)
+    try:
+        doc, fleet_error = read_fleet(app), None
+    except FleetError as exc:  # e.g. written by a newer shardq: the counts still help
+        doc, fleet_error = None, str(exc)
+    fleet = fleet_view(doc, now)
     exact = app.broker.kind in KNOWS_AGES
     workers = []
     for name in app.workers:
@@ -139,7 +148,7 @@ def collect(app: App) -> Stats:
                 shards=shards,
             )
         )
-    return Stats(now, app.broker.kind, workers, fleet)
+    return Stats(now, app.broker.kind, workers, fleet, fleet_error)
 
 
 def read_fleet(app: App) -> FleetDoc | None:

@@ -366,6 +366,30 @@ def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
         assert stats["throughput_total"][-1][1] == 0.0
 
 
+def test_a_fleet_document_it_cannot_read_leaves_the_counts_and_says_why() -> None:
+    # given a fleet document written by a newer shardq, and a job waiting
+    app.configure(Config(queue_prefix="newer-"), broker=MemoryBroker())
+    SyncOrder.publish("o1", {"n": 0})
+    write_fleet(app, lambda d: d.with_node(node("node-a", time.time(), ("SyncOrder:0",))))
+    queue = fleet_queue("newer-")
+    newer = FleetDoc().to_text().replace('"format":1', '"format":99')
+    app.broker.send_batch(queue, [SendEntry("0", newer, "fleet", "newer-doc")])
+    srv = make_server(app, "127.0.0.1", 0, refresh=3600).start()
+    try:
+        # when the dashboard samples, then the stats still come, saying what is missing
+        status, stats = call(srv, "GET", "/api/v1/stats")
+        assert status == 200 and stats["total"]["length"] == 1
+        assert "upgrade shardq" in stats["fleet_error"]
+        assert all(s["owner"] is None for s in stats["by_worker"]["SyncOrder"]["shards"])
+        # and the nodes answer why they cannot be listed
+        status, nodes = call(srv, "GET", "/api/v1/nodes")
+        assert status == 503 and "cannot read the fleet document" in nodes["error"]
+        assert "upgrade shardq" in nodes["error"]
+    finally:
+        srv.stop()
+        app.broker.close()
+
+
 @pytest.mark.sqs
 def test_with_scrape_a_node_that_stops_answering_is_left_out_and_named(
     tmp_path: Path, request: pytest.FixtureRequest
