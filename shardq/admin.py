@@ -1,4 +1,5 @@
-"""Operations commands: ``stats``, ``morgue``, ``publish``, ``queues ensure``, ``dashboard``.
+"""Operations commands: ``stats``, ``nodes``, ``morgue``, ``publish``, ``queues ensure``,
+``dashboard``.
 
 Each works the same on the embedded broker and on SQS.
 """
@@ -9,19 +10,28 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from typing import Any
 
 from shardq import bulk
 from shardq.app import App
 from shardq.envelope import refuse_constant
 from shardq.errors import ConfigError
+from shardq.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
+from shardq.fleet_view import fleet_view
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
-from shardq.stats import collect
+from shardq.stats import collect, read_fleet
+from shardq.tables import age, optional, table
 from shardq.terminal import Progress, plural
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
+NO_REPORT = (
+    "no node has reported yet: nodes report when they start and about every 45 s. "
+    "Start one with `shardq run` (it joins the fleet) or `shardq run --node N --nodes M`, "
+    "with the same broker and queue prefix as this command"
+)
 
 Loader = Callable[[argparse.Namespace], App]
 RAW = argparse.RawDescriptionHelpFormatter
@@ -47,6 +57,14 @@ def add_commands(
         _stats,
     )
     stats.add_argument("--json", action="store_true", help="print the JSON of /api/v1/stats")
+
+    nodes = command(
+        "nodes",
+        "the live nodes of the fleet, and the nodes gone in the last hour",
+        "  shardq nodes\n  shardq nodes --json | jq '.nodes[].node'\n\n" + NODES_JSON_HELP,
+        _nodes,
+    )
+    nodes.add_argument("--json", action="store_true", help="print the JSON of /api/v1/nodes")
 
     morgue = commands.add_parser("morgue", help="list, requeue or purge dead jobs")
     actions = morgue.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -165,7 +183,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats.to_dict(), indent=2))
         return EXIT_OK
-    rows = [("worker", "length", "in flight", "morgue", "lag", "done")]
+    rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
     for w in stats.workers:
         rows.append(
             (
@@ -173,13 +191,22 @@ def _stats(app: App, args: argparse.Namespace) -> int:
                 str(w.length),
                 str(w.in_flight),
                 str(w.morgue_length),
-                _age(w.lag),
-                _opt(w.done),
+                age(w.lag),
+                optional(w.done),
+                "",
             )
         )
         for s in w.shards:
             rows.append(
-                (f"  [{s.shard}]", str(s.length), str(s.in_flight), "", _age(s.lag), _opt(s.done))
+                (
+                    f"  [{s.shard}]",
+                    str(s.length),
+                    str(s.in_flight),
+                    "",
+                    age(s.lag),
+                    optional(s.done),
+                    s.owner or "-",
+                )
             )
     total = stats.to_dict()["total"]
     rows.append(
@@ -188,11 +215,27 @@ def _stats(app: App, args: argparse.Namespace) -> int:
             str(total["length"]),
             str(total["in_flight"]),
             str(total["morgue_length"]),
-            _age(total["lag"]),
-            _opt(total["done"]),
+            age(total["lag"]),
+            optional(total["done"]),
+            "",
         )
     )
-    print(_table(rows))
+    print(table(rows, align="lrrrrrl"))
+    for line in fleet_lines(stats.fleet, stats.lag_source):
+        print(line, file=sys.stderr)
+    if stats.fleet_error:
+        print(f"cannot read the fleet document: {stats.fleet_error}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _nodes(app: App, args: argparse.Namespace) -> int:
+    view = fleet_view(read_fleet(app), time.time())
+    if args.json:
+        print(json.dumps(view.to_json(), indent=2))
+    elif view.reported:
+        print(nodes_text(view))
+    if not view.reported:
+        print(NO_REPORT, file=sys.stderr)
     return EXIT_OK
 
 
@@ -210,7 +253,7 @@ def _morgue_list(app: App, args: argparse.Namespace) -> int:
             )
             error = f"{r.error_type}: {r.error_message}"[:60]
             rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), failed, error))
-        print(_table(rows))
+        print(table(rows))
     print(_listing_summary(listing, args), file=sys.stderr)
     return EXIT_OK
 
@@ -396,33 +439,9 @@ def _json_arg(name: str, text: str) -> Any:
         ) from None
 
 
-
 def _scope(args: argparse.Namespace) -> str:
     parts = [
         f" of entity {args.entity}" if args.entity else "",
         f" with ids {', '.join(args.ids)}" if args.ids else "",
     ]
     return "".join(parts)
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def _opt(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ).rstrip()
-        for r in rows
-    )

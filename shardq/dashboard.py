@@ -1,16 +1,19 @@
 """The web dashboard: one page (``static/dashboard.html``) and a JSON API, on the stdlib server.
 
-``GET /api/v1/stats`` is :func:`shardq.stats.collect` plus ``throughput`` (per worker
-``[[unix_time, jobs_per_minute], ...]`` over 30 minutes, or null); ``GET
-/api/v1/morgue/<worker>?entity=&limit=`` lists dead jobs; ``POST .../requeue`` and
-``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` (or both) or ``{"all":
-true}``, with a Content-Length; anything else (no body, an unknown key) is refused and
-changes nothing (:class:`shardq.selection.Selection`).
+* ``GET /api/v1/stats``: :func:`shardq.stats.collect` plus ``throughput`` (per worker
+  ``[[unix_time, jobs_per_minute], ...]`` over 30 minutes, or null), ``throughput_total``
+  (the same for all workers, or null), ``throughput_source`` (``broker``, ``scrape``,
+  ``reports`` or null), ``throughput_note`` and ``throughput_excludes`` (``[{"node",
+  "since", "reason"}]``: nodes the figures leave out); see :mod:`shardq.sampler`.
+* ``GET /api/v1/nodes``: the live nodes and the nodes gone in the last hour, as
+  ``shardq nodes --json`` prints them (:meth:`shardq.fleet_view.FleetView.to_json`).
+* ``GET /api/v1/morgue/<worker>?entity=&limit=`` lists dead jobs; ``POST .../requeue``
+  and ``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` (or both) or
+  ``{"all": true}``, with a Content-Length; anything else (no body, an unknown key) is
+  refused and changes nothing (:class:`shardq.selection.Selection`).
 
-A background thread samples stats every ``refresh`` seconds and requests read that
-sample, so clients never make the broker busier. Throughput is the change of ``done``
-between samples (embedded broker) or, on SQS, of ``shardq_jobs_total`` scraped from the
-nodes' Prometheus endpoints. With a token, POSTs need ``Authorization: Bearer``;
+Stats and nodes come from a background sample (:class:`shardq.sampler.Sampler`), never
+from a broker call per request. With a token, POSTs need ``Authorization: Bearer``;
 without one the server binds to loopback only, answers only a loopback ``Host`` (DNS
 rebinding) and refuses cross-origin POSTs.
 """
@@ -24,10 +27,7 @@ import signal
 import socket
 import socketserver
 import threading
-import time
-import urllib.request
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, TypeVar
@@ -38,19 +38,15 @@ import structlog
 from shardq.app import App
 from shardq.errors import ConfigError, QueueNotFoundError, ShardqError, UnknownWorkerError
 from shardq.morgue import REASON_UNREADABLE, MorgueQueue, MorgueRecord, payload_of
+from shardq.sampler import Sampler, SampleUnavailable
 from shardq.selection import Selection, SelectionError, act
-from shardq.stats import collect
 
 log = structlog.get_logger("shardq.dashboard")
 T = TypeVar("T")
 
-WINDOW = 1800.0  # seconds of throughput history kept
 MAX_BODY = 1 << 20
 MAX_RAW = 4000  # characters of an unreadable record shown
 MAX_LIMIT = 1000
-OUTCOMES = frozenset({"succeeded", "morgued"})
-EMBEDDED = frozenset({"sqlite", "memory"})  # brokers that count deleted jobs
-NO_THROUGHPUT = "not counted by SQS: pass --scrape http://node:port/metrics"
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -65,130 +61,6 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-# -- sampling ---------------------------------------------------------------------------
-class Sampler:
-    """Samples the app's stats every ``refresh`` seconds and derives throughput."""
-
-    def __init__(self, app: App, refresh: float, scrape: Sequence[str] = ()) -> None:
-        self.app, self.refresh, self.scrape = app, refresh, list(scrape)
-        #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
-        self.points: dict[str, deque[tuple[float, float]]] = {}
-        self.source: str | None = None
-        self._last: dict[str, tuple[float, dict[str, float]]] = {}  # source -> (time, counts)
-        self._latest: dict[str, Any] | None = None
-        self._error: str | None = None
-        self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-dashboard", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self.sample()
-            self._stop.wait(max(0.0, self.refresh - (time.monotonic() - started)))
-
-    def sample(self) -> None:
-        """Take one sample (the background thread calls this every ``refresh`` s)."""
-        try:
-            stats = collect(self.app).to_dict()
-        except Exception as exc:  # keep serving the last good sample
-            log.warning("dashboard.sample_failed", error=f"{type(exc).__name__}: {exc}")
-            with self._lock:
-                self._error = f"cannot read the broker: {type(exc).__name__}: {exc}"
-            self._ready.set()
-            return
-        workers = stats["by_worker"]
-        counts: dict[str, dict[str, float]] = {}
-        complete = True
-        done = [s["done"] for w in workers.values() for s in w["shards"]]
-        if stats["broker"] in EMBEDDED or any(d is not None for d in done):
-            self.source = "broker"  # a queue not created yet has done None: nothing done
-            counts["broker"] = {
-                name: float(sum(s["done"] or 0 for s in w["shards"])) for name, w in workers.items()
-            }
-        else:
-            self.source = "scrape" if self.scrape else None
-            for url in self.scrape:
-                found = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
-                complete = complete and found is not None
-                counts.update({url: found} if found is not None else {})
-        with self._lock:
-            self._add_points(stats["time"], counts, list(workers), complete)
-            self._latest = stats
-            self._error = None
-        self._ready.set()
-
-    def _add_points(
-        self, now: float, counts: dict[str, dict[str, float]], names: list[str], complete: bool
-    ) -> None:
-        """One point per worker: the sum over sources of their counts' change per minute
-        (a node that failed to answer leaves a gap rather than a dip)."""
-        rates: dict[str, float] = {}
-        for source, current in counts.items():
-            previous = self._last.get(source)
-            self._last[source] = (now, current)
-            if previous is None or now <= previous[0]:
-                continue
-            for name in names:
-                before, after = previous[1].get(name, 0.0), current.get(name, 0.0)
-                delta = after - before if after >= before else after  # a node restarted
-                rates[name] = rates.get(name, 0.0) + delta * 60.0 / (now - previous[0])
-        for name in names:
-            series = self.points.setdefault(name, deque())
-            if complete and name in rates:
-                series.append((now, round(rates[name], 2)))
-            while series and series[0][0] < now - WINDOW:
-                series.popleft()
-
-    def snapshot(self, wait: float = 10.0) -> dict[str, Any]:
-        """The latest sample as the API returns it (waits for the first one)."""
-        self._ready.wait(wait)
-        with self._lock:
-            if self._latest is None:
-                raise HttpError(503, self._error or "no stats sampled yet; retry in a moment")
-            throughput = {
-                n: [list(p) for p in self.points.get(n, ())] for n in self._latest["by_worker"]
-            }
-            return {
-                **self._latest,
-                "throughput": None if self.source is None else throughput,
-                "throughput_source": self.source,
-                "throughput_note": NO_THROUGHPUT if self.source is None else None,
-                "refresh": self.refresh,
-                "error": self._error,
-            }
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """``shardq_jobs_total`` finished jobs (succeeded or morgued) per worker."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            worker, outcome = sample.labels.get("worker"), sample.labels.get("outcome")
-            if sample.name == "shardq_jobs_total" and worker and outcome in OUTCOMES:
-                found[worker] = found.get(worker, 0.0) + float(sample.value)
-    return found
-
-
-def _scrape(url: str, timeout: float) -> dict[str, float] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return parse_metrics(response.read().decode("utf-8", "replace"))
-    except Exception as exc:
-        log.warning("dashboard.scrape_failed", url=url, error=f"{type(exc).__name__}: {exc}")
-        return None
 
 
 # -- HTTP -------------------------------------------------------------------------------
@@ -253,6 +125,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, self.server.page, "text/html; charset=utf-8")
             if method == "GET" and parts == ["api", "v1", "stats"]:
                 return self._json(200, self.server.sampler.snapshot())
+            if method == "GET" and parts == ["api", "v1", "nodes"]:
+                return self._json(200, self.server.sampler.nodes())
             if parts[:3] == ["api", "v1", "morgue"] and len(parts) in (4, 5):
                 action = parts[4] if len(parts) == 5 else "list"
                 if (method, action) in {("GET", "list"), ("POST", "requeue"), ("POST", "purge")}:
@@ -261,6 +135,8 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(404, f"no such page or endpoint: {url.path}")
         except HttpError as exc:
             self._json(exc.status, {"error": str(exc)})
+        except SampleUnavailable as exc:
+            self._json(503, {"error": str(exc)})
         except UnknownWorkerError as exc:
             self._json(404, {"error": str(exc)})
         except ShardqError as exc:

@@ -1,12 +1,16 @@
 """Prometheus metrics of a node, served on ``--metrics-port`` (``/metrics``).
 
-* ``shardq_jobs_total{worker, outcome}``: jobs that succeeded, were retried or were
-  moved to the morgue;
-* ``shardq_job_duration_seconds{worker}``: ``perform`` durations;
-* ``shardq_shard_lag_seconds{worker, shard}``: the node's estimate of how long the
-  oldest waiting job of each of its shards has waited (0 for idle shards);
-* ``shardq_in_flight_jobs``: jobs the node holds (running or received, not done);
-* ``shardq_broker_errors_total{operation}``: failed broker calls.
+* ``shardq_jobs_total{worker, outcome, node}``: jobs that succeeded, were retried or
+  were moved to the morgue;
+* ``shardq_job_duration_seconds{worker, node}``: ``perform`` durations;
+* ``shardq_shard_lag_seconds{worker, shard, node}``: the node's estimate of how long
+  the oldest waiting job of each of its shards has waited (0 for idle shards);
+* ``shardq_in_flight_jobs{node}``: jobs the node holds (running or received, not done);
+* ``shardq_broker_errors_total{operation, node}``: failed broker calls.
+
+Every metric carries the ``node`` label (the node's id, as ``shardq nodes`` lists it;
+empty when none is given), so series of several nodes stay apart when one Prometheus
+scrapes them all, and a series that stops can be matched to a node that is gone.
 
 Each node has its own registry, so several nodes in one process (tests) do not
 collide. Lag and in-flight are computed when scraped, not on every job.
@@ -36,35 +40,40 @@ class NodeMetrics:
         self,
         lags: Callable[[], Iterable[tuple[str, int, float]]],
         in_flight: Callable[[], int],
+        node: str = "",
     ) -> None:
+        self.node = node
         self.registry = CollectorRegistry()
         self.jobs = Counter(
-            "shardq_jobs_total", "Jobs by outcome", ["worker", "outcome"], registry=self.registry
+            "shardq_jobs_total",
+            "Jobs by outcome",
+            ["worker", "outcome", "node"],
+            registry=self.registry,
         )
         self.duration = Histogram(
             "shardq_job_duration_seconds",
             "perform() duration",
-            ["worker"],
+            ["worker", "node"],
             buckets=_BUCKETS,
             registry=self.registry,
         )
         self.broker_errors = Counter(
             "shardq_broker_errors_total",
             "Failed broker calls",
-            ["operation"],
+            ["operation", "node"],
             registry=self.registry,
         )
-        self.registry.register(_Gauges(lags, in_flight))
+        self.registry.register(_Gauges(lags, in_flight, node))
         self._server: Any = None
         self._lock = threading.Lock()
 
     def job_outcome(self, outcome: Outcome) -> None:
-        self.jobs.labels(outcome.worker, outcome.kind).inc(len(outcome.messages))
+        self.jobs.labels(outcome.worker, outcome.kind, self.node).inc(len(outcome.messages))
         if outcome.duration:
-            self.duration.labels(outcome.worker).observe(outcome.duration)
+            self.duration.labels(outcome.worker, self.node).observe(outcome.duration)
 
     def broker_error(self, operation: str) -> None:
-        self.broker_errors.labels(operation).inc()
+        self.broker_errors.labels(operation, self.node).inc()
 
     def serve(self, port: int, host: str) -> int:
         """Serve ``/metrics``; returns the port (useful with port 0)."""
@@ -98,18 +107,21 @@ class _Gauges(Collector):
         self,
         lags: Callable[[], Iterable[tuple[str, int, float]]],
         in_flight: Callable[[], int],
+        node: str,
     ) -> None:
-        self._lags, self._in_flight = lags, in_flight
+        self._lags, self._in_flight, self._node = lags, in_flight, node
 
     def collect(self) -> Iterable[Any]:
         lag = GaugeMetricFamily(
             "shardq_shard_lag_seconds",
             "Age of the oldest job believed waiting in a shard",
-            labels=["worker", "shard"],
+            labels=["worker", "shard", "node"],
         )
         for worker, shard, seconds in self._lags():
-            lag.add_metric([worker, str(shard)], seconds)
+            lag.add_metric([worker, str(shard), self._node], seconds)
         yield lag
-        yield GaugeMetricFamily(
-            "shardq_in_flight_jobs", "Jobs held by this node", value=self._in_flight()
+        in_flight = GaugeMetricFamily(
+            "shardq_in_flight_jobs", "Jobs held by this node", labels=["node"]
         )
+        in_flight.add_metric([self._node], self._in_flight())
+        yield in_flight

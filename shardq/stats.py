@@ -3,20 +3,37 @@
 * ``length``: jobs waiting; ``in_flight``: jobs received and not yet done (running,
   held by a node, or waiting out a retry delay); ``morgue_length``: dead jobs.
 * ``lag``: seconds since the oldest job still in the queue was published. The
-  embedded broker knows it exactly; SQS exposes no message ages, so there it is
-  ``None`` (a node's own lag estimates are in its Prometheus metrics).
+  embedded broker knows it exactly (``lag_source`` ``"broker"``); SQS exposes no
+  message ages, so there it is what the shard's owner last reported (``"reports"``,
+  at most about 45 s old), or ``None`` when no live node reports holding the shard.
+* ``owner``: the live node holding the shard, from the nodes' reports (every
+  broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
   morgue), where the broker counts them (embedded); ``None`` on SQS.
+* ``fleet_error``: why the fleet document could not be read (owners and reported
+  lags are then unknown), else ``None``.
+* ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
+  "excludes"}``: the live nodes' number and reported jobs per second together, and
+  the nodes gone in the last hour that this total leaves out (``{"node", "since",
+  "reason"}``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
-from shardq.errors import QueueNotFoundError
+from shardq.errors import FleetError, QueueNotFoundError
+from shardq.fleet_doc import FleetDoc
+from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.fleet_view import FleetView, fleet_view
+
+#: Brokers that know each queue's oldest message, hence the exact lag.
+KNOWS_AGES = frozenset({"sqlite", "memory"})
+#: How long a read of the fleet document waits out a writer's lock.
+FLEET_READ_SECONDS = 15.0
 
 if TYPE_CHECKING:
     from shardq.app import App
@@ -30,6 +47,7 @@ class ShardStats:
     in_flight: int
     lag: float | None
     done: int | None
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,15 +67,27 @@ class Stats:
     time: float
     broker: str
     workers: list[WorkerStats]
+    fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
+    #: Why the fleet document could not be read (the counts are still right).
+    fleet_error: str | None = None
+
+    @property
+    def lag_source(self) -> str | None:
+        """Where the lags come from: ``broker``, ``reports`` or None (unknown)."""
+        if self.broker in KNOWS_AGES:
+            return "broker"
+        return "reports" if self.fleet.reported else None
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"time", "broker", "total": {...}, "by_worker": {name: {..., "shards": [...]}}}``."""
+        """``{"time", "broker", "lag_source", "total": {...}, "by_worker": {name: {...,
+        "shards": [...]}}, "fleet"}``."""
         by_worker = {
             w.name: {k: v for k, v in asdict(w).items() if k != "name"} for w in self.workers
         }
         return {
             "time": self.time,
             "broker": self.broker,
+            "lag_source": self.lag_source,
             "total": {
                 "length": sum(w.length for w in self.workers),
                 "in_flight": sum(w.in_flight for w in self.workers),
@@ -66,12 +96,21 @@ class Stats:
                 "done": _sum(w.done for w in self.workers),
             },
             "by_worker": by_worker,
+            "fleet": _fleet_dict(self.fleet),
+            "fleet_error": self.fleet_error,
         }
 
 
 def collect(app: App) -> Stats:
-    """Read the counts of every shard and morgue queue of the app's workers."""
+    """Read the counts of every shard and morgue queue of the app's workers, and the
+    fleet document for each shard's owner (and lag, where the broker cannot tell it)."""
     now = time.time()
+    try:
+        doc, fleet_error = read_fleet(app), None
+    except FleetError as exc:  # e.g. written by a newer shardq: the counts still help
+        doc, fleet_error = None, str(exc)
+    fleet = fleet_view(doc, now)
+    exact = app.broker.kind in KNOWS_AGES
     workers = []
     for name in app.workers:
         settings = app.settings(name)
@@ -79,10 +118,21 @@ def collect(app: App) -> Stats:
         for shard in range(settings.shards):
             queue = app.shard_queue(name, shard)
             counts = _counts(app, queue)
-            lag = None if counts.oldest_sent_at is None else max(0.0, now - counts.oldest_sent_at)
+            if not exact:
+                lag = fleet.lag(name, shard)
+            elif counts.oldest_sent_at is None:
+                lag = None
+            else:
+                lag = max(0.0, now - counts.oldest_sent_at)
             shards.append(
                 ShardStats(
-                    shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total
+                    shard,
+                    queue,
+                    counts.waiting,
+                    counts.in_flight,
+                    lag,
+                    counts.deleted_total,
+                    fleet.owner(name, shard),
                 )
             )
         morgue = _counts(app, app.morgue_queue(name))
@@ -98,7 +148,28 @@ def collect(app: App) -> Stats:
                 shards=shards,
             )
         )
-    return Stats(now, app.broker.kind, workers)
+    return Stats(now, app.broker.kind, workers, fleet, fleet_error)
+
+
+def read_fleet(app: App) -> FleetDoc | None:
+    """The app's fleet document, or None if no node ever reported."""
+    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
+    try:
+        return store.read(timeout=FLEET_READ_SECONDS)
+    except QueueNotFoundError:  # no node ever ran: the fleet queue does not exist yet
+        return None
+
+
+def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
+    if not fleet.reported:
+        return None
+    return {
+        "nodes": len(fleet.nodes),
+        "jobs_per_second": round(fleet.jobs_per_second, 3),
+        "excludes": [
+            {"node": g.report.node, "since": g.gone_at, "reason": g.reason} for g in fleet.gone
+        ],
+    }
 
 
 def _counts(app: App, queue: str) -> QueueCounts:

@@ -6,11 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from shardq.broker import SendEntry
+from shardq.fleet_doc import FleetDoc, NodeReport
+from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.sharding import shard_for
 from tests.apps import ledger
 from tests.children import ROOT, Env
@@ -45,7 +48,16 @@ def test_stats_table_is_readable(env: Env) -> None:
     result = env.cli("stats")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["worker", "length", "in", "flight", "morgue", "lag", "done"]
+    assert lines[0].split() == [
+        "worker",
+        "length",
+        "in",
+        "flight",
+        "morgue",
+        "lag",
+        "done",
+        "owner",
+    ]
     assert lines[1].split()[:2] == ["Ledgered", "1"]
     assert lines[-1].split()[:2] == ["total", "1"]
 
@@ -194,3 +206,133 @@ def test_requeue_refuses_an_unreadable_record_and_keeps_it(env: Env) -> None:
     assert "not requeued: dead job" in requeued.stderr and "stays in the morgue" in requeued.stderr
     assert "Traceback" not in requeued.stderr
     assert stats(env)["by_worker"]["Ledgered"]["morgue_length"] == 1
+
+
+# -- the fleet -----------------------------------------------------------------------
+def write_fleet(change: object) -> None:
+    """Write the app's fleet document as nodes would."""
+    store = FleetStore(ledger.app.broker, fleet_queue(ledger.app.config.queue_prefix))
+    store.ensure()
+    store.update(change)  # type: ignore[arg-type]
+
+
+def node_report(node: str, seen: float, held: tuple[str, ...], **kw: object) -> NodeReport:
+    return NodeReport(
+        node=node,
+        host=f"web-{node}",
+        pid=4000 + len(node),
+        started=seen - 300,
+        seen=seen,
+        held=held,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_nodes_without_any_report_says_how_to_start_one(env: Env) -> None:
+    # given no node ever ran
+    # when the nodes are asked for, as a table and as JSON
+    table = env.cli("nodes")
+    listed = env.cli("nodes", "--json")
+    # then both say no node has reported, how to start one, and exit 0
+    for result in (table, listed):
+        assert result.returncode == 0, result.stderr
+        assert "no node has reported yet" in result.stderr and "shardq run" in result.stderr
+    assert table.stdout == ""
+    doc = json.loads(listed.stdout)
+    assert doc["nodes"] == [] and doc["gone"] == [] and doc["time"] > 0
+
+
+def test_nodes_lists_the_live_nodes_and_those_gone_in_the_last_hour(env: Env) -> None:
+    # given a live node, one silent for 90 s and one that stopped 10 minutes ago
+    now = time.time()
+    live = node_report(
+        "n-live", now - 3, ("Ledgered:0", "Ledgered:1"), jobs_per_second=12.5, max_lag=2.0
+    )
+    silent = node_report("n-silent", now - 90, ("Ledgered:2",))
+    stopped = node_report("n-stopped", now - 700, ())
+
+    def change(d: FleetDoc) -> FleetDoc:
+        d = d.with_node(live).with_node(silent).with_node(stopped)
+        return d.without_node("n-stopped", "stopped", now - 600)
+
+    write_fleet(change)
+    # when the nodes are listed as a table
+    table = env.cli("nodes")
+    assert table.returncode == 0, table.stderr
+    live_part, gone_part = table.stdout.split("\n\n")
+    # then the live node shows with its host, pid, shards, jobs/s and max lag
+    header, row = live_part.splitlines()
+    assert header.split() == [
+        "node",
+        "host",
+        "pid",
+        "mode",
+        "started",
+        "(UTC)",
+        "last",
+        "seen",
+        "shards",
+        "jobs/s",
+        "max",
+        "lag",
+    ]
+    assert row.split()[:4] == ["n-live", "web-n-live", str(live.pid), "elastic"]
+    assert row.split()[-5:] == ["ago", "2", "12.5", "2.0", "s"]
+    # and the gone ones, the latest first, with why
+    gone = gone_part.splitlines()
+    assert gone[0] == "gone in the last hour:"
+    assert [line.split()[0] for line in gone[2:]] == ["n-silent", "n-stopped"]
+    assert "not reporting" in gone[2] and "stopped" in gone[3]
+    # when listed as JSON, then the same in the documented shape
+    listed = env.cli("nodes", "--json")
+    doc = json.loads(listed.stdout)
+    assert set(doc) == {"time", "nodes", "gone"}
+    (node,) = doc["nodes"]
+    assert node["node"] == "n-live" and node["held"] == ["Ledgered:0", "Ledgered:1"]
+    assert (node["shards"], node["jobs_per_second"], node["max_lag"]) == (2, 12.5, 2.0)
+    assert node["seen"] == pytest.approx(now - 3)
+    assert [(g["node"], g["reason"]) for g in doc["gone"]] == [
+        ("n-silent", "not reporting"),
+        ("n-stopped", "stopped"),
+    ]
+    assert doc["gone"][0]["gone_at"] == pytest.approx(now - 90)
+    assert doc["gone"][0]["unserved"] == ["Ledgered:2"]
+
+
+def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
+    # given a waiting job, and a node reporting shards 0 and 1 (not 2) with their lags,
+    # beside a node that went silent
+    env.cli("publish", "Ledgered", "e", '{"n": 0}')
+    now = time.time()
+    lags = {"Ledgered:0": 42.0, "Ledgered:1": 0.0}
+    report = node_report("n-1", now - 2, tuple(lags), lags=lags, jobs_per_second=3.25)
+    silent = node_report("n-2", now - 120, ("Ledgered:2",), jobs_per_second=9.0)
+    write_fleet(lambda d: d.with_node(report).with_node(silent))
+    # when stats are asked for
+    result = env.cli("stats", "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    shards = stats["by_worker"]["Ledgered"]["shards"]
+    # then each shard names its owner, on every broker
+    assert [s["owner"] for s in shards] == ["n-1", "n-1", None]
+    # and the total of the reports leaves the silent node out, and says so
+    fleet = stats["fleet"]
+    assert (fleet["nodes"], fleet["jobs_per_second"]) == (1, 3.25)
+    assert [(e["node"], e["reason"]) for e in fleet["excludes"]] == [("n-2", "not reporting")]
+    waiting = shard_for("e", 3)
+    if env.vars["SHARDQ_BROKER_URL"] == "sqs://":
+        # and on SQS the lags are the owner's reports (none for the shard nobody holds)
+        assert stats["lag_source"] == "reports"
+        assert [s["lag"] for s in shards] == [42.0, 0.0, None]
+        assert stats["by_worker"]["Ledgered"]["lag"] == 42.0
+    else:
+        # and the embedded broker keeps the exact lag it knows
+        assert stats["lag_source"] == "broker"
+        assert shards[waiting]["lag"] < 30
+        assert all(s["lag"] is None for i, s in enumerate(shards) if i != waiting)
+    # and the table shows the owners and the fleet under it
+    table = env.cli("stats")
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()}
+    assert rows["[0]"][-1] == "n-1" and rows["[2]"][-1] == "-"
+    assert "1 node live, 3.2 jobs/s together" in table.stderr
+    assert "excludes n-2: not reporting since" in table.stderr

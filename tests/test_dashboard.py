@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,13 @@ import shardq
 from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
 from shardq.config import Config
-from shardq.dashboard import NO_THROUGHPUT, DashboardServer, Sampler, make_server, parse_metrics
+from shardq.dashboard import DashboardServer, make_server
 from shardq.errors import ConfigError
+from shardq.fleet_doc import FleetDoc, NodeReport
+from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.morgue import MorgueQueue
 from shardq.node import Node
+from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
 from shardq.sharding import shard_for
 from tests.conftest import make_broker
 
@@ -254,6 +258,193 @@ def test_on_sqs_throughput_comes_from_the_nodes_metrics(
         broker.close()
 
 
+# -- the fleet ----------------------------------------------------------------------
+def write_fleet(filled: shardq.App, change: Any) -> None:
+    """Write the app's fleet document as its nodes would."""
+    store = FleetStore(filled.broker, fleet_queue(filled.config.queue_prefix), lock_seconds=5)
+    store.ensure()
+    store.update(change)
+
+
+def node(name: str, seen: float, held: tuple[str, ...], **kw: Any) -> NodeReport:
+    return NodeReport(
+        node=name,
+        host=f"ip-10-0-1-{len(name)}",
+        pid=4100 + len(name),
+        started=seen - 900,
+        seen=seen,
+        held=held,
+        **kw,
+    )
+
+
+def two_nodes_one_silent(now: float) -> Any:
+    """Node a holds SyncOrder 0-1 (lag 42 s on 0) and runs 2.5 jobs/s; node b, silent
+    for 75 s, held SyncOrder 2-3; node c stopped 20 minutes ago."""
+    a = node(
+        "node-a",
+        now - 4,
+        ("SyncOrder:0", "SyncOrder:1"),
+        lags={"SyncOrder:0": 42.0, "SyncOrder:1": 0.0},
+        jobs_per_second=2.5,
+        max_lag=42.0,
+    )
+    b = node("node-b", now - 75, ("SyncOrder:2", "SyncOrder:3"), jobs_per_second=4.0)
+    c = node("node-c", now - 1300, ())
+
+    def change(doc: FleetDoc) -> FleetDoc:
+        doc = doc.with_node(a).with_node(b).with_node(c)
+        return doc.without_node("node-c", "stopped", now - 1200)
+
+    return change
+
+
+def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> None:
+    # given a dashboard sampling once an hour, started before any node reported
+    srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
+    try:
+        status, nodes = call(srv, "GET", "/api/v1/nodes")
+        assert status == 200 and nodes["nodes"] == [] and nodes["gone"] == []
+        # when nodes report, then requests still answer the sample, not the broker
+        now = time.time()
+        write_fleet(filled, two_nodes_one_silent(now))
+        assert call(srv, "GET", "/api/v1/nodes")[1] == nodes
+        # when the next sample is taken, then it shows the live node and the gone ones
+        srv.sampler.sample()
+        status, nodes = call(srv, "GET", "/api/v1/nodes")
+        assert status == 200 and set(nodes) == {"time", "nodes", "gone"}
+        assert nodes["time"] == call(srv, "GET", "/api/v1/stats")[1]["time"]
+        assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
+        (a,) = nodes["nodes"]
+        assert a["held"] == ["SyncOrder:0", "SyncOrder:1"] and a["jobs_per_second"] == 2.5
+        assert [(g["node"], g["reason"]) for g in nodes["gone"]] == [
+            ("node-b", "not reporting"),
+            ("node-c", "stopped"),
+        ]
+        assert nodes["gone"][0]["unserved"] == ["SyncOrder:2", "SyncOrder:3"]
+        # and it is what `shardq nodes --json` prints for the same document
+        from shardq.fleet_view import fleet_view
+        from shardq.stats import read_fleet
+
+        assert fleet_view(read_fleet(filled), nodes["time"]).to_json() == nodes
+    finally:
+        srv.stop()
+
+
+def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
+    filled: shardq.App, kind: str
+) -> None:
+    # given two nodes that reported, one since silent, and one that stopped
+    now = time.time()
+    write_fleet(filled, two_nodes_one_silent(now))
+    sampler = Sampler(filled, refresh=5)
+    # when the dashboard samples twice
+    sampler.sample()
+    sampler.sample()
+    stats = sampler.snapshot()
+    # then every broker names the live owner of each shard
+    shards = stats["by_worker"]["SyncOrder"]["shards"]
+    assert [s["owner"] for s in shards] == ["node-a", "node-a", None, None]
+    assert stats["by_worker"]["SendReceipt"]["shards"][0]["owner"] is None
+    if kind == "sqs":
+        # and on SQS the lags are the owner's reports instead of unknown
+        assert stats["lag_source"] == "reports"
+        assert [s["lag"] for s in shards] == [42.0, 0.0, None, None]
+        assert stats["by_worker"]["SyncOrder"]["lag"] == 42.0
+        # and the total throughput is the live node's report, saying what it leaves out
+        assert stats["throughput_source"] == "reports" and stats["throughput"] is None
+        assert [p[1] for p in stats["throughput_total"]] == [150.0, 150.0]
+        assert stats["throughput_excludes"] == [
+            {"node": "node-b", "since": pytest.approx(now - 75), "reason": "not reporting"},
+            {"node": "node-c", "since": pytest.approx(now - 1200), "reason": "stopped"},
+        ]
+        assert "--scrape" in stats["throughput_note"]
+    else:
+        # and the embedded broker keeps its exact lags and counts
+        assert stats["lag_source"] == "broker" and stats["throughput_source"] == "broker"
+        assert shards[0]["lag"] != 42.0 and stats["throughput_excludes"] == []
+        assert stats["throughput_total"][-1][1] == 0.0
+
+
+def test_a_fleet_document_it_cannot_read_leaves_the_counts_and_says_why() -> None:
+    # given a fleet document written by a newer shardq, and a job waiting
+    app.configure(Config(queue_prefix="newer-"), broker=MemoryBroker())
+    SyncOrder.publish("o1", {"n": 0})
+    write_fleet(app, lambda d: d.with_node(node("node-a", time.time(), ("SyncOrder:0",))))
+    queue = fleet_queue("newer-")
+    newer = FleetDoc().to_text().replace('"format":1', '"format":99')
+    app.broker.send_batch(queue, [SendEntry("0", newer, "fleet", "newer-doc")])
+    srv = make_server(app, "127.0.0.1", 0, refresh=3600).start()
+    try:
+        # when the dashboard samples, then the stats still come, saying what is missing
+        status, stats = call(srv, "GET", "/api/v1/stats")
+        assert status == 200 and stats["total"]["length"] == 1
+        assert "upgrade shardq" in stats["fleet_error"]
+        assert all(s["owner"] is None for s in stats["by_worker"]["SyncOrder"]["shards"])
+        # and the nodes answer why they cannot be listed
+        status, nodes = call(srv, "GET", "/api/v1/nodes")
+        assert status == 503 and "cannot read the fleet document" in nodes["error"]
+        assert "upgrade shardq" in nodes["error"]
+    finally:
+        srv.stop()
+        app.broker.close()
+
+
+@pytest.mark.sqs
+def test_with_scrape_a_node_that_stops_answering_is_left_out_and_named(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    def metrics_server() -> tuple[ThreadingHTTPServer, Any, str]:
+        registry = CollectorRegistry()
+        jobs = Counter(
+            "shardq_jobs_total", "Jobs", ["worker", "outcome", "node"], registry=registry
+        )
+
+        class Metrics(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server, jobs, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+
+    # given two nodes' metrics scraped by the dashboard on SQS
+    (one, jobs_one, url_one), (two, jobs_two, url_two) = metrics_server(), metrics_server()
+    broker = make_broker("sqs", tmp_path, request)
+    try:
+        app.configure(Config(queue_prefix=f"s{time.monotonic_ns() % 10**9}-"), broker=broker)
+        sampler = Sampler(app, refresh=5, scrape=[url_one, url_two])
+        jobs_two.labels("SyncOrder", "succeeded", "two").inc(25)
+        sampler.sample()
+        # when node two is killed while node one keeps working
+        two.shutdown()
+        two.server_close()
+        jobs_one.labels("SyncOrder", "succeeded", "one").inc(60)
+        started = sampler._last[url_one][0]
+        sampler.sample()
+        # then the figures are node one's, not 0, and node two is named as left out
+        snapshot = sampler.snapshot()
+        ((t, rate),) = sampler.points["SyncOrder"]
+        assert rate == pytest.approx(60 * 60 / (t - started), rel=0.01) and rate > 0
+        assert snapshot["throughput_total"] == [[t, rate]]
+        (excluded,) = snapshot["throughput_excludes"]
+        assert excluded["node"] == url_two and excluded["reason"] == "not answering"
+        assert excluded["since"] == t
+    finally:
+        one.shutdown()
+        one.server_close()
+        broker.close()
+
+
 def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
     filled = server.app
     status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
@@ -455,6 +646,7 @@ def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
         assert call(srv, "POST", purge, {}, Authorization=TOKEN)[0] == 401
         assert MorgueQueue(filled, "SyncOrder").size() == 3
         assert call(srv, "GET", "/api/v1/stats")[0] == 200  # stats need no token
+        assert call(srv, "GET", "/api/v1/nodes")[0] == 200  # nor do nodes
         # dead jobs' payloads may be sensitive: listing them needs the token too
         assert call(srv, "GET", "/api/v1/morgue/SyncOrder")[0] == 401
         listed = call(srv, "GET", "/api/v1/morgue/SyncOrder", Authorization=f"Bearer {TOKEN}")
@@ -676,6 +868,67 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
         srv.stop()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def test_page_shows_the_nodes_and_says_when_one_went_away(
+    browser: Any, filled: shardq.App, kind: str
+) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given node-a live, node-b silent for 75 s, node-c stopped 20 minutes ago
+    write_fleet(filled, two_nodes_one_silent(time.time()))
+    srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
+    try:
+        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        set_width(browser, 1400)
+        browser.get(srv.url)
+        # then the live node is listed with what it reported
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#nodes tr[data-node="node-a"]'))
+        live = text_of(browser, '#nodes tr[data-node="node-a"]')
+        for part in ("node-a", "ip-10-0-1-6", "4106", "SyncOrder \u00d72", "2.5", "42.0 s", "live"):
+            assert part in live, (part, live)
+        # and the gone ones are shown as such, with when and why
+        gone = browser.execute_script(
+            "return [...document.querySelectorAll('#nodes tr.gone')].map(r => r.innerText)"
+        )
+        assert [g.split()[0] for g in gone] == ["node-b", "node-c"]
+        assert re.search(r"gone \d\d:\d\d:\d\d · not reporting", gone[0]), gone[0]
+        assert "stopped" in gone[1]
+        assert "1 live · 2 gone in the last hour" in text_of(browser, "#nodes-title")
+        # and a banner says which node went away recently, not the one of 20 minutes ago
+        banner = text_of(browser, "#fleet-banner")
+        assert re.fullmatch(
+            r"Node node-b stopped reporting at \d\d:\d\d:\d\d; its 2 shards are being "
+            r"taken over\.",
+            banner,
+        ), banner
+        assert "stale" in (browser.find_element(By.ID, "dot").get_attribute("class") or "")
+        # and each shard names its owner
+        sync = '[data-worker="SyncOrder"]'
+        browser.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click()
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map(r => r.innerText)",
+            f"{sync} details.shards tbody tr",
+        )
+        assert [r.split()[-1] for r in rows] == ["node-a", "node-a", "—", "—"]
+        if kind == "sqs":
+            # and on SQS the lag comes from the owner's report, the total from the live
+            # node's, and the total says it leaves the gone nodes out
+            assert rows[0].split()[3:5] == ["42.0", "s"]
+            assert text_of(browser, "#t-lag").replace(" ", "") == "42.0s"
+            wait.until(lambda d: text_of(d, "#t-rate").startswith("150"))
+            note = text_of(browser, "#t-rate-note")
+            assert note.startswith("excludes node-b (not reporting since ")
+            assert "node-c (stopped since " in note
+        # and it fits a phone and a wide screen
+        for width in (1400, 1100, 420):
+            set_width(browser, width)
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+    finally:
+        srv.stop()
+
+
 def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     with urllib.request.urlopen(server.url, timeout=10) as res:
         page = res.read().decode()
@@ -686,6 +939,41 @@ def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
 
 
 # -- docs/dashboard.png and docs/dashboard-narrow.png --------------------------------
+def screenshot_fleet(now: float) -> Any:
+    """Two live nodes; node-e90b killed 80 s ago (node-7c2e took over one of its two
+    shards so far); node-51d0 stopped 25 minutes ago."""
+    lags = {"SyncOrder:0": 316.0, "SyncOrder:1": 290.0, "SendReceipt:0": 48.0}
+    a = node(
+        "node-a1f3",
+        now - 6,
+        ("SyncOrder:0", "SyncOrder:1", "SendReceipt:0", "IndexProduct:0", "IndexProduct:1"),
+        lags=lags,
+        jobs_per_second=14.2,
+        max_lag=316.0,
+        threads=4,
+    )
+    b = node(
+        "node-7c2e",
+        now - 21,
+        ("SyncOrder:2", "SyncOrder:3", "IndexProduct:2"),
+        jobs_per_second=11.4,
+        max_lag=301.0,
+        threads=4,
+    )
+    killed = node("node-e90b", now - 80, ("SyncOrder:3", "SendReceipt:1"), jobs_per_second=9.8)
+    stopped = node("node-51d0", now - 1500, ("SyncOrder:2",))
+    a, b = replace(a, host="ip-10-0-1-17", pid=4121), replace(b, host="ip-10-0-2-45", pid=3970)
+    killed = replace(killed, host="ip-10-0-3-8", pid=4388, started=now - 5400)
+    stopped = replace(stopped, host="ip-10-0-1-90", pid=2210)
+
+    def change(doc: FleetDoc) -> FleetDoc:
+        for report in (a, b, killed, stopped):
+            doc = doc.with_node(report)
+        return doc.without_node("node-51d0", "stopped", now - 1500)
+
+    return change
+
+
 @pytest.mark.skipif(
     not os.environ.get("SHARDQ_DASHBOARD_SCREENSHOT"),
     reason="set SHARDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png to redraw the screenshots",
@@ -741,10 +1029,14 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
             "UPDATE messages SET sent_at = sent_at - CASE WHEN queue LIKE 'prod-sync-order%' "
             "THEN 316 WHEN queue LIKE 'prod-send-receipt%' THEN 48 ELSE 3.2 END"
         )
-        db.execute(
-            "UPDATE messages SET body = json_set(body, '$.failed_at', "
-            "json_extract(body, '$.failed_at') - 1500) WHERE queue LIKE '%morgue%'"
-        )
+        rows = db.execute("SELECT rowid, body FROM messages WHERE queue LIKE '%morgue%'")
+        for rowid, body in rows.fetchall():  # a record is a JSON head, then the job's body
+            head, newline, rest = body.partition("\n")
+            record = json.loads(head)
+            record["failed_at"] -= 1500
+            new = json.dumps(record, separators=(",", ":")) + newline + rest
+            db.execute("UPDATE messages SET body = ? WHERE rowid = ?", (new, rowid))
+    write_fleet(filled, screenshot_fleet(time.time()))
     srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
     try:
         now = srv.sampler.snapshot()["time"]
@@ -760,6 +1052,10 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
                 )
                 for i in range(181)
             )
+        srv.sampler.total = deque(
+            (t, round(sum(srv.sampler.points[w][i][1] for w in srv.sampler.points), 1))
+            for i, (t, _) in enumerate(srv.sampler.points["SyncOrder"])
+        )
         browser.set_window_size(1400, 1000)
         browser.get(srv.url)
         WebDriverWait(browser, 15).until(lambda d: text_of(d, "#t-length") != "—")

@@ -9,11 +9,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shardq
 from shardq.config import Config
 from shardq.errors import MetricsServerError
+from shardq.executor import Outcome
 from shardq.metrics import NodeMetrics
 from shardq.node import Node
 from tests.apps import ledger
@@ -22,7 +24,10 @@ from tests.apps.ledger import Ledgered
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        return parse(response.read().decode())
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -31,7 +36,8 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def jobs(sample: dict, outcome: str) -> float:  # type: ignore[type-arg]
-    return sample.get(("shardq_jobs_total", (("outcome", outcome), ("worker", "Ledgered"))), 0.0)
+    labels = (("node", ""), ("outcome", outcome), ("worker", "Ledgered"))
+    return sample.get(("shardq_jobs_total", labels), 0.0)
 
 
 def test_the_metrics_endpoint_shows_the_counters_moving(
@@ -70,11 +76,11 @@ def test_the_metrics_endpoint_shows_the_counters_moving(
             1,
             1,
         )
-        count = ("shardq_job_duration_seconds_count", (("worker", "Ledgered"),))
+        count = ("shardq_job_duration_seconds_count", (("node", ""), ("worker", "Ledgered")))
         assert after[count] == 4
         lags = [k for k in after if k[0] == "shardq_shard_lag_seconds"]
         assert len(lags) == 3
-        assert ("shardq_in_flight_jobs", ()) in after
+        assert ("shardq_in_flight_jobs", (("node", ""),)) in after
     finally:
         node.stop()
         runner.join(30)
@@ -97,3 +103,29 @@ def test_a_port_already_in_use_is_a_clear_error() -> None:
     assert f"cannot serve metrics on 127.0.0.1:{port}" in str(raised.value)
     assert "pick a free one with --metrics-port" in str(raised.value)
     assert isinstance(raised.value, shardq.ShardqError)
+
+
+def test_every_metric_carries_the_node_label() -> None:
+    # given the metrics of node n-7 holding one shard, after a success and a broker error
+    metrics = NodeMetrics(lambda: [("Ledgered", 2, 1.5)], lambda: 3, node="n-7")
+    metrics.job_outcome(Outcome("succeeded", "Ledgered", 2, "e", [], [], 0.25))
+    metrics.broker_error("receive")
+    # when they are exposed
+    samples = parse(generate_latest(metrics.registry).decode())
+    # then each series names the node
+    names = {name for name, _ in samples if name.startswith("shardq_")}
+    assert {
+        "shardq_jobs_total",
+        "shardq_job_duration_seconds_count",
+        "shardq_shard_lag_seconds",
+        "shardq_in_flight_jobs",
+        "shardq_broker_errors_total",
+    } <= names
+    for name, labels in samples:
+        if name.startswith("shardq_") and not name.endswith("_created"):
+            assert ("node", "n-7") in labels, (name, labels)
+    assert samples[("shardq_in_flight_jobs", (("node", "n-7"),))] == 3
+    lag = (("node", "n-7"), ("shard", "2"), ("worker", "Ledgered"))
+    assert samples[("shardq_shard_lag_seconds", lag)] == 1.5
+    # and a node made without an id still works, with an empty label
+    assert NodeMetrics(lambda: [], lambda: 0).node == ""

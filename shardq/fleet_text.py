@@ -1,0 +1,94 @@
+"""The fleet as ``shardq nodes`` and ``shardq stats`` print it."""
+
+from __future__ import annotations
+
+from shardq.fleet_view import STALE_SECONDS, FleetView
+from shardq.tables import age, table, utc
+from shardq.terminal import plural
+
+NODES_JSON_HELP = f"""\
+--json prints {{"time": T, "nodes": [NODE, ...], "gone": [NODE, ...]}} (times are Unix
+seconds; GET /api/v1/nodes on the dashboard answers the same):
+  NODE   {{"node", "host", "pid", "mode" ("elastic" or "static"), "version",
+          "threads", "started", "seen" (its last report), "shards" (how many it
+          holds), "held" (["Worker:shard", ...]), "jobs_per_second", "done" (jobs
+          since it started), "max_lag" (seconds)}}
+  a gone NODE also has "gone_at", "reason" ("stopped", "lease expired" or
+  "not reporting") and "unserved" (shards it held that no live node reports
+  holding yet).
+Nodes report about every 45 s; one whose last report is over {STALE_SECONDS:.0f} s old
+is shown gone ("not reporting", since that report). Gone nodes are shown an hour.
+"""
+
+
+def nodes_text(view: FleetView) -> str:
+    """The live nodes, then the nodes gone in the last hour, as tables."""
+    now = view.time
+    parts = []
+    rows: list[tuple[str, ...]]
+    if view.nodes:
+        rows = [
+            (
+                "node",
+                "host",
+                "pid",
+                "mode",
+                "started (UTC)",
+                "last seen",
+                "shards",
+                "jobs/s",
+                "max lag",
+            )
+        ]
+        for n in view.nodes:
+            rows.append(
+                (
+                    n.node,
+                    n.host,
+                    str(n.pid),
+                    n.mode,
+                    utc(n.started),
+                    f"{age(max(0.0, now - n.seen))} ago",
+                    str(len(set(n.held))),
+                    f"{n.jobs_per_second:.1f}",
+                    age(n.max_lag),
+                )
+            )
+        parts.append(table(rows, align="lllllrrrr"))
+    else:
+        parts.append("no node is live")
+    if view.gone:
+        rows = [
+            ("node", "host", "pid", "last seen (UTC)", "gone (UTC)", "reason", "shards", "unserved")
+        ]
+        for g in view.gone:
+            rows.append(
+                (
+                    g.report.node,
+                    g.report.host,
+                    str(g.report.pid),
+                    utc(g.report.seen),
+                    utc(g.gone_at),
+                    g.reason,
+                    str(len(set(g.report.held))),
+                    str(len(g.unserved)),
+                )
+            )
+        parts.append("gone in the last hour:\n" + table(rows, align="llrlllrr"))
+    return "\n\n".join(parts)
+
+
+def fleet_lines(view: FleetView, lag_source: str | None) -> list[str]:
+    """What ``shardq stats`` says about the fleet under its table."""
+    if not view.reported:
+        lags = "; on SQS lags come from their reports" if lag_source is None else ""
+        return [f"no node has reported yet: owners unknown{lags} (see `shardq nodes`)"]
+    lags = "; lags are their owners' reports, up to about 45 s old"
+    lines = [
+        f"{plural(len(view.nodes), 'node')} live, {view.jobs_per_second:.1f} jobs/s together "
+        f"(from their reports){lags if lag_source == 'reports' else ''}"
+    ]
+    lines += [
+        f"  excludes {g.report.node}: {g.reason} since {utc(g.gone_at)} UTC" for g in view.gone
+    ]
+    return lines
