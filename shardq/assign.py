@@ -1,0 +1,322 @@
+"""Which live node should hold each shard: a pure function of a fleet snapshot.
+
+``assign(shards, nodes, holders)`` gives every shard of every worker one live node, and
+with N live nodes it guarantees:
+
+* per worker, every node gets floor(S/N) or ceil(S/N) of the worker's S shards;
+* in total, every node gets floor(T/N) or ceil(T/N) of all T shards;
+* as few shards as possible change hands: no assignment balanced as above leaves more
+  shards with their live holders. A holder over its quota of a worker keeps its lowest
+  shard numbers; free shards (no holder, a holder not live, an excess) go by rendezvous
+  hashing to the nodes with room;
+* the same snapshot gives the same answer in every process, whatever the order of
+  ``nodes`` and of ``holders``; a holding that is already balanced is returned as it is.
+
+After one node joins or leaves a balanced fleet, the shards that move are the
+newcomer's share or the leaver's shards, plus the rare few that keeping the totals
+within one forces (``tests/test_assign.py``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+
+from shardq.errors import ShardqError
+
+ShardKey = tuple[str, int]
+
+_MASK32 = 0xFFFFFFFF
+#: Odd multiplier (2**32 / golden ratio): spreads CRC values, which are XOR-linear.
+_SPREAD = 0x9E3779B1
+
+
+class AssignInputError(ShardqError, ValueError):
+    """A shard key, node id or shard count cannot be used; the message names it."""
+
+
+def key_text(key: ShardKey) -> str:
+    """``("Orders", 3)`` as ``"Orders:3"``, the form keys take in JSON."""
+    worker, shard = key
+    _check_worker(worker)
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+        raise AssignInputError(f"shard {shard!r} of worker {worker!r} is not an int >= 0")
+    return f"{worker}:{shard}"
+
+
+def parse_key(text: str) -> ShardKey:
+    """``"Orders:3"`` as ``("Orders", 3)``; the worker may itself contain colons."""
+    if not isinstance(text, str):
+        raise AssignInputError(f"shard key {text!r} is a {type(text).__name__}, not a str")
+    worker, colon, number = text.rpartition(":")
+    if not colon or not worker:
+        problem = "has no worker name before the last ':'"
+    elif not (number.isascii() and number.isdigit()):
+        problem = "does not end with a shard number"
+    elif number != str(int(number)):
+        problem = "has a shard number with leading zeros"
+    else:
+        return worker, int(number)
+    raise AssignInputError(
+        f"shard key {text!r} {problem}; a key is 'worker:shard', e.g. 'Orders:3': "
+        "the stored assignment is damaged, delete it and it will be computed again"
+    )
+
+
+def assign(
+    shards: Mapping[str, int],
+    nodes: Sequence[str],
+    holders: Mapping[ShardKey, str],
+) -> dict[ShardKey, str]:
+    """The node that should hold each shard of ``shards`` (worker -> number of shards),
+    over the live ``nodes``, given who holds what now (``holders``; entries for unknown
+    workers, shards out of range or nodes not live are ignored). No nodes: ``{}``."""
+    counts = _checked_counts(shards)
+    live = _checked_nodes(nodes)
+    if not live:
+        return {}
+    held = {worker: _holdings(worker, count, set(live), holders) for worker, count in counts}
+    extras = _extras(counts, live, held)
+    targets: dict[ShardKey, str] = {}
+    for worker, count in counts:
+        quota = {node: count // len(live) for node in live}
+        for node in extras.get(worker, ()):
+            quota[node] += 1
+        targets.update(_place(worker, count, live, quota, held[worker]))
+    return targets
+
+
+def _check_worker(worker: object) -> None:
+    if not isinstance(worker, str) or not worker:
+        raise AssignInputError(f"worker name {worker!r} is not a non-empty str")
+
+
+def _checked_counts(shards: Mapping[str, int]) -> list[tuple[str, int]]:
+    """``(worker, count)`` sorted by worker, without the workers with no shards."""
+    for worker, count in shards.items():
+        _check_worker(worker)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise AssignInputError(f"worker {worker!r} has {count!r} shards; give an int >= 0")
+    return sorted((w, c) for w, c in shards.items() if c)
+
+
+def _checked_nodes(nodes: Sequence[str]) -> list[str]:
+    """The distinct node ids, sorted (the order given does not matter)."""
+    if isinstance(nodes, str):
+        raise AssignInputError(f"nodes must be a sequence of node ids, not the str {nodes!r}")
+    for node in nodes:
+        if not isinstance(node, str) or not node:
+            raise AssignInputError(f"node id {node!r} is not a non-empty str")
+    return sorted(set(nodes))
+
+
+def _holdings(
+    worker: str, count: int, live: set[str], holders: Mapping[ShardKey, str]
+) -> dict[str | None, list[int]]:
+    """Live node -> the shards of ``worker`` it holds, ascending; ``None`` -> the others."""
+    held: dict[str | None, list[int]] = {None: []}
+    for shard in range(count):
+        node = holders.get((worker, shard))
+        held.setdefault(node if node in live else None, []).append(shard)
+    return held
+
+
+def _score(text: str) -> int:
+    """A stable 32-bit pseudo-random score of ``text`` (same in every process)."""
+    return (zlib.crc32(text.encode("utf-8")) * _SPREAD) & _MASK32
+
+
+def _extras(
+    counts: list[tuple[str, int]], live: list[str], held: dict[str, dict[str | None, list[int]]]
+) -> dict[str, list[str]]:
+    """Worker -> the nodes that get ceil(S/N) of its shards rather than floor(S/N).
+
+    Each worker with S % N != 0 has that many extra places; over all workers every node
+    gets lo or lo + 1 of them (lo, k = divmod(sum, N); exactly k nodes get lo + 1), which
+    is what keeps the totals within one. A place is *wanted* by a node already holding
+    more than the floor: giving it there moves one shard less. Workers choose in turn
+    (``_choose``), then places move along negative cycles (``_improve``) until the number
+    of wanted places given is the largest possible.
+    """
+    n = len(live)
+    workers = [(worker, count) for worker, count in counts if count % n]
+    rows = [count % n for _, count in workers]
+    lo, k = divmod(sum(rows), n)
+    wants = [
+        [len(held[worker].get(node, ())) > count // n for node in live] for worker, count in workers
+    ]
+    used = [0] * n
+    picks: list[set[int]] = []
+    for i, (worker, _) in enumerate(workers):
+        ties = [_score(f"{worker}:{node}") for node in live]
+        picked = _choose(rows[i], wants[i], ties, used, rows[i + 1 :], lo, k)
+        for j in picked:
+            used[j] += 1
+        picks.append(set(picked))
+    _improve(picks, wants, n, lo)
+    return {worker: [live[j] for j in sorted(picks[i])] for i, (worker, _) in enumerate(workers)}
+
+
+def _choose(
+    r: int, wants: list[bool], ties: list[int], used: list[int], later: list[int], lo: int, k: int
+) -> list[int]:
+    """``r`` node indexes for one worker's extra places: the wanted nodes first if the
+    ``later`` workers can still be served after that, else Ryser's rule (the nodes with
+    the most places left, wanted ones first among equals), which always can."""
+    n = len(used)
+
+    def fits(picked: list[int]) -> bool:
+        after = used[:]
+        for j in picked:
+            after[j] += 1
+        return _shareable(after, later, lo, k)
+
+    order = sorted(range(n), key=lambda j: (not wants[j], used[j], -ties[j]))
+    if fits(order[:r]):
+        return order[:r]
+    left = _places_left(used, lo, k, wants, ties)
+    return sorted(range(n), key=lambda j: (-left[j], not wants[j], -ties[j]))[:r]
+
+
+def _places_left(used: list[int], lo: int, k: int, wants: list[bool], ties: list[int]) -> list[int]:
+    """Per node, the extra places it can still take: lo or lo + 1 minus ``used``, the
+    lo + 1 going to the nodes with the fewest places left (the most even sharing)."""
+    left = [lo - u for u in used]
+    spare = k - sum(1 for u in used if u > lo)
+    order = sorted(
+        (j for j in range(len(used)) if used[j] <= lo),
+        key=lambda j: (left[j], not wants[j], -ties[j]),
+    )
+    for j in range(len(used)):
+        if used[j] > lo:
+            left[j] += 1
+    for j in order[:spare]:
+        left[j] += 1
+    return left
+
+
+def _shareable(used: list[int], later: list[int], lo: int, k: int) -> bool:
+    """Whether the ``later`` workers' extra places (each worker at most one per node) can
+    bring every node from ``used`` to lo or lo + 1, exactly k of them to lo + 1: the
+    Gale-Ryser condition, with the lo + 1 where they make the needs most even."""
+    over = sum(1 for u in used if u > lo)
+    if over > k or any(u > lo + 1 for u in used):
+        return False
+    ranked = sorted(lo - u for u in used if u <= lo)
+    spare = k - over
+    columns = sorted([c + 1 for c in ranked[:spare]] + ranked[spare:], reverse=True)
+    if sum(columns) != sum(later):
+        return False
+    rows = sorted(later)
+    supply = demand = i = 0
+    for t, column in enumerate(columns, start=1):
+        while i < len(rows) and rows[i] < t:
+            i += 1
+        supply += len(rows) - i  # now the sum of min(row, t) over the later workers
+        demand += column
+        if demand > supply:
+            return False
+    return True
+
+
+def _improve(picks: list[set[int]], wants: list[list[bool]], n: int, lo: int) -> None:
+    """Move extra places along negative cycles until none is left: then as many places
+    as can be are wanted ones (min-cost flow optimality).
+
+    ``picks[i]`` is the set of nodes with an extra place of worker ``i``. The residual
+    graph has the workers, the nodes and a hub: worker -> node takes a place (cost -1 if
+    wanted), node -> worker gives one back (+1 if wanted), node -> hub -> node moves a
+    place from a node with lo + 1 to one with lo. Turning a cycle around keeps every
+    count. Bellman-Ford runs over it from all vertices at once; each cycle among the
+    edges that last lowered a distance is negative and is turned around at once. A pass
+    that lowers nothing proves no negative cycle is left; each turn adds a wanted place,
+    so this ends.
+    """
+    m = len(picks)
+    hub = m + n
+    counts = [0] * n
+    for picked in picks:
+        for j in picked:
+            counts[j] += 1
+    edges = [
+        [m + j, i, int(want)] if j in picks[i] else [i, m + j, -int(want)]
+        for i, row in enumerate(wants)
+        for j, want in enumerate(row)
+    ]
+    edges += [[m + j, hub, 0] if c == lo else [hub, m + j, 0] for j, c in enumerate(counts)]
+    dist = [0] * (hub + 1)
+    into: list[list[int] | None] = [None] * (hub + 1)
+    changed = True
+    while changed:
+        changed = False
+        for edge in edges:
+            u, v, cost = edge
+            if dist[u] + cost < dist[v]:
+                dist[v] = dist[u] + cost
+                into[v] = edge
+                changed = True
+        for cycle in _cycles(into):
+            if sum(edge[2] for edge in cycle) >= 0:
+                continue
+            for edge in cycle:
+                u, v, cost = edge
+                if u < m <= v < hub:
+                    picks[u].add(v - m)
+                elif v < m <= u < hub:
+                    picks[v].discard(u - m)
+                edge[:] = [v, u, -cost]
+                into[v] = None
+
+
+def _cycles(into: list[list[int] | None]) -> list[list[list[int]]]:
+    """The cycles (as edge lists) of the graph made of the edges ``into[v]`` (u, v, cost)."""
+    state = [0] * len(into)  # 0: not seen, 1: on the current walk, 2: done
+    found = []
+    for start in range(len(into)):
+        walk = []
+        x: int | None = start
+        while x is not None and not state[x]:
+            state[x] = 1
+            walk.append(x)
+            edge = into[x]
+            x = None if edge is None else edge[0]
+        if x is not None and state[x] == 1:
+            found.append([e for y in walk[walk.index(x) :] if (e := into[y]) is not None])
+        for y in walk:
+            state[y] = 2
+    return found
+
+
+def _place(
+    worker: str,
+    count: int,
+    live: list[str],
+    quota: dict[str, int],
+    held: dict[str | None, list[int]],
+) -> dict[ShardKey, str]:
+    """Every shard of ``worker`` to a node, within ``quota``: holders keep their lowest
+    shard numbers up to their quota; the rest goes by rendezvous hashing."""
+    targets: dict[ShardKey, str] = {}
+    free = list(held[None])
+    room = dict(quota)
+    for node in live:
+        mine = held.get(node, [])
+        keep = mine[: room[node]]
+        for shard in keep:
+            targets[(worker, shard)] = node
+        free.extend(mine[len(keep) :])
+        room[node] -= len(keep)
+    ids = [node for node in live if room[node] > 0]
+    keys = [node.encode("utf-8") for node in ids]
+    crc32 = zlib.crc32
+    for shard in sorted(free):
+        # crc32(text, crc32(prefix)) is crc32(prefix + text): one call per node
+        seed = crc32(f"{worker}:{shard}:".encode())
+        scores = [(crc32(key, seed) * _SPREAD) & _MASK32 for key in keys]
+        best = max(range(len(ids)), key=scores.__getitem__)  # ties: the lowest id
+        node = ids[best]
+        targets[(worker, shard)] = node
+        room[node] -= 1
+        if not room[node]:
+            del ids[best], keys[best]
+    return targets
