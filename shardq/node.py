@@ -183,7 +183,7 @@ class Node:
             broker=self.app.broker.kind,
         )
         if self.elastic and not self.plan.shards:  # its shards come later
-            log.info("node.elastic", threads=len(self.lanes))
+            log.info("node.elastic", threads=len(self.lanes), detail="shards are added later")
         else:
             for line in format_plan([self.plan]).splitlines():
                 log.info("node.plan", line=line)
@@ -404,8 +404,8 @@ def _lane_count(plan: Plan, threads: int | None) -> int:
         return max(1, len(plan.threads))
     if threads < max(1, len(plan.threads)):
         raise ConfigError(
-            f"threads must be at least 1 and at least the plan's {len(plan.threads)} "
-            f"threads, got {threads}"
+            f"threads={threads}: a node needs at least one lane, and one per thread of its "
+            f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
         )
     return threads
 

@@ -156,8 +156,8 @@ def test_a_shard_handed_between_two_nodes_keeps_every_entity_in_order_and_never_
     monkeypatch.setattr(Ledgered, "retry_in", retry_in)
     kind = "sqlite-reopen" if getattr(app.broker, "reopen_groups", False) else app.broker.kind
     other = second_app(app, make_broker(kind, tmp_path, request), retry_in)
-    entities, jobs = [f"x{i}" for i in range(30)], 12
-    broken = {(e, 5) for e in entities[:4]}
+    entities, jobs = [f"x{i}" for i in range(90)], 8  # 30 per shard: several batches
+    broken = {(e, 5) for e in entities[:6]}
     # and node A serving every shard, node B (elastic) serving none, both running
     a = Node(app, app.plan(threads=2), seed=1)
     b = Node(other, EMPTY, threads=2, seed=2)
@@ -176,7 +176,7 @@ def test_a_shard_handed_between_two_nodes_keeps_every_entity_in_order_and_never_
     # other node right after the drop's event is set
     for shard, giver, taker in [(0, a, b), (1, a, b), (0, b, a)]:
         count = len(ended(ledger_path))
-        wait_for(lambda c=count: len(ended(ledger_path)) >= c + 20)
+        wait_for(lambda c=count: len(ended(ledger_path)) >= c + 40)
         assert giver.drop_shard(ref(shard)).wait(10)
         taker.add_shard(ref(shard, taker.app))
     publisher.join()
@@ -357,6 +357,27 @@ def test_a_shard_added_before_the_node_runs_is_served_from_the_start(
     stop(node, runner)
 
 
+def test_a_drop_while_the_node_stops_is_done_when_the_shutdown_is(
+    app: shardq.App, ledger_path: str
+) -> None:
+    # given a node that is stopping with a job of shard 0 running
+    (entity,) = entities_of(0, 1)
+    Ledgered.publish_many([(entity, {"n": 0, "sleep": 0.5}), (entity, {"n": 1})])
+    node = Node(app, app.plan(threads=1), seed=1)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    wait_for(lambda: Path(ledger_path).exists(), what="the job to start")
+    node.stop()
+    # when shard 0 is dropped
+    done = node.drop_shard(ref(0))
+    # then the drop is done once the node stopped, and a later drop at once
+    runner.join(30)
+    assert done.wait(5)
+    assert node.drop_shard(ref(1)).is_set()
+    counts = app.broker.counts(app.shard_queue("Ledgered", 0))
+    assert (counts.waiting, counts.in_flight) == (1, 0)
+
+
 def test_an_elastic_node_extends_leases_often_enough_for_every_worker(app: shardq.App) -> None:
     # given the ledger worker's 2 s visibility timeout
     # when an elastic node starts with no shard, or a static node with an empty plan
@@ -375,7 +396,7 @@ def test_bad_shard_refs_and_thread_counts_are_refused(app: shardq.App) -> None:
     with pytest.raises(shardq.errors.UnknownWorkerError):
         node.add_shard(ShardRef("Nobody", 0, 1))
     assert node.shard_refs() == []
-    with pytest.raises(ConfigError, match="at least the plan's 3 threads"):
+    with pytest.raises(ConfigError, match=r"one per thread of its plan \(3\)"):
         Node(app, app.plan(threads=3), threads=2)
 
 
