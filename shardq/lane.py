@@ -10,9 +10,11 @@ entity while an earlier job of that entity is held (in flight), and the lane run
 each batch's entities in order (:class:`~shardq.executor.Executor`).
 
 A shard whose receive returned fewer than 10 messages may be empty: it goes to the
-node's idle watch (:class:`Pollers` long-poll each idle shard on SQS; a
-:class:`Watcher` thread watches every idle shard of an embedded broker at once) and
-comes back when a job arrives.
+node's idle watch (:mod:`shardq.idle`) and comes back when a job arrives.
+
+Shards come and go while the lane runs (:mod:`shardq.ownership`): a :class:`Join` or
+:class:`Leave` reaches the lane through its inbox, between two batches. Only the lane's
+thread changes its ``shards``, and never in place: other threads read a snapshot.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
 from shardq.broker.base import Message
-from shardq.errors import BrokerError
 from shardq.executor import Deferred, Executor, Tally
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.plan import ShardRef
@@ -54,11 +56,29 @@ class Shard:
     watched: bool = False  # idle: the idle watch has it
     head_sent_at: float | None = None  # sent time of the oldest job believed waiting
     last_served: int = 0
+    dropped: bool = False  # no longer served: no receive or batch of it starts
+    leave: Leave | None = None  # dropped, swept, waiting for its receives in flight
 
 
 #: What reaches a lane's inbox: a shard and what a receive found (None: "may have
 #: work", from the embedded watcher), and whether the receive came back full.
 Found = tuple[Shard, "list[Message] | None", bool]
+
+
+@dataclass(frozen=True)
+class Join:
+    """A shard for the lane to serve too (it starts in the idle watch)."""
+
+    shard: Shard
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A shard to serve no more (already marked ``dropped``). ``swept`` is called in the
+    lane's thread once its unstarted messages and held retries were handed back."""
+
+    shard: Shard
+    swept: Callable[[], None]
 
 
 class Lane(threading.Thread):
@@ -67,8 +87,11 @@ class Lane(threading.Thread):
     def __init__(self, node: Node, index: int, shards: list[Shard], rng: random.Random) -> None:
         super().__init__(name=f"shardq-lane-{index}", daemon=True)
         self.node = node
-        self.shards = shards
-        self.inbox: queue.SimpleQueue[Found] = queue.SimpleQueue()
+        self.index = index
+        self.shards: list[Shard] = []
+        self._by_ref: dict[ShardRef, Shard] = {}
+        self.set_shards(shards)
+        self.inbox: queue.SimpleQueue[Found | Join | Leave] = queue.SimpleQueue()
         self.tally = Tally()
         self.current: list[Message] = []
         self.failed = False
@@ -101,7 +124,7 @@ class Lane(threading.Thread):
             if self.node.stopping.is_set():
                 return
             self._prefetch()
-            picked = self._pick([s for s in self.shards if s.batches])
+            picked = self._pick([s for s in self.shards if s.batches and not s.dropped])
             if picked is None:
                 continue
             shard = picked
@@ -116,6 +139,43 @@ class Lane(threading.Thread):
             finally:
                 self.current = []
             self._settle_idle(shard)
+
+    # -- which shards ----------------------------------------------------------------
+    def set_shards(self, shards: list[Shard]) -> None:
+        """Replace the list (by the lane's thread, or by anyone before it starts)."""
+        self.shards = shards
+        self._by_ref = {s.ref: s for s in shards}
+
+    def _join(self, shard: Shard) -> None:
+        self.set_shards([*self.shards, shard])
+        if not shard.dropped:
+            self.node.idle.watch(shard, self)
+
+    def _leave(self, leave: Leave) -> None:
+        """Serve a shard no more (none of its batches runs now): its held retries are
+        hidden for what is left of their delay, never less; then its unstarted messages
+        are released, in order. The lane's receives still in flight are released when
+        they return, before ``swept`` is called."""
+        shard, leases, now = leave.shard, self.node.leases, time.monotonic()
+        self.set_shards([s for s in self.shards if s is not shard])
+        self.node.idle.unwatch(shard)
+        retries = [d for d in self.deferred if d[2].ref == shard.ref]
+        self.deferred = [d for d in self.deferred if d[2].ref != shard.ref]
+        heapq.heapify(self.deferred)
+        for _, _, item in sorted(retries, key=lambda d: d[0]):
+            leases.hide(item.messages, max(0.0, item.due - now))
+        unstarted = [m for batch in shard.batches for m in batch]
+        self._in_hand -= len(shard.batches)
+        shard.batches.clear()
+        leases.hide(sorted(unstarted, key=lambda m: m.sequence), 0.0)
+        shard.leave = leave
+        self._swept(shard)
+
+    @staticmethod
+    def _swept(shard: Shard) -> None:
+        if shard.leave is not None and not shard.fetching:
+            shard.leave.swept()
+            shard.leave = None
 
     # -- what the lane holds ------------------------------------------------------
     def idle(self) -> bool:
@@ -134,7 +194,9 @@ class Lane(threading.Thread):
         limit = self.node.config.prefetch
         while self._in_flight < limit and self._in_flight + self._in_hand <= limit:
             candidates = [
-                s for s in self.shards if s.more and s.fetching < limit and len(s.batches) < 2
+                s
+                for s in self.shards
+                if s.more and s.fetching < limit and len(s.batches) < 2 and not s.dropped
             ]
             shard = self._pick(candidates)
             if shard is None:
@@ -148,7 +210,7 @@ class Lane(threading.Thread):
         messages: list[Message] | None = None
         try:
             messages = self.node.receive(shard, wait_seconds=self.node.app.broker.prefetch_wait)
-            if self.node.stopping.is_set():  # the node may have swept what it holds
+            if self.node.stopping.is_set() or shard.dropped:  # it may have been swept
                 self.node.release_straggler(messages)
                 messages = None
         except BaseException as exc:
@@ -166,7 +228,12 @@ class Lane(threading.Thread):
         except queue.Empty:
             return
         while True:
-            self._found(*item)
+            if isinstance(item, Join):
+                self._join(item.shard)
+            elif isinstance(item, Leave):
+                self._leave(item)
+            else:
+                self._found(*item)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -174,13 +241,17 @@ class Lane(threading.Thread):
 
     def _found(self, shard: Shard, messages: list[Message] | None, full: bool) -> None:
         if messages is None:  # the embedded watcher: it may have work
-            shard.watched, shard.more = False, True
+            shard.watched, shard.more = False, not shard.dropped
             return
         if shard.fetching:  # our own receive (a poller's is not counted)
             shard.fetching -= 1
             self._in_flight -= 1
         else:
             shard.watched = False
+        if shard.dropped:  # received while (or just before) the shard was dropped
+            self.node.release_straggler(messages)
+            self._swept(shard)
+            return
         if messages:
             shard.batches.append(messages)
             self._in_hand += 1
@@ -192,7 +263,7 @@ class Lane(threading.Thread):
     def _settle_idle(self, shard: Shard) -> None:
         """A shard with nothing in hand, in flight or known to wait goes to the idle watch."""
         idle = not (shard.more or shard.fetching or shard.batches or shard.watched)
-        if idle and not self.node.stopping.is_set():
+        if idle and not shard.dropped and not self.node.stopping.is_set():
             self.node.idle.watch(shard, self)
 
     # -- choosing -------------------------------------------------------------------
@@ -225,8 +296,9 @@ class Lane(threading.Thread):
         """Run the deferred retries that are due; seconds until the next one (<= 0.5)."""
         while self.deferred and self.deferred[0][0] <= time.monotonic():
             _, _, item = heapq.heappop(self.deferred)
-            if self.node.stopping.is_set():
-                self._defer(item)
+            shard = self._by_ref.get(item.ref)
+            if self.node.stopping.is_set() or (shard is not None and shard.dropped):
+                self._defer(item)  # the shutdown sweep, or the Leave on its way, takes it
                 return 0.0
             self.current = item.messages
             try:
@@ -237,125 +309,3 @@ class Lane(threading.Thread):
         if not self.deferred:
             return 0.5
         return max(0.0, min(0.5, self.deferred[0][0] - time.monotonic()))
-
-
-class Pollers:
-    """SQS: one thread per idle shard long-polls it (one request per ``idle_wait_seconds``,
-    180 per hour at 20 s) and hands what arrives to the shard's lane.
-
-    At shutdown a poller still in its long poll is abandoned, not waited for: a job
-    that poll receives afterwards is never run here; it is released at once if the
-    process still runs, else it reappears after its visibility timeout.
-    """
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self._threads: dict[int, _Poller] = {}
-
-    def watch(self, shard: Shard, lane: Lane) -> None:
-        shard.watched = True
-        poller = self._threads.get(id(shard))
-        if poller is None:
-            poller = self._threads[id(shard)] = _Poller(self.node, shard, lane)
-            poller.start()
-        poller.wake.set()
-
-    def alive(self) -> bool:
-        pollers = list(self._threads.values())  # lanes add pollers meanwhile
-        return all(p.is_alive() for p in pollers) or self.node.stopping.is_set()
-
-
-class _Poller(threading.Thread):
-    def __init__(self, node: Node, shard: Shard, lane: Lane) -> None:
-        super().__init__(name=f"shardq-poll-{shard.ref}", daemon=True)
-        self.node, self.shard, self.lane = node, shard, lane
-        self.wake = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail(f"the poller of {self.shard.ref}", exc)
-
-    def _run(self) -> None:
-        node, backoff = self.node, 0.5
-        while not node.stopping.is_set():
-            if not self.wake.wait(0.5):
-                continue
-            messages = node.receive(self.shard, wait_seconds=node.config.idle_wait_seconds)
-            if messages is None:  # the broker failed: logged; back off
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            if node.stopping.is_set():
-                node.release_straggler(messages)
-                return
-            if messages:
-                self.wake.clear()
-                self.lane.inbox.put((self.shard, messages, len(messages) == MAX_BATCH_ENTRIES))
-
-
-class Watcher(threading.Thread):
-    """Embedded broker: one thread watches every idle shard of the node at once
-    (``Broker.watch``) and tells a shard's lane when a job may have arrived.
-
-    While shards keep joining, a round lasts :data:`BUSY_ROUND` (a newly idle shard
-    waits at most that long to be watched); when none joined during a round, the
-    next lasts :data:`IDLE_ROUND`, and the first shard that joins wakes it at once.
-    """
-
-    BUSY_ROUND = 0.05
-    IDLE_ROUND = 0.5
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(name="shardq-watch", daemon=True)
-        self.node = node
-        self._lock = threading.Lock()
-        self._watched: dict[str, tuple[Shard, Lane]] = {}
-        self._joined = threading.Event()
-        self._long_round = False
-
-    def watch(self, shard: Shard, lane: Lane) -> None:
-        shard.watched = True
-        with self._lock:
-            self._watched[shard.queue] = (shard, lane)
-            wake, self._long_round = self._long_round, False
-        self._joined.set()
-        if wake:
-            self.node.app.broker.wake_waiters()
-
-    def alive(self) -> bool:
-        return self.is_alive() or self.node.stopping.is_set()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail("the idle watch", exc)
-
-    def _run(self) -> None:
-        node, backoff = self.node, 0.5
-        while not node.stopping.is_set():
-            busy = self._joined.is_set()
-            self._joined.clear()
-            with self._lock:
-                queues = list(self._watched)
-                self._long_round = not busy
-            if not queues:
-                self._joined.wait(0.5)
-                continue
-            try:
-                ready = node.app.broker.watch(
-                    queues, self.BUSY_ROUND if busy else self.IDLE_ROUND
-                )
-            except BrokerError as exc:
-                node.broker_trouble("watch", None, exc)
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            with self._lock:
-                found = [self._watched.pop(q) for q in ready or () if q in self._watched]
-            for shard, lane in found:
-                lane.inbox.put((shard, None, False))

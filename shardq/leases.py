@@ -155,6 +155,28 @@ class Leases:
         with self._cond:
             return len(self._held)
 
+    def settling(self, queue: str) -> set[str]:
+        """Receipts of ``queue`` whose delete or visibility change is not answered yet."""
+        with self._cond:
+            return {
+                receipt
+                for receipt, lease in self._held.items()
+                if lease.state != HELD and lease.message.queue == queue
+            }
+
+    def wait_released(self, receipts: Iterable[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` until none of ``receipts`` is held here (each one was
+        settled and answered, given up or forgotten); True if none is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            left = set(receipts)
+            while True:
+                left = {r for r in left if r in self._held}
+                wait = deadline - time.monotonic()
+                if not left or wait <= 0:
+                    return not left
+                self._cond.wait(min(wait, 0.25))
+
     def held(self, state: str | None = None) -> list[Message]:
         """Messages held (in one ``state``: held, delete or change)."""
         with self._cond:
@@ -180,6 +202,7 @@ class Leases:
                 lease = self._held.pop(m.receipt, None)
                 if lease is not None and lease in self._settling:
                     self._settling.remove(lease)
+            self._cond.notify_all()
 
     def _settle(self, messages: Sequence[Message], kind: str, seconds: float) -> None:
         now = time.monotonic()

@@ -3,7 +3,9 @@
 Each **lane** (:mod:`shardq.lane`) owns its shards alone: its scheduler picks the
 next shard, it runs that shard's batch while its next receives are in flight, and
 hands shards that look empty to the node's idle watch. Every received message is
-held by the node's :class:`~shardq.leases.Leases` until it is settled.
+held by the node's :class:`~shardq.leases.Leases` until it is settled. An elastic
+node runs ``threads`` lanes and takes shards on and hands them back while it runs
+(:meth:`Node.add_shard`, :meth:`Node.drop_shard`, :mod:`shardq.ownership`).
 
 The node's own thread only watches: every quarter second it checks that every part
 is alive (a part that died stops the node with exit code 1: a node never keeps
@@ -35,14 +37,17 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shardq.broker.base import Message
-from shardq.errors import BrokerError
+from shardq.errors import BrokerError, ConfigError
 from shardq.executor import Observer, Tally
-from shardq.lane import Lane, Pollers, Shard, Watcher
+from shardq.idle import Pollers, Watcher
+from shardq.lane import Lane, Shard
 from shardq.leases import HELD, Leases, release_now
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
 from shardq.middleware import notify
+from shardq.ownership import Ownership
 from shardq.plan import Plan, ShardRef, format_plan
+from shardq.progress import Progress
 from shardq.timelimit import TimeLimits
 
 if TYPE_CHECKING:
@@ -57,13 +62,19 @@ FLUSH_SECONDS = 5.0
 
 
 class Node:
-    """Runs the plan of one node. :meth:`run` blocks until the node stops."""
+    """Runs the plan of one node. :meth:`run` blocks until the node stops.
+
+    ``threads``: how many lanes to run, even if the plan has fewer threads (an elastic
+    node starts with an empty plan and is given shards by :meth:`add_shard`); None:
+    one lane per thread of the plan.
+    """
 
     def __init__(
         self,
         app: App,
         plan: Plan,
         *,
+        threads: int | None = None,
         until_empty: bool = False,
         seed: int | None = None,
         observers: Sequence[Observer] = (),
@@ -73,7 +84,8 @@ class Node:
         self.config = app.config
         self.until_empty = until_empty
         self.stopping = threading.Event()
-        threads = max(1, len(plan.threads))
+        self.elastic = threads is not None
+        threads = _lane_count(plan, threads)
         # Requests overlap their round trips (SQS); a local broker runs one at a time.
         # A broker that watches many queues at once is local (embedded).
         self.local = local = app.broker.watch([], 0) is not None
@@ -82,7 +94,7 @@ class Node:
         self.leases = Leases(
             app.broker,
             self._lease_pool,
-            interval=_lease_interval(app, plan),
+            interval=_lease_interval(app, plan, every_worker=self.elastic),
             on_broker_error=self._broker_error,
         )
         self.limits = TimeLimits()
@@ -90,19 +102,37 @@ class Node:
         self.observers: list[Observer] = [self.metrics, *observers]
         self.metrics_port: int | None = None
         rng = random.Random(seed)
+        refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
         self.lanes = [
-            Lane(self, i, [self._shard(ref) for ref in refs], random.Random(rng.random()))
-            for i, refs in enumerate(plan.threads)
+            Lane(self, i, [self.make_shard(ref) for ref in mine], random.Random(rng.random()))
+            for i, mine in enumerate(refs)
         ]
+        self.ownership = Ownership(self, self.lanes)
         self.idle: Pollers | Watcher = Pollers(self)
         self.failed = False
         self._signals = 0
         self._signal_name: str | None = None
-        self._progress = _Progress(self)
+        self._progress = Progress(self)
 
-    def _shard(self, ref: ShardRef) -> Shard:
+    def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
         return Shard(ref, self.app.shard_queue(ref.worker, ref.shard), settings.visibility_timeout)
+
+    # -- the shards it serves (any thread) ------------------------------------------------
+    def add_shard(self, ref: ShardRef) -> None:
+        """Serve ``ref`` too (a no-op if served). Creates its queue and its worker's
+        morgue queue here (a :class:`BrokerError` is raised to the caller)."""
+        self.ownership.add(ref)
+
+    def drop_shard(self, ref: ShardRef) -> threading.Event:
+        """Serve ``ref`` no more. The event is set once the node holds no message of
+        it that the broker has not confirmed released, hidden or deleted: another node
+        may then receive its queue. Set at once if ``ref`` is not served here."""
+        return self.ownership.drop(ref)
+
+    def shard_refs(self) -> list[ShardRef]:
+        """The shards served now."""
+        return self.ownership.refs()
 
     # -- running ---------------------------------------------------------------
     def run(self, signals_before: Callable[[], int] | None = None) -> int:
@@ -118,6 +148,7 @@ class Node:
         except BaseException:
             self.stop()
             self.metrics.close()
+            self.ownership.finish()
             raise
         try:
             self._watch()
@@ -151,9 +182,12 @@ class Node:
             shards=len(self.plan.shards),
             broker=self.app.broker.kind,
         )
-        for line in format_plan([self.plan]).splitlines():
-            log.info("node.plan", line=line)
-        if not self.plan.shards:
+        if self.elastic and not self.plan.shards:  # its shards come later
+            log.info("node.elastic", threads=len(self.lanes), detail="shards are added later")
+        else:
+            for line in format_plan([self.plan]).splitlines():
+                log.info("node.plan", line=line)
+        if not self.plan.shards and not self.elastic:
             log.warning(
                 "node.no_shards",
                 node=self.plan.node,
@@ -176,9 +210,7 @@ class Node:
             self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
         self.leases.start()
-        for lane in self.lanes:
-            if not self.stopping.is_set():
-                lane.start()
+        self.ownership.start()
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
@@ -215,10 +247,15 @@ class Node:
         return messages
 
     def release_straggler(self, messages: list[Message] | None) -> None:
-        """Messages a long poll received after shutdown began: visible again at once."""
-        if messages:
+        """Messages a receive brought after shutdown began, or after their shard was
+        dropped: visible again at once (never run here)."""
+        if not messages:
+            return
+        if self.stopping.is_set():
             self.leases.forget(messages)
             release_now(self.app.broker, messages)
+        else:
+            self.leases.hide(sorted(messages, key=lambda m: m.sequence), 0.0)
 
     def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
         log.warning(f"node.{operation}_failed", queue=queue, error=str(exc))
@@ -235,6 +272,7 @@ class Node:
     def _broker_error(self, operation: str) -> None:
         self.metrics.broker_error(operation)
 
+    # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
     def _lags(self) -> list[tuple[str, int, float]]:
         now = time.time()
         return [
@@ -318,6 +356,7 @@ class Node:
         self.limits.close()
         self.metrics.close()
         notify(self.app.middleware, "on_node_stop", self)
+        self.ownership.finish()
         tally = self.tally()
         log.info(
             "node.stopped",
@@ -360,39 +399,20 @@ class Node:
         self.stopping.set()
 
 
-class _Progress:
-    """``node.progress`` every ``progress_seconds``: jobs/s per worker and the max lag."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self._every = node.config.progress_seconds
-        self._last = time.monotonic()
-        self._done: dict[str, int] = {}
-
-    def maybe_log(self) -> None:
-        now = time.monotonic()
-        if not self._every or now - self._last < self._every:
-            return
-        tally = self._node.tally()
-        done: dict[str, int] = {}
-        for kind in (tally.succeeded, tally.morgued):
-            for worker, n in kind.items():
-                done[worker] = done.get(worker, 0) + n
-        rates = {
-            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
-        }
-        lags = [lag for _, _, lag in self._node._lags()]
-        log.info(
-            "node.progress",
-            jobs_per_second=rates,
-            done=sum(done.values()),
-            max_lag=round(max(lags, default=0.0), 3),
-            held=self._node.leases.count(),
+def _lane_count(plan: Plan, threads: int | None) -> int:
+    if threads is None:
+        return max(1, len(plan.threads))
+    if threads < max(1, len(plan.threads)):
+        raise ConfigError(
+            f"threads={threads}: a node needs at least one lane, and one per thread of its "
+            f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
         )
-        self._last, self._done = now, done
+    return threads
 
 
-def _lease_interval(app: App, plan: Plan) -> float:
-    """Extend often enough for the shortest visibility timeout of the plan."""
-    shortest = min((app.settings(ref.worker).visibility_timeout for ref in plan.shards), default=60)
+def _lease_interval(app: App, plan: Plan, *, every_worker: bool) -> float:
+    """Extend often enough for the shortest visibility timeout of the plan (an elastic
+    node: of every registered worker, whose shards it may be given)."""
+    workers = app.workers if every_worker else {ref.worker for ref in plan.shards}
+    shortest = min((app.settings(w).visibility_timeout for w in workers), default=60)
     return max(0.1, min(1.0, shortest / 6))

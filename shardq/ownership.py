@@ -1,0 +1,162 @@
+"""Which shards a node serves, and taking one on or handing one back while it runs.
+
+A node starts with the shards of its plan (static mode, ``--node N --nodes M``). An
+elastic node also takes shards on (:meth:`Ownership.add`) and hands them back
+(:meth:`Ownership.drop`) at run time. Each shard is served by one lane, and only
+that lane's thread changes the lane's list: once the lanes run, a shard reaches its
+lane, or leaves it, through the lane's inbox (:class:`~shardq.lane.Join`,
+:class:`~shardq.lane.Leave`), between two batches.
+
+Dropping a shard is a handover: once the returned event is set, another node may
+receive the shard's queue. Per-entity order and "never two runs of one entity at
+once" rest on the broker's message groups: a message this node holds (or hid)
+keeps its group blocked. So a drop:
+
+1. marks the shard dropped at once: no receive or batch of it starts any more (a
+   batch of it that runs finishes first: the lane takes the Leave between batches);
+2. in the lane's thread, hides the shard's held retries for what is left of their
+   delay (never released early), then releases its unstarted messages (visible at
+   once, in order); the idle watch lets it go; the lane's read-ahead receives still
+   in flight (at most ``prefetch_wait``) are released when they return;
+3. sets the event once every release, retry hide and pending delete of the queue
+   asked for until then was answered by the broker (or given up by the leases).
+
+An idle shard's SQS long poll (up to 20 s) is not waited for: what it brings after
+the event is released when it returns. That is safe: a receive only returns messages
+whose group no one else holds, and none of them runs here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.errors import ConfigError
+from shardq.lane import Join, Lane, Leave, Shard
+from shardq.plan import ShardRef
+
+if TYPE_CHECKING:
+    from shardq.node import Node
+
+log = structlog.get_logger("shardq.node")
+
+
+class Ownership:
+    """The shards a node serves, by lane. Thread-safe."""
+
+    def __init__(self, node: Node, lanes: list[Lane]) -> None:
+        self._node = node
+        self._lanes = lanes
+        self._lock = threading.Lock()
+        self._served: dict[tuple[str, int], tuple[Lane, Shard]] = {
+            (shard.ref.worker, shard.ref.shard): (lane, shard)
+            for lane in lanes
+            for shard in lane.shards
+        }
+        self._drops: set[threading.Event] = set()  # not set yet
+        self._started = False
+        self._finished = False
+
+    def refs(self) -> list[ShardRef]:
+        with self._lock:
+            return [shard.ref for _, shard in self._served.values()]
+
+    def start(self) -> None:
+        """Start the lanes; from now on shards come and go through their inboxes."""
+        with self._lock:
+            self._started = True
+            for lane in self._lanes:
+                if not self._node.stopping.is_set():
+                    lane.start()
+
+    def add(self, ref: ShardRef) -> None:
+        """Serve ``ref`` too, on the lane with the fewest shards (a no-op if served)."""
+        key = (ref.worker, ref.shard)
+        with self._lock:
+            if key in self._served:
+                return
+        shard = self._shard(ref)
+        app = self._node.app
+        app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
+        app.ensure_queue(app.morgue_queue(ref.worker), ref.worker)
+        with self._lock:
+            if key in self._served:
+                return
+            load = [0] * len(self._lanes)
+            for lane, _ in self._served.values():
+                load[lane.index] += 1
+            lane = self._lanes[load.index(min(load))]
+            self._served[key] = (lane, shard)
+            if self._started:
+                lane.inbox.put(Join(shard))
+            else:
+                lane.set_shards([*lane.shards, shard])
+        log.info("node.shard_added", shard=str(ref), lane=lane.index)
+
+    def drop(self, ref: ShardRef) -> threading.Event:
+        """Serve ``ref`` no more; the event is set once the node holds nothing of it
+        that the broker did not confirm (see the module doc)."""
+        done = threading.Event()
+        with self._lock:
+            entry = self._served.pop((ref.worker, ref.shard), None)
+            if entry is None:  # not served here
+                done.set()
+                return done
+            lane, shard = entry
+            shard.dropped = True
+            if not self._started:
+                lane.set_shards([s for s in lane.shards if s is not shard])
+                done.set()
+            elif self._finished:
+                done.set()
+            else:
+                self._drops.add(done)
+                lane.inbox.put(Leave(shard, lambda: self._swept(shard, done)))
+        log.info("node.shard_dropped", shard=str(ref))
+        return done
+
+    def finish(self) -> None:
+        """The node stopped (its shutdown sweep is over): every drop is done."""
+        with self._lock:
+            self._finished = True
+            drops, self._drops = self._drops, set()
+        for done in drops:
+            done.set()
+
+    # -- in the lane's thread, then a waiting thread ----------------------------------
+    def _swept(self, shard: Shard, done: threading.Event) -> None:
+        receipts = self._node.leases.settling(shard.queue)
+        waiter = threading.Thread(
+            target=self._settle, args=(shard, receipts, done), name=f"shardq-drop-{shard.ref}"
+        )
+        waiter.daemon = True
+        waiter.start()
+
+    def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:
+        node = self._node
+        while not node.leases.wait_released(receipts, 0.25):
+            if node.stopping.is_set():
+                return  # the shutdown sweep takes over; finish() sets the event
+        with self._lock:
+            self._drops.discard(done)
+        done.set()
+        log.info("node.shard_released", shard=str(shard.ref))
+
+    def _shard(self, ref: ShardRef) -> Shard:
+        app = self._node.app
+        settings = app.settings(ref.worker)  # an unknown worker: UnknownWorkerError
+        if not 0 <= ref.shard < settings.shards:
+            raise ConfigError(
+                f"worker {ref.worker} has {settings.shards} shards (0 to "
+                f"{settings.shards - 1}); shard {ref.shard} does not exist. Check the "
+                "shard number, or the worker's shards setting."
+            )
+        if ref.priority != settings.priority:
+            raise ConfigError(
+                f"shard {ref} has priority {ref.priority} but worker {ref.worker} has "
+                f"priority {settings.priority}; build shard refs from the app's settings "
+                "(App.plan, or shardq.plan.all_shards)."
+            )
+        return self._node.make_shard(ref)
