@@ -159,4 +159,3 @@ def ranges(numbers: Sequence[int], most: int = 20) -> str:
     if len(runs) > most:
         shown.append(f"and {len(runs) - most} more runs")
     return ", ".join(shown)
-

@@ -67,6 +67,10 @@ STALE_SECONDS = 60.0
 BOUNCE_GIVE_UP_SECONDS = 5.0
 #: Seconds a bounced lease stays hidden, giving its target the next receive.
 BOUNCE_SECONDS = 1
+#: A lease this node handed over and receives back within this many seconds is hidden
+#: for :data:`HANDED_BOUNCE_SECONDS`, so the other nodes' receives get it first.
+HANDED_SECONDS = 10.0
+HANDED_BOUNCE_SECONDS = 3
 #: A held lease is given up (its shard dropped) this long before it could expire.
 LAPSE_MARGIN_SECONDS = 2.0
 SHARD_GROUP, NODE_GROUP = "shard:", "node:"
@@ -114,6 +118,7 @@ class Fleet:
         self._presence: Message | None = None
         self._dropping: dict[str, threading.Event] = {}
         self._bounced: dict[str, float] = {}  # key -> monotonic time first bounced
+        self._handed: dict[str, float] = {}  # key -> monotonic time this node released it
         self._gone: dict[str, str] = {}  # node -> reason, to record at the next write
         self._update_now = threading.Event()
         self._stop = threading.Event()
@@ -148,7 +153,8 @@ class Fleet:
 
     def leave(self) -> None:
         """After the node's shutdown sweep: leave the document, hand every lease back."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         try:
             self.store.update(self._leaving, timeout=5.0)
         except ShardqError as exc:
@@ -260,6 +266,7 @@ class Fleet:
                     message = self._held.pop(key, None)
                     self._expires.pop(key, None)
                 if message is not None:
+                    self._handed[key] = time.monotonic()
                     self._release([message], 0)
 
     # -- the document ---------------------------------------------------------------
@@ -375,15 +382,17 @@ class Fleet:
             receipts = [m.receipt for m in extra]
             self._safely("delete", lambda: self.broker.delete_batch(self.queue, receipts))
         bounce: list[Message] = []
+        slow: list[Message] = []  # leases this node just handed over
         # presences first: a node found gone here frees its leases in the same batch
         for group, message in sorted(firsts.items(), key=lambda g: not g[0].startswith(NODE_GROUP)):
             if group.startswith(NODE_GROUP):
                 self._presence_seen(group[len(NODE_GROUP) :], message, bounce)
             elif group.startswith(SHARD_GROUP):
-                self._lease_seen(group[len(SHARD_GROUP) :], message, bounce)
+                self._lease_seen(group[len(SHARD_GROUP) :], message, bounce, slow)
             else:
                 bounce.append(message)
         self._release(bounce, BOUNCE_SECONDS)
+        self._release(slow, HANDED_BOUNCE_SECONDS)
 
     def _presence_seen(self, node: str, message: Message, bounce: list[Message]) -> None:
         if node == self.id:
@@ -398,23 +407,33 @@ class Fleet:
         self._gone[node] = "lease expired"
         self._update_now.set()
 
-    def _lease_seen(self, key: str, message: Message, bounce: list[Message]) -> None:
+    def _lease_seen(
+        self, key: str, message: Message, bounce: list[Message], slow: list[Message]
+    ) -> None:
         try:
             ref = self._ref(key)
         except (ValueError, ShardqError):
             bounce.append(message)  # a worker this node's code does not have
             return
-        first = self._bounced.get(key)
         now = time.monotonic()
+        if now - self._handed.get(key, -HANDED_SECONDS) < HANDED_SECONDS:
+            slow.append(message)  # handed over just now: the target's turn
+            return
+        first = self._bounced.get(key)
+        if first is not None and now - first > 3 * BOUNCE_GIVE_UP_SECONDS:
+            first = None  # an old bounce: the lease has had other holders since
         bounced_for = None if first is None else now - first
         if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
             self._refresh()  # the target may have changed or gone meanwhile
             if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
-                self._bounced.setdefault(key, now)
+                self._bounced[key] = now if first is None else first
                 bounce.append(message)
                 return
         self._bounced.pop(key, None)
         with self._lock:
+            if self._stop.is_set():  # leaving: leave() may have swept already
+                bounce.append(message)
+                return
             self._held[key] = message
             self._expires[key] = now + self.lease_seconds
         try:

@@ -143,9 +143,7 @@ class Watcher(threading.Thread):
                 self._joined.wait(0.5)
                 continue
             try:
-                ready = node.app.broker.watch(
-                    queues, self.BUSY_ROUND if busy else self.IDLE_ROUND
-                )
+                ready = node.app.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
             except BrokerError as exc:
                 node.broker_trouble("watch", None, exc)
                 node.stopping.wait(backoff)

@@ -239,7 +239,6 @@ def _fit(head: dict[str, Any], budget: int) -> bool:
     return len(_dump(head)) <= budget
 
 
-
 __all__ = [
     "KIND",
     "REASON_INVALID",

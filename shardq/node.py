@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shardq.broker.base import Message
-from shardq.errors import BrokerError, ConfigError
+from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.executor import Observer, Tally
+from shardq.fleet import Fleet, make_node_id
+from shardq.fleet_doc import ELASTIC
 from shardq.idle import Pollers, Watcher
 from shardq.lane import Lane, Shard
 from shardq.leases import HELD, Leases, release_now
@@ -78,6 +80,7 @@ class Node:
         until_empty: bool = False,
         seed: int | None = None,
         observers: Sequence[Observer] = (),
+        membership: str | None = None,
     ) -> None:
         self.app = app
         self.plan = plan
@@ -98,7 +101,10 @@ class Node:
             on_broker_error=self._broker_error,
         )
         self.limits = TimeLimits()
-        self.metrics = NodeMetrics(self._lags, self.leases.count)
+        #: Fleet membership (``elastic``: leases; ``static``: reports only; None: neither).
+        self.fleet = Fleet(self, elastic=membership == ELASTIC) if membership else None
+        self.id = self.fleet.id if self.fleet else make_node_id()
+        self.metrics = NodeMetrics(self.lags, self.leases.count, node=self.id)
         self.observers: list[Observer] = [self.metrics, *observers]
         self.metrics_port: int | None = None
         rng = random.Random(seed)
@@ -211,6 +217,8 @@ class Node:
         notify(self.app.middleware, "on_node_start", self)
         self.leases.start()
         self.ownership.start()
+        if self.fleet is not None and not self.stopping.is_set():
+            self.fleet.join()
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
@@ -273,7 +281,9 @@ class Node:
         self.metrics.broker_error(operation)
 
     # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
-    def _lags(self) -> list[tuple[str, int, float]]:
+    def lags(self) -> list[tuple[str, int, float]]:
+        """``(worker, shard, seconds)``: how long the oldest job believed waiting in each
+        served shard has waited (0 when none is known to wait)."""
         now = time.time()
         return [
             (
@@ -292,6 +302,8 @@ class Node:
             dead.append("the lease keeper")
         if not self.idle.alive():
             dead.append("the idle watch")
+        if self.fleet is not None and not self.fleet.alive():
+            dead.append("the fleet membership")
         if dead and not self.stopping.is_set():
             self.failed = True
             log.error("node.thread_died", threads=dead, detail="stopping the node")
@@ -316,12 +328,22 @@ class Node:
 
     def _drained(self) -> bool:
         broker = self.app.broker
+        if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
+            queues = [
+                self.app.shard_queue(name, n)
+                for name in self.app.workers
+                for n in range(self.app.settings(name).shards)
+            ]
+        else:
+            queues = [shard.queue for lane in self.lanes for shard in lane.shards]
         try:
-            for lane in self.lanes:
-                for shard in lane.shards:
-                    counts = broker.counts(shard.queue)
-                    if counts.waiting or counts.in_flight:
-                        return False
+            for queue in queues:
+                try:
+                    counts = broker.counts(queue)
+                except QueueNotFoundError:
+                    continue  # nobody created it: nothing was ever published there
+                if counts.waiting or counts.in_flight:
+                    return False
         except BrokerError:
             return False
         return True
@@ -352,6 +374,8 @@ class Node:
         unstarted.sort(key=lambda m: (m.queue, m.sequence))
         self.leases.hide(unstarted, 0.0)
         flushed = self.leases.close(FLUSH_SECONDS)
+        if self.fleet is not None:
+            self.fleet.leave()  # after every job message is settled: hand the shards back
         self._lease_pool.shutdown(wait=False)
         self.limits.close()
         self.metrics.close()

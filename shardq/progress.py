@@ -34,7 +34,7 @@ class Progress:
         rates = {
             w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
         }
-        lags = [lag for _, _, lag in self._node._lags()]
+        lags = [lag for _, _, lag in self._node.lags()]
         log.info(
             "node.progress",
             jobs_per_second=rates,

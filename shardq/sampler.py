@@ -193,9 +193,7 @@ class Sampler:
             return {
                 **self._latest,
                 "throughput": throughput if per_worker else None,
-                "throughput_total": None
-                if self.source is None
-                else [list(p) for p in self.total],
+                "throughput_total": None if self.source is None else [list(p) for p in self.total],
                 "throughput_source": self.source,
                 "throughput_note": note,
                 "throughput_excludes": list(self.excludes),

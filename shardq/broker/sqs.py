@@ -302,8 +302,7 @@ def _user_agent() -> str:
     from shardq import __version__
 
     return (
-        f"shardq/{__version__} botocore/{botocore.__version__} "
-        f"Python/{platform.python_version()}"
+        f"shardq/{__version__} botocore/{botocore.__version__} Python/{platform.python_version()}"
     )
 
 
