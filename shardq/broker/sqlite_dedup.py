@@ -117,7 +117,7 @@ class DedupIds:
         for bucket in expired[:limit] if limit else expired:
             db.execute(f"DROP TABLE IF EXISTS {_PREFIX}{bucket}")
             self._buckets.discard(bucket)
-            self._schema = _schema_version(db)
+            self._schema = -1  # re-read next time: the transaction may yet roll back
         return len(expired[:limit] if limit else expired)
 
     def migrate(self, db: sqlite3.Connection) -> None:
@@ -142,7 +142,7 @@ class DedupIds:
                 found,
             )
         db.execute("DROP TABLE dedup")
-        self._schema = _schema_version(db)
+        self._schema = -1
 
     # -- internals ----------------------------------------------------------
     def _load(self, db: sqlite3.Connection) -> None:
@@ -166,7 +166,7 @@ class DedupIds:
         if bucket not in self._buckets:
             db.execute(_BUCKET.format(table=table))
             self._buckets.add(bucket)
-            self._schema = _schema_version(db)
+            self._schema = -1  # re-read next time: the transaction may yet roll back
         return table
 
     def _lookup(
@@ -188,14 +188,20 @@ class DedupIds:
         return (bucket + 1) * BUCKET_SECONDS + DEDUP_WINDOW_SECONDS <= now
 
     def _salt(self, db: sqlite3.Connection, queue: str) -> bytes:
+        """The queue's salt for message ids (made now for a queue an earlier version
+        created; kept in memory only once committed)."""
         salt = self._salts.get(queue)
         if salt is None:
-            row = db.execute(
-                "UPDATE queues SET salt = coalesce(salt, randomblob(16)) WHERE name = ?"
-                " RETURNING salt",
-                (queue,),
-            ).fetchone()
-            salt = self._salts[queue] = bytes(row[0])
+            (stored,) = db.execute("SELECT salt FROM queues WHERE name = ?", (queue,)).fetchone()
+            if stored is not None:
+                salt = self._salts[queue] = bytes(stored)
+            else:
+                salt = bytes(
+                    db.execute(
+                        "UPDATE queues SET salt = randomblob(16) WHERE name = ? RETURNING salt",
+                        (queue,),
+                    ).fetchone()[0]
+                )
         return salt
 
 

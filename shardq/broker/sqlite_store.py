@@ -152,8 +152,9 @@ def _create(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
     if "deleted" not in columns:  # a file made by shardq 0.1.0
         db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
-    if "salt" not in columns:  # made before deduplication buckets (filled when first used)
+    if "salt" not in columns:  # made before deduplication buckets
         db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")
+        db.execute("UPDATE queues SET salt = randomblob(16)")
     if not has_groups:  # a new file, or one made before group heads existed
         _run(db, _GROUPS)
     if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dedup'").fetchone():
