@@ -214,15 +214,19 @@ def size_mib(path: str) -> float:
 
 
 def largest_tables(broker: SqliteBroker) -> str:
-    """The largest tables and indexes of the broker's file, by SQLite's dbstat."""
+    """The largest tables and indexes of the broker's file (by SQLite's dbstat) and
+    its free pages."""
     with broker._lock:
+        db = broker._db
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        free *= db.execute("PRAGMA page_size").fetchone()[0]
         try:
-            found = broker._db.execute(
-                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 4"
+            found = db.execute(
+                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 3"
             ).fetchall()
         except sqlite3.Error:  # SQLite built without dbstat
-            return "n/a"
-    return ", ".join(f"{name} {size / 2**20:.2f} MiB" for name, size in found)
+            found = []
+    return ", ".join(f"{name} {size / 2**20:.2f} MiB" for name, size in [*found, ("free", free)])
 
 
 def expire_dedup_ids(broker: SqliteBroker) -> None:
