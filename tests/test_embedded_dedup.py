@@ -124,6 +124,23 @@ def test_expired_buckets_are_dropped_whole_by_maintain_and_by_sends(
     assert drain(broker) == ["1", "2", "3"]
 
 
+def test_processes_on_one_file_see_each_others_minutes(broker: SqliteBroker, clock: Clock) -> None:
+    # given a second broker on the same file (as another process), which has sent already
+    other = SqliteBroker(broker.path)
+    other._dedup.clock = clock
+    send(other, "early", "early")
+    # when the first makes the next minute's table with an id, and drops the first
+    # minute's once it expired
+    clock.at(1)
+    first = send(broker, "x", "x")
+    clock.at(301)
+    broker.maintain()
+    # then the other sees the new table and not the dropped one: the copy is dropped
+    assert send(other, "x-again", "x") == first
+    assert drain(other) == ["early", "x"]
+    other.close()
+
+
 def test_a_drained_burst_keeps_its_ids_in_a_few_bytes_each(
     broker: SqliteBroker, clock: Clock
 ) -> None:
