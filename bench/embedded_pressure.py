@@ -4,7 +4,7 @@ Exact command (from the repo root)::
 
     python bench/embedded_pressure.py
 
-Parts (``--parts a,b,c,d`` picks some; each prints a table):
+Parts (``--parts a,b,c,d,e`` picks some; each prints a table):
 
 * ``a`` waiting receives: the latency of one send + receive + delete on one queue
   while 8 / 200 / 1,000 other threads wait in ``receive`` (``wait_seconds=20``) on
@@ -15,12 +15,22 @@ Parts (``--parts a,b,c,d`` picks some; each prints a table):
   receive, delete) while one thread receives from the blocked queue in a loop,
   compared with no blocked entity.
 * ``c`` disk: the file plus WAL when fresh, after publishing and draining 100,000
-  jobs (``--disk-jobs``), after ``maintain()`` (deduplication ids still in their
-  5-minute window: kept, as SQS would) and after ``maintain()`` once that window
-  has passed (simulated by expiring the ids in the file: ``UPDATE dedup SET
-  expires_at = 0``, instead of waiting 5 minutes).
+  jobs (``--disk-jobs``; each with a 32-character deduplication id, as
+  ``publish_many`` makes for a job without ``dedup_id``; ``--short-dedup-ids`` sends
+  ``d<batch>-<i>`` instead, as this part did before), after ``maintain()`` right
+  after the drain (a node's next maintenance, at most 30 s later; the ids are still
+  in their 5-minute window: kept, as SQS would) and after ``maintain()`` once that
+  window has passed (simulated instead of waiting 5 minutes: by moving the broker's
+  deduplication clock on, or on versions before deduplication buckets by
+  ``UPDATE dedup SET expires_at = 0``). The largest tables after the drain are
+  listed from SQLite's ``dbstat``.
 * ``d`` node drain: a worker with 1,000 shards vs 8 shards, one node with 8 threads,
   2,000 blank jobs over 2,000 entities, ``Node(app, plan, until_empty=True).run()``.
+* ``e`` disk under a running node: ``publish_many`` of 100,000 blank jobs
+  (``--disk-jobs``) over 10,000 entities and 8 shards, then a node with 4 threads
+  (``Node(app, plan).run()`` in a thread, its maintenance every 30 s as always)
+  drains them and keeps running; the file plus WAL is sampled every second until
+  60 s after the last job finished (deduplication ids in their window throughout).
 
 Every part uses a fresh SQLite file in a temporary directory. Run the script on an
 older commit (e.g. a ``git stash`` or ``git worktree``) for the before figures;
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import statistics
 import tempfile
 import threading
@@ -202,7 +213,33 @@ def size_mib(path: str) -> float:
     return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)) / 2**20
 
 
-def part_c(jobs: int) -> None:
+def largest_tables(broker: SqliteBroker) -> str:
+    """The largest tables and indexes of the broker's file (by SQLite's dbstat) and
+    its free pages."""
+    with broker._lock:
+        db = broker._db
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        free *= db.execute("PRAGMA page_size").fetchone()[0]
+        try:
+            found = db.execute(
+                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 3"
+            ).fetchall()
+        except sqlite3.Error:  # SQLite built without dbstat
+            found = []
+    return ", ".join(f"{name} {size / 2**20:.2f} MiB" for name, size in [*found, ("free", free)])
+
+
+def expire_dedup_ids(broker: SqliteBroker) -> None:
+    """Let the 5-minute window of every deduplication id sent so far pass."""
+    dedup = getattr(broker, "_dedup", None)
+    if dedup is not None:
+        dedup.clock = lambda: time.time() + 7 * 60
+    else:
+        with broker._lock:
+            broker._db.execute("UPDATE dedup SET expires_at = 0")
+
+
+def part_c(jobs: int, short_ids: bool) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="shardq-pressure-") as tmp:
         path = os.path.join(tmp, "broker.db")
@@ -220,7 +257,12 @@ def part_c(jobs: int) -> None:
             broker.send_batch(
                 queues[b % 8],
                 [
-                    SendEntry(str(i), body, f"e{(b * 10 + i) % 10000}", f"d{b}-{i}")
+                    SendEntry(
+                        str(i),
+                        body,
+                        f"e{(b * 10 + i) % 10000}",
+                        f"d{b}-{i}" if short_ids else uuid.uuid4().hex,
+                    )
                     for i in range(10)
                 ],
             )
@@ -231,11 +273,20 @@ def part_c(jobs: int) -> None:
             ):
                 broker.delete_batch(queue, [m.receipt for m in got])
         rows.append(["drained", f"{size_mib(path):.2f}"])
+        largest = largest_tables(broker)
         if maintain:
+            t0 = time.perf_counter()
             maintain()
-            rows.append(["maintain() (dedup ids in their window)", f"{size_mib(path):.2f}"])
-            with broker._lock:
-                broker._db.execute("UPDATE dedup SET expires_at = 0")
+            took = time.perf_counter() - t0
+            within = size_mib(path)
+            ok = "yes" if within <= 3 * fresh + 5 else "NO"
+            rows.append(
+                [
+                    f"maintain() after the drain, ids in their window (<= 3x fresh + 5 MiB: {ok})",
+                    f"{within:.2f}",
+                ]
+            )
+            expire_dedup_ids(broker)
             maintain()
             after = size_mib(path)
             ok = "yes" if after <= 3 * fresh + 5 else "NO"
@@ -245,8 +296,12 @@ def part_c(jobs: int) -> None:
         else:
             rows.append(["maintain()", "n/a"])
         broker.close()
-    print(f"\n(c) file + WAL, {jobs:,} jobs over 8 queues and 10,000 entities")
+    ids = "short deduplication ids" if short_ids else "32-character deduplication ids"
+    print(f"\n(c) file + WAL, {jobs:,} jobs over 8 queues and 10,000 entities, {ids}")
     print(table(["state", "MiB"], rows))
+    print(f"largest after the drain: {largest}")
+    if maintain:
+        print(f"maintain() right after the drain took {took:.2f} s")
 
 
 # -- d: node drain ---------------------------------------------------------------------------
@@ -292,13 +347,78 @@ def part_d(jobs: int, threads: int) -> None:
     print(table(["shards", "processed", "run s", "jobs/s"], rows))
 
 
+# -- e: disk under a running node -------------------------------------------------------
+
+
+def part_e(jobs: int, threads: int = 4, watch: float = 60.0) -> None:
+    import shardq
+    import shardq.logs
+    from shardq.node import Node
+
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    shardq.logs.configure(fmt="json", level="warning", stream=devnull)
+    with tempfile.TemporaryDirectory(prefix="shardq-pressure-") as tmp:
+        path = os.path.join(tmp, "broker.db")
+        app = shardq.App(shardq.Config(threads=threads), broker=SqliteBroker(path))
+        done = [0]
+        lock = threading.Lock()
+
+        class Blank(shardq.Worker):
+            shards = 8
+
+            def perform(self, entity_id: str, payloads: list[object]) -> None:
+                with lock:
+                    done[0] += len(payloads)
+
+        app.register(Blank)
+        app.ensure_queues()
+        app.broker.maintain()
+        fresh = size_mib(path)
+        for start in range(0, jobs, 10_000):
+            Blank.publish_many([(f"e{i % 10_000}", {}) for i in range(start, start + 10_000)])
+        published = size_mib(path)
+        node = Node(app, app.plan(threads=threads), seed=1)
+        runner = threading.Thread(target=node.run)
+        t0 = time.monotonic()
+        runner.start()
+        peak, drained_at, samples = published, None, []
+        while drained_at is None or time.monotonic() < drained_at + watch:
+            time.sleep(1.0)
+            size = size_mib(path)
+            peak = max(peak, size)
+            if drained_at is None and done[0] >= jobs:
+                drained_at = time.monotonic()
+            if drained_at is not None:
+                samples.append((time.monotonic() - drained_at, size))
+        node.stop()
+        runner.join(30)
+        app.broker.close()
+    devnull.close()
+    bound = 3 * fresh + 5
+    within = next((t for t, size in samples if size <= bound), None)
+    rows = [
+        ["fresh", f"{fresh:.2f}"],
+        [f"{jobs:,} jobs published", f"{published:.2f}"],
+        ["largest while draining", f"{peak:.2f}"],
+        *[[f"{t:.0f} s after the drain", f"{size:.2f}"] for t, size in samples[9::10]],
+    ]
+    took = (drained_at or t0) - t0
+    print(f"\n(e) file + WAL under a running node ({threads} threads), {jobs:,} jobs")
+    print(table(["state", "MiB"], rows))
+    when = f"{within:.0f} s after the drain" if within is not None else "NOT within the watch"
+    print(f"drained in {took:.1f} s; at most 3x fresh + 5 MiB ({bound:.2f} MiB): {when}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="a,b,c,d", help="comma-separated parts (a,b,c,d)")
+    parser.add_argument("--parts", default="a,b,c,d,e", help="comma-separated parts (a-e)")
     parser.add_argument("--rounds", type=int, default=300, help="(a) cycles measured per row")
     parser.add_argument("--backlog", type=int, default=10_000, help="(b) blocked entity's jobs")
     parser.add_argument("--seconds", type=float, default=3.0, help="(b) seconds per row")
     parser.add_argument("--disk-jobs", type=int, default=100_000, help="(c) jobs")
+    parser.add_argument(
+        "--short-dedup-ids", action="store_true", help="(c) d<batch>-<i> deduplication ids"
+    )
     parser.add_argument("--node-jobs", type=int, default=2_000, help="(d) jobs")
     parser.add_argument("--threads", type=int, default=8, help="(d) node threads")
     args = parser.parse_args()
@@ -310,9 +430,11 @@ def main() -> None:
     if "b" in parts:
         part_b(args.backlog, args.seconds)
     if "c" in parts:
-        part_c(args.disk_jobs)
+        part_c(args.disk_jobs, args.short_dedup_ids)
     if "d" in parts:
         part_d(args.node_jobs, args.threads)
+    if "e" in parts:
+        part_e(args.disk_jobs)
     print(f"\nmachine after: {machine()}")
 
 

@@ -14,8 +14,10 @@
   within ``poll_interval`` (25 ms) for writes from other processes (see
   :mod:`shardq.broker.sqlite_wait`); and when a blocked group's visibility ends.
   :meth:`SqliteBroker.watch` waits on many queues at once the same way.
-* :meth:`SqliteBroker.maintain` (the node calls it about every 30 s) purges expired
-  deduplication ids, gives freed pages back to the disk and truncates the WAL;
+* Deduplication ids are kept their 5 minutes in one table per minute of sends,
+  dropped whole once expired (see :mod:`shardq.broker.sqlite_dedup`).
+* :meth:`SqliteBroker.maintain` (the node calls it about every 30 s) drops expired
+  deduplication buckets, gives freed pages back to the disk and truncates the WAL;
   :func:`compact` rewrites a file by hand.
 
 :class:`MemoryBroker` is the same engine on an in-memory database: no file, for
@@ -38,7 +40,6 @@ import secrets
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -55,19 +56,11 @@ from shardq.broker.base import (
     check_send_batch,
     entry_problem,
 )
-from shardq.broker.sqlite_store import (
-    PURGE_CHUNK,
-    VACUUM_CHUNK,
-    checkpoint,
-    compact,
-    error,
-    open_db,
-    purge_expired_dedup,
-)
+from shardq.broker.sqlite_dedup import DedupIds
+from shardq.broker.sqlite_store import VACUUM_CHUNK, checkpoint, compact, error, open_db
 from shardq.broker.sqlite_wait import OtherProcesses, Waiters
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import (
-    DEDUP_WINDOW_SECONDS,
     MAX_BATCH_ENTRIES,
     MAX_MESSAGE_BYTES,
     MAX_VISIBILITY_SECONDS,
@@ -130,8 +123,6 @@ WHERE g.blocked_until > :now
 """
 #: Queues checked per hold of the broker's lock by :meth:`SqliteBroker.watch`.
 _WATCH_CHUNK = 200
-#: Expired deduplication ids a send purges on the way (keeps up with what it adds).
-_SEND_PURGE = 2 * MAX_BATCH_ENTRIES
 _STALE = "receipt handle is invalid or expired (the message is visible again or was deleted)"
 
 
@@ -172,6 +163,7 @@ class SqliteBroker(Broker):
         self._lock = threading.RLock()
         self._db = open_db(path, allow_other_tables=allow_other_tables)
         self._queue_cache: dict[str, tuple[float, int]] = {}
+        self._dedup = DedupIds()
         self._waiters = Waiters()
         self._closed = False
         self._watcher: OtherProcesses | None = None
@@ -227,8 +219,8 @@ class SqliteBroker(Broker):
             )
         with self._tx(f"creating queue {name}") as db:
             db.execute(
-                "INSERT OR IGNORE INTO queues (name, visibility_timeout, max_message_bytes)"
-                " VALUES (?, ?, ?)",
+                "INSERT OR IGNORE INTO queues (name, visibility_timeout, max_message_bytes, salt)"
+                " VALUES (?, ?, ?, randomblob(16))",
                 (name, float(visibility_timeout), size),
             )
 
@@ -287,7 +279,6 @@ class SqliteBroker(Broker):
         version = None
         with self._tx(f"sending to queue {queue}") as db:
             _, max_bytes = self._queue(db, queue)
-            purge_expired_dedup(db, _SEND_PURGE)
             fresh = []
             for entry in entries:
                 reason = entry_problem(entry, max_bytes)
@@ -312,20 +303,13 @@ class SqliteBroker(Broker):
         result: SendResult,
     ) -> None:
         """Store the entries whose deduplication id is new, in order, with their groups."""
-        dedup_ids = list(dict.fromkeys(e.dedup_id for e in entries))
-        seen = dict(
-            db.execute(
-                "SELECT dedup_id, message_id FROM dedup WHERE queue = ? AND expires_at > ?"
-                f" AND dedup_id IN ({_marks(len(dedup_ids))})",
-                (queue, now, *dedup_ids),
-            ).fetchall()
-        )
+        ids, fresh = self._dedup.claim(db, queue, list(dict.fromkeys(e.dedup_id for e in entries)))
         new: list[tuple[SendEntry, str]] = []
         for entry in entries:
-            if entry.dedup_id not in seen:
-                seen[entry.dedup_id] = str(uuid.uuid4())
-                new.append((entry, seen[entry.dedup_id]))
-            result.message_ids[entry.id] = seen[entry.dedup_id]
+            if entry.dedup_id in fresh:  # the first entry with this id
+                fresh.discard(entry.dedup_id)
+                new.append((entry, ids[entry.dedup_id]))
+            result.message_ids[entry.id] = ids[entry.dedup_id]
         if not new:
             return
         groups = list(dict.fromkeys(e.group_id for e, _ in new))
@@ -345,12 +329,6 @@ class SqliteBroker(Broker):
         db.executemany(
             "INSERT INTO groups (queue, head_seq, group_id, blocked_until) VALUES (?, ?, ?, ?)",
             [(queue, seq, group, now) for group, seq in heads.items()],
-        )
-        expires = now + DEDUP_WINDOW_SECONDS
-        db.executemany(
-            "INSERT OR REPLACE INTO dedup (queue, dedup_id, message_id, expires_at)"
-            " VALUES (?, ?, ?, ?)",
-            [(queue, e.dedup_id, message_id, expires) for e, message_id in new],
         )
 
     # -- receive ------------------------------------------------------------
@@ -639,13 +617,13 @@ class SqliteBroker(Broker):
 
     # -- housekeeping -------------------------------------------------------
     def maintain(self) -> None:
-        """Purge expired deduplication ids, give free pages back, truncate the WAL.
+        """Drop expired deduplication ids, give free pages back, truncate the WAL.
 
         Works in short transactions so other calls are not held up for long.
         """
         while True:
-            with self._tx("purging expired deduplication ids") as db:
-                if purge_expired_dedup(db, PURGE_CHUNK) < PURGE_CHUNK:
+            with self._tx("dropping expired deduplication ids") as db:
+                if not self._dedup.purge(db, limit=1):
                     break
         if self.path == ":memory:":
             return

@@ -12,18 +12,21 @@ Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
   flag, and its ``last_received`` message (only messages up to it can be in flight).
   A receive walks group heads, so a group with a long backlog behind a hidden
   head costs one row, not its backlog.
-* ``dedup``: deduplication ids seen within the last 5 minutes.
+* ``shardq_dedup_<minute>``: deduplication ids seen within the last 5 minutes,
+  one table per minute of sends (see :mod:`shardq.broker.sqlite_dedup`). Files of
+  earlier versions kept them in one ``dedup`` table: :func:`open_db` moves its
+  live ids into buckets and drops it.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import time
 
+from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.errors import BrokerError
 
 #: shardq's tables and columns each must have (a same-named table of another
-#: application is refused).
+#: application is refused). ``dedup`` is only in files of earlier versions.
 SHARDQ_TABLES = {
     "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
@@ -37,7 +40,8 @@ CREATE TABLE IF NOT EXISTS queues (
     visibility_timeout REAL NOT NULL,
     max_message_bytes INTEGER NOT NULL,
     version INTEGER NOT NULL DEFAULT 0,
-    deleted INTEGER NOT NULL DEFAULT 0
+    deleted INTEGER NOT NULL DEFAULT 0,
+    salt BLOB
 );
 CREATE TABLE IF NOT EXISTS messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -52,14 +56,6 @@ CREATE TABLE IF NOT EXISTS messages (
     token TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_group_seq ON messages (queue, group_id, seq);
-CREATE TABLE IF NOT EXISTS dedup (
-    queue TEXT NOT NULL,
-    dedup_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (queue, dedup_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dedup_by_expiry ON dedup (expires_at);
 """
 
 # Keyed by head: a receive walks a queue's groups in head order and updates rows
@@ -84,17 +80,10 @@ DROP INDEX IF EXISTS messages_by_group;
 DROP INDEX IF EXISTS messages_by_visibility;
 """
 
-#: Rows of expired deduplication ids deleted per transaction (a few ms at most).
-PURGE_CHUNK = 250
 #: Free pages returned to the file system per transaction by maintenance.
 VACUUM_CHUNK = 128
 #: After a checkpoint, the WAL file is cut back to this size at most.
 WAL_SIZE_LIMIT = 4 * 2**20
-
-PURGE_EXPIRED_DEDUP = """
-DELETE FROM dedup WHERE (queue, dedup_id) IN (
-    SELECT queue, dedup_id FROM dedup WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)
-"""
 
 
 def open_db(path: str, *, allow_other_tables: bool) -> sqlite3.Connection:
@@ -125,7 +114,7 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
             " AND substr(name, 1, 7) != 'sqlite_'"
         )
     }
-    others = sorted(tables - SHARDQ_TABLES.keys())
+    others = sorted(t for t in tables - SHARDQ_TABLES.keys() if not is_bucket_table(t))
     for name in tables & SHARDQ_TABLES.keys():
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({name})")}
         if not SHARDQ_TABLES[name] <= columns:
@@ -163,8 +152,13 @@ def _create(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
     if "deleted" not in columns:  # a file made by shardq 0.1.0
         db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
+    if "salt" not in columns:  # made before deduplication buckets
+        db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")
+        db.execute("UPDATE queues SET salt = randomblob(16)")
     if not has_groups:  # a new file, or one made before group heads existed
         _run(db, _GROUPS)
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dedup'").fetchone():
+        DedupIds().migrate(db)  # made before deduplication buckets
 
 
 def _run(db: sqlite3.Connection, script: str) -> None:
@@ -224,11 +218,6 @@ def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:
             "and permissions, then retry"
         )
     return BrokerError(f"{where} failed ({exc}) while {doing}; retry or check the file")
-
-
-def purge_expired_dedup(db: sqlite3.Connection, limit: int) -> int:
-    """Delete up to ``limit`` expired deduplication ids; how many went."""
-    return db.execute(PURGE_EXPIRED_DEDUP, (time.time(), limit)).rowcount
 
 
 def checkpoint(path: str) -> None:
