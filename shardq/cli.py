@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
             membership=ELASTIC,
         )
     else:
-        plan = app.plan(node=args.node, nodes=args.nodes or 1)
+        plan = app.plan(node=args.node, nodes=1 if args.nodes is None else args.nodes)
         node = Node(app, plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.signals:
         print("shardq: stopped before the node started", file=sys.stderr)
