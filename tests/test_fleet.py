@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
 
+from shardq import App
+from shardq.config import Config
 from shardq.fleet import BOUNCE_GIVE_UP_SECONDS, take_lease
-from shardq.fleet_doc import FleetDoc
+from shardq.fleet_doc import ELASTIC, FleetDoc
+from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.node import Node
+from shardq.plan import Plan
+from tests.apps import ledger
+from tests.conftest import make_broker
 
 DOC = FleetDoc(targets={"W:0": "a", "W:1": "b"})
 
@@ -25,3 +37,136 @@ def test_take_lease_decides_from_the_target_and_how_long_it_bounced(
     key: str, me: str, live: set[str], bounced_for: float | None, takes: bool
 ) -> None:
     assert take_lease(key, me, DOC, live, bounced_for) is takes
+
+
+# -- real nodes on one broker ---------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Iterator[App]:
+    """The ledger app with 6 shards, 10 s leases and 5 s reports."""
+    broker = make_broker(request.param, tmp_path, request)
+    config = Config(
+        queue_prefix=f"f{time.monotonic_ns() % 10**9}-",
+        grace_seconds=10,
+        idle_wait_seconds=1,
+        lease_seconds=10,
+        report_seconds=5,
+        workers={"Ledgered": {"shards": 6}},
+    )
+    ledger.app.configure(config, broker=broker)
+    yield ledger.app
+    broker.close()
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    path = str(tmp_path / "ledger.jsonl")
+    ledger.reset()
+    monkeypatch.setenv("LEDGER_PATH", path)
+    return path
+
+
+class Running:
+    """Elastic nodes run in threads of this process; stopped at the end of a test."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.nodes: list[tuple[Node, threading.Thread]] = []
+
+    def start(self) -> Node:
+        node = Node(app=self.app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC)
+        runner = threading.Thread(target=node.run, daemon=True)
+        runner.start()
+        self.nodes.append((node, runner))
+        return node
+
+    def stop(self, node: Node) -> None:
+        for n, runner in self.nodes:
+            if n is node:
+                n.stop()
+                runner.join(30)
+                assert not runner.is_alive(), "the node did not stop"
+
+    def stop_all(self) -> None:
+        for node, _ in self.nodes:
+            self.stop(node)
+
+
+@pytest.fixture
+def running(app: App) -> Iterator[Running]:
+    fleet = Running(app)
+    yield fleet
+    fleet.stop_all()
+
+
+def keys(node: Node) -> set[str]:
+    return {f"{r.worker}:{r.shard}" for r in node.shard_refs()}
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+ALL = {f"Ledgered:{n}" for n in range(6)}
+
+
+def test_a_lone_node_takes_every_shard_and_reports_them(app: App, running: Running) -> None:
+    # when one elastic node runs
+    node = running.start()
+    # then it serves every shard, and the fleet document says so
+    wait_for(lambda: keys(node) == ALL, 15, "every shard")
+    doc = FleetStore(app.broker, fleet_queue(app.config.queue_prefix)).read()
+    assert doc is not None and node.id in doc.nodes
+    wait_for(lambda: set(node.fleet.held()) == ALL, 5, "the leases")  # type: ignore[union-attr]
+
+
+def test_a_joining_node_gets_its_share_and_a_stopping_one_hands_back_at_once(
+    app: App, running: Running
+) -> None:
+    # given a node holding every shard
+    first = running.start()
+    wait_for(lambda: keys(first) == ALL, 15, "every shard on the first node")
+    # when a second node joins
+    second = running.start()
+    # then within two lease periods each serves half, and no shard is served twice
+    wait_for(lambda: len(keys(second)) == 3 and len(keys(first)) == 3, 20, "a fair share")
+    assert keys(first) | keys(second) == ALL
+    assert not keys(first) & keys(second)
+    # when the first stops gracefully
+    running.stop(first)
+    # then the second serves every shard within a few seconds (not a lease timeout)
+    took = wait_for(lambda: keys(second) == ALL, 8, "the handed-back shards")
+    assert took < 8
+    doc = FleetStore(app.broker, fleet_queue(app.config.queue_prefix)).read()
+    assert doc is not None and doc.gone[first.id].reason == "stopped"
+
+
+def test_a_node_that_stops_renewing_has_its_shards_taken_within_the_lease_timeout(
+    app: App, running: Running
+) -> None:
+    # given two nodes sharing the shards
+    first, second = running.start(), running.start()
+    wait_for(lambda: len(keys(first)) == 3 and len(keys(second)) == 3, 25, "a fair share")
+    lost = keys(first)
+    # when the first's membership freezes as if its process were killed (no renewal,
+    # no release; its lanes go on, as a killed node's in-flight jobs would reappear)
+    assert first.fleet is not None
+    first.fleet._stop.set()
+    frozen = time.monotonic()
+    # then the second holds every shard within the lease timeout (+ a receive)
+    wait_for(lambda: keys(second) == ALL, 10 + 5, "the takeover")
+    assert time.monotonic() - frozen <= 15
+    assert lost <= keys(second)
+    # and the first is recorded as gone once its presence expired
+    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
+
+    def gone() -> bool:
+        doc = store.read()
+        return doc is not None and first.id in doc.gone
+
+    wait_for(gone, 15, "the first node recorded as gone")
