@@ -254,8 +254,9 @@ def _print_summary(node: Any, elapsed: float) -> None:
     tally = node.tally()
     workers = sorted(set(tally.succeeded) | set(tally.retried) | set(tally.morgued))
     total = sum(tally.succeeded.values())
+    name = node.id if node.fleet is not None and node.fleet.elastic else node.plan.node
     print(
-        f"\nshardq node {node.plan.node}: {plural(total, 'job')} succeeded in {elapsed:.1f} s",
+        f"\nshardq node {name}: {plural(total, 'job')} succeeded in {elapsed:.1f} s",
         file=sys.stderr,
     )
     if workers:

@@ -356,7 +356,7 @@ class Fleet:
                 messages = self.broker.receive(
                     self.queue,
                     max_messages=MAX_BATCH_ENTRIES,
-                    wait_seconds=min(MAX_WAIT_SECONDS, self.lease_seconds / 2),
+                    wait_seconds=MAX_WAIT_SECONDS,
                     visibility_timeout=self.lease_seconds,
                 )
             except BrokerError as exc:
@@ -467,7 +467,12 @@ class Fleet:
     def _create_leases(self) -> None:
         """Send the lease message of every shard the document does not list yet."""
         doc = self.store.read() or FleetDoc()
-        missing = [k for k in self._keys() if k not in set(doc.leases)]
+        keys = self._keys()
+        counts = self.broker.counts(self.queue)
+        if counts.waiting + counts.in_flight < len(keys):  # (re)created queue: send all
+            missing = keys  # a lease that exists is deduplicated (or its copy deleted later)
+        else:
+            missing = [k for k in keys if k not in set(doc.leases)]
         entries = [
             SendEntry(
                 str(i), json.dumps({"kind": "shard", "key": k}), SHARD_GROUP + k, "lease-" + k
