@@ -18,6 +18,8 @@ from shardq import bulk
 from shardq.app import App
 from shardq.envelope import refuse_constant
 from shardq.errors import ConfigError
+from shardq.fleet import leases_queue
+from shardq.fleet_store import fleet_queue
 from shardq.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
 from shardq.fleet_view import fleet_view
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
@@ -393,6 +395,14 @@ def _ensure(app: App, args: argparse.Namespace) -> int:
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
                     f"{name}.visibility_timeout is {settings.visibility_timeout} s"
                 )
+    prefix = app.config.queue_prefix
+    fleet = ((fleet_queue(prefix), 10), (leases_queue(prefix), int(app.config.lease_seconds)))
+    for queue, visibility in fleet:  # the elastic fleet's own two queues
+        if broker.queue_settings(queue) is None:
+            broker.ensure_queue(queue, visibility_timeout=visibility)
+            created += 1
+        else:
+            checked += 1
     for line in drift:
         print(f"drift: {line}")
     print(
