@@ -42,15 +42,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shardq.assign import assign, key_text, parse_key
+from shardq.assign import parse_key
 from shardq.broker.base import Message, SendEntry, batches
 from shardq.errors import BrokerError, ShardqError
 from shardq.fleet_doc import ELASTIC, STATIC, FleetDoc, NodeReport
+from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, shard_keys, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.limits import FIFO_SUFFIX, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
 from shardq.plan import ShardRef
@@ -60,11 +60,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shardq.fleet")
 
-#: A node whose report is older than this is moved to gone ("not reporting").
-STALE_SECONDS = 60.0
-#: A lease that keeps coming back to this node this long is taken even if targeted
-#: elsewhere (its target is not picking it up).
-BOUNCE_GIVE_UP_SECONDS = 5.0
+#: Least time between two writes of the fleet document asked for by events (a join,
+#: a node gone, a takeover).
+EARLY_UPDATE_SECONDS = 2.0
 #: Seconds a bounced lease stays hidden, giving its target the next receive.
 BOUNCE_SECONDS = 1
 #: A lease this node handed over and receives back within this many seconds is hidden
@@ -85,14 +83,6 @@ def make_node_id() -> str:
     """``host-pid-xxxx``: unique in a fleet, readable in logs."""
     host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
     return f"{host[:60] or 'node'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-
-
-def take_lease(key: str, me: str, doc: FleetDoc, live: set[str], bounced_for: float | None) -> bool:
-    """Whether a node that received the lease of ``key`` keeps it (a pure decision)."""
-    target = doc.targets.get(key)
-    if target is None or target == me or target not in live:
-        return True
-    return bounced_for is not None and bounced_for >= BOUNCE_GIVE_UP_SECONDS
 
 
 class Fleet:
@@ -156,7 +146,8 @@ class Fleet:
         with self._lock:
             self._stop.set()
         try:
-            self.store.update(self._leaving, timeout=5.0)
+            shards = self._shards()
+            self.store.update(lambda d: left(d, self.id, time.time(), shards), timeout=5.0)
         except ShardqError as exc:
             log.warning("fleet.leave_failed", error=str(exc))
         with self._lock:
@@ -184,7 +175,8 @@ class Fleet:
             if self.elastic:
                 self._drop_lapsed()
                 self._resend_presence()
-            if now >= next_report or self._update_now.is_set():
+            early = self._update_now.is_set() and now - self._doc_at >= EARLY_UPDATE_SECONDS
+            if now >= next_report or early:
                 self._update_now.clear()
                 next_report = now + (self._report_interval() if self._try_update() else 2.0)
             if self.elastic:
@@ -279,7 +271,8 @@ class Fleet:
             return False
 
     def _update(self) -> None:
-        self.doc = self.store.update(self._changed)
+        report, gone, shards = self._report(time.time()), dict(self._gone), self._shards()
+        self.doc = self.store.update(lambda d: joined(d, report, gone, time.time(), shards))
         self._doc_at = time.monotonic()
         for node in list(self._gone):
             if node in self.doc.gone or node not in self.doc.nodes:
@@ -294,31 +287,6 @@ class Fleet:
             self.doc = self.store.read(timeout=2.0) or self.doc
         except ShardqError as exc:
             log.warning("fleet.read_failed", error=str(exc))
-
-    def _changed(self, doc: FleetDoc) -> FleetDoc:
-        now = time.time()
-        doc = doc.pruned(now).with_node(self._report(now))
-        for node, reason in list(self._gone.items()):
-            doc = doc.without_node(node, reason, now)
-        for node, report in list(doc.nodes.items()):
-            if node != self.id and now - report.seen > STALE_SECONDS:
-                doc = doc.without_node(node, "not reporting", now)
-        return self._retarget(doc)
-
-    def _leaving(self, doc: FleetDoc) -> FleetDoc:
-        return self._retarget(doc.without_node(self.id, "stopped", time.time()))
-
-    def _retarget(self, doc: FleetDoc) -> FleetDoc:
-        elastic = sorted(n for n, r in doc.nodes.items() if r.mode == ELASTIC)
-        holders = {}
-        for key, node in doc.owners().items():
-            try:
-                holders[parse_key(key)] = node
-            except ValueError:
-                continue
-        shards = {name: self.app.settings(name).shards for name in self.app.workers}
-        targets = {key_text(k): n for k, n in assign(shards, elastic, holders).items()}
-        return replace(doc, targets=targets, leases=tuple(sorted({*doc.leases, *self._keys()})))
 
     def _report(self, now: float) -> NodeReport:
         lags = {f"{w}:{s}": round(lag, 3) for w, s, lag in self.node.lags()}
@@ -401,6 +369,8 @@ class Fleet:
             return
         if time.time() - message.sent_at < self.lease_seconds + 5:
             bounce.append(message)  # just sent: its node has not received it yet
+            if node not in self.doc.nodes:
+                self._update_now.set()  # a node joined: rebalance without waiting a report
             return
         log.warning("fleet.node_gone", node=node, reason="lease expired")
         self._safely("delete", lambda: self.broker.delete_batch(self.queue, [message.receipt]))
@@ -450,12 +420,11 @@ class Fleet:
             self._update_now.set()
 
     # -- helpers ------------------------------------------------------------------------
+    def _shards(self) -> dict[str, int]:
+        return {name: self.app.settings(name).shards for name in self.app.workers}
+
     def _keys(self) -> list[str]:
-        return [
-            f"{name}:{shard}"
-            for name in sorted(self.app.workers)
-            for shard in range(self.app.settings(name).shards)
-        ]
+        return shard_keys(self._shards())
 
     def _ref(self, key: str) -> ShardRef:
         worker, shard = parse_key(key)

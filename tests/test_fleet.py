@@ -11,8 +11,8 @@ import pytest
 
 from shardq import App
 from shardq.config import Config
-from shardq.fleet import BOUNCE_GIVE_UP_SECONDS, take_lease
-from shardq.fleet_doc import ELASTIC, FleetDoc
+from shardq.fleet_doc import ELASTIC, FleetDoc, NodeReport
+from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, STALE_SECONDS, joined, left, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.node import Node
 from shardq.plan import Plan
@@ -37,6 +37,39 @@ def test_take_lease_decides_from_the_target_and_how_long_it_bounced(
     key: str, me: str, live: set[str], bounced_for: float | None, takes: bool
 ) -> None:
     assert take_lease(key, me, DOC, live, bounced_for) is takes
+
+
+def report(node: str, seen: float, held: tuple[str, ...] = (), mode: str = ELASTIC) -> NodeReport:
+    return NodeReport(node=node, host="h", pid=1, started=0.0, seen=seen, mode=mode, held=held)
+
+
+def test_a_write_moves_silent_and_seen_gone_nodes_out_and_retargets_over_the_rest() -> None:
+    # given a document with a live node, a silent one and one another node saw go
+    doc = FleetDoc(
+        nodes={
+            "a": report("a", 100.0, ("W:0", "W:1")),
+            "silent": report("silent", 100.0 - STALE_SECONDS - 1, ("W:2",)),
+            "dead": report("dead", 99.0, ("W:3",)),
+            "static": report("static", 100.0, mode="static"),
+        }
+    )
+    # when b writes its report
+    after = joined(doc, report("b", 100.0), {"dead": "lease expired"}, 100.0, {"W": 4})
+    # then only a, b and the static node stay; the others are gone with their reason
+    assert set(after.nodes) == {"a", "b", "static"}
+    assert after.gone["silent"].reason == "not reporting"
+    assert after.gone["dead"].reason == "lease expired"
+    # and the four shards are split between the elastic nodes, a keeping what it holds
+    assert sorted(after.targets.values()) == ["a", "a", "b", "b"]
+    assert after.targets["W:0"] == after.targets["W:1"] == "a"
+    assert set(after.leases) == {"W:0", "W:1", "W:2", "W:3"}
+
+
+def test_a_node_that_leaves_gets_no_target() -> None:
+    doc = FleetDoc(nodes={"a": report("a", 1.0, ("W:0",)), "b": report("b", 1.0, ("W:1",))})
+    after = left(doc, "a", 2.0, {"W": 2})
+    assert after.gone["a"].reason == "stopped"
+    assert after.targets == {"W:0": "b", "W:1": "b"}
 
 
 # -- real nodes on one broker ---------------------------------------------------------------
