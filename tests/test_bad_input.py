@@ -125,7 +125,7 @@ def shardq_cli(
     ("args", "message"),
     [
         (["--node", "0", "--nodes", "0"], "--nodes must be at least 1, got 0"),
-            (["--nodes", "2"], "--nodes needs --node"),
+        (["--nodes", "2"], "--nodes needs --node"),
         (["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
         (["--threads", "-1"], "threads: expected an integer >= 1, got -1"),
         (["--grace-seconds", "-5"], "grace_seconds: expected 0 to 3600, got -5.0"),
