@@ -19,9 +19,11 @@ Exact commands (from the repo root)::
     python bench/chaos.py --broker sqlite-reopen --nodes 4 --entities 1000 --jobs 20 \
         --duration 180 --kill-every 1 3
     python bench/chaos.py --broker sqlite --layout elastic --nodes 3 --max-nodes 5 \
-        --entities 1000 --jobs 20 --duration 240 --event-every 4 10
+        --entities 1000 --jobs 20 --duration 240 --event-every 4 10 --publish-share 0.9
     python bench/chaos.py --broker sqs --layout elastic --nodes 3 --max-nodes 5 \
-        --entities 1000 --jobs 20 --duration 240 --event-every 4 10
+        --entities 1000 --jobs 20 --duration 240 --event-every 4 10 --publish-share 0.9
+    python bench/chaos.py --broker sqs --layout elastic --nodes 3 --max-nodes 5 \
+        --entities 1000 --jobs 20 --duration 180 --event-every 3 6 --publish-share 0.9
 
 ``--broker sqlite`` uses a fresh embedded broker file in a temporary directory;
 ``--broker sqs`` starts ministack on 127.0.0.1 (with ``PERSIST_STATE=1`` when
