@@ -1,5 +1,9 @@
 """Chaos run, large: node processes SIGKILLed at random while numbered jobs flow.
 
+With ``--layout elastic`` the nodes form an elastic fleet (``shardq run`` without
+``--node``) and the events are kills (not restarted), joins and graceful stops;
+the report adds the takeover times of a dead node's shards.
+
 The driver is ``tests/chaos.py`` (the CI test ``tests/test_chaos.py`` runs a small
 version of it); see its docstring for what a run does and what the checker proves.
 Results go to RELIABILITY.md.
@@ -14,6 +18,12 @@ Exact commands (from the repo root)::
         --duration 90 --kill-every 1 3 --outage-at 30 --outage-seconds 10
     python bench/chaos.py --broker sqlite-reopen --nodes 4 --entities 1000 --jobs 20 \
         --duration 180 --kill-every 1 3
+    python bench/chaos.py --broker sqlite --layout elastic --nodes 3 --max-nodes 5 \
+        --entities 1000 --jobs 20 --duration 240 --event-every 4 10 --publish-share 0.9
+    python bench/chaos.py --broker sqs --layout elastic --nodes 3 --max-nodes 5 \
+        --entities 1000 --jobs 20 --duration 240 --event-every 4 10 --publish-share 0.9
+    python bench/chaos.py --broker sqs --layout elastic --nodes 3 --max-nodes 5 \
+        --entities 1000 --jobs 20 --duration 180 --event-every 3 6 --publish-share 0.9
 
 ``--broker sqlite`` uses a fresh embedded broker file in a temporary directory;
 ``--broker sqs`` starts ministack on 127.0.0.1 (with ``PERSIST_STATE=1`` when
@@ -67,6 +77,23 @@ def main() -> int:
         default=[1.0, 3.0],
         help="seconds between kills, uniform (1 3); 0 0 for no kills",
     )
+    parser.add_argument(
+        "--event-every",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=list(defaults.event_every),
+        help="elastic: seconds between events (kill, join, stop), uniform (3 6)",
+    )
+    parser.add_argument(
+        "--max-nodes", type=int, default=defaults.max_nodes, help="elastic: nodes at most (4)"
+    )
+    parser.add_argument(
+        "--lease-seconds", type=int, default=defaults.lease_seconds, help="elastic: (10)"
+    )
+    parser.add_argument(
+        "--report-seconds", type=int, default=defaults.report_seconds, help="elastic: (5)"
+    )
     parser.add_argument("--publish-share", type=float, default=defaults.publish_share)
     parser.add_argument("--visibility-timeout", type=int, default=defaults.visibility_timeout)
     parser.add_argument("--outage-at", type=float, help="stop ministack this many s in")
@@ -96,6 +123,10 @@ def main() -> int:
         outage_seconds=args.outage_seconds,
         drain_timeout=args.drain_timeout,
         seed=args.seed,
+        max_nodes=args.max_nodes,
+        event_every=tuple(args.event_every),  # type: ignore[arg-type]
+        lease_seconds=args.lease_seconds,
+        report_seconds=args.report_seconds,
     )
     work = Path(tempfile.mkdtemp(prefix="shardq-chaos-"))
     print(f"# {machine()}  git={git_head()}")

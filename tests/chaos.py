@@ -15,6 +15,15 @@ A run:
      restarted self and by the other owner;
    * ``overlap``: every process owns every shard (the most contention);
    * ``split``: the plain deployment, each shard served by one process;
+   * ``elastic``: ``shardq run`` without ``--node``: the processes form a fleet that
+     shares the shards by leases (lease timeout ``lease_seconds``, rebalance every
+     ``report_seconds``). Instead of kill-and-restart, every ``event_every`` seconds
+     one event at random: a node killed with SIGKILL (not restarted), a new node
+     started (it joins), or a node stopped with SIGTERM (it must exit 0), keeping
+     between 1 and ``max_nodes`` nodes alive; the node killed or stopped is one that
+     ran a job in the last ``BUSY_SECONDS`` (any, if none did). From the ledger and the nodes' logs,
+     :mod:`tests.takeover` measures how long each dead node's shards waited for
+     another process, which must be at most ``lease_seconds`` + 10 s;
 
 2. publishes ``entities`` x ``jobs`` numbered jobs from this process, in bursts of
    ``burst`` consecutive jobs of one entity (so a receive of 10 often holds several
@@ -24,12 +33,14 @@ A run:
    ``PermanentError`` and must end in the morgue. Each job has a dedup id, so a
    publish that failed (broker outage) is simply sent again;
 3. for ``duration`` seconds, every ``kill_every`` seconds (uniform in the range)
-   SIGKILLs a random node process and starts it again at once. Optionally the broker
-   is stopped for ``outage_seconds`` at ``outage_at`` (the caller gives how);
+   SIGKILLs a random node process and starts it again at once (elastic layout: one
+   kill, join or stop every ``event_every`` seconds, see above). Optionally the
+   broker is stopped for ``outage_seconds`` at ``outage_at`` (the caller gives how);
 4. waits until every shard queue is empty (published jobs all deleted), stops the
-   nodes with SIGTERM (each must exit 0), reads the morgue and the ledger and checks
-   with :func:`tests.apps.ledger.check`, a killed process's unfinished executions
-   counting as running until the moment it was known dead.
+   nodes with SIGTERM (each must exit 0, as must every node stopped during the run),
+   reads the morgue and the ledger and checks with :func:`tests.apps.ledger.check`,
+   a killed process's unfinished executions counting as running until the moment it
+   was known dead; in the elastic layout, also the takeover times.
 
 Every process started here is stopped by its pid, also when the run fails.
 """
@@ -48,7 +59,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,14 +67,31 @@ from shardq import morgue
 from shardq.config import Config
 from shardq.errors import ShardqError
 from shardq.publisher import Job
+from shardq.sharding import shard_for
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
+from tests.takeover import (
+    HANDOVER,
+    KILL,
+    STOP,
+    Departure,
+    Holds,
+    Takeover,
+    figures,
+    measure,
+    read_log,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = "Ledgered"
-LAYOUTS = ("mixed", "overlap", "split")
+LAYOUTS = ("mixed", "overlap", "split", "elastic")
+#: A dead node's shards must be served again within its lease timeout plus this.
+TAKEOVER_SLACK = 10.0
 #: Seconds a node process gets to start before it is sent SIGTERM at the end.
 MIN_AGE = 5.0
+#: Elastic layout: a node is killed or stopped at random among those that started a
+#: job in the last BUSY_SECONDS (among all if none did), so events hit serving nodes.
+BUSY_SECONDS = 2.0
 #: Seconds around a broker outage within which a job's first success may repeat.
 OUTAGE_MARGIN = 5.0
 #: Events a node logs when a broker call failed (after boto3's own retries).
@@ -114,6 +142,12 @@ class Settings:
     outage_seconds: float = 10.0
     drain_timeout: float = 150.0
     seed: int = 1
+    #: Elastic layout: nodes alive at most, seconds between events (uniform), and the
+    #: fleet's lease timeout and report interval.
+    max_nodes: int = 4
+    event_every: tuple[float, float] = (3.0, 6.0)
+    lease_seconds: int = 10
+    report_seconds: int = 5
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -122,6 +156,19 @@ class Settings:
             raise ValueError("the mixed layout needs at least 2 nodes")
         if self.nodes < 1 or self.entities < 1 or self.jobs < 1 or self.burst < 1:
             raise ValueError("nodes, entities, jobs and burst must be at least 1")
+        if self.layout == "elastic" and self.nodes > self.max_nodes:
+            raise ValueError(f"nodes ({self.nodes}) must not exceed max_nodes")
+        if self.layout == "elastic" and self.outage_at is not None:
+            raise ValueError("the elastic layout has no broker outage")
+
+    @property
+    def elastic(self) -> bool:
+        return self.layout == "elastic"
+
+    @property
+    def takeover_bound(self) -> float:
+        """Seconds within which a dead node's shards must be served again."""
+        return self.lease_seconds + TAKEOVER_SLACK
 
 
 @dataclass
@@ -144,6 +191,14 @@ class Report:
     failed_attempts: int = 0
     kills: int = 0
     killed: dict[int, float] = field(default_factory=dict)
+    #: Elastic layout: nodes started during the run, nodes stopped with SIGTERM (and
+    #: their exit codes), every death in order, and the takeovers measured.
+    joins: int = 0
+    stops: int = 0
+    stop_codes: list[int] = field(default_factory=list)
+    deaths: list[Departure] = field(default_factory=list)
+    takeovers: list[Takeover] = field(default_factory=list)
+    alive_at_end: int = 0
     node_processes: int = 0
     duplicates: int = 0
     morgued: int = 0
@@ -170,16 +225,22 @@ class Report:
     def ok(self) -> bool:
         return not any(self.problems.values())
 
+    @property
+    def safe(self) -> bool:
+        """No problem but slow takeovers (a liveness bound: nothing lost or reordered)."""
+        return not any(v for kind, v in self.problems.items() if kind != "slow_takeover")
+
     def summary(self) -> str:
         s = self.settings
         lines = [
             f"broker={self.broker} nodes={s.nodes} ({s.layout}) threads={s.threads} "
             f"shards={s.shards} entities={s.entities} jobs/entity={s.jobs} "
             f"fail_rate={s.fail_rate} permanent={s.permanent} duration={s.duration:g}s "
-            f"kill_every={s.kill_every} seed={s.seed}",
+            + ("" if s.elastic else f"kill_every={s.kill_every} ")
+            + f"seed={s.seed}",
             f"jobs published: {self.published} ({self.permanent} permanent failures)",
             f"executions: {self.executions} ({self.failed_attempts} failed attempts)",
-            f"kills: {self.kills} (SIGKILL; {self.node_processes} node processes in all)",
+            *self._events(),
             f"duplicates: {self.duplicates} (jobs that succeeded twice; "
             f"{self.duplicates - self.outage_duplicates} first run on a killed node, "
             f"{self.outage_duplicates} around the outage)",
@@ -205,6 +266,24 @@ class Report:
         ]
         return "\n".join(lines)
 
+    def _events(self) -> list[str]:
+        if not self.settings.elastic:
+            return [f"kills: {self.kills} (SIGKILL; {self.node_processes} node processes in all)"]
+        s = self.settings
+        return [
+            f"fleet: lease_seconds={s.lease_seconds} report_seconds={s.report_seconds} "
+            f"nodes {s.nodes} at the start, 1..{s.max_nodes} alive, an event every "
+            f"{s.event_every[0]:g}-{s.event_every[1]:g} s",
+            f"events: {self.kills} killed (SIGKILL, not restarted), {self.joins} joined, "
+            f"{self.stops} stopped (SIGTERM, exit codes {self.stop_codes}); "
+            f"{self.node_processes} node processes in all, {self.alive_at_end} at the end",
+            f"takeover after a kill: {figures(self.takeovers, KILL).text()}",
+            f"takeover after a graceful stop: {figures(self.takeovers, STOP).text()}",
+            f"handover on a rebalance (not judged): {figures(self.takeovers, HANDOVER).text()}",
+            f"(every takeover must be within lease_seconds + {TAKEOVER_SLACK:g} = "
+            f"{s.takeover_bound:g} s)",
+        ]
+
     def details(self, limit: int = 10) -> str:
         """The first problems of each kind, for an assertion message."""
         return "\n".join(
@@ -213,7 +292,8 @@ class Report:
 
 
 class _Nodes:
-    """The node processes of a run, restarted in their slot after a kill."""
+    """The node processes of a run, restarted in their slot after a kill (in the
+    elastic layout, a slot per process, never restarted: a killed one leaves it)."""
 
     def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path) -> None:
         self.settings = settings
@@ -222,11 +302,17 @@ class _Nodes:
         self.slots: list[subprocess.Popen[bytes] | None] = [None] * settings.nodes
         self.logs: list[Path] = []
         self.all: list[subprocess.Popen[bytes]] = []
-        self.exits: list[tuple[float, int, int, str]] = []  # (time, pid, code, log)
+        self.exits: list[tuple[float, int, int, str]] = []  # (monotonic, pid, code, log)
         self.started: dict[int, float] = {}  # pid -> time.monotonic() at start
+        self.stopping: list[subprocess.Popen[bytes]] = []  # sent SIGTERM, not reaped
+        self.stop_codes: list[int] = []
+        self._ledger_read = 0  # bytes of the ledger read by busy()
+        self._last_start: dict[int, float] = {}  # pid -> time.time() of its last start
 
     def placement(self, slot: int) -> list[str]:
         s = self.settings
+        if s.elastic:
+            return []
         if s.layout == "overlap":
             return ["--node", "0", "--nodes", "1"]
         if s.layout == "split":
@@ -249,7 +335,7 @@ class _Nodes:
                     "--threads",
                     str(self.settings.threads),
                     "--log-level",
-                    "warning",
+                    "info" if self.settings.elastic else "warning",
                     "--log-format",
                     "json",
                 ],
@@ -271,14 +357,81 @@ class _Nodes:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGKILL)
         child.wait()
+        if self.settings.elastic:
+            self.slots[slot] = None
         return child.pid, time.time()
 
-    def reap_exited(self, restart: bool = True) -> None:
-        """Note processes that exited on their own, and start them again."""
+    def join(self) -> subprocess.Popen[bytes]:
+        """Start one more node in a new slot (elastic: it joins the fleet)."""
+        self.slots.append(None)
+        return self.start(len(self.slots) - 1)
+
+    def alive(self) -> list[int]:
+        """The slots whose process runs (stopping ones are no longer in a slot)."""
+        return [i for i, c in enumerate(self.slots) if c is not None and c.poll() is None]
+
+    def busy(self, slots: list[int], within: float = BUSY_SECONDS) -> list[int]:
+        """Those of ``slots`` whose process started a job in the last ``within`` s."""
+        self._read_ledger()
+        now = time.time()
+        return [
+            slot
+            for slot in slots
+            if (child := self.slots[slot]) is not None
+            and now - self._last_start.get(child.pid, -math.inf) <= within
+        ]
+
+    def _read_ledger(self) -> None:
+        """Read what the nodes appended to the ledger since the last call."""
+        try:
+            with open(self.env["LEDGER_PATH"], "rb") as f:
+                f.seek(self._ledger_read)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._ledger_read += len(complete)
+        for line in complete.splitlines():
+            entry = json.loads(line)
+            if entry["event"] == "start":
+                self._last_start[entry["pid"]] = entry["t"]
+
+    def age(self, slot: int) -> float:
+        child = self.slots[slot]
+        assert child is not None
+        return time.monotonic() - self.started[child.pid]
+
+    def stop(self, slot: int) -> tuple[int, float]:
+        """SIGTERM the slot's process, not waiting; returns its pid and when it was sent."""
+        child = self.slots[slot]
+        assert child is not None
+        self.slots[slot] = None
+        self.stopping.append(child)
+        sent = time.time()
+        child.send_signal(signal.SIGTERM)
+        return child.pid, sent
+
+    def reap_stopped(self, wait: float = 0.0) -> None:
+        """Collect the exit codes of stopped processes (waiting up to ``wait`` s for
+        each; -1 for one still running then)."""
+        for child in list(self.stopping):
+            try:
+                code = child.wait(wait) if wait else child.poll()
+            except subprocess.TimeoutExpired:
+                code = -1
+            if code is not None:
+                self.stopping.remove(child)
+                self.stop_codes.append(code)
+
+    def reap_exited(self, restart: bool | None = None) -> None:
+        """Note processes that exited on their own, and start them again (by default,
+        unless elastic)."""
+        if restart is None:
+            restart = not self.settings.elastic
         for slot, child in enumerate(self.slots):
             if child is not None and child.poll() is not None:
                 log = self.logs[self.all.index(child)]
-                self.exits.append((time.time(), child.pid, child.returncode, _tail(log)))
+                self.exits.append((time.monotonic(), child.pid, child.returncode, _tail(log)))
                 self.slots[slot] = self.start(slot) if restart else None
 
     def terminate(self, grace: float) -> list[int]:
@@ -353,6 +506,7 @@ class _Publisher(threading.Thread):
         self.window = window
         self.published = 0
         self.retries = 0
+        self.confirmed: dict[tuple[str, int], float] = {}  # job -> when its send returned
         self.error: BaseException | None = None
         self.stop = threading.Event()
 
@@ -377,6 +531,9 @@ class _Publisher(threading.Thread):
             try:
                 Ledgered.publish_many(items)
                 self.published += len(items)
+                done = time.time()
+                for job in items:
+                    self.confirmed[(job.entity_id, job.payload["n"])] = done
                 return
             except ShardqError:  # the broker is away: same dedup ids, so send again
                 if time.monotonic() > deadline or self.stop.is_set():
@@ -403,6 +560,9 @@ def run(
         "SHARDQ_GRACE_SECONDS": "20",
     }
     env.setdefault("SHARDQ_IDLE_WAIT_SECONDS", "1")
+    if settings.elastic:
+        env["SHARDQ_LEASE_SECONDS"] = str(settings.lease_seconds)
+        env["SHARDQ_REPORT_SECONDS"] = str(settings.report_seconds)
     config = Config.load(env={k: v for k, v in env.items() if k.startswith("SHARDQ_")})
     ledger.app.configure(config)
     app = ledger.app
@@ -420,7 +580,10 @@ def run(
             nodes.start(slot)
         publisher.start()
         say(f"chaos: {settings.nodes} nodes ({settings.layout}), publishing, killing ...")
-        _chaos_phase(settings, nodes, report, rng, began, outage, say)
+        if settings.elastic:
+            _elastic_phase(settings, nodes, report, rng, began, say)
+        else:
+            _chaos_phase(settings, nodes, report, rng, began, outage, say)
         publisher.join(settings.drain_timeout)
         if publisher.error is not None:
             raise publisher.error
@@ -432,6 +595,8 @@ def run(
         drained = _wait_drained(app, settings, nodes, settings.drain_timeout)
         report.drain_seconds = time.monotonic() - drained_from
         nodes.reap_exited(restart=False)
+        nodes.reap_stopped(wait=30)
+        report.alive_at_end = len(nodes.alive())
         report.exit_codes = nodes.terminate(grace=30)
         report.wall_seconds = time.monotonic() - began
         morgued, report.morgue_reasons = read_morgue(app)
@@ -440,6 +605,7 @@ def run(
         publisher.stop.set()
         nodes.kill_all()
     report.node_processes = len(nodes.all)
+    report.stop_codes = nodes.stop_codes
     entries = ledger.read(env["LEDGER_PATH"]) if Path(env["LEDGER_PATH"]).exists() else []
     report.executions = sum(1 for e in entries if e["event"] == "start")
     report.failed_attempts = sum(1 for e in entries if e["event"] == "fail")
@@ -458,7 +624,14 @@ def run(
         for t, pid, code, tail in nodes.exits
         if not _during(report.outage, t - began)
     ]
-    problems["unclean_stop"] = [c for c in report.exit_codes if c != 0]
+    problems["unclean_stop"] = [c for c in report.exit_codes + report.stop_codes if c != 0]
+    if settings.elastic:
+        report.takeovers = _takeovers(settings, entries, report.deaths, nodes, publisher)
+        problems["slow_takeover"] = [
+            t
+            for t in report.takeovers
+            if t.kind in (KILL, STOP) and not t.relayed and t.seconds > settings.takeover_bound
+        ]
     problems["crashes_logged"] = []
     for path in nodes.logs:
         for line in path.read_text(errors="replace").splitlines():
@@ -548,6 +721,88 @@ def _chaos_phase(
         time.sleep(0.05)
 
 
+def _elastic_phase(
+    settings: Settings,
+    nodes: _Nodes,
+    report: Report,
+    rng: random.Random,
+    began: float,
+    say: Callable[[str], None],
+) -> None:
+    """Every ``event_every`` s, one of kill / join / stop at random, among those that
+    keep 1..max_nodes nodes alive; the node to kill or stop is a busy one (see
+    BUSY_SECONDS), and a stop only hits a node at least MIN_AGE s old."""
+    end = began + settings.duration
+    next_event = began + rng.uniform(*settings.event_every)
+    while time.monotonic() < end:
+        nodes.reap_exited()
+        nodes.reap_stopped()
+        if time.monotonic() >= next_event:
+            _elastic_event(settings, nodes, report, rng, say)
+            next_event = time.monotonic() + rng.uniform(*settings.event_every)
+        time.sleep(0.05)
+
+
+def _elastic_event(
+    settings: Settings,
+    nodes: _Nodes,
+    report: Report,
+    rng: random.Random,
+    say: Callable[[str], None],
+) -> None:
+    alive = nodes.alive()
+    busy = nodes.busy(alive) or alive
+    grown = [slot for slot in busy if nodes.age(slot) >= MIN_AGE]
+    kinds = []
+    if len(alive) > 1:
+        kinds.append(KILL)
+        if grown:
+            kinds.append(STOP)
+    if len(alive) < settings.max_nodes:
+        kinds.append("join")
+    kind = rng.choice(kinds)
+    if kind == KILL:
+        pid, dead = nodes.kill(rng.choice(busy))
+        report.killed[pid] = dead
+        report.kills += 1
+        report.deaths.append(Departure(pid, dead, KILL))
+    elif kind == STOP:
+        pid, sent = nodes.stop(rng.choice(grown))
+        report.stops += 1
+        report.deaths.append(Departure(pid, sent, STOP))
+    else:
+        pid = nodes.join().pid
+        report.joins += 1
+    say(f"chaos: {kind} {pid} ({len(nodes.alive())} nodes alive)")
+
+
+def _takeovers(
+    settings: Settings,
+    entries: list[dict[str, Any]],
+    deaths: list[Departure],
+    nodes: _Nodes,
+    publisher: _Publisher,
+) -> list[Takeover]:
+    """Takeovers after each death, and after each rebalance handover (a shard released
+    by a node that kept running)."""
+    holds = Holds([], [])
+    for child, path in zip(nodes.all, nodes.logs, strict=True):
+        found = read_log(path, child.pid, WORKER)
+        holds.took.extend(found.took)
+        holds.released.extend(found.released)
+    died = {d.pid: d.t for d in deaths}
+    handovers = [
+        Departure(pid, t, HANDOVER, shard)
+        for t, pid, shard in holds.released
+        if t < died.get(pid, math.inf)
+    ]
+
+    def shard_of(entity: str) -> int:
+        return shard_for(entity, settings.shards)
+
+    return measure(entries, [*deaths, *handovers], shard_of, publisher.confirmed, holds)
+
+
 def _wait_drained(app: Any, settings: Settings, nodes: _Nodes, timeout: float) -> bool:
     """True once every shard queue is empty twice in a row (polled every 0.5 s)."""
     queues = [app.shard_queue(WORKER, s) for s in range(settings.shards)]
@@ -601,5 +856,7 @@ def _tail(path: Path, lines: int = 5) -> str:
 def write_json(report: Report, out: IO[str]) -> None:
     doc = {k: v for k, v in report.__dict__.items() if k not in ("settings", "problems")}
     doc["settings"] = report.settings.__dict__
+    doc["deaths"] = [asdict(d) for d in report.deaths]
+    doc["takeovers"] = [asdict(t) for t in report.takeovers]
     doc["problems"] = {k: len(v) for k, v in report.problems.items()}
     json.dump(doc, out, indent=2, default=str)

@@ -13,12 +13,36 @@ import pytest
 from tests import chaos
 from tests.apps import ledger
 from tests.children import Env
+from tests.takeover import KILL, figures
 
 pytestmark = pytest.mark.slow
 
 #: 3 processes (2 splitting the shards + 1 owning them all), 150 entities x 10 jobs,
 #: 10 % of attempts failing, 2 % of jobs failing for good, a kill every 1-3 s for 25 s.
 SMALL = chaos.Settings(duration=25.0, sleep=0.02)
+
+#: shardq's fleet still lets a dead node's shard wait longer than lease_seconds + 10 s
+#: in some interleavings (RELIABILITY.md, "Elastic fleet"): such a run is reported as
+#: an expected failure, while every other check stays strict. Set to False once fixed.
+TAKEOVER_DELAYS_KNOWN = True
+
+#: An elastic fleet of 3 nodes (1 to 4 alive) over 6 shards, lease timeout 10 s,
+#: reports every 5 s; 600 jobs of 100 entities; an event every 3-6 s for 45 s.
+ELASTIC = chaos.Settings(
+    layout="elastic",
+    nodes=3,
+    max_nodes=4,
+    shards=6,
+    entities=100,
+    jobs=6,
+    burst=3,
+    sleep=0.02,
+    duration=45.0,
+    event_every=(3.0, 6.0),
+    publish_share=0.9,
+    lease_seconds=10,
+    report_seconds=5,
+)
 
 
 def test_nodes_killed_at_random_lose_nothing_and_keep_every_entity_in_order(
@@ -59,4 +83,30 @@ def test_nodes_killed_at_random_keep_order_on_a_broker_that_reopens_message_grou
     print(report.summary())
     # then nothing was lost, reordered or run twice at once
     assert report.kills >= 5 and report.failed_attempts > 0
+    assert report.ok, report.summary() + "\n" + report.details()
+
+
+def test_an_elastic_fleet_loses_nothing_while_nodes_die_join_and_stop_and_takes_over_in_time(
+    env: Env, tmp_path: Path
+) -> None:
+    # given 3 elastic node processes (no --node) sharing 6 shards by leases, and 600
+    # numbered jobs of 100 entities published while they run, some failing
+    settings = ELASTIC
+    # when, every 3-6 s for 45 s, a node is killed (not restarted), a new node joins
+    # or a node is stopped gracefully, and the fleet then drains the queues
+    report = chaos.run(settings, dict(env.vars), tmp_path / "chaos")
+    print(report.summary())
+    # then nodes were killed, joined and stopped while jobs ran and failed
+    assert report.kills >= 1 and report.joins >= 1 and report.stops >= 1
+    assert report.failed_attempts > 0
+    assert report.published == settings.entities * settings.jobs
+    # and the dead nodes' shards were taken over (measured from the ledger)
+    assert figures(report.takeovers, KILL).count >= 1
+    # and nothing was lost, reordered or run twice at once; a job ran twice only
+    # after a kill; every stopped node exited 0
+    assert report.safe, report.summary() + "\n" + report.details()
+    assert report.morgued == report.permanent > 0
+    # and every dead node's shards were served again within lease_seconds + 10 s
+    if report.problems["slow_takeover"] and TAKEOVER_DELAYS_KNOWN:
+        pytest.xfail("known takeover delays (RELIABILITY.md): " + report.details())
     assert report.ok, report.summary() + "\n" + report.details()
