@@ -63,6 +63,10 @@ log = structlog.get_logger("shardq.fleet")
 #: Least time between two writes of the fleet document asked for by events (a join,
 #: a node gone, a takeover).
 EARLY_UPDATE_SECONDS = 2.0
+#: At leave, how long to wait for this node's own long poll of the leases queue: it
+#: receives the leases just released (SQS cannot cancel it) and must hand them back
+#: before the process exits, or they stay hidden for a whole lease.
+LEAVE_POLL_SECONDS = 1.0
 #: Seconds a bounced lease stays hidden, giving its target the next receive.
 BOUNCE_SECONDS = 1
 #: A lease this node handed over and receives back within this many seconds is hidden
@@ -157,6 +161,9 @@ class Fleet:
         self._release(leases, 0)
         if presence is not None:
             self._safely("delete", lambda: self.broker.delete_batch(self.queue, [presence.receipt]))
+        for thread in self._threads:  # the poller releases what its open poll receives
+            if thread.name == "shardq-fleet-poll" and thread is not threading.current_thread():
+                thread.join(LEAVE_POLL_SECONDS)
         log.info("fleet.left", node=self.id, released=len(leases))
 
     def held(self) -> list[str]:

@@ -10,6 +10,12 @@ string or the form body (query protocol). ReceiveMessage answers are also sorted
 
 Counts are served at ``GET /__proxy/counts`` (JSON, never forwarded), so a driver can
 snapshot them before and after each phase and take the difference.
+``GET /__proxy/queues`` serves the same requests counted per queue, keyed
+``"<queue name> <action>"`` plus a detail where one applies: ReceiveMessage gets
+``:with-messages`` or ``:empty`` and ``:vt=<VisibilityTimeout>`` when the request sets
+one; ChangeMessageVisibilityBatch gets ``:vt=<timeouts of its entries>`` (distinct,
+sorted). The queue comes from ``QueueUrl`` or ``QueueName`` in the request (requests
+naming no queue count under ``-``).
 
 ``--latency-ms MS`` holds every forwarded request for MS milliseconds before sending it
 upstream (each connection on its own, so concurrent requests wait concurrently): an
@@ -33,9 +39,11 @@ import re
 import sys
 import time
 from collections import Counter
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 COUNTS: Counter[str] = Counter()
+QUEUES: Counter[str] = Counter()  # "<queue> <action>[:detail]"
 MESSAGE_ID = re.compile(rb'"MessageId"\s*:\s*"([^"]+)"')
 GROUP_ID = re.compile(rb'"MessageGroupId"\s*:\s*"([^"]+)"')
 LOG: list = []  # [file] when --log is given: one line per request
@@ -101,6 +109,40 @@ def action_of(request_line: bytes, headers: list[tuple[bytes, bytes]], body: byt
     return action[0] if action else "unknown"
 
 
+def request_fields(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+    """The request's parameters: the JSON body (JSON protocol) or the form (query protocol)."""
+    if not body:
+        return {}
+    target = header(headers, b"x-amz-target")
+    if target:
+        try:
+            fields = json.loads(body)
+        except ValueError:
+            return {}
+        return fields if isinstance(fields, dict) else {}
+    form = parse_qs(body.decode("utf-8", "replace"))
+    return {k: v[0] for k, v in form.items()}
+
+
+def queue_key(action: str, fields: dict[str, Any], answer: bytes) -> str:
+    """``"<queue> <action>[:detail]"`` for the per-queue counts (see the module doc)."""
+    url = fields.get("QueueUrl") or ""
+    queue = str(url).rstrip("/").rsplit("/", 1)[-1] if url else str(fields.get("QueueName", "-"))
+    key = f"{queue} {action}"
+    if action == "ReceiveMessage":
+        key += ":with-messages" if b"ReceiptHandle" in answer else ":empty"
+        if "VisibilityTimeout" in fields:
+            key += f":vt={fields['VisibilityTimeout']}"
+    elif action == "ChangeMessageVisibilityBatch":
+        entries = fields.get("Entries") or []
+        if isinstance(entries, list):
+            timeouts = sorted(
+                {str(e.get("VisibilityTimeout")) for e in entries if isinstance(e, dict)}
+            )
+            key += ":vt=" + ",".join(timeouts)
+    return key
+
+
 def rebuild(start: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
     out = [start]
     for key, value in headers:
@@ -124,8 +166,9 @@ async def handle(
             if head is None:
                 return
             start, headers = parse_head(head)
-            if start.startswith(b"GET /__proxy/counts"):
-                payload = json.dumps(COUNTS).encode()
+            if start.startswith((b"GET /__proxy/counts", b"GET /__proxy/queues")):
+                counts = QUEUES if start.startswith(b"GET /__proxy/queues") else COUNTS
+                payload = json.dumps(counts).encode()
                 client_w.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                     + str(len(payload)).encode()
@@ -157,12 +200,15 @@ async def handle(
             if action == "ReceiveMessage":
                 got = b"ReceiptHandle" in rbody
                 COUNTS["ReceiveMessage:" + ("with-messages" if got else "empty")] += 1
+            fields = request_fields(headers, body)
+            QUEUES[queue_key(action, fields, rbody)] += 1
             if LOG:
                 peer = client_w.get_extra_info("peername")
                 ids = MESSAGE_ID.findall(rbody) if action == "ReceiveMessage" else []
                 ids += GROUP_ID.findall(body) if action == "SendMessage" else []
                 LOG[0].write(
                     f"{time.time():.3f} {peer[1]} {action} {status.decode()} "
+                    f"queue={queue_key(action, fields, rbody).split(' ', 1)[0]} "
                     f"handles={rbody.count(b'ReceiptHandle')} "
                     f"ids/groups={[i.decode()[:8] for i in ids]}\n"
                 )
