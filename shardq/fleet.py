@@ -67,6 +67,9 @@ EARLY_UPDATE_SECONDS = 2.0
 #: receives the leases just released (SQS cannot cancel it) and must hand them back
 #: before the process exits, or they stay hidden for a whole lease.
 LEAVE_POLL_SECONDS = 1.0
+#: A receive of the leases queue hides what it gets this long; what the node keeps is
+#: then extended to a whole lease.
+PROBE_SECONDS = 3
 #: Seconds a bounced lease stays hidden, giving its target the next receive.
 BOUNCE_SECONDS = 1
 #: A lease this node handed over and receives back within this many seconds is hidden
@@ -113,6 +116,7 @@ class Fleet:
         self._dropping: dict[str, threading.Event] = {}
         self._bounced: dict[str, float] = {}  # key -> monotonic time first bounced
         self._handed: dict[str, float] = {}  # key -> monotonic time this node released it
+        self._took: dict[str, float] = {}  # key -> Unix time this node took it
         self._gone: dict[str, str] = {}  # node -> reason, to record at the next write
         self._update_now = threading.Event()
         self._stop = threading.Event()
@@ -255,7 +259,11 @@ class Fleet:
             held = list(self._held)
         for key in held:
             target = self.doc.targets.get(key)
-            if target and target != self.id and target in live and key not in self._dropping:
+            report = self.doc.nodes.get(target or "")
+            # only to a target that reported since this node took the shard: a target
+            # that died unnoticed would otherwise get it back and leave it unserved
+            alive = report is not None and report.seen > self._took.get(key, 0.0)
+            if target != self.id and target in live and alive and key not in self._dropping:
                 log.info("fleet.handing_over", shard=key, to=target)
                 self._dropping[key] = self.node.drop_shard(self._ref(key))
         for key, drained in list(self._dropping.items()):
@@ -332,7 +340,7 @@ class Fleet:
                     self.queue,
                     max_messages=MAX_BATCH_ENTRIES,
                     wait_seconds=MAX_WAIT_SECONDS,
-                    visibility_timeout=self.lease_seconds,
+                    visibility_timeout=PROBE_SECONDS,
                 )
             except BrokerError as exc:
                 self.node.broker_trouble("receive", self.queue, exc)
@@ -358,21 +366,51 @@ class Fleet:
             self._safely("delete", lambda: self.broker.delete_batch(self.queue, receipts))
         bounce: list[Message] = []
         slow: list[Message] = []  # leases this node just handed over
+        keep: list[tuple[str, Message]] = []  # shard key ("" for its own presence)
         # presences first: a node found gone here frees its leases in the same batch
         for group, message in sorted(firsts.items(), key=lambda g: not g[0].startswith(NODE_GROUP)):
             if group.startswith(NODE_GROUP):
-                self._presence_seen(group[len(NODE_GROUP) :], message, bounce)
+                self._presence_seen(group[len(NODE_GROUP) :], message, bounce, keep)
             elif group.startswith(SHARD_GROUP):
-                self._lease_seen(group[len(SHARD_GROUP) :], message, bounce, slow)
+                self._lease_seen(group[len(SHARD_GROUP) :], message, bounce, slow, keep)
             else:
                 bounce.append(message)
         self._release(bounce, BOUNCE_SECONDS)
         self._release(slow, HANDED_BOUNCE_SECONDS)
+        for key, message in self._claim(keep):
+            if key:
+                self._take(key, message)
+            else:
+                with self._lock:
+                    self._presence = message
 
-    def _presence_seen(self, node: str, message: Message, bounce: list[Message]) -> None:
+    def _claim(self, keep: list[tuple[str, Message]]) -> list[tuple[str, Message]]:
+        """Extend what this node keeps from the probe's short visibility to a whole lease
+        (a receive hides for :data:`PROBE_SECONDS` only, so an abandoned long poll, on a
+        broker that completes it after its client died, cannot hide a lease for long)."""
+        claimed = []
+        for chunk in batches(keep):
+            try:
+                result = self.broker.change_visibility_batch(
+                    self.queue, [(m.receipt, self.lease_seconds) for _, m in chunk]
+                )
+            except BrokerError as exc:
+                self.node.broker_trouble("claim", self.queue, exc)
+                continue
+            for key, message in chunk:
+                if message.receipt in result.failed:
+                    log.info(
+                        "fleet.claim_lost", shard=key or None, reason=result.failed[message.receipt]
+                    )
+                else:
+                    claimed.append((key, message))
+        return claimed
+
+    def _presence_seen(
+        self, node: str, message: Message, bounce: list[Message], keep: list[tuple[str, Message]]
+    ) -> None:
         if node == self.id:
-            with self._lock:
-                self._presence = message
+            keep.append(("", message))
             return
         if time.time() - message.sent_at < self.lease_seconds + 5:
             bounce.append(message)  # just sent: its node has not received it yet
@@ -385,15 +423,22 @@ class Fleet:
         self._update_now.set()
 
     def _lease_seen(
-        self, key: str, message: Message, bounce: list[Message], slow: list[Message]
+        self,
+        key: str,
+        message: Message,
+        bounce: list[Message],
+        slow: list[Message],
+        keep: list[tuple[str, Message]],
     ) -> None:
         try:
-            ref = self._ref(key)
+            self._ref(key)
         except (ValueError, ShardqError):
             bounce.append(message)  # a worker this node's code does not have
             return
         now = time.monotonic()
-        if now - self._handed.get(key, -HANDED_SECONDS) < HANDED_SECONDS:
+        target = self.doc.targets.get(key)
+        handed = now - self._handed.get(key, -HANDED_SECONDS) < HANDED_SECONDS
+        if handed and target != self.id and target in self._live():
             slow.append(message)  # handed over just now: the target's turn
             return
         first = self._bounced.get(key)
@@ -407,12 +452,19 @@ class Fleet:
                 bounce.append(message)
                 return
         self._bounced.pop(key, None)
+        keep.append((key, message))
+
+    def _take(self, key: str, message: Message) -> None:
+        ref = self._ref(key)
         with self._lock:
-            if self._stop.is_set():  # leaving: leave() may have swept already
-                bounce.append(message)
-                return
-            self._held[key] = message
-            self._expires[key] = now + self.lease_seconds
+            leaving = self._stop.is_set()  # leave() may have swept already
+            if not leaving:
+                self._held[key] = message
+                self._expires[key] = time.monotonic() + self.lease_seconds - PROBE_SECONDS
+                self._took[key] = time.time()
+        if leaving:
+            self._release([message], 0)
+            return
         try:
             self.node.add_shard(ref)
         except ShardqError as exc:

@@ -24,7 +24,7 @@ SMALL = chaos.Settings(duration=25.0, sleep=0.02)
 #: shardq's fleet still lets a dead node's shard wait longer than lease_seconds + 10 s
 #: in some interleavings (RELIABILITY.md, "Elastic fleet"): such a run is reported as
 #: an expected failure, while every other check stays strict. Set to False once fixed.
-TAKEOVER_DELAYS_KNOWN = True
+TAKEOVER_DELAYS_KNOWN = False
 
 #: An elastic fleet of 3 nodes (1 to 4 alive) over 6 shards, lease timeout 10 s,
 #: reports every 5 s; 600 jobs of 100 entities; an event every 3-6 s for 45 s.
