@@ -31,7 +31,8 @@ renewals / shard-hours (the presence rides in the renewal batches). The bound
 checked is fleet requests per hour <= 40 x shards + 360 x nodes.
 
 ``--lease-seconds`` and ``--report-seconds`` set the nodes' settings (default 30 and
-45, the shipped defaults), to see what another lease timeout costs.
+45, the shipped defaults), to see what another lease timeout costs; ``--static``
+runs static nodes (``--node N --nodes M``: reports only, no leases) instead.
 
 **Kill scenario** (``--scenario kill``): 3 elastic nodes, 3 workers x 8 shards, and
 ``shardq dashboard`` on ministack (no proxy). Once settled, one node gets SIGKILL;
@@ -107,6 +108,7 @@ class Fleet:
     prefix: str
     lease_seconds: int
     report_seconds: int
+    static: bool
     env: dict[str, str]
     procs: list[subprocess.Popen[bytes]]
     logs: list[Path]
@@ -169,13 +171,14 @@ def start_fleet(
         check=True,
         capture_output=True,
     )
-    fleet = Fleet(nodes, workers, shards, prefix, lease, report, env, [], [])
+    fleet = Fleet(nodes, workers, shards, prefix, lease, report, args.static, env, [], [])
     for i in range(nodes):
         log = logdir / f"{prefix}node{i}.log"
+        plan = ["--node", str(i), "--nodes", str(nodes)] if args.static else []
         with open(log, "wb") as out:
             fleet.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "shardq", "run"],
+                    [sys.executable, "-m", "shardq", "run", *plan],
                     cwd=HERE,
                     env=env,
                     stdout=out,
@@ -306,9 +309,10 @@ def expected(fleet: Fleet) -> dict[str, float]:
     renew_each = math.ceil((math.ceil(per_node) + 1) / 10)  # leases + the presence
     report_every = fleet.report_seconds * (0.85 + 1.0) / 2  # x uniform(0.85, 1)
     lease = fleet.lease_seconds
+    leased = 0 if fleet.static else fleet.nodes  # static nodes hold no leases
     return {
-        "renewals": fleet.nodes * renew_each * 3600 / (lease / 2),
-        "long polls": fleet.nodes * 3600 / min(20, lease / 2),
+        "renewals": leased * renew_each * 3600 / (lease / 2),
+        "long polls": leased * 3600 / min(20, lease / 2),
         "takeovers": 0.0,
         "reports": fleet.nodes * 3 * 3600 / report_every,
         "job queues": fleet.total_shards * 3600 / 20,
@@ -318,13 +322,12 @@ def expected(fleet: Fleet) -> dict[str, float]:
 def run_cost(args: argparse.Namespace) -> int:
     print(f"shardq elastic fleet, idle cost  git {git_head()}")
     print(f"lease_seconds {args.lease_seconds}, report_seconds {args.report_seconds}")
+    if args.static:
+        print("static nodes: shardq run --node N --nodes M (no leases, reports only)")
     print(f"machine: {machine()}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="fleet-cost-") as tmp,
-        emulator_and_proxy(True) as (
-            direct,
-            proxied,
-        ),
+        emulator_and_proxy(True) as (direct, proxied),
     ):
         fleets = [start_fleet(n, w, s, proxied, Path(tmp), args) for n, w, s in args.fleet]
         try:
@@ -455,8 +458,8 @@ def from_logs(logs: list[Path], node: str, keys: set[str], since: float) -> dict
         times["first fleet.node_gone in the others' logs"] = min(gone) - since
     took: dict[str, float] = {}
     for e in log_events(logs, "fleet.took"):
-        if e.get("shard") in keys and e["t"] >= since:
-            took.setdefault(e["shard"], e["t"])
+        if e.get("shard") in keys and e["t"] >= since:  # the first take of each
+            took[e["shard"]] = min(e["t"], took.get(e["shard"], e["t"]))
     if set(took) == keys:
         times["last of its shards taken (fleet.took in the others' logs)"] = (
             max(took.values()) - since
@@ -625,6 +628,9 @@ def main() -> int:
     parser.add_argument(
         "--report-seconds", type=int, default=45, help="the nodes' report_seconds (45, the default)"
     )
+    parser.add_argument(
+        "--static", action="store_true", help="cost: static nodes (--node N --nodes M) instead"
+    )
     parser.add_argument("--screenshot", type=Path, help="kill: save the dashboard here")
     parser.add_argument(
         "--then-stop",
@@ -634,6 +640,8 @@ def main() -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep the node logs")
     args = parser.parse_args()
     args.fleet = args.fleet or [(3, 3, 8), (3, 3, 100), (1, 1, 8)]
+    if args.static and args.scenario == "kill":
+        parser.error("--static is for the cost scenario")
     return run_kill(args) if args.scenario == "kill" else run_cost(args)
 
 
