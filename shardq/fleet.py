@@ -475,8 +475,7 @@ class Fleet:
             self._release([message], 0)
             return
         log.info("fleet.took", shard=key, target=self.doc.targets.get(key))
-        if self.doc.targets.get(key) != self.id:
-            self._update_now.set()
+        self._update_now.set()  # the document shows the new holder within seconds
 
     # -- helpers ------------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:
