@@ -12,11 +12,13 @@ FIFO queue on the app's own broker (SQS, or the embedded SQLite file):
   with its leases. A presence that becomes visible again long after it was sent
   means its node stopped renewing: whoever receives it records the node as gone.
 
-Every node long-polls the leases queue (one request per 20 s when nothing happens)
-and decides for each lease it receives (:func:`take_lease`): take it if the fleet
-document's target for that shard is this node, or a node that is not live; else
-hand it back after a second for the target to pick up (and take it anyway once it
-has come back for :data:`BOUNCE_GIVE_UP_SECONDS`).
+Every node long-polls the leases queue (one request per 20 s when nothing happens).
+A receive hides what it gets for :data:`PROBE_SECONDS` only; the node then decides
+for each lease (:func:`~shardq.fleet_rules.take_lease`): take it (and extend it to a
+whole lease) if the fleet document's target for that shard is this node, or a node
+that is not live; else hand it back after a second for the target to pick up (and
+take it anyway once it has come back for ``BOUNCE_GIVE_UP_SECONDS``). A shard is
+handed over only to a target that has reported since this node took it.
 
 **Reports and balance**: every ``report_seconds`` (and at once on join, leave and
 takeover) the node rewrites its entry in the fleet document
