@@ -64,13 +64,24 @@ class NodeMetrics:
             registry=self.registry,
         )
         self.registry.register(_Gauges(lags, in_flight, node))
+        self._jobs: dict[tuple[str, str], Any] = {}  # labelled children, by labels
+        self._durations: dict[str, Any] = {}
         self._server: Any = None
         self._lock = threading.Lock()
 
     def job_outcome(self, outcome: Outcome) -> None:
-        self.jobs.labels(outcome.worker, outcome.kind, self.node).inc(len(outcome.messages))
+        key = (outcome.worker, outcome.kind)
+        jobs = self._jobs.get(key)
+        if jobs is None:  # labels() looks the child up under a lock: once per key
+            jobs = self._jobs[key] = self.jobs.labels(*key, self.node)
+        jobs.inc(len(outcome.messages))
         if outcome.duration:
-            self.duration.labels(outcome.worker, self.node).observe(outcome.duration)
+            duration = self._durations.get(outcome.worker)
+            if duration is None:
+                duration = self._durations[outcome.worker] = self.duration.labels(
+                    outcome.worker, self.node
+                )
+            duration.observe(outcome.duration)
 
     def broker_error(self, operation: str) -> None:
         self.broker_errors.labels(operation, self.node).inc()

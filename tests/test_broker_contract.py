@@ -1,7 +1,10 @@
 """The broker contract: every broker gives the same SQS FIFO semantics.
 
 Each test runs against the embedded SQLite broker, the in-memory broker and SQS
-(a ministack emulator process).
+(a ministack emulator process), the latter twice: with a fresh broker (the first
+request of each operation goes through botocore) and with one whose hot calls go over
+its wire (``shardq.broker.sqs_wire``), so every answer, error and per-entry failure
+below is also read by the wire.
 """
 
 from __future__ import annotations
@@ -9,11 +12,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from shardq.broker import Broker, Message, SendEntry
 from shardq.errors import BrokerError, QueueNotFoundError
+from tests.conftest import BROKER_KINDS, make_broker
 
 
 def send(broker: Broker, queue: str, group: str, *bodies: str) -> list[str]:
@@ -35,6 +41,15 @@ def bodies(messages: list[Message]) -> list[str]:
 
 def delete(broker: Broker, queue: str, messages: list[Message]) -> None:
     assert not broker.delete_batch(queue, [m.receipt for m in messages]).failed
+
+
+@pytest.fixture(params=[*BROKER_KINDS, pytest.param("sqs-wire", marks=pytest.mark.sqs)])
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    instance = make_broker(request.param, tmp_path, request)
+    try:
+        yield instance
+    finally:
+        instance.close()
 
 
 @pytest.fixture
@@ -306,3 +321,40 @@ def test_counts_give_the_oldest_send_time_and_deletes_when_the_broker_knows(
     if counts.deleted_total is not None:
         assert counts.deleted_total == 1
     assert broker.kind == "sqs" or counts.oldest_sent_at is not None
+
+
+def test_a_deleted_queue_and_its_messages_are_gone(broker: Broker, queue: str) -> None:
+    # given a queue holding a message, one of them in flight
+    send(broker, queue, "g", "a", "b")
+    assert bodies(receive(broker, queue, n=1)) == ["a"]
+    # when it is deleted
+    broker.delete_queue(queue)
+    # then it is not there: counting, receiving and sending say so
+    with pytest.raises(QueueNotFoundError):
+        broker.counts(queue)
+    with pytest.raises(QueueNotFoundError):
+        send(broker, queue, "g", "c")
+    # and deleting it again is a no-op
+    broker.delete_queue(queue)
+
+
+def test_a_send_to_a_queue_deleted_by_another_client_is_refused(
+    broker: Broker, queue: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a client that sent to the queue (so it knows the queue), and the queue
+    # deleted through another client of the same broker
+    send(broker, queue, "g", "a")
+    kind = request.node.callspec.params["broker"]
+    if kind == "memory":
+        pytest.skip("the memory broker is one process' own: there is no other client")
+    other = make_broker(kind, tmp_path, request)
+    try:
+        other.delete_queue(queue)
+    finally:
+        other.close()
+    # when the first client counts or sends again, then it is told the queue is gone:
+    # nothing lands in a queue nobody serves
+    with pytest.raises(QueueNotFoundError):
+        broker.counts(queue)
+    with pytest.raises(QueueNotFoundError):
+        send(broker, queue, "g", "b")

@@ -139,6 +139,10 @@ class Broker(abc.ABC):
     def max_message_bytes(self, queue: str) -> int:
         """The queue's largest accepted message body, in bytes."""
 
+    def delete_queue(self, queue: str) -> None:
+        """Delete ``queue`` and every message in it (a no-op if it does not exist)."""
+        raise BrokerError(f"this broker cannot delete queues (asked to delete {queue})")
+
     def wake_waiters(self) -> None:  # noqa: B027 - optional for implementations
         """Make receives that are waiting return now (empty if nothing came).
 

@@ -239,6 +239,13 @@ class SqliteBroker(Broker):
         self._queue_cache[name] = (float(row[0]), int(row[1]))
         return self._queue_cache[name]
 
+    def delete_queue(self, queue: str) -> None:
+        with self._tx(f"deleting queue {queue}") as db:
+            db.execute("DELETE FROM messages WHERE queue = ?", (queue,))
+            db.execute("DELETE FROM groups WHERE queue = ?", (queue,))
+            db.execute("DELETE FROM queues WHERE name = ?", (queue,))
+        self._queue_cache.pop(queue, None)
+
     def max_message_bytes(self, queue: str) -> int:
         with self._read(f"reading queue {queue}") as db:
             return self._queue(db, queue)[1]
@@ -257,10 +264,11 @@ class SqliteBroker(Broker):
                 " (SELECT MIN(head_seq) FROM groups WHERE queue = ?)",
                 (queue,),
             ).fetchone()[0]
-            (deleted,) = db.execute(
-                "SELECT deleted FROM queues WHERE name = ?", (queue,)
-            ).fetchone()
-        return QueueCounts(int(waiting), int(in_flight), oldest, int(deleted))
+            row = db.execute("SELECT deleted FROM queues WHERE name = ?", (queue,)).fetchone()
+        if row is None:  # deleted by another process since this one looked it up
+            self._queue_cache.pop(queue, None)
+            raise QueueNotFoundError(f"queue {queue} was deleted from {self.path}")
+        return QueueCounts(int(waiting), int(in_flight), oldest, int(row[0]))
 
     def queue_settings(self, queue: str) -> QueueSettings | None:
         with self._read(f"reading queue {queue}") as db:
@@ -557,6 +565,9 @@ class SqliteBroker(Broker):
             " RETURNING version",
             (int(wake), deleted, queue),
         ).fetchone()
+        if row is None:  # deleted by another process since this one looked it up
+            self._queue_cache.pop(queue, None)
+            raise QueueNotFoundError(f"queue {queue} was deleted from {self.path}")
         return int(row[0])
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:

@@ -4,6 +4,12 @@ Credentials come only from boto3's default chain (environment, shared files,
 instance or task roles); ``region`` and ``endpoint_url`` (for emulators) come from
 the config. Every HTTP request to SQS is counted in :attr:`SqsBroker.requests`, per
 operation, so benchmarks and metrics can report what a workload costs.
+
+The hot calls (receive, delete, change visibility and send, in batches) go through
+boto3 once each, then over the broker's wire (:mod:`shardq.broker.sqs_wire`): the
+same requests, signed and sent with the client's own credentials, signer and
+connection pool, without botocore's per-request pipeline. Whatever fails there is
+sent again through boto3, which retries and raises as usual.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import botocore
 import botocore.config
 import botocore.exceptions
 
+from shardq.broker import sqs_wire
 from shardq.broker.base import (
     BatchResult,
     Broker,
@@ -51,6 +58,12 @@ _SAFE = {
     "deleting": "; the jobs stay queued and may run again",
     "changing": "; the jobs keep their current visibility",
 }
+_METHODS = {
+    "ReceiveMessage": "receive_message",
+    "DeleteMessageBatch": "delete_message_batch",
+    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
+    "SendMessageBatch": "send_message_batch",
+}
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -69,6 +82,7 @@ class SqsBroker(Broker):
         max_connections: int = 50,
         client: Any = None,
     ) -> None:
+        own_client = client is None
         if client is None:
             config = botocore.config.Config(
                 # Few quick retries: callers retry on their own terms (the leases back
@@ -98,12 +112,27 @@ class SqsBroker(Broker):
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self.client.meta.events.register("before-send.sqs.*", self._count_request)
+        # The hot calls skip botocore's per-request pipeline once it has shown how to
+        # make them (see shardq.broker.sqs_wire); only on a client built here.
+        self._wire = sqs_wire.Wire.attach(client, self._count) if own_client else None
         self._urls: dict[str, str] = {}
         self._sizes: dict[str, int] = {}
 
+    @property
+    def wire_operations(self) -> frozenset[str]:
+        """The hot operations sent without botocore's per-request pipeline by now (each
+        once botocore has sent it; see :mod:`shardq.broker.sqs_wire`)."""
+        wire = self._wire
+        if wire is None:
+            return frozenset()
+        return frozenset(op for op in sqs_wire.OPERATIONS if wire.ready(op))
+
     def _count_request(self, event_name: str = "", **_: Any) -> None:
+        self._count(event_name.rsplit(".", 1)[-1])
+
+    def _count(self, operation: str) -> None:
         with self._count_lock:
-            self.requests[event_name.rsplit(".", 1)[-1]] += 1
+            self.requests[operation] += 1
 
     # -- plumbing -------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., _T], **kwargs: Any) -> _T:
@@ -121,6 +150,16 @@ class SqsBroker(Broker):
         except botocore.exceptions.BotoCoreError as exc:
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
+
+    def _hot(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
+        """One of the hot calls: over the wire when it can, else through the client
+        (which also sends again, retries and raises whatever failed on the wire)."""
+        if self._wire is not None:
+            response = self._wire.send(operation, params)
+            if response is not None:
+                return response
+        method: Callable[..., dict[str, Any]] = getattr(self.client, _METHODS[operation])
+        return self._call(what, method, **params)
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
@@ -155,6 +194,14 @@ class SqsBroker(Broker):
             raise _no_credentials(f"creating queue {name}") from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
+
+    def delete_queue(self, queue: str) -> None:
+        try:
+            url = self.url(queue)
+        except QueueNotFoundError:
+            return
+        self._call(f"deleting queue {queue}", self.client.delete_queue, QueueUrl=url)
+        self._urls.pop(queue, None)
 
     def _attributes(self, queue: str, names: list[str]) -> dict[str, str]:
         response = self._call(
@@ -216,9 +263,9 @@ class SqsBroker(Broker):
                 valid.append(entry)
         if not valid:
             return result
-        response = self._call(
+        response = self._hot(
             f"sending {len(valid)} messages to {queue}",
-            self.client.send_message_batch,
+            "SendMessageBatch",
             QueueUrl=self.url(queue),
             Entries=[
                 {
@@ -244,9 +291,9 @@ class SqsBroker(Broker):
     ) -> list[Message]:
         if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
             raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
-        response = self._call(
+        response = self._hot(
             f"receiving from {queue}",
-            self.client.receive_message,
+            "ReceiveMessage",
             QueueUrl=self.url(queue),
             MaxNumberOfMessages=max_messages,
             WaitTimeSeconds=min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
@@ -274,9 +321,9 @@ class SqsBroker(Broker):
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
-        response = self._call(
+        response = self._hot(
             f"deleting {len(receipts)} messages from {queue}",
-            self.client.delete_message_batch,
+            "DeleteMessageBatch",
             QueueUrl=self.url(queue),
             Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)],
         )
@@ -286,9 +333,9 @@ class SqsBroker(Broker):
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
         check_batch(changes, [r for r, _ in changes])
-        response = self._call(
+        response = self._hot(
             f"changing visibility of {len(changes)} messages in {queue}",
-            self.client.change_message_visibility_batch,
+            "ChangeMessageVisibilityBatch",
             QueueUrl=self.url(queue),
             Entries=[
                 {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": math.ceil(s)}
