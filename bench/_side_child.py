@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sys
 import threading
@@ -59,22 +60,112 @@ def make_jobs(jobs: int, entities: int) -> list[tuple[str, dict[str, int]]]:
     return [(f"entity-{i % entities}", {"seq": i // entities}) for i in range(jobs)]
 
 
-def run_node(app: Any, threads: int) -> dict[str, Any]:
-    """``Node(app, plan, until_empty=True).run()``, timed and CPU-counted around the run."""
+class CpuTrace(threading.Thread):
+    """The process's CPU seconds sampled every ``every`` s (``perf_counter``, CPU), so
+    the CPU spent up to a moment within the run can be told (:meth:`at`)."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        super().__init__(name="cpu-trace", daemon=True)
+        self.every = every
+        self.samples: list[tuple[float, float]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.perf_counter(), cpu_seconds()))
+            if self.done.wait(self.every):
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        self.samples.append((time.perf_counter(), cpu_seconds()))
+
+    def at(self, moment: float) -> float:
+        """CPU seconds at ``moment``, interpolated between the samples around it."""
+        before = [s for s in self.samples if s[0] <= moment]
+        after = [s for s in self.samples if s[0] >= moment]
+        if not before or not after:
+            return (before or after)[-1 if before else 0][1]
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 if t1 == t0 else c0 + (c1 - c0) * (moment - t0) / (t1 - t0)
+
+
+class ThreadCpu(threading.Thread):
+    """CPU seconds per thread of this process while the node runs, summed by thread
+    name with its number dropped (``shardq-io_3`` and ``shardq-io_5`` are
+    ``shardq-io``): read from ``/proc/self/task/<tid>/schedstat`` (Linux) every
+    ``every`` s, so threads that end before the run does are still counted."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        super().__init__(name="thread-cpu", daemon=True)
+        self.every = every
+        self.done = threading.Event()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.names: dict[int, str] = {}
+
+    @staticmethod
+    def _read() -> dict[int, float]:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    out[int(tid)] = int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def run(self) -> None:
+        self.first = self._read()
+        while not self.done.wait(self.every):
+            self._sample()
+
+    def _sample(self) -> None:
+        for t in threading.enumerate():
+            if t.native_id is not None:
+                self.names[t.native_id] = re.sub(r"([-_]\d+|\[\d+\])$", "", t.name)
+        self.last.update(self._read())
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.join()
+        self._sample()
+        out: dict[str, float] = {}
+        for tid, seconds in self.last.items():
+            name = self.names.get(tid, "other")
+            if name != self.name:
+                out[name] = out.get(name, 0.0) + seconds - self.first.get(tid, 0.0)
+        return out
+
+
+def run_node(app: Any, threads: int, thread_cpu: bool = False) -> dict[str, Any]:
+    """``Node(app, plan, until_empty=True).run()``, timed and CPU-counted around the run
+    (``cpu_s``) and up to the end of the last job (``busy_cpu_s``: without the
+    until-empty detection and the shutdown)."""
     import lane_worker
 
     from shardq.node import Node
 
     node = Node(app, app.plan(threads=threads), until_empty=True)
     done_before = lane_worker.PROGRESS.count
+    trace = CpuTrace()
+    trace.start()
+    per_thread = ThreadCpu() if thread_cpu else None
+    if per_thread is not None:
+        per_thread.start()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     code = node.run()
     run_s, cpu_s = time.perf_counter() - t0, cpu_seconds() - cpu0
+    trace.stop()
+    extra = {"thread_cpu_s": per_thread.stop()} if per_thread is not None else {}
     return {
+        **extra,
         "code": code,
         "run_s": run_s,
         "busy_s": lane_worker.PROGRESS.last - t0,
         "cpu_s": cpu_s,
+        "busy_cpu_s": trace.at(lane_worker.PROGRESS.last) - cpu0,
         "processed": lane_worker.PROGRESS.count - done_before,
     }
 
@@ -108,7 +199,7 @@ def cmd_sqs(spec: dict[str, Any]) -> dict[str, Any]:
     report = worker.publish_many(jobs)
     publish_s = time.perf_counter() - t0
     c1 = proxy_counts(spec["port"])
-    out = run_node(app, spec["threads"])
+    out = run_node(app, spec["threads"], bool(spec.get("thread_cpu")))
     c2 = proxy_counts(spec["port"])
     return {
         **out,
@@ -188,7 +279,7 @@ def cmd_embedded(spec: dict[str, Any]) -> dict[str, Any]:
     shardq.logs.configure(defaults.log_format, defaults.log_level)
     app, threads, shards = lane_worker.blank_app, spec["threads"], spec["shards"]
     out: dict[str, Any] = {"log": f"{defaults.log_format}/{defaults.log_level}"}
-    for phase in ("raw-1", f"raw-{threads}", "node"):
+    for phase in dict.fromkeys(("raw-1", f"raw-{threads}", "node")):  # raw-1 once if T = 1
         path = os.path.join(spec["dir"], f"{phase}.db")
         app.configure(
             shardq.Config(
@@ -210,9 +301,7 @@ def cmd_embedded(spec: dict[str, Any]) -> dict[str, Any]:
             ):
                 bodies += [(queue, m.group_id, m.body) for m in batch]
                 app.broker.delete_batch(queue, [m.receipt for m in batch])
-        out[phase] = drain_threads(
-            app.broker, queues, 1 if phase == "raw-1" else threads, bodies
-        )
+        out[phase] = drain_threads(app.broker, queues, 1 if phase == "raw-1" else threads, bodies)
     app.broker.close()
     return out
 

@@ -17,16 +17,19 @@ document says) and ``--settle`` more seconds have passed, the counts are snapsho
 three fleets 3x3x8, 3x3x100 and 1x1x8). Requests are sorted into parts:
 
 * renewals: ChangeMessageVisibilityBatch on the leases queue that set every entry
-  to lease_seconds (a node's leases and its presence, 10 per request);
+  to lease_seconds (a node's leases and its presence, 10 per request; the presence
+  alone gets 1.5 x lease_seconds every other round when the leases fill batches);
 * long polls: ReceiveMessage on the leases queue that returned nothing;
 * takeovers: ReceiveMessage on the leases queue that returned leases, the visibility
   changes that bounce or release them, presence sends and deletes;
 * reports: every request on the fleet state queue (receive + send + delete per
   write, and peeks);
+* layout: requests on the layout queue (a node looks at the live layout every 5
+  minutes when no reshard is under way);
 * job-queue idle polls, reported apart: they existed before the fleet (one 20 s long
   poll per idle shard).
 
-Per node-hour is (long polls + reports + takeovers) / node-hours; per shard-hour is
+Per node-hour is (long polls + reports + takeovers + layout) / node-hours; per shard-hour is
 renewals / shard-hours (the presence rides in the renewal batches). The bound
 checked is fleet requests per hour <= 40 x shards + 360 x nodes.
 
@@ -281,13 +284,16 @@ def queue_counts(proxy_endpoint: str) -> Counter[str]:
 def parts(fleet: Fleet, counts: Counter[str]) -> dict[str, Counter[str]]:
     """The fleet's requests by part (see the module doc), each by queue-less key."""
     leases, state = f"{fleet.prefix}shardq-leases.fifo", f"{fleet.prefix}shardq-fleet.fifo"
+    layout = f"{fleet.prefix}shardq-layout.fifo"
     out: dict[str, Counter[str]] = {
-        p: Counter() for p in ("renewals", "long polls", "takeovers", "reports", "job queues")
+        p: Counter()
+        for p in ("renewals", "long polls", "takeovers", "reports", "layout", "job queues")
     }
+    renewal_vts = {fleet.lease_seconds, int(fleet.lease_seconds * 1.5)}  # the presence's
     for key, n in counts.items():
         queue, _, what = key.partition(" ")
         if queue == leases:
-            if what == f"ChangeMessageVisibilityBatch:vt={fleet.lease_seconds}":
+            if what in {f"ChangeMessageVisibilityBatch:vt={vt}" for vt in renewal_vts}:
                 part = "renewals"
             elif what.startswith("ReceiveMessage:empty"):
                 part = "long polls"
@@ -295,6 +301,8 @@ def parts(fleet: Fleet, counts: Counter[str]) -> dict[str, Counter[str]]:
                 part = "takeovers"
         elif queue == state:
             part = "reports"
+        elif queue == layout:
+            part = "layout"
         elif queue.startswith(fleet.prefix):
             part = "job queues"
         else:
@@ -305,16 +313,19 @@ def parts(fleet: Fleet, counts: Counter[str]) -> dict[str, Counter[str]]:
 
 def expected(fleet: Fleet) -> dict[str, float]:
     """Requests per hour the design predicts for a settled idle fleet."""
-    per_node = fleet.total_shards / fleet.nodes
-    renew_each = math.ceil((math.ceil(per_node) + 1) / 10)  # leases + the presence
-    report_every = fleet.report_seconds * (0.85 + 1.0) / 2  # x uniform(0.85, 1)
+    per_node = math.ceil(fleet.total_shards / fleet.nodes)
+    # leases + the presence, which rides along, or every other round if they fill batches
+    renew_each = per_node / 10 + 0.5 if per_node % 10 == 0 else math.ceil((per_node + 1) / 10)
+    idle_every = 90.0 if not fleet.static else fleet.report_seconds  # an idle elastic node
+    report_every = idle_every * (0.85 + 1.0) / 2  # x uniform(0.85, 1)
     lease = fleet.lease_seconds
     leased = 0 if fleet.static else fleet.nodes  # static nodes hold no leases
     return {
         "renewals": leased * renew_each * 3600 / (lease / 2),
-        "long polls": leased * 3600 / min(20, lease / 2),
+        "long polls": leased * 3600 / 20,  # one 20 s long poll at a time
         "takeovers": 0.0,
         "reports": fleet.nodes * 3 * 3600 / report_every,
+        "layout": fleet.nodes * 3600 / 300,  # a look at the layout every 5 minutes
         "job queues": fleet.total_shards * 3600 / 20,
     }
 
@@ -375,7 +386,7 @@ def report(fleet: Fleet, by_part: dict[str, Counter[str]], hours: float, still: 
     per_hour = {p: sum(c.values()) / hours for p, c in by_part.items()}
     fleet_total = sum(v for p, v in per_hour.items() if p != "job queues")
     bound = BOUND_PER_SHARD * s + BOUND_PER_NODE * n
-    node_part = per_hour["long polls"] + per_hour["reports"] + per_hour["takeovers"]
+    node_part = sum(per_hour[p] for p in ("long polls", "reports", "takeovers", "layout"))
     rows = [
         [p, f"{v:,.0f}", f"{model[p]:,.0f}", f"{v / n:,.1f}", f"{v / s:,.1f}"]
         for p, v in per_hour.items()
@@ -390,7 +401,8 @@ def report(fleet: Fleet, by_part: dict[str, Counter[str]], hours: float, still: 
         f" = {bound:,}: {'MEETS' if fleet_total <= bound else 'MISSES'}"
     )
     print(
-        f"   per node-hour (long polls + reports + takeovers): {node_part / n:,.1f} (<= 360:"
+        f"   per node-hour (long polls + reports + takeovers + layout): {node_part / n:,.1f}"
+        f" (<= 360:"
         f" {'yes' if node_part / n <= BOUND_PER_NODE else 'no'}); per shard-hour (renewals):"
         f" {per_hour['renewals'] / s:,.1f} (<= 40:"
         f" {'yes' if per_hour['renewals'] / s <= BOUND_PER_SHARD else 'no'})"

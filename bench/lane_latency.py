@@ -189,6 +189,7 @@ def figures(res: dict[str, Any], jobs: int) -> dict[str, float]:
     return {
         "jobs_s": res["processed"] / res["busy_s"] if res["busy_s"] > 0 else 0.0,
         "cpu_ms": res["cpu_s"] * 1000.0 / jobs,
+        "busy_cpu_ms": res["busy_cpu_s"] * 1000.0 / jobs,
         "req_1k": total * per,
         "pub_1k": pub * per,
         "idle_1k": idle * per,
@@ -200,7 +201,8 @@ def progress_line(side: Side, scenario: str, rnd: int, res: dict[str, Any], jobs
     f = figures(res, jobs)
     line = (
         f"  round {rnd + 1} {scenario:7s} {side.name:7s}: {f['jobs_s']:7.1f} jobs/s, "
-        f"CPU {f['cpu_ms']:.3f} ms/job, {f['req_1k']:.1f} req/1k (publish {f['pub_1k']:.1f}, "
+        f"CPU {f['cpu_ms']:.3f} ms/job (busy {f['busy_cpu_ms']:.3f}), "
+        f"{f['req_1k']:.1f} req/1k (publish {f['pub_1k']:.1f}, "
         f"idle {f['idle_1k']:.1f}), wall {f['wall_s']:.2f} s, exit {res['code']}, "
         f"processed {res['processed']}/{jobs}"
     )
@@ -214,11 +216,20 @@ def progress_line(side: Side, scenario: str, rnd: int, res: dict[str, Any], jobs
 
 
 def summary(runs: dict[str, list[dict[str, Any]]], names: list[str], jobs: int, scen: str) -> str:
-    keys = ("jobs_s", "cpu_ms", "req_1k", "pub_1k", "idle_1k", "wall_s")
+    keys = ("jobs_s", "cpu_ms", "busy_cpu_ms", "req_1k", "pub_1k", "idle_1k", "wall_s")
     med = {
         name: {k: median([figures(r, jobs)[k] for r in runs[name]]) for k in keys} for name in names
     }
-    headers = ["side", "jobs/s", "CPU ms/job", "req/1k", "publish/1k", "idle/1k", "wall s"]
+    headers = [
+        "side",
+        "jobs/s",
+        "CPU ms/job",
+        "busy CPU ms/job",
+        "req/1k",
+        "publish/1k",
+        "idle/1k",
+        "wall s",
+    ]
     if scen == "failing":
         headers += ["out of order", "lost", "duplicates"]
     headers.append("exit codes")
@@ -229,6 +240,7 @@ def summary(runs: dict[str, list[dict[str, Any]]], names: list[str], jobs: int, 
             name,
             f"{m['jobs_s']:.1f}",
             f"{m['cpu_ms']:.3f}",
+            f"{m['busy_cpu_ms']:.3f}",
             f"{m['req_1k']:.1f}",
             f"{m['pub_1k']:.1f}",
             f"{m['idle_1k']:.1f}",
@@ -246,7 +258,29 @@ def summary(runs: dict[str, list[dict[str, Any]]], names: list[str], jobs: int, 
         row = ["current/base", *(ratio(c[k], b[k]) for k in keys)]
         row += [""] * (len(headers) - len(row))
         rows.append(row)
-    return table(headers, rows)
+    out = table(headers, rows)
+    if "base" in med and "current" in med:
+        out += "\n" + paired(runs, jobs)
+    return out
+
+
+def paired(runs: dict[str, list[dict[str, Any]]], jobs: int) -> str:
+    """current/base per round (the two sides of a round ran back to back, so they share
+    the machine's state more than runs of different rounds do): median and range."""
+    lines = ["per-round ratios current/base, median (min-max):"]
+    labels = {"jobs_s": "jobs/s", "cpu_ms": "CPU/job", "busy_cpu_ms": "busy CPU/job"}
+    for key, label in labels.items():
+        ratios = [
+            figures(c, jobs)[key] / figures(b, jobs)[key]
+            for b, c in zip(runs["base"], runs["current"], strict=True)
+            if figures(b, jobs)[key]
+        ]
+        if ratios:
+            lines.append(
+                f"  {label}: {median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+                f"over {len(ratios)} rounds: " + " ".join(f"{r:.2f}" for r in ratios)
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ Starts ministack with ``tests/emulator.py`` on 127.0.0.1 (stopped by its pid at 
 end, also on Ctrl-C), sets AWS_ACCESS_KEY_ID/SECRET=test and region us-east-1, and
 uses an App on ``SqsBroker(region="us-east-1", endpoint_url=...)`` with a blank
 worker (``perform`` does nothing; ``--batch-size``). Requests come from
-``SqsBroker.requests`` (a Counter per operation, counted by a botocore before-send
-hook), snapshotted per phase:
+``SqsBroker.requests`` (a Counter per operation, counted by the broker for the
+requests botocore sends and for those its wire sends), snapshotted per phase:
 
 * setup: ``app.ensure_queues()`` before publishing (CreateQueue per queue);
 * publish: ``publish_many`` of the jobs;
 * process: ``Node(app, plan, until_empty=True).run()`` until it returns.
 
-ReceiveMessage calls that returned no message are counted separately (an extra
-botocore after-call hook added by this script) as "idle" receives. Requests are also
+ReceiveMessage calls that returned no message are counted separately (this script
+wraps the broker's ``receive``) as "idle" receives. Requests are also
 grouped by role: messages (Send/Receive-with-messages/Delete), idle receives,
 visibility changes, and setup/metadata (CreateQueue, GetQueueUrl,
 GetQueueAttributes).
@@ -75,11 +75,15 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     receives = Counter()  # "with" / "empty" ReceiveMessage calls
     rlock = threading.Lock()
 
-    def after_receive(parsed: dict | None = None, **_: object) -> None:
-        with rlock:
-            receives["with" if parsed and parsed.get("Messages") else "empty"] += 1
+    real_receive = broker.receive
 
-    broker.client.meta.events.register("after-call.sqs.ReceiveMessage", after_receive)
+    def receive(queue: str, **kwargs: float) -> list:
+        messages = real_receive(queue, **kwargs)  # type: ignore[arg-type]
+        with rlock:
+            receives["with" if messages else "empty"] += 1
+        return messages
+
+    broker.receive = receive  # type: ignore[method-assign]
 
     prefix = f"b{uuid.uuid4().hex[:6]}-"
     config = shardq.Config(

@@ -16,19 +16,20 @@ from typing import Any
 
 from shardq import bulk
 from shardq.app import App
+from shardq.ensure import PRUNE_HELP, ensure
 from shardq.envelope import refuse_constant
 from shardq.errors import ConfigError
-from shardq.fleet import leases_queue
-from shardq.fleet_store import fleet_queue
 from shardq.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
 from shardq.fleet_view import fleet_view
+from shardq.layout_text import layout_lines
+from shardq.layout_view import reshards
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
 from shardq.stats import collect, read_fleet
 from shardq.tables import age, optional, table
 from shardq.terminal import Progress, plural
 
-EXIT_OK, EXIT_USAGE, EXIT_DRIFT = 0, 2, 4
+EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
     "no node has reported yet: nodes report when they start and about every 45 s. "
     "Start one with `shardq run` (it joins the fleet) or `shardq run --node N --nodes M`, "
@@ -145,17 +146,20 @@ def add_commands(
 
     queues = commands.add_parser("queues", help="create or check the queues")
     qa = queues.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ensure = qa.add_parser(
+    ensure_cmd = qa.add_parser(
         "ensure",
         formatter_class=RAW,
         help="create missing shard and morgue queues; report settings that drifted",
-        description="Create every shard and morgue queue that is missing, and check the "
+        description="Create every shard queue of the live layouts (after a reshard, not "
+        "what the code's shards say) and every morgue queue that is missing, and check the "
         "existing ones: FIFO, no content-based dedup, the worker's visibility timeout. "
         "Exit 4 if any queue drifted.",
-        epilog="examples:\n  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n",
+        epilog="examples:\n  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n"
+        "  shardq queues ensure --prune   # also delete empty retired queues\n",
     )
-    common(ensure)
-    ensure.set_defaults(handler=lambda args: _ensure(load(args), args))
+    common(ensure_cmd)
+    ensure_cmd.add_argument("--prune", action="store_true", help=PRUNE_HELP)
+    ensure_cmd.set_defaults(handler=lambda args: _ensure(load(args), args))
 
     dash = command(
         "dashboard",
@@ -201,7 +205,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         for s in w.shards:
             rows.append(
                 (
-                    f"  [{s.shard}]",
+                    f"  [{s.shard}]" if s.gen == 0 else f"  [@{s.gen}:{s.shard}]",
                     str(s.length),
                     str(s.in_flight),
                     "",
@@ -223,7 +227,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         )
     )
     print(table(rows, align="lrrrrrl"))
-    for line in fleet_lines(stats.fleet, stats.lag_source):
+    for line in [*layout_lines(stats), *fleet_lines(stats.fleet, stats.lag_source)]:
         print(line, file=sys.stderr)
     if stats.fleet_error:
         print(f"cannot read the fleet document: {stats.fleet_error}", file=sys.stderr)
@@ -231,11 +235,17 @@ def _stats(app: App, args: argparse.Namespace) -> int:
 
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
-    view = fleet_view(read_fleet(app), time.time())
+    now = time.time()
+    view = fleet_view(read_fleet(app), now)
+    moves = reshards(app, now)
     if args.json:
-        print(json.dumps(view.to_json(), indent=2))
-    elif view.reported:
-        print(nodes_text(view))
+        reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
+        print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
+    else:
+        if view.reported:
+            print(nodes_text(view))
+        if moves:
+            print(("\n" if view.reported else "") + "\n".join(m.text() for m in moves))
     if not view.reported:
         print(NO_REPORT, file=sys.stderr)
     return EXIT_OK
@@ -372,44 +382,7 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
 
 
 def _ensure(app: App, args: argparse.Namespace) -> int:
-    app.check()
-    broker = app.broker
-    drift = []
-    created = checked = 0
-    for name in app.workers:
-        settings = app.settings(name)
-        queues = [app.shard_queue(name, s) for s in range(settings.shards)]
-        for queue in [*queues, app.morgue_queue(name)]:
-            found = broker.queue_settings(queue)
-            if found is None:
-                app.ensure_queue(queue, name)
-                created += 1
-                continue
-            checked += 1
-            if not found.fifo:
-                drift.append(f"{queue}: not a FIFO queue")
-            if found.content_based_dedup:
-                drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
-            if found.visibility_timeout != settings.visibility_timeout:
-                drift.append(
-                    f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
-                    f"{name}.visibility_timeout is {settings.visibility_timeout} s"
-                )
-    prefix = app.config.queue_prefix
-    fleet = ((fleet_queue(prefix), 10), (leases_queue(prefix), int(app.config.lease_seconds)))
-    for queue, visibility in fleet:  # the elastic fleet's own two queues
-        if broker.queue_settings(queue) is None:
-            broker.ensure_queue(queue, visibility_timeout=visibility)
-            created += 1
-        else:
-            checked += 1
-    for line in drift:
-        print(f"drift: {line}")
-    print(
-        f"{plural(created, 'queue')} created, {checked} checked, {len(drift)} drifted",
-        file=sys.stderr,
-    )
-    return EXIT_DRIFT if drift else EXIT_OK
+    return ensure(app, with_prune=args.prune)
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:

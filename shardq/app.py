@@ -16,6 +16,8 @@ from typing import TypeVar
 from shardq.broker import Broker, broker_from_url
 from shardq.config import Config
 from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
+from shardq.layout import shard_name
+from shardq.layouts import Layouts
 from shardq.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
 from shardq.middleware import Middleware
 from shardq.plan import Plan, make_plan
@@ -39,6 +41,8 @@ class App:
         self._ready: set[str] = set()
         self._lock = threading.RLock()
         self.publisher = Publisher(self)
+        #: The live layout of every worker (see :mod:`shardq.layout`).
+        self.layouts = Layouts(self)
         #: Middleware around perform and publish, and node hooks, in order added.
         self.middleware: list[Middleware] = []
 
@@ -118,8 +122,13 @@ class App:
             seen[settings.queue_name] = name
 
     def plan(self, *, node: int = 0, nodes: int = 1, threads: int | None = None) -> Plan:
-        """The plan of node ``node`` of ``nodes`` (threads default to the config's)."""
-        workers = {n: (self.settings(n).shards, self.settings(n).priority) for n in self._workers}
+        """The plan of node ``node`` of ``nodes`` (threads default to the config's), over
+        the live layout's shards (the copy in hand: no request)."""
+        workers = {
+            name: (count, self.settings(worker).priority)
+            for worker in self._workers
+            for name, count in self.live_shards(worker).items()
+        }
         return make_plan(
             workers,
             node=node,
@@ -157,6 +166,7 @@ class App:
             if broker is not None:
                 self._broker = broker
             self._ready.clear()
+            self.layouts.forget()
 
     @contextmanager
     def override(
@@ -171,12 +181,14 @@ class App:
             if broker is not None:
                 self._broker = broker
             self._ready.clear()
+            self.layouts.forget()
         try:
             yield self
         finally:
             with self._lock:
                 self._config, self._broker = saved[0], saved[1]
                 self._settings, self._ready = saved[2], saved[3]
+                self.layouts.forget()
 
     @property
     def signing_key(self) -> bytes | None:
@@ -184,9 +196,20 @@ class App:
         return key.encode("utf-8") if key else None
 
     # -- queues ----------------------------------------------------------------
-    def shard_queue(self, worker: type[Worker] | str, shard: int) -> str:
+    def shard_queue(self, worker: type[Worker] | str, shard: int, gen: int = 0) -> str:
+        """The queue of shard ``shard`` of layout generation ``gen``."""
         settings = self.settings(worker)
-        return f"{self.config.queue_prefix}{settings.queue_name}-{shard}{FIFO_SUFFIX}"
+        part = f"-{shard}" if gen == 0 else f"-g{gen}-{shard}"
+        return f"{self.config.queue_prefix}{settings.queue_name}{part}{FIFO_SUFFIX}"
+
+    def live_shards(self, worker: str) -> dict[str, int]:
+        """Shards to serve now by generation name (``Orders``, ``Orders@2``): the
+        current layout's and, during a reshard, the old one's (the copy in hand)."""
+        layout = self.layouts.cached(worker)
+        gens = {layout.gen: layout.shards}
+        if layout.moving is not None:
+            gens[layout.moving.gen] = layout.moving.shards
+        return {shard_name(worker, g): n for g, n in sorted(gens.items())}
 
     def morgue_queue(self, worker: type[Worker] | str) -> str:
         settings = self.settings(worker)
@@ -200,11 +223,16 @@ class App:
         self._ready.add(queue)
 
     def ensure_queues(self) -> list[str]:
-        """Create every shard and morgue queue of every worker; returns their names."""
+        """Create every shard queue of the live layouts and every morgue queue; returns
+        their names."""
         self.check()
+        self.layouts.refresh()
         names = []
         for name in self._workers:
-            queues = [self.shard_queue(name, s) for s in range(self.settings(name).shards)]
+            queues = []
+            for gen_name, count in self.live_shards(name).items():
+                gen = int(gen_name.rpartition("@")[2]) if "@" in gen_name else 0
+                queues += [self.shard_queue(name, s, gen) for s in range(count)]
             for queue in [*queues, self.morgue_queue(name)]:
                 self.ensure_queue(queue, name)
                 names.append(queue)

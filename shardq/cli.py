@@ -23,6 +23,7 @@ from shardq.config import Config
 from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.fleet_doc import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
+from shardq.reshard import add_command as add_reshard
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     _placement(plan, node_default=None)
     plan.set_defaults(handler=_plan)
     add_commands(commands, _common, lambda args: load(args)[0])
+    add_reshard(commands, _common, lambda args: load(args)[0])
     return parser
 
 
@@ -215,7 +217,10 @@ def _run(args: argparse.Namespace) -> int:
             membership=ELASTIC,
         )
     else:
-        plan = app.plan(node=args.node, nodes=1 if args.nodes is None else args.nodes)
+        nodes = 1 if args.nodes is None else args.nodes
+        app.plan(node=args.node, nodes=nodes)  # bad flags are refused before any request
+        app.layouts.refresh()  # the plan covers the live layout
+        plan = app.plan(node=args.node, nodes=nodes)
         node = Node(app, plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.signals:
         print("shardq: stopped before the node started", file=sys.stderr)
@@ -245,6 +250,7 @@ class _EarlyStop:
 
 def _plan(args: argparse.Namespace) -> int:
     app, _ = load(args)
+    app.layouts.refresh()
     nodes = [args.node] if args.node is not None else range(args.nodes)
     print(format_plan([app.plan(node=n, nodes=args.nodes) for n in nodes]))
     return EXIT_OK

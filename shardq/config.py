@@ -66,6 +66,13 @@ class Config:
     #: Seconds between a node's reports to the fleet document (5..45; a node silent
     #: for 60 s is shown as gone).
     report_seconds: float = 45.0
+    #: Publishers and nodes look at the live layout (``shardq reshard``) again when
+    #: their copy is older than this (0.1..60).
+    layout_refresh_seconds: float = 10.0
+    #: ``shardq reshard``: publishers switch to the new layout this long after the
+    #: reshard begins (every one must have looked at the layout by then: 5..3600, and
+    #: at least layout_refresh_seconds + 5).
+    reshard_trust_seconds: float = 60.0
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
     #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
@@ -164,6 +171,19 @@ class Config:
             fail("lease_seconds", f"expected 10 to 600, got {self.lease_seconds!r}")
         if not 5 <= self.report_seconds <= 45:
             fail("report_seconds", f"expected 5 to 45, got {self.report_seconds!r}")
+        if not 0.1 <= self.layout_refresh_seconds <= 60:
+            fail(
+                "layout_refresh_seconds", f"expected 0.1 to 60, got {self.layout_refresh_seconds!r}"
+            )
+        if not 5 <= self.reshard_trust_seconds <= 3600:
+            fail("reshard_trust_seconds", f"expected 5 to 3600, got {self.reshard_trust_seconds!r}")
+        if self.reshard_trust_seconds < self.layout_refresh_seconds + 5:
+            fail(
+                "reshard_trust_seconds",
+                f"{self.reshard_trust_seconds} is less than layout_refresh_seconds "
+                f"({self.layout_refresh_seconds}) + 5: publishers could still use the old "
+                "layout when old shards close",
+            )
         if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
             fail(
                 "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
@@ -205,6 +225,8 @@ _FLOATS = {
     "progress_seconds",
     "lease_seconds",
     "report_seconds",
+    "layout_refresh_seconds",
+    "reshard_trust_seconds",
 }
 
 

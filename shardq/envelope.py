@@ -79,7 +79,7 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
     try:
-        doc = json.loads(body, parse_constant=refuse_constant)
+        doc = _parse(body)
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc})") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
@@ -110,6 +110,18 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
 def refuse_constant(name: str) -> Any:
     """``json.loads(..., parse_constant=refuse_constant)``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not a JSON number")
+
+
+#: One decoder for every body (``json.loads`` with arguments builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=refuse_constant)
+
+
+def _parse(text: str) -> Any:
+    """``json.loads(text, parse_constant=refuse_constant)`` for a str, without building
+    a decoder per call."""
+    if text.startswith("\ufeff"):  # as json.loads refuses it
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODER.decode(text)
 
 
 def _sign(key: bytes, text: str) -> str:

@@ -61,6 +61,10 @@ class FleetError(ShardqError):
     what to do (usually: check the broker, or upgrade shardq on this machine)."""
 
 
+class LayoutError(ShardqError):
+    """A reshard was refused, or the layout document could not be read or written."""
+
+
 class PublishError(ShardqError):
     """Some jobs of a publish were not accepted by the broker.
 

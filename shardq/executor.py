@@ -31,19 +31,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from shardq import envelope, morgue
+from shardq import layout as layouts
 from shardq.broker.base import Message
 from shardq.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.leases import Leases
 from shardq.middleware import PerformContext, run_around
 from shardq.plan import ShardRef
+from shardq.relay import relay
 from shardq.timelimit import TimeLimitExceeded, TimeLimits
 from shardq.worker import JobInfo, Worker, WorkerSettings
 
@@ -56,6 +58,12 @@ log = structlog.get_logger("shardq.job")
 LOCAL_RETRY_SECONDS = 10.0
 #: When an invalid message could not be written to the morgue: try again after this.
 INVALID_RETRY_SECONDS = 30.0
+#: A job held back by a reshard (its entity may still have jobs in the old layout), or
+#: whose relay failed, is looked at again after this (held here meanwhile, in order).
+GATE_SECONDS = 1.0
+
+#: Decides what to do with an entity's jobs from a shard: run, wait or relay.
+Router = Callable[[ShardRef, str], str]
 
 
 @dataclass(frozen=True)
@@ -130,8 +138,10 @@ class Executor:
         stopping: threading.Event,
         observers: Sequence[Observer] = (),
         max_retry_delay: float | None = None,
+        router: Router | None = None,
     ) -> None:
         self._app = app
+        self._router = router or app_router(app)
         self._broker = app.broker
         self._leases = leases
         self._limits = limits
@@ -174,6 +184,13 @@ class Executor:
         self, ref: ShardRef, settings: WorkerSettings, worker: Worker, messages: list[Message]
     ) -> Deferred | None:
         jobs = [self._decode(ref, m) for m in messages]
+        action = self._router(ref, messages[0].group_id)
+        if action == layouts.RELAY and not self._relayed(ref, messages):
+            action = layouts.WAIT
+        if action == layouts.WAIT:  # held, in order, without counting an attempt
+            return self._retry(ref, [], jobs, GATE_SECONDS)
+        if action == layouts.RELAY:
+            return None
         i, isolate_until = 0, 0
         while i < len(jobs):
             if self._stopping.is_set():  # shutting down: the node releases what has not run
@@ -211,6 +228,19 @@ class Executor:
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
         return None
+
+    def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
+        """Send an entity's jobs on to the current layout, then delete them here."""
+        if any(self._leases.lapsed(m) for m in messages):
+            return False  # another node may have them now; the next look gives up
+        try:
+            relay(self._app, ref.worker, messages)
+        except BrokerError as exc:
+            log.warning("layout.relay_failed", shard=str(ref), error=str(exc))
+            self._broker_error("relay")
+            return False
+        self._leases.delete(messages)
+        return True
 
     @staticmethod
     def _chunk(jobs: list[_Job], start: int, size: int) -> list[_Job]:
@@ -422,6 +452,15 @@ class Executor:
                 max_delay=self._max_retry_delay,
             )
         return rules
+
+
+def app_router(app: App) -> Router:
+    """The router of the app's layout copy in hand (no request)."""
+
+    def route(ref: ShardRef, entity: str) -> str:
+        return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
+
+    return route
 
 
 def _level(kind: str, error: BaseException | None) -> int:

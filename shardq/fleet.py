@@ -54,6 +54,7 @@ from shardq.errors import BrokerError, ShardqError
 from shardq.fleet_doc import ELASTIC, STATIC, FleetDoc, NodeReport
 from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, shard_keys, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.layout import parse_name
 from shardq.limits import FIFO_SUFFIX, MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
 from shardq.plan import ShardRef
 
@@ -80,7 +81,14 @@ HANDED_SECONDS = 10.0
 HANDED_BOUNCE_SECONDS = 3
 #: A held lease is given up (its shard dropped) this long before it could expire.
 LAPSE_MARGIN_SECONDS = 2.0
-SHARD_GROUP, NODE_GROUP = "shard:", "node:"
+SHARD_GROUP, NODE_GROUP, LAYOUT_GROUP = "shard:", "node:", "layout:"
+#: An idle elastic node (no job since its last report, the same shards, no lag)
+#: reports this often instead of every ``report_seconds``: its presence on the leases
+#: queue, not its report, tells the others it is alive.
+IDLE_REPORT_SECONDS = 90.0
+#: A layout notice (``shardq reshard``) received by this node is hidden this long,
+#: so that the other nodes' polls get it too.
+NOTICE_BOUNCE_SECONDS = 2
 
 
 def leases_queue(queue_prefix: str) -> str:
@@ -126,8 +134,13 @@ class Fleet:
         self._threads: list[threading.Thread] = []
         self._done_before = 0
         self._rate_at = time.monotonic()
+        self._last_held: tuple[str, ...] = ()
+        self._presence_until = 0.0  # monotonic time the presence's last renewal ends
+        self._every = self.report_seconds  # the interval the last report announced
         self._doc_at = 0.0
         self._presence_sent = 0.0
+        self._keys_known: set[str] = set()  # the live layout's keys the leases were made for
+        self._retiring: set[str] = set()  # held keys of a retired layout, being dropped
 
     # -- life -----------------------------------------------------------------------
     def join(self) -> None:
@@ -176,11 +189,16 @@ class Fleet:
         with self._lock:
             return sorted(self._held)
 
+    def live_nodes(self) -> set[str]:
+        """Elastic nodes of the last document read, less those seen gone."""
+        return self._live()
+
     # -- the keeper: renewals, reports, balance ----------------------------------------
     def _keep(self) -> None:
         renew_every = self.lease_seconds / 2
         next_renew = time.monotonic() + renew_every
         next_report = time.monotonic() + self._report_interval()
+        next_look = time.monotonic() + 5.0
         while not self._stop.wait(0.25) and not self.node.stopping.is_set():
             now = time.monotonic()
             if self.elastic and now >= next_renew:
@@ -188,27 +206,48 @@ class Fleet:
             if self.elastic:
                 self._drop_lapsed()
                 self._resend_presence()
+            if self._every > self.report_seconds and now >= next_look:
+                next_look = now + 5.0
+                self._wake_if_busy()  # an idle node that runs jobs again reports them
             early = self._update_now.is_set() and now - self._doc_at >= EARLY_UPDATE_SECONDS
             if now >= next_report or early:
                 self._update_now.clear()
                 next_report = now + (self._report_interval() if self._try_update() else 2.0)
             if self.elastic:
+                self._follow_layout()
                 self._balance()
 
     def _report_interval(self) -> float:
-        return self.report_seconds * self._rng.uniform(0.85, 1.0)
+        return self._every * self._rng.uniform(0.85, 1.0)
+
+    def _wake_if_busy(self) -> None:
+        tally = self.node.tally()
+        done = sum(tally.succeeded.values()) + sum(tally.morgued.values())
+        if done != self._done_before or self.held() != list(self._last_held):
+            self._update_now.set()
 
     def _renew(self) -> bool:
+        """Renew every lease held, and the presence. The presence rides in the last
+        batch when there is room; when the leases fill their batches (a multiple of 10)
+        it is renewed every other round instead, for 1.5 leases, not costing a request
+        of its own each round."""
+        sent = time.monotonic()
+        next_round = sent + self.lease_seconds / 2 + LAPSE_MARGIN_SECONDS
         with self._lock:
             entries = [(k, m) for k, m in self._held.items()]
-            if self._presence is not None:
+            room = len(entries) % MAX_BATCH_ENTRIES != 0
+            if self._presence is not None and (room or next_round >= self._presence_until):
                 entries.append(("", self._presence))
-        sent = time.monotonic()
+        presence_seconds = self.lease_seconds if room else int(self.lease_seconds * 1.5)
         ok = True
         for chunk in batches(entries):
             try:
                 result = self.broker.change_visibility_batch(
-                    self.queue, [(m.receipt, self.lease_seconds) for _, m in chunk]
+                    self.queue,
+                    [
+                        (m.receipt, presence_seconds if not k else self.lease_seconds)
+                        for k, m in chunk
+                    ],
                 )
             except BrokerError as exc:
                 log.warning("fleet.renew_failed", error=str(exc))
@@ -222,6 +261,8 @@ class Fleet:
                     with self._lock:
                         if key in self._held:
                             self._expires[key] = sent + self.lease_seconds
+                else:
+                    self._presence_until = sent + presence_seconds
         return ok
 
     def _lost(self, key: str, reason: str) -> None:
@@ -237,7 +278,7 @@ class Fleet:
         with self._lock:
             self._held.pop(key, None)
             self._expires.pop(key, None)
-        self.node.drop_shard(self._ref(key))
+        self.node.drop_shard(self._ref_any(key))
 
     def _drop_lapsed(self) -> None:
         now = time.monotonic()
@@ -254,11 +295,42 @@ class Fleet:
         if missing and time.monotonic() - self._presence_sent > self.lease_seconds / 2:
             self._send_presence()
 
+    def _follow_layout(self) -> None:
+        """A reshard changed the shards: leases for the new ones; the old ones drained,
+        then their leases deleted."""
+        keys = set(self._keys())
+        if keys - self._keys_known:
+            try:
+                self._create_leases()
+            except ShardqError as exc:
+                log.warning("fleet.create_leases_failed", error=str(exc))
+                return
+            self._update_now.set()
+        self._keys_known = keys
+        with self._lock:
+            gone = [k for k in self._held if k not in keys and k not in self._retiring]
+        for key in gone:
+            if self._retired(key):
+                log.info("fleet.retiring", shard=key, detail="its layout generation ended")
+                self._retiring.add(key)
+                self._dropping[key] = self.node.drop_shard(self._ref_any(key))
+
+    def _retired(self, key: str) -> bool:
+        """Whether ``key`` is a shard of an older generation of a worker this node has."""
+        try:
+            name, _ = parse_key(key)
+            worker, gen = parse_name(name)
+        except (ValueError, ShardqError):
+            return False
+        if worker not in self.app.workers:
+            return False
+        return gen < self.app.layouts.cached(worker).gen and name not in self._shards()
+
     def _balance(self) -> None:
         """Drain shards targeted at another live node; release their leases once drained."""
         live = self._live()
         with self._lock:
-            held = list(self._held)
+            held = [k for k in self._held if k not in self._retiring]
         for key in held:
             target = self.doc.targets.get(key)
             report = self.doc.nodes.get(target or "")
@@ -267,14 +339,17 @@ class Fleet:
             alive = report is not None and report.seen > self._took.get(key, 0.0)
             if target != self.id and target in live and alive and key not in self._dropping:
                 log.info("fleet.handing_over", shard=key, to=target)
-                self._dropping[key] = self.node.drop_shard(self._ref(key))
+                self._dropping[key] = self.node.drop_shard(self._ref_any(key))
         for key, drained in list(self._dropping.items()):
             if drained.is_set():
                 del self._dropping[key]
                 with self._lock:
                     message = self._held.pop(key, None)
                     self._expires.pop(key, None)
-                if message is not None:
+                if message is not None and key in self._retiring:
+                    self._retiring.discard(key)
+                    self._delete_lease(message)
+                elif message is not None:
                     self._handed[key] = time.monotonic()
                     self._release([message], 0)
 
@@ -313,6 +388,11 @@ class Fleet:
         rate = (done - self._done_before) / elapsed
         self._done_before, self._rate_at = done, time.monotonic()
         held = self.held() if self.elastic else sorted(lags)
+        quiet = (  # nothing done since the last report, the same shards, no lag
+            self.elastic and rate == 0 and tuple(held) == self._last_held and not any(lags.values())
+        )
+        self._every = IDLE_REPORT_SECONDS if quiet else self.report_seconds
+        self._last_held = tuple(held)
         return NodeReport(
             node=self.id,
             host=socket.gethostname(),
@@ -327,6 +407,7 @@ class Fleet:
             done=done,
             max_lag=max(lags.values(), default=0.0),
             version=_version(),
+            every=self._every,
         )
 
     def _live(self) -> set[str]:
@@ -367,6 +448,7 @@ class Fleet:
             receipts = [m.receipt for m in extra]
             self._safely("delete", lambda: self.broker.delete_batch(self.queue, receipts))
         bounce: list[Message] = []
+        notices: list[Message] = []  # layout notices, for the other nodes too
         slow: list[Message] = []  # leases this node just handed over
         keep: list[tuple[str, Message]] = []  # shard key ("" for its own presence)
         # presences first: a node found gone here frees its leases in the same batch
@@ -375,10 +457,13 @@ class Fleet:
                 self._presence_seen(group[len(NODE_GROUP) :], message, bounce, keep)
             elif group.startswith(SHARD_GROUP):
                 self._lease_seen(group[len(SHARD_GROUP) :], message, bounce, slow, keep)
+            elif group.startswith(LAYOUT_GROUP):
+                self._notice_seen(message, notices)
             else:
                 bounce.append(message)
         self._release(bounce, BOUNCE_SECONDS)
         self._release(slow, HANDED_BOUNCE_SECONDS)
+        self._release(notices, NOTICE_BOUNCE_SECONDS)
         for key, message in self._claim(keep):
             if key:
                 self._take(key, message)
@@ -424,6 +509,19 @@ class Fleet:
         self._gone[node] = "lease expired"
         self._update_now.set()
 
+    def _notice_seen(self, message: Message, notices: list[Message]) -> None:
+        """``shardq reshard`` began a reshard: read the layout now. The notice stays
+        for the other nodes until its time is over, then it is deleted."""
+        self.node.layout.poke()
+        try:
+            until = float(json.loads(message.body).get("until", 0))
+        except (ValueError, TypeError, AttributeError):
+            until = 0.0
+        if time.time() < until:
+            notices.append(message)
+        else:
+            self._delete_lease(message)
+
     def _lease_seen(
         self,
         key: str,
@@ -435,7 +533,10 @@ class Fleet:
         try:
             self._ref(key)
         except (ValueError, ShardqError):
-            bounce.append(message)  # a worker this node's code does not have
+            if self._retired(key):  # a lease of a layout generation that ended
+                self._delete_lease(message)
+            else:
+                bounce.append(message)  # a worker this node's code does not have (yet)
             return
         now = time.monotonic()
         target = self.doc.targets.get(key)
@@ -481,17 +582,28 @@ class Fleet:
 
     # -- helpers ------------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:
-        return {name: self.app.settings(name).shards for name in self.app.workers}
+        """Shards of the live layout by generation name (``Orders``, ``Orders@2``)."""
+        return {
+            name: count
+            for worker in self.app.workers
+            for name, count in self.app.live_shards(worker).items()
+        }
 
     def _keys(self) -> list[str]:
         return shard_keys(self._shards())
 
     def _ref(self, key: str) -> ShardRef:
-        worker, shard = parse_key(key)
-        settings = self.app.settings(worker)
-        if not 0 <= shard < settings.shards:
-            raise ValueError(f"shard {shard} of {worker} is beyond its {settings.shards} shards")
-        return ShardRef(worker, shard, settings.priority)
+        """The shard of ``key`` in the live layout (ValueError if it is not in it)."""
+        ref = self._ref_any(key)
+        count = self._shards().get(ref.name, 0)
+        if not 0 <= ref.shard < count:
+            raise ValueError(f"shard {ref.shard} of {ref.name} is not in the live layout")
+        return ref
+
+    def _ref_any(self, key: str) -> ShardRef:
+        name, shard = parse_key(key)
+        worker, gen = parse_name(name)
+        return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
 
     def _create_leases(self) -> None:
         """Send the lease message of every shard the document does not list yet."""
@@ -518,6 +630,9 @@ class Fleet:
         body = json.dumps({"kind": "node", "node": self.id, "started": self.started})
         entry = SendEntry("0", body, NODE_GROUP + self.id, uuid.uuid4().hex)
         self._safely("send", lambda: self.broker.send_batch(self.queue, [entry]))
+
+    def _delete_lease(self, message: Message) -> None:
+        self._safely("delete", lambda: self.broker.delete_batch(self.queue, [message.receipt]))
 
     def _release(self, messages: Sequence[Message], seconds: float) -> None:
         for chunk in batches(list(messages)):

@@ -28,6 +28,10 @@ FORMAT = 1
 GONE_KEPT_SECONDS = 3600.0
 
 ELASTIC, STATIC = "elastic", "static"
+#: A node whose last report is older than this (or than its own ``every`` plus
+#: :data:`STALE_MARGIN_SECONDS`) is taken as not reporting.
+STALE_SECONDS = 60.0
+STALE_MARGIN_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class NodeReport:
     done: int = 0
     max_lag: float = 0.0
     version: str = ""
+    #: Seconds until this node's next report at the latest (0: an older node's report,
+    #: taken as every 45 s).
+    every: float = 0.0
+
+    @property
+    def stale_after(self) -> float:
+        """Seconds after ``seen`` from which the node is taken as not reporting."""
+        return max(STALE_SECONDS, self.every + STALE_MARGIN_SECONDS)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -72,6 +84,7 @@ class NodeReport:
             done=_int(obj, "done", 0),
             max_lag=_number(obj, "max_lag", 0.0),
             version=_text(obj, "version", ""),
+            every=_number(obj, "every", 0.0),
         )
 
 
@@ -108,6 +121,9 @@ class FleetDoc:
     targets: Mapping[str, str] = field(default_factory=dict)
     #: Shard keys whose lease message exists in the leases queue.
     leases: tuple[str, ...] = ()
+    #: Raised by ``shardq reshard``: nodes read the layout document again when it
+    #: changes (else rarely), so an idle node does not poll the layout.
+    layout: int = 0
 
     def with_node(self, report: NodeReport) -> FleetDoc:
         nodes = dict(self.nodes)
@@ -148,6 +164,7 @@ class FleetDoc:
                 "gone": {k: v.to_json() for k, v in sorted(self.gone.items())},
                 "targets": dict(sorted(self.targets.items())),
                 "leases": sorted(self.leases),
+                "layout": self.layout,
             },
             separators=(",", ":"),
         )
@@ -177,6 +194,7 @@ class FleetDoc:
             gone={k: GoneNode.from_json(v) for k, v in gone.items()},
             targets={k: _as_text(v, "a target") for k, v in targets.items()},
             leases=tuple(_texts(obj, "leases")),
+            layout=_int(obj, "layout") if "layout" in obj else 0,
         )
 
 

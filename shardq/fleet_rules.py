@@ -16,8 +16,6 @@ from dataclasses import replace
 from shardq.assign import assign, key_text, parse_key
 from shardq.fleet_doc import ELASTIC, FleetDoc, NodeReport
 
-#: A node whose report is older than this is moved to gone ("not reporting").
-STALE_SECONDS = 60.0
 #: A lease that keeps coming back to a node this long is taken even if targeted
 #: elsewhere (its target is not picking it up).
 BOUNCE_GIVE_UP_SECONDS = 5.0
@@ -40,7 +38,7 @@ def joined(
     for node, reason in gone.items():
         doc = doc.without_node(node, reason, now)
     for node, other in list(doc.nodes.items()):
-        if node != report.node and now - other.seen > STALE_SECONDS:
+        if node != report.node and now - other.seen > other.stale_after:
             doc = doc.without_node(node, "not reporting", now)
     return retarget(doc, shards)
 
@@ -60,8 +58,20 @@ def retarget(doc: FleetDoc, shards: Mapping[str, int]) -> FleetDoc:
         except ValueError:
             continue
     targets = {key_text(k): n for k, n in assign(shards, elastic, holders).items()}
-    leases = tuple(sorted({*doc.leases, *shard_keys(shards)}))
+    leases = tuple(sorted({*_listed(doc.leases, shards), *shard_keys(shards)}))
     return replace(doc, targets=targets, leases=leases)
+
+
+def _listed(leases: tuple[str, ...], shards: Mapping[str, int]) -> list[str]:
+    """Listed leases to keep: not those of a layout generation that ended (a worker
+    whose other generation is live); those of workers unknown here are kept."""
+    workers = {name.partition("@")[0] for name in shards}
+    kept = []
+    for key in leases:
+        name = key.rpartition(":")[0]
+        if name in shards or name.partition("@")[0] not in workers:
+            kept.append(key)
+    return kept
 
 
 def take_lease(key: str, me: str, doc: FleetDoc, live: set[str], bounced_for: float | None) -> bool:

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -41,20 +42,50 @@ CREATED_DEDUP_ID = "fleet-created"
 LOCK_MARGIN_SECONDS = 2.0
 
 
+class _Doc(Protocol):
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def written(self) -> float: ...
+
+    def to_text(self) -> str: ...
+
+
+D = TypeVar("D", bound=_Doc)
+
+
 def fleet_queue(queue_prefix: str) -> str:
     """The fleet state queue of an app with this queue prefix."""
     return f"{queue_prefix}shardq-fleet{FIFO_SUFFIX}"
 
 
-class FleetStore:
-    """Read and write one app's fleet document on its broker."""
+class DocStore(Generic[D]):
+    """Read and write one document (a fleet's, a layout's) on a broker.
 
-    def __init__(self, broker: Broker, queue: str, *, lock_seconds: float = 10.0) -> None:
+    ``load`` parses a document's text (raising ``error`` when it is not one);
+    ``blank`` makes the first, empty document.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        queue: str,
+        *,
+        load: Callable[[str], D],
+        blank: Callable[[], D],
+        group: str = GROUP,
+        what: str = "fleet document",
+        error: type[Exception] = FleetError,
+        lock_seconds: float = 10.0,
+    ) -> None:
         if lock_seconds <= LOCK_MARGIN_SECONDS:
             raise ValueError(f"lock_seconds must exceed {LOCK_MARGIN_SECONDS}")
         self.broker = broker
         self.queue = queue
         self.lock_seconds = lock_seconds
+        self._load, self._blank, self._group = load, blank, group
+        self._what, self._error = what, error
         self._rng = random.Random()
 
     def ensure(self) -> None:
@@ -65,7 +96,7 @@ class FleetStore:
             max_message_bytes=MAX_MESSAGE_BYTES,
         )
 
-    def read(self, timeout: float = 5.0) -> FleetDoc | None:
+    def read(self, timeout: float = 5.0) -> D | None:
         """The current document (None if there is none yet), without locking it."""
         deadline = time.monotonic() + timeout
         while True:
@@ -76,10 +107,10 @@ class FleetStore:
             if not messages and self._empty():
                 return None
             if time.monotonic() >= deadline:
-                raise FleetError(self._locked_text(timeout))
+                raise self._error(self._locked_text(timeout))
             self._pause()
 
-    def update(self, change: Callable[[FleetDoc], FleetDoc], timeout: float = 15.0) -> FleetDoc:
+    def update(self, change: Callable[[D], D], timeout: float = 15.0) -> D:
         """Apply ``change`` to the current document under the lock; the written version.
 
         ``change`` may be called more than once (a try that lost its lock is redone);
@@ -97,29 +128,30 @@ class FleetStore:
                 self._create()
                 continue
             if time.monotonic() >= deadline:
-                raise FleetError(self._locked_text(timeout))
+                raise self._error(self._locked_text(timeout))
             self._pause()
 
     # -- internals ------------------------------------------------------------------
     def _write(
-        self, messages: list[Message], change: Callable[[FleetDoc], FleetDoc], received_at: float
-    ) -> FleetDoc | None:
+        self, messages: list[Message], change: Callable[[D], D], received_at: float
+    ) -> D | None:
         docs = self._parse(messages, delete_bad=True)
-        current = docs[-1] if docs else FleetDoc()
-        new = replace(change(current), version=current.version + 1, written=time.time())
+        current = docs[-1] if docs else self._blank()
+        changed: Any = change(current)
+        new: D = replace(changed, version=current.version + 1, written=time.time())
         text = new.to_text()
         if len(text.encode("utf-8")) > MAX_MESSAGE_BYTES:
-            raise FleetError(
-                f"the fleet document would be {len(text)} bytes, over the {MAX_MESSAGE_BYTES}"
+            raise self._error(
+                f"the {self._what} would be {len(text)} bytes, over the {MAX_MESSAGE_BYTES}"
                 " bytes a message can hold: too many nodes or shards for one fleet"
             )
         if time.monotonic() - received_at > self.lock_seconds - LOCK_MARGIN_SECONDS:
-            log.warning("fleet.lock_lapsed", detail="writing the fleet document took too long")
+            log.warning("fleet.lock_lapsed", detail=f"writing the {self._what} took too long")
             return None  # another writer may hold a newer version by now
-        entry = SendEntry("0", text, GROUP, uuid.uuid4().hex)
+        entry = SendEntry("0", text, self._group, uuid.uuid4().hex)
         result = self.broker.send_batch(self.queue, [entry])
         if result.failed:
-            raise BrokerError(f"sending the fleet document failed: {result.failed['0']}")
+            raise BrokerError(f"sending the {self._what} failed: {result.failed['0']}")
         deleted = self.broker.delete_batch(self.queue, [m.receipt for m in messages])
         if deleted.failed:  # the next writer deletes what is left
             log.warning("fleet.old_versions_left", count=len(deleted.failed))
@@ -133,16 +165,23 @@ class FleetStore:
             visibility_timeout=visibility,
         )
 
-    def _parse(self, messages: list[Message], *, delete_bad: bool) -> list[FleetDoc]:
+    def _parse(self, messages: list[Message], *, delete_bad: bool) -> list[D]:
         """The documents among ``messages``, oldest version first."""
         docs, bad = [], []
         for message in messages:
+            if message.group_id != self._group:
+                continue
             try:
-                docs.append(FleetDoc.from_text(message.body))
-            except FleetError as exc:
+                docs.append(self._load(message.body))
+            except self._error as exc:
                 if "newer than" in str(exc):
                     raise
-                log.warning("fleet.bad_document", message_id=message.message_id, error=str(exc))
+                log.warning(
+                    "fleet.bad_document",
+                    what=self._what,
+                    message_id=message.message_id,
+                    error=str(exc),
+                )
                 bad.append(message.receipt)
         if bad and delete_bad and docs:
             self.broker.delete_batch(self.queue, bad)
@@ -153,17 +192,26 @@ class FleetStore:
         return counts.waiting == 0 and counts.in_flight == 0
 
     def _create(self) -> None:
-        entry = SendEntry("0", FleetDoc().to_text(), GROUP, CREATED_DEDUP_ID)
+        entry = SendEntry("0", self._blank().to_text(), self._group, CREATED_DEDUP_ID)
         result = self.broker.send_batch(self.queue, [entry])
         if result.failed:
-            raise BrokerError(f"creating the fleet document failed: {result.failed['0']}")
+            raise BrokerError(f"creating the {self._what} failed: {result.failed['0']}")
 
     def _pause(self) -> None:
         time.sleep(self._rng.uniform(0.02, 0.2))
 
     def _locked_text(self, timeout: float) -> str:
         return (
-            f"the fleet document in {self.queue} stayed locked for {timeout:.0f} s; another "
+            f"the {self._what} in {self.queue} stayed locked for {timeout:.0f} s; another "
             "node may be writing it over a slow link. Try again; if it persists, check "
             "that the broker answers"
+        )
+
+
+class FleetStore(DocStore[FleetDoc]):
+    """Read and write one app's fleet document on its broker."""
+
+    def __init__(self, broker: Broker, queue: str, *, lock_seconds: float = 10.0) -> None:
+        super().__init__(
+            broker, queue, load=FleetDoc.from_text, blank=FleetDoc, lock_seconds=lock_seconds
         )

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-from shardq.fleet_view import STALE_SECONDS, FleetView
+from shardq.fleet_doc import STALE_SECONDS
+from shardq.fleet_view import FleetView
 from shardq.tables import age, table, utc
 from shardq.terminal import plural
 
 NODES_JSON_HELP = f"""\
---json prints {{"time": T, "nodes": [NODE, ...], "gone": [NODE, ...]}} (times are Unix
-seconds; GET /api/v1/nodes on the dashboard answers the same):
+--json prints {{"time": T, "nodes": [NODE, ...], "gone": [NODE, ...]}}, plus
+"reshards": [RESHARD, ...] while a reshard is in progress (times are Unix seconds;
+GET /api/v1/nodes on the dashboard answers the same):
   NODE   {{"node", "host", "pid", "mode" ("elastic" or "static"), "version",
           "threads", "started", "seen" (its last report), "shards" (how many it
-          holds), "held" (["Worker:shard", ...]), "jobs_per_second", "done" (jobs
-          since it started), "max_lag" (seconds)}}
+          holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
+          is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
+          "max_lag" (seconds)}}
+  RESHARD  a reshard in progress: {{"worker", "from", "to" (shards), "from_gen",
+          "to_gen", "started", "seconds" (since it began), "trust", "phase"
+          ("switching" or "closing"), "old_shards_open", "old_shards", "old_jobs"
+          (waiting or in flight in the old layout), "by"}}
   a gone NODE also has "gone_at", "reason" ("stopped", "lease expired" or
   "not reporting") and "unserved" (shards it held that no live node reports
   holding yet).
-Nodes report about every 45 s; one whose last report is over {STALE_SECONDS:.0f} s old
+Nodes report about every 45 s (report_seconds), an idle elastic node every 90 s; one
+whose last report is over {STALE_SECONDS:.0f} s old, or 15 s past when its next was due,
 is shown gone ("not reporting", since that report). Gone nodes are shown an hour.
 """
 

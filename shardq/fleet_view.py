@@ -5,9 +5,10 @@ Pure: a :class:`~shardq.fleet_doc.FleetDoc` (or None: no node ever reported) and
 time in, a :class:`FleetView` out. ``shardq nodes``, ``shardq stats`` and the
 dashboard all show this view.
 
-* A node listed as live whose last report is older than :data:`STALE_SECONDS` is
-  shown gone (``not reporting``, since its last report), even before another node
-  has moved it to ``gone`` in the document. Nodes report about every 45 s.
+* A node listed as live whose last report is older than its ``stale_after`` (60 s,
+  or 15 s past its next report's due time) is shown gone (``not reporting``, since
+  its last report), even before another node has moved it to ``gone`` in the
+  document. Nodes report about every 45 s, idle elastic nodes every 90 s.
 * Gone nodes are shown for :data:`~shardq.fleet_doc.GONE_KEPT_SECONDS` after they went.
 * A shard's owner is the live node whose report says it holds the shard (the latest
   report wins; None if no live node reports it), and its lag is what that owner
@@ -20,23 +21,31 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardq.errors import ConfigError
 from shardq.fleet_doc import GONE_KEPT_SECONDS, FleetDoc, NodeReport
+from shardq.layout import parse_name, shard_name
 
-#: A live node whose last report is older than this is shown gone.
-STALE_SECONDS = 60.0
 #: Why a node that stopped reporting without saying so is shown gone.
 NOT_REPORTING = "not reporting"
 
 
-def shard_key(worker: str, shard: int) -> str:
-    """The key of a shard in the fleet document: ``"worker:shard"``."""
-    return f"{worker}:{shard}"
+def shard_key(worker: str, shard: int, gen: int = 0) -> str:
+    """The key of a shard in the fleet document: ``"Orders:3"`` (generation 0),
+    ``"Orders@2:3"`` (generation 2)."""
+    return f"{shard_name(worker, gen)}:{shard}"
 
 
-def key_order(key: str) -> tuple[str, int, str]:
-    """Sort key for shard keys: by worker, then by shard number."""
-    worker, _, shard = key.rpartition(":")
-    return (worker, int(shard), "") if shard.isdigit() else (key, -1, key)
+def key_order(key: str) -> tuple[str, int, int, str]:
+    """Sort key for shard keys: by worker, then generation, then shard number (a key
+    of another shape sorts by its text, after its worker's)."""
+    name, _, shard = key.rpartition(":")
+    try:
+        worker, gen = parse_name(name)
+    except ConfigError:
+        return (key, -1, -1, key)
+    if not (shard.isascii() and shard.isdigit()):
+        return (key, -1, -1, key)
+    return (worker, gen, int(shard), "")
 
 
 @dataclass(frozen=True)
@@ -70,11 +79,11 @@ class FleetView:
         """The live nodes' jobs per second together, as they last reported."""
         return sum(n.jobs_per_second for n in self.nodes)
 
-    def owner(self, worker: str, shard: int) -> str | None:
-        return self.owners.get(shard_key(worker, shard))
+    def owner(self, worker: str, shard: int, gen: int = 0) -> str | None:
+        return self.owners.get(shard_key(worker, shard, gen))
 
-    def lag(self, worker: str, shard: int) -> float | None:
-        return self.lags.get(shard_key(worker, shard))
+    def lag(self, worker: str, shard: int, gen: int = 0) -> float | None:
+        return self.lags.get(shard_key(worker, shard, gen))
 
     def gone_since(self, since: float) -> tuple[GoneView, ...]:
         """The nodes that went at ``since`` or later."""
@@ -101,7 +110,7 @@ def fleet_view(doc: FleetDoc | None, now: float) -> FleetView:
     """What operators see of ``doc`` at ``now``."""
     if doc is None:
         return FleetView(now)
-    live = [r for r in doc.nodes.values() if now - r.seen <= STALE_SECONDS]
+    live = [r for r in doc.nodes.values() if now - r.seen <= r.stale_after]
     owners: dict[str, str] = {}
     lags: dict[str, float] = {}
     for report in sorted(live, key=lambda r: r.seen):  # the latest report wins

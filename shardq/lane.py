@@ -98,7 +98,12 @@ class Lane(threading.Thread):
         self.deferred: list[tuple[float, int, Deferred]] = []
         self._scheduler = Scheduler(rng)
         self._executor = Executor(
-            node.app, node.leases, node.limits, node.stopping, [self.tally, *node.observers]
+            node.app,
+            node.leases,
+            node.limits,
+            node.stopping,
+            [self.tally, *node.observers],
+            router=node.route,
         )
         self._picks = 0
         self._in_flight = 0

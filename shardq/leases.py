@@ -93,10 +93,17 @@ class Leases:
         self._pool = pool
         self._interval = interval
         self._on_broker_error = on_broker_error
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # wakes the keeper
+        self._answers = threading.Condition(lock)  # wakes who waits for settles answered
+        self._wake_at = 0.0  # monotonic time the keeper wakes up by itself
+        self._asked = 0  # settles asked for since the keeper last looked
         self._held: dict[str, Lease] = {}  # by receipt
         self._settling: list[Lease] = []  # in the order the settles were asked for
         self._extend_at = 0.0  # monotonic time of the next look for extensions due
+        # message id -> (queue, group, Unix time it is visible again): hidden for a
+        # retry by this node, so its entity still has a job in the queue
+        self._hidden: dict[str, tuple[str, str, float]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
         self.failed: BaseException | None = None
@@ -127,7 +134,7 @@ class Leases:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
-                self._cond.wait(min(left, 0.05))
+                self._answers.wait(min(left, 0.05))
         return True
 
     # -- holding -----------------------------------------------------------------
@@ -138,6 +145,7 @@ class Leases:
         with self._cond:
             for m in messages:
                 self._held[m.receipt] = Lease(m, visibility_timeout, now + visibility_timeout)
+                self._hidden.pop(m.message_id, None)
             self._extend_at = min(self._extend_at, due)
 
     def lapsed(self, message: Message) -> bool:
@@ -175,7 +183,20 @@ class Leases:
                 wait = deadline - time.monotonic()
                 if not left or wait <= 0:
                     return not left
-                self._cond.wait(min(wait, 0.25))
+                self._answers.wait(min(wait, 0.25))
+
+    def hidden(self, queue: str) -> tuple[set[str], int]:
+        """Message groups of ``queue`` in which this node hid a job for a retry that it
+        has not received again since (visible again or not), and how many such jobs
+        are still hidden."""
+        now = time.time()
+        groups, hidden = set(), 0
+        with self._cond:
+            for q, group, until in self._hidden.values():
+                if q == queue:
+                    groups.add(group)
+                    hidden += until > now
+        return groups, hidden
 
     def held(self, state: str | None = None) -> list[Message]:
         """Messages held (in one ``state``: held, delete or change)."""
@@ -203,25 +224,32 @@ class Leases:
                 if lease is not None and lease in self._settling:
                     self._settling.remove(lease)
             self._cond.notify_all()
+            self._answers.notify_all()
 
     def _settle(self, messages: Sequence[Message], kind: str, seconds: float) -> None:
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         with self._cond:
             for m in messages:
                 lease = self._held.get(m.receipt)
                 if lease is None or lease.state != HELD:
                     continue
-                cap = m.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
+                cap = m.received_at + MAX_VISIBILITY_SECONDS - wall - 1
                 lease.state, lease.seconds, lease.asked = kind, max(0.0, min(seconds, cap)), now
                 self._settling.append(lease)
-            self._cond.notify_all()
+                self._asked += 1
+            # The keeper is woken when a batch may be full, or when it would otherwise
+            # sleep past this settle's linger; else it looks when its wait ends.
+            if self._asked >= MAX_BATCH_ENTRIES or self._wake_at > now + self._linger:
+                self._cond.notify_all()
 
     # -- the keeper's loop ---------------------------------------------------------
     def _loop(self) -> None:
         try:
             with self._cond:
                 while not self._closed:
-                    wait = self._dispatch(time.monotonic())
+                    now = time.monotonic()
+                    wait = self._dispatch(now)
+                    self._wake_at = now + wait
                     self._cond.wait(wait)
         except BaseException as exc:  # the node notices and stops: see Node.run
             self.failed = exc
@@ -230,10 +258,13 @@ class Leases:
     def _dispatch(self, now: float) -> float:
         """Send what is due (lock held); returns how long to wait for the next thing."""
         wait = self._interval
+        self._asked = 0
         requests: dict[tuple[str, str], list[_Request]] = {}
         groups: dict[tuple[str, str], _Request | None] = {}  # None: wait for an earlier change
         added: set[int] = set()
         for lease in self._settling:
+            if lease.busy and lease.state == DELETE:
+                continue  # in flight: its answer wakes the keeper
             m = lease.message
             key = (m.queue, m.group_id)
             waiting = lease.busy or lease.not_before > now
@@ -338,7 +369,10 @@ class Leases:
             result, error = BatchResult(), exc
         with self._cond:
             self._answered(request, sent, result, error)
-            self._cond.notify_all()
+            # A delete answered leaves the keeper nothing to send, unless it failed.
+            if request.kind != DELETE or error is not None:
+                self._cond.notify_all()
+            self._answers.notify_all()
 
     def _answered(
         self, request: _Request, sent: float, result: BatchResult, error: BaseException | None
@@ -378,6 +412,12 @@ class Leases:
             elif receipt in result.failed:
                 self._gave_up(lease, result.failed[receipt])
             else:
+                if request.kind == CHANGE and seconds > 0:
+                    m = lease.message
+                    self._hidden[m.message_id] = (m.queue, m.group_id, time.time() + seconds)
+                    if len(self._hidden) > 10_000:  # forget those long visible again
+                        old = time.time() - 3600
+                        self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
                 self._drop(lease)
 
     def _gave_up(self, lease: Lease, reason: str) -> None:

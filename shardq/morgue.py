@@ -20,6 +20,7 @@ deleting the job does not record it twice (within SQS's 5-minute dedup window).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from shardq import envelope
 from shardq.broker.base import Message, SendEntry
 from shardq.errors import BrokerError, EnvelopeError
+from shardq.layout import publish_to
 from shardq.leases import release_now
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.morgue_record import (
@@ -196,10 +198,11 @@ class MorgueQueue:
 
     def _resend(self, batch: list[tuple[Message, MorgueRecord]]) -> set[str]:
         by_queue: dict[str, list[tuple[Message, SendEntry]]] = {}
-        settings = self.app.settings(self.worker)
+        # the live layout, as publishers see it
+        gen, shards = publish_to(self.app.layouts.get(self.worker), time.time())
         for message, record in batch:
-            shard = shard_for(record.entity_id, settings.shards)
-            queue = self.app.shard_queue(self.worker, shard)
+            shard = shard_for(record.entity_id, shards)
+            queue = self.app.shard_queue(self.worker, shard, gen)
             item = SendEntry("", record.body, record.entity_id, uuid.uuid4().hex)
             by_queue.setdefault(queue, []).append((message, item))
         sent: set[str] = set()

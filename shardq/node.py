@@ -43,6 +43,8 @@ from shardq.fleet import Fleet, make_node_id
 from shardq.fleet_doc import ELASTIC
 from shardq.idle import Pollers, Watcher
 from shardq.lane import Lane, Shard
+from shardq.layout import parse_name
+from shardq.layout_keeper import LayoutKeeper
 from shardq.leases import HELD, Leases, release_now
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
@@ -114,15 +116,22 @@ class Node:
             for i, mine in enumerate(refs)
         ]
         self.ownership = Ownership(self, self.lanes)
+        #: The node's part in a reshard (refresh, close old shards, sweep retired ones).
+        self.layout = LayoutKeeper(self)
         self.idle: Pollers | Watcher = Pollers(self)
         self.failed = False
         self._signals = 0
         self._signal_name: str | None = None
         self._progress = Progress(self)
 
+    def route(self, ref: ShardRef, entity: str) -> str:
+        """Run, wait or relay an entity's jobs from ``ref`` (the lanes' executors ask)."""
+        return self.layout.route(ref, entity)
+
     def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
-        return Shard(ref, self.app.shard_queue(ref.worker, ref.shard), settings.visibility_timeout)
+        queue = self.app.shard_queue(ref.worker, ref.shard, ref.gen)
+        return Shard(ref, queue, settings.visibility_timeout)
 
     # -- the shards it serves (any thread) ------------------------------------------------
     def add_shard(self, ref: ShardRef) -> None:
@@ -219,6 +228,7 @@ class Node:
         self.ownership.start()
         if self.fleet is not None and not self.stopping.is_set():
             self.fleet.join()
+        self.layout.start()
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
@@ -282,12 +292,13 @@ class Node:
 
     # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
     def lags(self) -> list[tuple[str, int, float]]:
-        """``(worker, shard, seconds)``: how long the oldest job believed waiting in each
+        """``(worker, shard, seconds)`` (the worker with its layout generation, as
+        ``Orders@2``, past the first): how long the oldest job believed waiting in each
         served shard has waited (0 when none is known to wait)."""
         now = time.time()
         return [
             (
-                s.ref.worker,
+                s.ref.name,
                 s.ref.shard,
                 0.0 if s.watched or s.head_sent_at is None else max(0.0, now - s.head_sent_at),
             )
@@ -304,6 +315,8 @@ class Node:
             dead.append("the idle watch")
         if self.fleet is not None and not self.fleet.alive():
             dead.append("the fleet membership")
+        if not self.layout.alive():
+            dead.append("the layout keeper")
         if dead and not self.stopping.is_set():
             self.failed = True
             log.error("node.thread_died", threads=dead, detail="stopping the node")
@@ -319,7 +332,7 @@ class Node:
         for ref in self.plan.shards:
             if self.stopping.is_set():
                 return
-            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard), ref.worker)
+            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
         for worker in {ref.worker for ref in self.plan.shards}:
             self.app.ensure_queue(self.app.morgue_queue(worker), worker)
 
@@ -330,9 +343,10 @@ class Node:
         broker = self.app.broker
         if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
             queues = [
-                self.app.shard_queue(name, n)
-                for name in self.app.workers
-                for n in range(self.app.settings(name).shards)
+                self.app.shard_queue(worker, n, parse_name(name)[1])
+                for worker in self.app.workers
+                for name, count in self.app.live_shards(worker).items()
+                for n in range(count)
             ]
         else:
             queues = [shard.queue for lane in self.lanes for shard in lane.shards]

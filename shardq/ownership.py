@@ -50,14 +50,18 @@ class Ownership:
         self._node = node
         self._lanes = lanes
         self._lock = threading.Lock()
-        self._served: dict[tuple[str, int], tuple[Lane, Shard]] = {
-            (shard.ref.worker, shard.ref.shard): (lane, shard)
-            for lane in lanes
-            for shard in lane.shards
+        self._served: dict[str, tuple[Lane, Shard]] = {
+            shard.ref.key: (lane, shard) for lane in lanes for shard in lane.shards
         }
         self._drops: set[threading.Event] = set()  # not set yet
         self._started = False
         self._finished = False
+
+    def shard(self, ref: ShardRef) -> Shard | None:
+        """The shard served as ``ref`` (None if not served here)."""
+        with self._lock:
+            entry = self._served.get(ref.key)
+        return None if entry is None else entry[1]
 
     def refs(self) -> list[ShardRef]:
         with self._lock:
@@ -73,7 +77,7 @@ class Ownership:
 
     def add(self, ref: ShardRef) -> None:
         """Serve ``ref`` too, on the lane with the fewest shards (a no-op if served)."""
-        key = (ref.worker, ref.shard)
+        key = ref.key
         with self._lock:
             if key in self._served:
                 return
@@ -100,7 +104,7 @@ class Ownership:
         that the broker did not confirm (see the module doc)."""
         done = threading.Event()
         with self._lock:
-            entry = self._served.pop((ref.worker, ref.shard), None)
+            entry = self._served.pop(ref.key, None)
             if entry is None:  # not served here
                 done.set()
                 return done
@@ -147,11 +151,12 @@ class Ownership:
     def _shard(self, ref: ShardRef) -> Shard:
         app = self._node.app
         settings = app.settings(ref.worker)  # an unknown worker: UnknownWorkerError
-        if not 0 <= ref.shard < settings.shards:
+        count = app.live_shards(ref.worker).get(ref.name, 0)
+        if not 0 <= ref.shard < count:
             raise ConfigError(
-                f"worker {ref.worker} has {settings.shards} shards (0 to "
-                f"{settings.shards - 1}); shard {ref.shard} does not exist. Check the "
-                "shard number, or the worker's shards setting."
+                f"{ref.name} has {count} shards now; shard {ref.shard} does not exist. "
+                "Check the shard number, the worker's shards setting or its live layout "
+                "(shardq stats)."
             )
         if ref.priority != settings.priority:
             raise ConfigError(

@@ -13,18 +13,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardq.errors import ConfigError
+from shardq.layout import parse_name
 
 
 @dataclass(frozen=True)
 class ShardRef:
-    """One shard: a worker's queue number ``shard``."""
+    """One shard: a worker's queue number ``shard`` of layout generation ``gen``."""
 
     worker: str
     shard: int
     priority: int
+    gen: int = 0
+
+    @property
+    def name(self) -> str:
+        """The worker with its generation, as in shard keys: ``Orders``, ``Orders@2``."""
+        return self.worker if self.gen == 0 else f"{self.worker}@{self.gen}"
+
+    @property
+    def key(self) -> str:
+        """The shard key of fleet documents and leases: ``Orders:3``, ``Orders@2:3``."""
+        return f"{self.name}:{self.shard}"
 
     def __str__(self) -> str:
-        return f"{self.worker}[{self.shard}]"
+        return f"{self.name}[{self.shard}]"
 
 
 @dataclass(frozen=True)
@@ -43,13 +55,15 @@ class Plan:
 def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
     """Every shard, ordered by worker name then shard.
 
-    ``workers`` maps a worker name to ``(shards, priority)``.
+    ``workers`` maps a worker name to ``(shards, priority)``; a name ``Orders@2`` is
+    generation 2 of worker ``Orders`` (see :mod:`shardq.layout`).
     """
-    return [
-        ShardRef(name, shard, workers[name][1])
-        for name in sorted(workers)
-        for shard in range(workers[name][0])
-    ]
+    refs = []
+    for name in sorted(workers):
+        worker, gen = parse_name(name)  # "Orders@2": generation 2 of a resharded worker
+        count, priority = workers[name]
+        refs += [ShardRef(worker, shard, priority, gen) for shard in range(count)]
+    return refs
 
 
 def make_plan(

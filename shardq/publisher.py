@@ -27,8 +27,10 @@ from shardq.errors import (
     DedupIdError,
     PayloadTooLargeError,
     PublishError,
+    QueueNotFoundError,
     ShardqError,
 )
+from shardq.layout import WorkerLayout, publish_to
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.middleware import PublishContext, run_around
 from shardq.sharding import check_entity_id, shard_for
@@ -98,24 +100,29 @@ class Publisher:
         """Raise what :meth:`publish_many` would raise for this job (bad entity id,
         payload or dedup_id, message too large), without publishing it."""
         cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
-        settings = self._app.settings(cls)
-        self._prepare(0, "", job, cls.__name__, settings.shards, self._app.signing_key, {})
+        layout = self._app.layouts.get(cls.__name__)
+        self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key, {})
 
     def _publish(self, cls: type[Worker], jobs: list[Job]) -> PublishReport:
         app = self._app
-        settings = app.settings(cls)
+        layout = app.layouts.get(cls.__name__)  # at most PUBLISHER_REFRESH_SECONDS old
         key = app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
         for index, job in enumerate(jobs):
             where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
-            prepared = self._prepare(
-                index, where, job, cls.__name__, settings.shards, key, by_queue
-            )
+            prepared = self._prepare(index, where, job, cls.__name__, layout, key, by_queue)
             by_queue.setdefault(prepared[0], []).append(prepared[1])
         count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
+        missing: list[str] = []
         for queue, queued in by_queue.items():
-            self._send_queue(queue, queued, report)
+            try:
+                self._send_queue(queue, queued, report)
+            except QueueNotFoundError:
+                missing.append(queue)
+        if missing:  # a retired queue deleted after a reshard: the layout moved on
+            gen = publish_to(layout, time.time())[0]
+            self._resend(cls, jobs, by_queue, missing, gen, report)
         if report.failed:
             first = report.failed[0]
             raise PublishError(
@@ -128,13 +135,34 @@ class Publisher:
             )
         return report
 
+    def _resend(
+        self,
+        cls: type[Worker],
+        jobs: list[Job],
+        by_queue: Mapping[str, list[_Prepared]],
+        missing: list[str],
+        gen: int,
+        report: PublishReport,
+    ) -> None:
+        """Publish again, with a fresh layout, the jobs whose queue is gone."""
+        indexes = sorted(p.index for q in missing for p in by_queue[q])
+        self._app.layouts.refresh()
+        if publish_to(self._app.layouts.cached(cls.__name__), time.time())[0] == gen:
+            for i in indexes:
+                reason = f"its queue does not exist ({', '.join(missing)})"
+                report.failed.append((i, jobs[i].entity_id, reason))
+            return
+        again = self._publish(cls, [jobs[i] for i in indexes])
+        for i, message_id in zip(indexes, again.message_ids, strict=True):
+            report.message_ids[i] = message_id
+
     def _prepare(
         self,
         index: int,
         where: str,
         job: Job,
         worker: str,
-        shards: int,
+        layout: WorkerLayout,
         key: bytes | None,
         by_queue: Mapping[str, list[_Prepared]],
     ) -> tuple[str, _Prepared]:
@@ -148,7 +176,8 @@ class Publisher:
             if not where:
                 raise
             raise type(exc)(f"{where}{exc}") from exc
-        queue = self._app.shard_queue(worker, shard_for(entity, shards))
+        gen, shards = publish_to(layout, time.time())
+        queue = self._app.shard_queue(worker, shard_for(entity, shards), gen)
         self._app.ensure_queue(queue, worker)
         size = len(body.encode("utf-8"))
         limit = self._limit(queue)
@@ -176,7 +205,9 @@ class Publisher:
     def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
         broker = self._app.broker
         failed_entities: set[str] = set()
+        jobs_first: list[_Prepared] | None = None
         for chunk in _chunks(jobs):
+            jobs_first = jobs_first or chunk
             sendable = []
             for job in chunk:
                 if job.entity_id in failed_entities:
@@ -190,6 +221,11 @@ class Publisher:
                 result = broker.send_batch(queue, [j.entry for j in sendable])
                 outcome = {j.entry.id: result.message_ids.get(j.entry.id) for j in sendable}
                 reasons = result.failed
+            except QueueNotFoundError:
+                if chunk is jobs_first:  # nothing of this queue was sent: publish again
+                    raise
+                outcome = {j.entry.id: None for j in sendable}
+                reasons = {j.entry.id: "its queue was deleted meanwhile" for j in sendable}
             except BrokerError as exc:
                 outcome = {j.entry.id: None for j in sendable}
                 reasons = {j.entry.id: str(exc) for j in sendable}

@@ -202,14 +202,21 @@ class Sampler:
             }
 
     def nodes(self, wait: float = 10.0) -> dict[str, Any]:
-        """The latest fleet sample as ``/api/v1/nodes`` (and ``shardq nodes --json``)."""
+        """The latest fleet sample as ``/api/v1/nodes`` (and ``shardq nodes --json``),
+        with ``reshards`` in progress in the same sample (only while there are some)."""
         self._ready.wait(wait)
         with self._lock:
             if self._fleet_error is not None:
                 raise SampleUnavailable(f"cannot read the fleet document: {self._fleet_error}")
             if self._fleet is None:
                 raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
-            return self._fleet.to_json()
+            latest = self._latest or {"by_worker": {}}
+            moves = [
+                w["layout"]["reshard"]
+                for w in latest["by_worker"].values()
+                if w.get("layout") and w["layout"]["reshard"]
+            ]
+            return {**self._fleet.to_json(), **({"reshards": moves} if moves else {})}
 
 
 def parse_metrics(text: str) -> dict[str, float]:

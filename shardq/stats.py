@@ -12,6 +12,16 @@
   morgue), where the broker counts them (embedded); ``None`` on SQS.
 * ``fleet_error``: why the fleet document could not be read (owners and reported
   lags are then unknown), else ``None``.
+* Shards are those of the *live* layout (:mod:`shardq.layout`): the current
+  generation's first (``shards[n]`` is shard ``n`` of the layout publishers use), then,
+  during a reshard, the old generation's; each row says its ``gen``. A worker's
+  ``layout`` is :meth:`shardq.layout_view.LayoutView.to_json`: its ``gen`` and
+  ``shards``, the code's ``code_shards`` and a ``note`` when they differ, and
+  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "started", "seconds", "trust",
+  "phase", "old_shards_open", "old_shards", "old_jobs", "by"}``, or ``None``):
+  ``old_jobs`` is the jobs waiting or in flight in the old generation's queues.
+* ``layout_error``: why the layout document could not be read (the code's layouts
+  are then shown), else ``None``.
 * ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
   "excludes"}``: the live nodes' number and reported jobs per second together, and
   the nodes gone in the last hour that this total leaves out (``{"node", "since",
@@ -25,10 +35,11 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
-from shardq.errors import FleetError, QueueNotFoundError
+from shardq.errors import FleetError, LayoutError, QueueNotFoundError
 from shardq.fleet_doc import FleetDoc
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.fleet_view import FleetView, fleet_view
+from shardq.layout_view import LayoutView, layout_view
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
 KNOWS_AGES = frozenset({"sqlite", "memory"})
@@ -48,6 +59,7 @@ class ShardStats:
     lag: float | None
     done: int | None
     owner: str | None = None
+    gen: int = 0  # the layout generation of this shard's queue
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,7 @@ class WorkerStats:
     lag: float | None
     done: int | None
     shards: list[ShardStats]
+    layout: LayoutView | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,13 @@ class Stats:
     fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
     #: Why the fleet document could not be read (the counts are still right).
     fleet_error: str | None = None
+    #: Why the layout document could not be read (the code's layouts are shown).
+    layout_error: str | None = None
+
+    @property
+    def reshards(self) -> list[LayoutView]:
+        """The workers with a reshard in progress."""
+        return [w.layout for w in self.workers if w.layout and w.layout.reshard]
 
     @property
     def lag_source(self) -> str | None:
@@ -82,7 +102,11 @@ class Stats:
         """``{"time", "broker", "lag_source", "total": {...}, "by_worker": {name: {...,
         "shards": [...]}}, "fleet"}``."""
         by_worker = {
-            w.name: {k: v for k, v in asdict(w).items() if k != "name"} for w in self.workers
+            w.name: {
+                **{k: v for k, v in asdict(w).items() if k not in ("name", "layout")},
+                "layout": None if w.layout is None else w.layout.to_json(),
+            }
+            for w in self.workers
         }
         return {
             "time": self.time,
@@ -98,57 +122,79 @@ class Stats:
             "by_worker": by_worker,
             "fleet": _fleet_dict(self.fleet),
             "fleet_error": self.fleet_error,
+            "layout_error": self.layout_error,
         }
 
 
 def collect(app: App) -> Stats:
-    """Read the counts of every shard and morgue queue of the app's workers, and the
-    fleet document for each shard's owner (and lag, where the broker cannot tell it)."""
+    """Read the layout document, the counts of every shard queue of the workers' live
+    layouts and of their morgue queues, and the fleet document for each shard's owner
+    (and lag, where the broker cannot tell it)."""
     now = time.time()
+    try:
+        app.layouts.refresh()
+        layout_error = None
+    except LayoutError as exc:  # e.g. written by a newer shardq: show the code's layouts
+        layout_error = str(exc)
     try:
         doc, fleet_error = read_fleet(app), None
     except FleetError as exc:  # e.g. written by a newer shardq: the counts still help
         doc, fleet_error = None, str(exc)
     fleet = fleet_view(doc, now)
-    exact = app.broker.kind in KNOWS_AGES
-    workers = []
-    for name in app.workers:
-        settings = app.settings(name)
-        shards = []
-        for shard in range(settings.shards):
-            queue = app.shard_queue(name, shard)
-            counts = _counts(app, queue)
-            if not exact:
-                lag = fleet.lag(name, shard)
-            elif counts.oldest_sent_at is None:
-                lag = None
-            else:
-                lag = max(0.0, now - counts.oldest_sent_at)
-            shards.append(
-                ShardStats(
-                    shard,
-                    queue,
-                    counts.waiting,
-                    counts.in_flight,
-                    lag,
-                    counts.deleted_total,
-                    fleet.owner(name, shard),
-                )
-            )
-        morgue = _counts(app, app.morgue_queue(name))
-        workers.append(
-            WorkerStats(
-                name=name,
-                priority=settings.priority,
-                length=sum(s.length for s in shards),
-                in_flight=sum(s.in_flight for s in shards),
-                morgue_length=morgue.waiting + morgue.in_flight,
-                lag=_max(s.lag for s in shards),
-                done=_sum(s.done for s in shards),
-                shards=shards,
-            )
-        )
-    return Stats(now, app.broker.kind, workers, fleet, fleet_error)
+    workers = [_worker_stats(app, name, fleet, now) for name in app.workers]
+    return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error)
+
+
+def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerStats:
+    settings = app.settings(name)
+    layout = app.layouts.cached(name)
+    gens = [(layout.gen, layout.shards)]  # the current generation first
+    if layout.moving is not None:
+        gens.append((layout.moving.gen, layout.moving.shards))
+    shards = [
+        _shard_stats(app, name, gen, shard, fleet, now)
+        for gen, count in gens
+        for shard in range(count)
+    ]
+    old_jobs = None
+    if layout.moving is not None:
+        old = [s for s in shards if s.gen == layout.moving.gen]
+        old_jobs = sum(s.length + s.in_flight for s in old)
+    morgue = _counts(app, app.morgue_queue(name))
+    return WorkerStats(
+        name=name,
+        priority=settings.priority,
+        length=sum(s.length for s in shards),
+        in_flight=sum(s.in_flight for s in shards),
+        morgue_length=morgue.waiting + morgue.in_flight,
+        lag=_max(s.lag for s in shards),
+        done=_sum(s.done for s in shards),
+        shards=shards,
+        layout=layout_view(name, layout, settings.shards, now, old_jobs),
+    )
+
+
+def _shard_stats(
+    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float
+) -> ShardStats:
+    queue = app.shard_queue(name, shard, gen)
+    counts = _counts(app, queue)
+    if app.broker.kind not in KNOWS_AGES:
+        lag = fleet.lag(name, shard, gen)
+    elif counts.oldest_sent_at is None:
+        lag = None
+    else:
+        lag = max(0.0, now - counts.oldest_sent_at)
+    return ShardStats(
+        shard,
+        queue,
+        counts.waiting,
+        counts.in_flight,
+        lag,
+        counts.deleted_total,
+        fleet.owner(name, shard, gen),
+        gen,
+    )
 
 
 def read_fleet(app: App) -> FleetDoc | None:

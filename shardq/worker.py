@@ -130,7 +130,8 @@ class Worker:
 
     Attributes (all validated at class definition):
 
-    * ``shards`` (1..1000): FIFO queues the worker's entities are spread over.
+    * ``shards`` (1..1000): FIFO queues the worker's entities are spread over: the
+      initial layout (``shardq reshard`` changes a live worker's shards).
     * ``priority`` (1..1000): lottery tickets; a level with more wins more often.
     * ``batch_size`` (1..10): most consecutive jobs of one entity per ``perform`` call.
     * ``max_retries`` (>= 0): retries after the first attempt before the morgue.

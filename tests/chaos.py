@@ -42,6 +42,13 @@ A run:
    a killed process's unfinished executions counting as running until the moment it
    was known dead; in the elastic layout, also the takeover times.
 
+With ``reshards`` (elastic layout), the random events give way to reshards of the
+worker by ``shardq reshard`` child processes, a node killed during each
+(:mod:`tests.chaos_reshard`); the drain then covers every generation of the live
+layout, and the old generations' queues, the final layout and the commands are
+checked too. With ``publisher="process"`` the jobs are published by a child process
+(:mod:`tests.chaos_publisher`) instead of a thread of the driver.
+
 Every process started here is stopped by its pid, also when the run fails.
 """
 
@@ -65,11 +72,13 @@ from typing import IO, Any
 
 from shardq import morgue
 from shardq.config import Config
-from shardq.errors import ShardqError
+from shardq.errors import QueueNotFoundError, ShardqError
 from shardq.publisher import Job
 from shardq.sharding import shard_for
+from tests import chaos_reshard
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
+from tests.chaos_reshard import PublisherProcess, Refusal, Reshard
 from tests.takeover import (
     HANDOVER,
     KILL,
@@ -148,6 +157,21 @@ class Settings:
     event_every: tuple[float, float] = (3.0, 6.0)
     lease_seconds: int = 10
     report_seconds: int = 5
+    #: "thread": the driver publishes; "process": a child process does
+    #: (:mod:`tests.chaos_publisher`), reading the layout on its own.
+    publisher: str = "thread"
+    #: Elastic layout: reshards of the worker, each (seconds into the run, new number of
+    #: shards), each by a ``shardq reshard`` child process; they replace the random
+    #: events (see :mod:`tests.chaos_reshard`). ``reshard_kill``: during each, a busy
+    #: node gets SIGKILL ``reshard_kill_after`` s after it began and a new one joins.
+    reshards: tuple[tuple[float, int], ...] = ()
+    reshard_kill: bool = True
+    reshard_kill_after: float = 2.0
+    #: Indexes into ``reshards`` whose command gets SIGKILL as soon as it began.
+    kill_reshard_command: tuple[int, ...] = ()
+    #: SHARDQ_LAYOUT_REFRESH_SECONDS and SHARDQ_RESHARD_TRUST_SECONDS of a reshard run.
+    layout_refresh_seconds: float = 0.5
+    reshard_trust_seconds: float = 6.0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -160,6 +184,29 @@ class Settings:
             raise ValueError(f"nodes ({self.nodes}) must not exceed max_nodes")
         if self.layout == "elastic" and self.outage_at is not None:
             raise ValueError("the elastic layout has no broker outage")
+        if self.publisher not in ("thread", "process"):
+            raise ValueError(f"publisher must be thread or process, not {self.publisher!r}")
+        if self.reshards and not self.elastic:
+            raise ValueError("reshards need the elastic layout")
+        times = [at for at, _ in self.reshards]
+        if times != sorted(times) or any(at < 0 for at in times):
+            raise ValueError(f"reshard times must be >= 0 and in order, got {times}")
+        if any(not 0 <= i < len(self.reshards) for i in self.kill_reshard_command):
+            raise ValueError("kill_reshard_command must index reshards")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Settings:
+        """Settings from ``dataclasses.asdict`` through JSON (lists back to tuples)."""
+
+        def tupled(value: Any) -> Any:
+            return tuple(tupled(v) for v in value) if isinstance(value, list) else value
+
+        return cls(**{k: tupled(v) for k, v in data.items()})
+
+    @property
+    def publish_window(self) -> float:
+        """Seconds over which the jobs are published."""
+        return self.duration * self.publish_share
 
     @property
     def elastic(self) -> bool:
@@ -215,6 +262,12 @@ class Report:
     drain_seconds: float = 0.0
     problems: dict[str, list[Any]] = field(default_factory=dict)
     log_dir: str = ""
+    #: Reshard runs: each reshard, the second command's refusal, every queue of an old
+    #: generation at the end (jobs held; None: deleted) and the layout at the end.
+    reshards: list[Reshard] = field(default_factory=list)
+    refusal: Refusal | None = None
+    old_queues: dict[str, int | None] = field(default_factory=dict)
+    final_layout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def broker_trouble(self) -> int:
@@ -267,6 +320,8 @@ class Report:
         return "\n".join(lines)
 
     def _events(self) -> list[str]:
+        if self.settings.reshards:
+            return self._reshard_lines()
         if not self.settings.elastic:
             return [f"kills: {self.kills} (SIGKILL; {self.node_processes} node processes in all)"]
         s = self.settings
@@ -283,6 +338,33 @@ class Report:
             f"(every takeover must be within lease_seconds + {TAKEOVER_SLACK:g} = "
             f"{s.takeover_bound:g} s)",
         ]
+
+    def _reshard_lines(self) -> list[str]:
+        s = self.settings
+        lines = [
+            f"fleet: lease_seconds={s.lease_seconds} report_seconds={s.report_seconds}, "
+            f"{s.nodes} elastic nodes; layout refresh {s.layout_refresh_seconds:g} s, "
+            f"reshard trust {s.reshard_trust_seconds:g} s; publisher: {s.publisher}",
+            f"events: {self.kills} killed (SIGKILL), {self.joins} joined; "
+            f"{self.node_processes} node processes in all, {self.alive_at_end} at the end",
+        ]
+        for r in self.reshards:
+            took = "not done" if r.seconds is None else f"{r.seconds:.1f} s"
+            lines.append(
+                f"reshard {r.from_shards} -> {r.to_shards} (generation {r.gen}): {took}; "
+                f"node killed {r.node_killed}, joined {r.node_joined}; command "
+                + ("killed at once" if r.command_killed else f"exit {r.command_code}")
+            )
+        if self.refusal is not None:
+            last = self.refusal.output.strip().splitlines()[-1:] or [""]
+            lines.append(f"second reshard during the first: exit {self.refusal.code}: {last[0]}")
+        deleted = sum(1 for v in self.old_queues.values() if v is None)
+        lines.append(
+            f"old generations' queues at the end: {len(self.old_queues)}, {deleted} deleted, "
+            f"{sum(v or 0 for v in self.old_queues.values())} jobs in the others; "
+            f"layout at the end: {self.final_layout}"
+        )
+        return lines
 
     def details(self, limit: int = 10) -> str:
         """The first problems of each kind, for an assertion message."""
@@ -497,18 +579,28 @@ def _payload(settings: Settings, n: int, permanent: bool) -> dict[str, Any]:
     return payload
 
 
-class _Publisher(threading.Thread):
-    """Publishes the bursts in slices spread over a window; retries a slice that fails."""
+class Publisher(threading.Thread):
+    """Publishes the bursts in slices spread over a window; retries a slice that fails.
+    ``on_sent(t, jobs)`` is told of each slice sent (the publisher process's record)."""
 
-    def __init__(self, bursts: list[list[Job]], window: float):
+    def __init__(
+        self,
+        bursts: list[list[Job]],
+        window: float,
+        on_sent: Callable[[float, list[tuple[str, int]]], None] | None = None,
+    ):
         super().__init__(name="chaos-publisher", daemon=True)
         self.bursts = bursts
         self.window = window
+        self.on_sent = on_sent
         self.published = 0
         self.retries = 0
         self.confirmed: dict[tuple[str, int], float] = {}  # job -> when its send returned
         self.error: BaseException | None = None
         self.stop = threading.Event()
+
+    def halt(self) -> None:
+        self.stop.set()
 
     def run(self) -> None:
         try:
@@ -534,6 +626,8 @@ class _Publisher(threading.Thread):
                 done = time.time()
                 for job in items:
                     self.confirmed[(job.entity_id, job.payload["n"])] = done
+                if self.on_sent is not None:
+                    self.on_sent(done, [(job.entity_id, job.payload["n"]) for job in items])
                 return
             except ShardqError:  # the broker is away: same dedup ids, so send again
                 if time.monotonic() > deadline or self.stop.is_set():
@@ -548,8 +642,11 @@ def run(
     log_dir: Path,
     outage: Outage | None = None,
     say: Callable[[str], None] = lambda _: None,
+    driver_env: dict[str, str] | None = None,
 ) -> Report:
-    """One chaos run on the broker that ``env`` (``SHARDQ_*`` variables) names."""
+    """One chaos run on the broker that ``env`` (``SHARDQ_*`` variables) names.
+    ``driver_env`` overrides variables for this process only (e.g. an endpoint that
+    bypasses a counting proxy the nodes and the publisher use)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **env,
@@ -563,7 +660,11 @@ def run(
     if settings.elastic:
         env["SHARDQ_LEASE_SECONDS"] = str(settings.lease_seconds)
         env["SHARDQ_REPORT_SECONDS"] = str(settings.report_seconds)
-    config = Config.load(env={k: v for k, v in env.items() if k.startswith("SHARDQ_")})
+    if settings.reshards:
+        env["SHARDQ_LAYOUT_REFRESH_SECONDS"] = str(settings.layout_refresh_seconds)
+        env["SHARDQ_RESHARD_TRUST_SECONDS"] = str(settings.reshard_trust_seconds)
+    mine = {**env, **(driver_env or {})}
+    config = Config.load(env={k: v for k, v in mine.items() if k.startswith("SHARDQ_")})
     ledger.app.configure(config)
     app = ledger.app
     report = Report(settings, app.broker.kind, log_dir=str(log_dir))
@@ -572,7 +673,11 @@ def run(
     report.permanent = len(permanent)
     expected = {f"c{e}": settings.jobs for e in range(settings.entities)}
     nodes = _Nodes(settings, {**os.environ, **env}, log_dir)
-    publisher = _Publisher(bursts, settings.duration * settings.publish_share)
+    publisher: Publisher | PublisherProcess = (
+        PublisherProcess(settings, {**os.environ, **env}, log_dir)
+        if settings.publisher == "process"
+        else Publisher(bursts, settings.publish_window)
+    )
     began = time.monotonic()
     try:
         app.ensure_queues()
@@ -580,7 +685,11 @@ def run(
             nodes.start(slot)
         publisher.start()
         say(f"chaos: {settings.nodes} nodes ({settings.layout}), publishing, killing ...")
-        if settings.elastic:
+        if settings.reshards:
+            chaos_reshard.reshard_phase(
+                settings, app, {**os.environ, **env}, nodes, report, began, say
+            )
+        elif settings.elastic:
             _elastic_phase(settings, nodes, report, rng, began, say)
         else:
             _chaos_phase(settings, nodes, report, rng, began, outage, say)
@@ -599,10 +708,19 @@ def run(
         report.alive_at_end = len(nodes.alive())
         report.exit_codes = nodes.terminate(grace=30)
         report.wall_seconds = time.monotonic() - began
+        if settings.reshards:
+            report.old_queues = chaos_reshard.old_queues(app, report.reshards)
+            app.layouts.refresh()
+            layout = app.layouts.cached(WORKER)
+            report.final_layout = {
+                "gen": layout.gen,
+                "shards": layout.shards,
+                "moving": layout.moving is not None,
+            }
         morgued, report.morgue_reasons = read_morgue(app)
         report.morgued = len(morgued)
     finally:
-        publisher.stop.set()
+        publisher.halt()
         nodes.kill_all()
     report.node_processes = len(nodes.all)
     report.stop_codes = nodes.stop_codes
@@ -625,7 +743,9 @@ def run(
         if not _during(report.outage, t - began)
     ]
     problems["unclean_stop"] = [c for c in report.exit_codes + report.stop_codes if c != 0]
-    if settings.elastic:
+    if settings.reshards:
+        problems["reshard"] = _reshard_problems(settings, report)
+    elif settings.elastic:  # (shard_of below knows one layout: not for a reshard run)
         report.takeovers = _takeovers(settings, entries, report.deaths, nodes, publisher)
         problems["slow_takeover"] = [
             t
@@ -648,6 +768,25 @@ def run(
                 problems["crashes_logged"].append((path.name, name))
     report.problems = problems
     return report
+
+
+def _reshard_problems(settings: Settings, report: Report) -> list[str]:
+    """What went wrong with the reshards themselves."""
+    found = []
+    for r in report.reshards:
+        if r.seconds is None:
+            found.append(f"the reshard to {r.to_shards} did not end")
+        if not r.command_killed and r.command_code != 0:
+            found.append(f"shardq reshard to {r.to_shards} exited {r.command_code}")
+    refusal = report.refusal
+    if refusal is None or refusal.code == 0 or chaos_reshard.IN_PROGRESS not in refusal.output:
+        found.append(f"a second reshard during the first was not refused: {refusal}")
+    found += [f"{q} holds {n} jobs" for q, n in report.old_queues.items() if n]
+    gens = len(settings.reshards)
+    want = {"gen": gens, "shards": settings.reshards[-1][1], "moving": False}
+    if report.final_layout != want:
+        found.append(f"the layout ended as {report.final_layout}, not {want}")
+    return found
 
 
 def _interrupted(entries: list[dict[str, Any]], killed: dict[int, float]) -> int:
@@ -781,7 +920,7 @@ def _takeovers(
     entries: list[dict[str, Any]],
     deaths: list[Departure],
     nodes: _Nodes,
-    publisher: _Publisher,
+    publisher: Publisher | PublisherProcess,
 ) -> list[Takeover]:
     """Takeovers after each death, and after each rebalance handover (a shard released
     by a node that kept running)."""
@@ -811,15 +950,29 @@ def _wait_drained(app: Any, settings: Settings, nodes: _Nodes, timeout: float) -
     while time.monotonic() < deadline:
         nodes.reap_exited()
         try:
-            counts = [app.broker.counts(q) for q in queues]
+            if settings.reshards:  # every generation served, and no move under way
+                queues = chaos_reshard.live_queues(app)
+            counts = [_held(app, q) for q in queues]
         except ShardqError:
             quiet = 0
         else:
-            quiet = quiet + 1 if all(c.waiting + c.in_flight == 0 for c in counts) else 0
+            empty = all(n == 0 for n in counts)
+            if settings.reshards and chaos_reshard.moving(app):
+                empty = False
+            quiet = quiet + 1 if empty else 0
             if quiet >= 2:
                 return True
         time.sleep(0.5)
     return False
+
+
+def _held(app: Any, queue: str) -> int:
+    """Jobs in ``queue``, waiting or in flight (0 once a retired queue was deleted)."""
+    try:
+        counts = app.broker.counts(queue)
+    except QueueNotFoundError:
+        return 0
+    return int(counts.waiting + counts.in_flight)
 
 
 def read_morgue(app: Any) -> tuple[set[tuple[str, int]], dict[str, int]]:

@@ -18,8 +18,8 @@ from tests.takeover import KILL, figures
 pytestmark = pytest.mark.slow
 
 #: 3 processes (2 splitting the shards + 1 owning them all), 150 entities x 10 jobs,
-#: 10 % of attempts failing, 2 % of jobs failing for good, a kill every 1-3 s for 25 s.
-SMALL = chaos.Settings(duration=25.0, sleep=0.02)
+#: 10 % of attempts failing, 2 % of jobs failing for good, a kill every 1-3 s for 16 s.
+SMALL = chaos.Settings(duration=16.0, sleep=0.02)
 
 #: shardq's fleet still lets a dead node's shard wait longer than lease_seconds + 10 s
 #: in some interleavings (RELIABILITY.md, "Elastic fleet"): such a run is reported as
@@ -51,7 +51,7 @@ def test_nodes_killed_at_random_lose_nothing_and_keep_every_entity_in_order(
     # given 3 node processes over the same shards, and 1,500 numbered jobs of 150
     # entities published in bursts while they run, some failing at random, some for good
     settings = SMALL
-    # when a random node is killed with SIGKILL (and restarted) every 1-3 s for 25 s,
+    # when a random node is killed with SIGKILL (and restarted) every 1-3 s for 16 s,
     # and the nodes then drain the queues
     report = chaos.run(settings, dict(env.vars), tmp_path / "chaos")
     print(report.summary())

@@ -5,18 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shardq import App
 from shardq.config import Config
-from shardq.fleet_doc import ELASTIC, FleetDoc, NodeReport
-from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, STALE_SECONDS, joined, left, take_lease
+from shardq.fleet import IDLE_REPORT_SECONDS
+from shardq.fleet_doc import ELASTIC, STALE_SECONDS, FleetDoc, NodeReport
+from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.node import Node
 from shardq.plan import Plan
 from tests.apps import ledger
+from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
 
 DOC = FleetDoc(targets={"W:0": "a", "W:1": "b"})
@@ -63,6 +66,17 @@ def test_a_write_moves_silent_and_seen_gone_nodes_out_and_retargets_over_the_res
     assert sorted(after.targets.values()) == ["a", "a", "b", "b"]
     assert after.targets["W:0"] == after.targets["W:1"] == "a"
     assert set(after.leases) == {"W:0", "W:1", "W:2", "W:3"}
+
+
+def test_a_write_keeps_an_idle_node_that_announced_a_longer_interval() -> None:
+    # given an idle elastic node whose last report, 100 s ago, announced the next
+    # within 150 s
+    idle = replace(report("idle", 0.0, ("W:0",)), every=150.0)
+    # when another node writes 100 s later, then the idle one stays; at 166 s it goes
+    kept = joined(FleetDoc(nodes={"idle": idle}), report("b", 100.0), {}, 100.0, {"W": 2})
+    assert "idle" in kept.nodes
+    gone = joined(FleetDoc(nodes={"idle": idle}), report("b", 166.0), {}, 166.0, {"W": 2})
+    assert gone.gone["idle"].reason == "not reporting"
 
 
 def test_a_node_that_leaves_gets_no_target() -> None:
@@ -203,3 +217,25 @@ def test_a_node_that_stops_renewing_has_its_shards_taken_within_the_lease_timeou
         return doc is not None and first.id in doc.gone
 
     wait_for(gone, 15, "the first node recorded as gone")
+
+
+def test_an_idle_node_reports_seldom_and_at_once_when_it_runs_jobs_again(
+    app: App, running: Running
+) -> None:
+    # given a lone elastic node holding every shard, with nothing to do
+    node = running.start()
+    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
+
+    def mine() -> NodeReport | None:
+        doc = store.read()
+        return doc.nodes.get(node.id) if doc else None
+
+    wait_for(lambda: keys(node) == ALL, 15, "every shard")
+    # when it has been idle for a report, then it announces its next report in 90 s
+    # (its presence on the leases queue, not its report, keeps it live)
+    wait_for(lambda: (r := mine()) is not None and r.every == IDLE_REPORT_SECONDS, 20, "idle")
+    seen = mine().seen  # type: ignore[union-attr]
+    # when it runs a job, then it reports within seconds, at the usual interval again
+    Ledgered.publish("e1", {"n": 0})
+    wait_for(lambda: (r := mine()) is not None and r.seen > seen and r.done == 1, 15, "report")
+    assert mine().every == app.config.report_seconds  # type: ignore[union-attr]

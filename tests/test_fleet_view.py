@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shardq.fleet_doc import FleetDoc, NodeReport
-from shardq.fleet_view import NOT_REPORTING, STALE_SECONDS, fleet_view, key_order
+from shardq.fleet_doc import STALE_SECONDS, FleetDoc, NodeReport
+from shardq.fleet_view import NOT_REPORTING, fleet_view, key_order
 
 NOW = 1_000_000.0
 
@@ -119,3 +119,14 @@ def test_a_node_back_after_going_is_live_only() -> None:
 def test_shard_keys_sort_by_worker_then_number() -> None:
     keys = ["W:10", "V:1", "W:2", "odd"]
     assert sorted(keys, key=key_order) == ["V:1", "W:2", "W:10", "odd"]
+
+
+def test_an_idle_node_that_announced_a_longer_report_interval_stays_live_until_then() -> None:
+    # given a node that said its next report comes within 150 s (an idle elastic node)
+    seen = NOW - 100
+    idle = report("idle", seen=seen, every=150.0, held=("W:0",))
+    # when the view is taken 100 s after that report, then it is live
+    assert [n.node for n in fleet_view(doc(idle), NOW).nodes] == ["idle"]
+    # and 15 s past its due time it is shown gone, not reporting
+    view = fleet_view(doc(idle), seen + 150 + 15.5)
+    assert not view.nodes and view.gone[0].reason == NOT_REPORTING

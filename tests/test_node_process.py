@@ -23,13 +23,14 @@ def test_a_node_killed_mid_batch_loses_nothing(env: Env) -> None:
     # given 6 entities with 5 slow jobs each, and a node processing them
     items = [(f"e{e}", {"n": n, "sleep": 0.2}) for n in range(5) for e in range(6)]
     Ledgered.publish_many(items)
-    first = env.node("--threads", "3")
+    # (a static plan: the second node need not wait for the first one's leases)
+    first = env.node("--node", "0", "--nodes", "1", "--threads", "3")
     env.wait_for(lambda: sum(1 for ev in env.events() if ev[0] == "end") >= 4)
     # when it is killed with SIGKILL in the middle of its batches
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     # and another node runs until the queues are empty
-    second = env.node("--threads", "3", "--until-empty")
+    second = env.node("--node", "0", "--nodes", "1", "--threads", "3", "--until-empty")
     assert second.wait(90) == 0, second.stderr.read().decode()[-3000:] if second.stderr else ""
     # then every job succeeded in order per entity; only the killed node's jobs repeat
     problems = ledger.check(

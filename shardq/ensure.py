@@ -1,0 +1,88 @@
+"""``shardq queues ensure``: create the queues of the live layouts, report drift.
+
+Creates every shard queue of each worker's live layout (the current generation and,
+during a reshard, the old one: see :mod:`shardq.layout`), every morgue queue and the
+fleet's two queues; checks the existing ones (FIFO, no content-based dedup, the
+worker's visibility timeout); says which workers' code no longer gives the live
+number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from shardq.app import App
+from shardq.fleet import leases_queue
+from shardq.fleet_store import fleet_queue
+from shardq.layout import parse_name
+from shardq.layout_view import layout_view
+from shardq.prune import prune
+from shardq.terminal import plural
+
+EXIT_OK, EXIT_DRIFT = 0, 4
+
+PRUNE_HELP = (
+    "also delete the queues of retired layout generations (after a reshard) that are "
+    "empty and past their grace (twice reshard_trust_seconds after the reshard ended), "
+    "and record it in the layout document; a queue holding jobs is kept and named. "
+    "Only generations the layout document records are pruned (the brokers cannot list "
+    "queues): queues of a reshard killed before it was recorded are left alone"
+)
+
+
+def ensure(app: App, *, with_prune: bool = False) -> int:
+    """The command: create, check, optionally prune; exit 4 if any queue drifted."""
+    app.check()
+    app.layouts.refresh()
+    broker = app.broker
+    drift: list[str] = []
+    notes: list[str] = []
+    created = checked = 0
+    for name in app.workers:
+        settings = app.settings(name)
+        view = layout_view(name, app.layouts.cached(name), settings.shards, 0.0, None)
+        if view.note:
+            notes.append(view.note)
+        queues = [
+            app.shard_queue(name, shard, parse_name(gen_name)[1])
+            for gen_name, count in app.live_shards(name).items()
+            for shard in range(count)
+        ]
+        for queue in [*queues, app.morgue_queue(name)]:
+            found = broker.queue_settings(queue)
+            if found is None:
+                app.ensure_queue(queue, name)
+                created += 1
+                continue
+            checked += 1
+            if not found.fifo:
+                drift.append(f"{queue}: not a FIFO queue")
+            if found.content_based_dedup:
+                drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
+            if found.visibility_timeout != settings.visibility_timeout:
+                drift.append(
+                    f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
+                    f"{name}.visibility_timeout is {settings.visibility_timeout} s"
+                )
+    prefix = app.config.queue_prefix
+    fleet = ((fleet_queue(prefix), 10), (leases_queue(prefix), int(app.config.lease_seconds)))
+    for queue, visibility in fleet:  # the elastic fleet's own two queues
+        if broker.queue_settings(queue) is None:
+            broker.ensure_queue(queue, visibility_timeout=visibility)
+            created += 1
+        else:
+            checked += 1
+    for line in drift:
+        print(f"drift: {line}")
+    for line in notes:
+        print(f"layout: {line}", file=sys.stderr)
+    summary = f"{plural(created, 'queue')} created, {checked} checked, {len(drift)} drifted"
+    if with_prune:
+        pruned = prune(app)
+        for queue in pruned.deleted:
+            print(f"pruned: {queue}")
+        for queue, why in pruned.kept:
+            print(f"kept: {queue}: {why}")
+        summary += f", {len(pruned.deleted)} retired deleted, {len(pruned.kept)} retired kept"
+    print(summary, file=sys.stderr)
+    return EXIT_DRIFT if drift else EXIT_OK

@@ -1,0 +1,369 @@
+"""What operators see of a reshard: stats, nodes, the dashboard's API, `queues ensure`
+and its --prune (nodes not running: the layout document is written by hand)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardq
+from shardq import envelope, reshard
+from shardq import layout as rules
+from shardq.admin import _nodes, _stats
+from shardq.broker import SendEntry
+from shardq.ensure import ensure
+from shardq.fleet_doc import FleetDoc, NodeReport
+from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.fleet_view import fleet_view, key_order
+from shardq.prune import prune
+from shardq.sampler import Sampler
+from shardq.sharding import shard_for
+from shardq.stats import collect
+from tests.conftest import make_broker
+from tests.test_dashboard import browser  # noqa: F401 (the headless Chromium fixture)
+
+
+def _perform(self: Any, entity_id: str, payloads: list[Any]) -> None:
+    return None
+
+
+def make_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> shardq.App:
+    broker = make_broker(kind, tmp_path, request)
+    config = shardq.Config(queue_prefix=f"r{uuid.uuid4().hex[:8]}-", reshard_trust_seconds=15)
+    app = shardq.App(config, broker=broker)
+    app.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 4}))
+    app.register(type("Mail", (shardq.Worker,), {"perform": _perform, "shards": 2}))
+    return app
+
+
+@pytest.fixture
+def app(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[shardq.App]:
+    instance = make_app("sqlite", tmp_path, request)
+    yield instance
+    instance.broker.close()
+
+
+@pytest.fixture
+def resharding(app: shardq.App) -> shardq.App:
+    """SyncOrder: 3 jobs published at 4 shards, a reshard to 16 begun, 2 jobs in the new
+    layout (as a publisher past the switch time sends them)."""
+    worker = app.worker("SyncOrder")
+    worker.publish_many([("o1", {"n": 0}), ("o2", {"n": 0}), ("o1", {"n": 1})])
+    layout = reshard.start(app, "SyncOrder", 16)
+    for entity, n in [("o1", 2), ("o3", 0)]:
+        body = envelope.encode(envelope.Envelope("SyncOrder", entity, {"n": n}, time.time(), {}))
+        queue = app.shard_queue("SyncOrder", shard_for(entity, 16), layout.gen)
+        assert not app.broker.send_batch(
+            queue, [SendEntry("0", body, entity, f"{entity}{n}")]
+        ).failed
+    return app
+
+
+def args(**kw: Any) -> argparse.Namespace:
+    return argparse.Namespace(**kw)
+
+
+# -- stats ------------------------------------------------------------------------------
+def test_stats_json_shows_the_move_and_the_jobs_still_in_the_old_layout(
+    resharding: shardq.App,
+) -> None:
+    # when the stats are read
+    data = collect(resharding).to_dict()
+    sync = data["by_worker"]["SyncOrder"]
+    # then the live layout is generation 1 with 16 shards, the code still says 4
+    layout = sync["layout"]
+    assert (layout["gen"], layout["shards"], layout["code_shards"]) == (1, 16, 4)
+    assert layout["note"] == (
+        "SyncOrder: code says 4 shards, live layout has 16 (resharded); the live layout is used"
+    )
+    # and the move is shown: from, to, time since it began, old shards open, old jobs
+    move = layout["reshard"]
+    assert (move["from"], move["to"], move["from_gen"], move["to_gen"]) == (4, 16, 0, 1)
+    assert (move["old_shards_open"], move["old_shards"], move["old_jobs"]) == (4, 4, 3)
+    assert 0 <= move["seconds"] < 30 and move["phase"] == "switching" and move["trust"] == 15
+    # and the shards are the current generation's 16 (shards[n] is shard n), then the old 4
+    rows = sync["shards"]
+    assert [(r["gen"], r["shard"]) for r in rows] == [(1, n) for n in range(16)] + [
+        (0, n) for n in range(4)
+    ]
+    assert rows[shard_for("o3", 16)]["length"] == 1
+    assert rows[16 + shard_for("o2", 4)]["queue"].endswith(f"-{shard_for('o2', 4)}.fifo")
+    assert sync["length"] == 5
+    # and a worker never resharded is at its code's layout, without a move or note
+    mail = data["by_worker"]["Mail"]["layout"]
+    assert (mail["gen"], mail["shards"], mail["note"], mail["reshard"]) == (0, 2, None, None)
+    assert data["layout_error"] is None
+
+
+def test_stats_text_says_the_move_and_that_the_live_layout_is_used(
+    resharding: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # when `shardq stats` prints
+    assert _stats(resharding, args(json=False)) == 0
+    out, err = capsys.readouterr()
+    # then the table has the new generation's shards and the old one's, marked
+    lines = out.splitlines()
+    assert lines[-1].split()[:2] == ["total", "5"]
+    assert any(line.split()[0] == "[@1:15]" for line in lines)
+    assert any(line.split()[0] == "[3]" for line in lines)
+    # and under it the live layouts, the code's drift and the move in progress
+    assert "live layouts: SyncOrder 16 shards (generation 1); Mail 2 shards (generation 0)" in err
+    assert "SyncOrder: code says 4 shards, live layout has 16 (resharded)" in err
+    assert "SyncOrder: resharding 4 -> 16 shards (generation 0 -> 1), " in err
+    assert "4 of 4 old shards still open; 3 jobs still in the old layout" in err
+
+
+def test_stats_reads_a_layout_changed_by_another_process(app: shardq.App, tmp_path: Path) -> None:
+    # given stats read once at the code's layout
+    assert collect(app).to_dict()["by_worker"]["SyncOrder"]["layout"]["shards"] == 4
+    # when another process (another app object on the same broker file) reshards
+    other = shardq.App(app.config, broker=shardq.SqliteBroker(str(tmp_path / "broker.db")))
+    other.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 4}))
+    reshard.start(other, "SyncOrder", 8)
+    other.broker.close()
+    # then the next stats show it at once (the layout is read again, not the cached copy)
+    layout = collect(app).to_dict()["by_worker"]["SyncOrder"]["layout"]
+    assert layout["shards"] == 8 and layout["reshard"]["to"] == 8
+
+
+def test_stats_after_the_move_show_the_retired_generation_until_its_queues_go(
+    resharding: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given every old shard closed
+    close_all(resharding, "SyncOrder", time.time())
+    # when the stats are read
+    data = collect(resharding).to_dict()["by_worker"]["SyncOrder"]
+    # then only generation 1's shards are rows, and no move is shown
+    assert {r["gen"] for r in data["shards"]} == {1} and len(data["shards"]) == 16
+    assert data["layout"]["reshard"] is None
+    assert data["layout"]["retired"][0]["gen"] == 0
+    assert data["layout"]["retired"][0]["queues_left"] == 4
+    # and a move with one job left says "1 job"
+    from shardq.layout_view import layout_view
+
+    view = layout_view("W", rules.start(rules.WorkerLayout(0, 2), "W", 3, 0.0, "t"), 2, 99.0, 1)
+    assert view.reshard is not None and view.reshard.text().endswith(
+        "1 job still in the old layout"
+    )
+    _stats(resharding, args(json=False))
+    assert "SyncOrder: generation 0 retired (4 shards); 4 of its queues" in capsys.readouterr().err
+
+
+# -- nodes ------------------------------------------------------------------------------
+def test_nodes_show_a_reshard_in_progress_in_text_and_json(
+    resharding: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # when `shardq nodes` prints with no node ever reported
+    assert _nodes(resharding, args(json=False)) == 0
+    out, err = capsys.readouterr()
+    # then one line says the move (after the empty fleet: `shardq reshard` made the
+    # fleet document to tell the nodes)
+    assert out.startswith("no node is live\n") and not err
+    line = out.splitlines()[-1]
+    assert line.startswith("SyncOrder: resharding 4 -> 16 shards (generation 0 -> 1)")
+    assert line.endswith("4 of 4 old shards still open; 3 jobs still in the old layout")
+    # and the JSON has the same fields
+    assert _nodes(resharding, args(json=True)) == 0
+    (move,) = json.loads(capsys.readouterr().out)["reshards"]
+    assert (move["worker"], move["from"], move["to"], move["old_jobs"]) == ("SyncOrder", 4, 16, 3)
+    assert (move["old_shards_open"], move["old_shards"]) == (4, 4)
+
+
+def test_shard_keys_of_later_generations_are_owned_counted_and_sorted() -> None:
+    # given a node holding shards of generations 0, 2 and 10 of one worker
+    now = 1_000_000.0
+    held = ("W@10:1", "W@2:5", "W:3", "W@2:0")
+    lags = {"W@2:5": 4.0, "W:3": 1.0}
+    report = NodeReport(
+        node="a", host="h", pid=1, started=now - 60, seen=now - 1, held=held, lags=lags
+    )
+    view = fleet_view(FleetDoc().with_node(report), now)
+    # then each shard has its owner and lag by generation, and none is mixed up
+    assert view.owner("W", 5, 2) == "a" and view.lag("W", 5, 2) == 4.0
+    assert view.owner("W", 3) == "a" and view.lag("W", 3) == 1.0
+    assert view.owner("W", 5) is None and view.owner("W", 3, 2) is None
+    # and the JSON counts 4 shards, sorted by worker, generation, shard
+    node = view.to_json()["nodes"][0]
+    assert node["shards"] == 4
+    assert node["held"] == ["W:3", "W@2:0", "W@2:5", "W@10:1"]
+    # and keys of other shapes do not break the order
+    assert sorted(["W@x:1", "W:2", "odd"], key=key_order) == ["W:2", "W@x:1", "odd"]
+
+
+def test_stats_name_the_owner_of_a_new_generations_shard(resharding: shardq.App) -> None:
+    # given a node reporting it holds shard 5 of generation 1 and shard 2 of generation 0
+    now = time.time()
+    report = NodeReport(
+        node="n1",
+        host="h",
+        pid=1,
+        started=now - 60,
+        seen=now,
+        held=("SyncOrder@1:5", "SyncOrder:2"),
+    )
+    store = FleetStore(resharding.broker, fleet_queue(resharding.config.queue_prefix))
+    store.ensure()
+    store.update(lambda doc: doc.with_node(report))
+    # then the stats name it on those two rows only
+    rows = collect(resharding).to_dict()["by_worker"]["SyncOrder"]["shards"]
+    owned = [(r["gen"], r["shard"]) for r in rows if r["owner"] == "n1"]
+    assert owned == [(1, 5), (0, 2)]
+
+
+# -- the dashboard's API ------------------------------------------------------------------
+def test_the_dashboard_sample_carries_the_move_to_stats_and_nodes(resharding: shardq.App) -> None:
+    sampler = Sampler(resharding, refresh=5.0)
+    sampler.sample()
+    stats = sampler.snapshot()
+    assert stats["by_worker"]["SyncOrder"]["layout"]["reshard"]["old_jobs"] == 3
+    (move,) = sampler.nodes()["reshards"]
+    assert (move["worker"], move["from"], move["to"], move["old_shards_open"]) == (
+        "SyncOrder",
+        4,
+        16,
+        4,
+    )
+
+
+# -- queues ensure ------------------------------------------------------------------------
+def test_queues_ensure_creates_the_live_layouts_queues_and_says_the_code_differs(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given a layout document moving SyncOrder to 6 shards, none of its queues made
+    app.layouts.update("SyncOrder", lambda w: rules.start(w, "SyncOrder", 6, time.time(), "t"))
+    # when the queues are ensured
+    assert ensure(app) == 0
+    err = capsys.readouterr().err
+    # then the new generation's 6, the old one's 4, Mail's 2, 2 morgues and the fleet's 2
+    assert "16 queues created, 0 checked, 0 drifted" in err
+    for shard in range(6):
+        assert app.broker.queue_settings(app.shard_queue("SyncOrder", shard, 1)) is not None
+    assert app.broker.queue_settings(app.shard_queue("SyncOrder", 3, 0)) is not None
+    # and a line says the code's shards are not the live layout's
+    assert "layout: SyncOrder: code says 4 shards, live layout has 6 (resharded)" in err
+    assert "Mail: code says" not in err
+
+
+# -- prune --------------------------------------------------------------------------------
+def close_all(app: shardq.App, worker: str, at: float) -> rules.WorkerLayout:
+    def change(w: rules.WorkerLayout) -> rules.WorkerLayout:
+        for shard in range(w.moving.shards if w.moving else 0):
+            w = rules.close(w, shard, at)
+        return w
+
+    return app.layouts.update(worker, change)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+def test_prune_deletes_empty_retired_queues_after_the_grace_and_keeps_the_rest(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = make_app(kind, tmp_path, request)
+    try:
+        # given SyncOrder moved from 4 to 2 shards with a 5 s trust window, ended at t0
+        t0 = time.time() - 1000
+        app.ensure_queues()
+        app.layouts.update(
+            "SyncOrder", lambda w: rules.start(w, "SyncOrder", 2, t0 - 10, "t", trust=5)
+        )
+        layout = close_all(app, "SyncOrder", t0)
+        assert layout.retired == (rules.Retired(0, 4, t0, (), 10.0),)
+        app.ensure_queues()  # generation 1's queues
+        # and a job left in old shard 1
+        old = app.shard_queue("SyncOrder", 1, 0)
+        app.broker.send_batch(old, [SendEntry("0", "{}", "o9", "d9")])
+        # when pruned within the grace, then nothing is deleted
+        early = prune(app, now=t0 + 9)
+        assert early.deleted == [] and len(early.kept) == 4
+        assert "deleted no sooner than" in early.kept[0][1]
+        # when pruned after it
+        done = prune(app, now=t0 + 11)
+        # then the empty old queues are deleted and recorded, the one with a job kept
+        gone = [app.shard_queue("SyncOrder", s, 0) for s in (0, 2, 3)]
+        assert sorted(done.deleted) == sorted(gone)
+        ((kept, why),) = done.kept
+        assert kept == old and why.startswith("not empty (1 waiting, 0 in flight)")
+        for queue in gone:
+            assert app.broker.queue_settings(queue) is None
+        assert app.broker.queue_settings(old) is not None
+        assert app.layouts.refresh() is not None
+        assert app.layouts.cached("SyncOrder").retired[0].left == [1]
+        # and the current generation's queues and Mail's are untouched
+        for queue in [app.shard_queue("SyncOrder", s, 1) for s in range(2)] + [
+            app.shard_queue("Mail", s) for s in range(2)
+        ]:
+            assert app.broker.queue_settings(queue) is not None
+        # when the job has left and `queues ensure --prune` runs
+        (message,) = app.broker.receive(old, max_messages=1, wait_seconds=0, visibility_timeout=30)
+        app.broker.delete_batch(old, [message.receipt])
+        capsys.readouterr()
+        assert ensure(app, with_prune=True) == 0
+        out, err = capsys.readouterr()
+        # then the last old queue goes, and generation 0 leaves the document
+        assert f"pruned: {old}" in out
+        assert "1 retired deleted, 0 retired kept" in err
+        assert app.broker.queue_settings(old) is None
+        assert app.layouts.cached("SyncOrder").retired == ()
+        # and the old generation is not created again
+        assert app.broker.queue_settings(app.shard_queue("SyncOrder", 0, 0)) is None
+    finally:
+        app.broker.close()
+
+
+def test_prune_never_touches_a_moving_generation(app: shardq.App) -> None:
+    # given a reshard in progress (old shards open, their queues empty)
+    app.ensure_queues()
+    app.layouts.update("SyncOrder", lambda w: rules.start(w, "SyncOrder", 8, 0.0, "t", trust=5))
+    # when pruned long after
+    done = prune(app, now=time.time() + 10**6)
+    # then nothing is deleted or kept: no retired generation yet
+    assert done.deleted == [] and done.kept == []
+    assert app.broker.queue_settings(app.shard_queue("SyncOrder", 0, 0)) is not None
+
+
+def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App) -> None:  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from shardq.dashboard import make_server
+    from tests.test_dashboard import LAYOUT_PROBLEMS, set_width, text_of
+
+    # given a dashboard while SyncOrder moves from 4 to 16 shards
+    srv = make_server(resharding, "127.0.0.1", 0, refresh=0.5).start()
+    try:
+        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        set_width(browser, 1400)
+        browser.get(srv.url)
+        # then a banner says the move: from, to, old shards open, jobs in the old layout
+        wait.until(lambda d: d.find_element(By.ID, "reshard-banner").is_displayed())
+        line = text_of(browser, '#reshard-banner div[data-worker="SyncOrder"]')
+        assert line.startswith("SyncOrder 4 → 16 shards · "), line
+        assert line.endswith("4 of 4 old shards open · 3 jobs in the old layout"), line
+        assert "publishers switching for" in line
+        assert text_of(browser, "#reshard-banner .title") == "RESHARDING"
+        # and the worker's card gives the live layout, not the code's
+        meta = text_of(browser, '[data-worker="SyncOrder"] .meta')
+        assert meta.startswith("16 shards (generation 1)"), meta
+        # and it fits a phone and a wide screen
+        for width in (1400, 420):
+            set_width(browser, width)
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+    finally:
+        srv.stop()
+
+
+def test_without_a_reshard_nodes_json_keeps_its_shape(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given no reshard ever
+    assert _nodes(app, args(json=True)) == 0
+    # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
+    assert set(json.loads(capsys.readouterr().out)) == {"time", "nodes", "gone"}
