@@ -434,12 +434,20 @@ class Fleet:
             if self._stop.is_set() or self.node.stopping.is_set():
                 self._release(messages, 0)
                 return
-            self._received(messages)
+            bounced = self._received(messages)
+            if bounced:  # out of the race for what it bounced: its node gets it first
+                self._stop.wait(bounced + self._rng.uniform(0.1, 0.4))
 
-    def _received(self, messages: Sequence[Message]) -> None:
+    def _received(self, messages: Sequence[Message]) -> float:
+        """Sort one receive out: keep, bounce, delete. Returns the shortest time it
+        bounced something for (0 if nothing): the poller does not race the node that
+        thing is for (a bouncer polling again at once would win it back, time after
+        time, on a broker that hands a message to the first receive that asks)."""
         firsts: dict[str, Message] = {}
         extra: list[Message] = []  # copies of a lease (a node start after the dedup window)
+        newest: dict[str, float] = {}  # group -> its youngest message's send time
         for message in messages:
+            newest[message.group_id] = max(newest.get(message.group_id, 0.0), message.sent_at)
             if message.group_id in firsts:
                 extra.append(message)
             else:
@@ -454,7 +462,7 @@ class Fleet:
         # presences first: a node found gone here frees its leases in the same batch
         for group, message in sorted(firsts.items(), key=lambda g: not g[0].startswith(NODE_GROUP)):
             if group.startswith(NODE_GROUP):
-                self._presence_seen(group[len(NODE_GROUP) :], message, bounce, keep)
+                self._presence_seen(group[len(NODE_GROUP) :], message, newest[group], bounce, keep)
             elif group.startswith(SHARD_GROUP):
                 self._lease_seen(group[len(SHARD_GROUP) :], message, bounce, slow, keep)
             elif group.startswith(LAYOUT_GROUP):
@@ -470,6 +478,17 @@ class Fleet:
             else:
                 with self._lock:
                     self._presence = message
+                    self._presence_until = time.monotonic() + self.lease_seconds
+        pauses = [
+            seconds
+            for seconds, released in (
+                (BOUNCE_SECONDS, bounce),
+                (HANDED_BOUNCE_SECONDS, slow),
+                (NOTICE_BOUNCE_SECONDS, notices),
+            )
+            if released
+        ]
+        return float(min(pauses, default=0))
 
     def _claim(self, keep: list[tuple[str, Message]]) -> list[tuple[str, Message]]:
         """Extend what this node keeps from the probe's short visibility to a whole lease
@@ -494,12 +513,20 @@ class Fleet:
         return claimed
 
     def _presence_seen(
-        self, node: str, message: Message, bounce: list[Message], keep: list[tuple[str, Message]]
+        self,
+        node: str,
+        message: Message,
+        newest: float,
+        bounce: list[Message],
+        keep: list[tuple[str, Message]],
     ) -> None:
+        """``newest``: when the youngest presence of ``node`` in this receive was sent (a
+        node that did not get its presence back within half a lease sent another: it
+        lives, though the first, which it will keep, is older)."""
         if node == self.id:
             keep.append(("", message))
             return
-        if time.time() - message.sent_at < self.lease_seconds + 5:
+        if time.time() - newest < self.lease_seconds + 5:
             bounce.append(message)  # just sent: its node has not received it yet
             if node not in self.doc.nodes:
                 self._update_now.set()  # a node joined: rebalance without waiting a report
