@@ -9,10 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from shardq import App
+from shardq.broker import Message
 from shardq.config import Config
-from shardq.fleet import IDLE_REPORT_SECONDS
+from shardq.fleet import BOUNCE_SECONDS, IDLE_REPORT_SECONDS
 from shardq.fleet_doc import ELASTIC, STALE_SECONDS, FleetDoc, NodeReport
 from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
@@ -239,3 +241,31 @@ def test_an_idle_node_reports_seldom_and_at_once_when_it_runs_jobs_again(
     Ledgered.publish("e1", {"n": 0})
     wait_for(lambda: (r := mine()) is not None and r.seen > seen and r.done == 1, 15, "report")
     assert mine().every == app.config.report_seconds  # type: ignore[union-attr]
+
+
+def test_a_node_that_sent_its_presence_again_is_live_and_the_receiver_steps_aside(
+    app: App,
+) -> None:
+    # given a node (not running) and another node's presence, sent long ago, plus the
+    # copy that other node sent again because it had not received the first back yet
+    node = Node(app=app, plan=Plan(0, 0, ()), threads=1, membership=ELASTIC)
+    fleet = node.fleet
+    assert fleet is not None
+    app.broker.ensure_queue(fleet.queue, visibility_timeout=10)
+    now = time.time()
+
+    def presence(sent_at: float, n: int) -> Message:
+        return Message(fleet.queue, f"m{n}", f"r{n}", "{}", "node:other", 1, sent_at, str(n))
+
+    old, again = presence(now - 60, 1), presence(now - 1, 2)
+    # when this node's poller receives both in one receive
+    pause = fleet._received([old, again])
+    # then the other node is not taken for gone, and the poller keeps out of the next
+    # receive while the presence is handed back (so its own node gets it)
+    assert "other" not in fleet._gone
+    assert pause >= BOUNCE_SECONDS
+    # and when only the old one comes back, the other node is recorded as gone
+    with capture_logs() as logs:
+        fleet._received([presence(now - 60, 3)])
+    assert fleet._gone == {"other": "lease expired"}
+    assert [e["node"] for e in logs if e["event"] == "fleet.node_gone"] == ["other"]
