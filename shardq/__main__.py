@@ -1,5 +1,5 @@
 import sys
 
-from shardq.cli import main
+from shardq.early import entry
 
-sys.exit(main())
+sys.exit(entry())

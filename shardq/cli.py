@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 from shardq.admin import add_commands
 from shardq.app import App
 from shardq.config import Config
+from shardq.early import EarlyStop
 from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.fleet_doc import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
@@ -47,12 +46,15 @@ _EPILOG_PLAN = """examples:
 """
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -> int:
+    """The command line. ``early``: the signal handlers ``shardq run`` installed before
+    its imports (:func:`shardq.early.entry`); made here when it is called directly."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version or a usage error: return, don't exit
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    args.early = early
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
@@ -199,7 +201,7 @@ def load_app(spec: str) -> App:
 
 
 def _run(args: argparse.Namespace) -> int:
-    early = _EarlyStop()  # a SIGTERM while the node starts up stops it cleanly
+    early = args.early or EarlyStop()  # a SIGTERM while the node starts up stops it cleanly
     app, config = load(args)
     from shardq import logs
     from shardq.node import Node
@@ -229,23 +231,6 @@ def _run(args: argparse.Namespace) -> int:
     code = node.run(lambda: early.signals)
     _print_summary(node, time.monotonic() - started)
     return code
-
-
-class _EarlyStop:
-    """Signal handlers for the moments before the node installs its own: the first
-    SIGTERM/SIGINT is remembered (the node then stops at once, exit 0), a second one
-    exits at once."""
-
-    def __init__(self) -> None:
-        self.signals = 0
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signals += 1
-        if self.signals > 1:
-            os._exit(128 + signum)
 
 
 def _plan(args: argparse.Namespace) -> int:
