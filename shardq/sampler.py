@@ -1,7 +1,8 @@
 """The dashboard's background sample: the stats, the fleet, and throughput.
 
 Every ``refresh`` seconds one thread reads the stats (:func:`shardq.stats.collect`,
-which reads the fleet document too); requests only read the latest sample, so
+which reads the fleet document too), and in between the fleet document alone every
+second (:data:`FLEET_REFRESH`); requests only read the latest sample, so
 clients never make the broker busier. Throughput is jobs finished (succeeded or
 moved to the morgue) per minute, kept 30 minutes, from one source:
 
@@ -27,12 +28,15 @@ from typing import Any
 import structlog
 
 from shardq.app import App
-from shardq.fleet_view import FleetView
-from shardq.stats import collect
+from shardq.fleet_view import FleetView, fleet_view
+from shardq.stats import collect, read_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
 WINDOW = 1800.0  # seconds of throughput history kept
+#: Seconds between reads of the fleet document alone (one request each on SQS; the full
+#: sample, every ``refresh`` s, reads every queue's counts).
+FLEET_REFRESH = 1.0
 OUTCOMES = frozenset({"succeeded", "morgued"})
 NO_THROUGHPUT = (
     "not counted by SQS and no node has reported yet: start a node, or pass "
@@ -56,6 +60,8 @@ class Sampler:
 
     def __init__(self, app: App, refresh: float, scrape: Sequence[str] = ()) -> None:
         self.app, self.refresh, self.scrape = app, refresh, list(scrape)
+        #: Seconds between reads of the fleet document alone.
+        self.fleet_refresh = min(refresh, FLEET_REFRESH)
         #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
         self.points: dict[str, Points] = {}
         #: (unix time, jobs per minute of all workers), oldest first.
@@ -81,10 +87,26 @@ class Sampler:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        next_sample = time.monotonic()
         while not self._stop.is_set():
-            started = time.monotonic()
-            self.sample()
-            self._stop.wait(max(0.0, self.refresh - (time.monotonic() - started)))
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.refresh
+                self.sample()
+            else:
+                self.sample_fleet()
+            self._stop.wait(max(0.0, min(self.fleet_refresh, next_sample - time.monotonic())))
+
+    def sample_fleet(self) -> None:
+        """Read the fleet document alone (one peek), between two full samples, so that a
+        node gone or a shard taken over shows within about a second."""
+        try:
+            doc = read_fleet(self.app)
+        except Exception as exc:  # FleetError, or the broker: keep the last good fleet
+            log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        fleet = fleet_view(doc, time.time())
+        with self._lock:
+            self._fleet, self._fleet_error = fleet, None
 
     def sample(self) -> None:
         """Take one sample (the background thread calls this every ``refresh`` s)."""

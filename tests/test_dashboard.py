@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
-from shardq.errors import ConfigError
+from shardq.errors import BrokerError, ConfigError
 from shardq.fleet_doc import FleetDoc, NodeReport
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.morgue import MorgueQueue
@@ -300,8 +301,11 @@ def two_nodes_one_silent(now: float) -> Any:
 
 
 def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> None:
-    # given a dashboard sampling once an hour, started before any node reported
-    srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
+    # given a dashboard sampling once an hour (the fleet too), started before any node
+    # reported
+    srv = make_server(filled, "127.0.0.1", 0, refresh=3600)
+    srv.sampler.fleet_refresh = 3600
+    srv.start()
     try:
         status, nodes = call(srv, "GET", "/api/v1/nodes")
         assert status == 200 and nodes["nodes"] == [] and nodes["gone"] == []
@@ -329,6 +333,50 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         assert fleet_view(read_fleet(filled), nodes["time"]).to_json() == nodes
     finally:
         srv.stop()
+
+
+def test_the_fleet_is_read_every_second_between_two_full_samples(filled: shardq.App) -> None:
+    # given a dashboard whose full sample is an hour apart, started before any node reported
+    srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
+    try:
+        assert call(srv, "GET", "/api/v1/nodes")[1]["nodes"] == []
+        stats_time = call(srv, "GET", "/api/v1/stats")[1]["time"]
+        # when nodes report
+        write_fleet(filled, two_nodes_one_silent(time.time()))
+        # then the nodes API shows them well before the next full sample
+        deadline = time.monotonic() + 30
+        while not call(srv, "GET", "/api/v1/nodes")[1]["nodes"]:
+            assert time.monotonic() < deadline, "the fleet was not read again"
+            time.sleep(0.1)
+        nodes = call(srv, "GET", "/api/v1/nodes")[1]
+        assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
+        assert [g["node"] for g in nodes["gone"]] == ["node-b", "node-c"]
+        # and the stats were not sampled again (only the fleet document was read)
+        assert call(srv, "GET", "/api/v1/stats")[1]["time"] == stats_time
+    finally:
+        srv.stop()
+
+
+def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(
+    filled: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a sample that saw a live node
+    write_fleet(filled, two_nodes_one_silent(time.time()))
+    sampler = Sampler(filled, refresh=5)
+    sampler.sample()
+    before = sampler.nodes()
+
+    # when the fleet document cannot be read between two samples
+    def broken(app: shardq.App) -> None:
+        raise BrokerError("the broker is down")
+
+    monkeypatch.setattr("shardq.sampler.read_fleet", broken)
+    with capture_logs() as logs:
+        sampler.sample_fleet()
+    # then the last good fleet is still served and the failure is logged
+    assert sampler.nodes() == before
+    assert [e["event"] for e in logs] == ["dashboard.fleet_sample_failed"]
+    assert "the broker is down" in logs[0]["error"]
 
 
 def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
