@@ -17,8 +17,8 @@ document says) and ``--settle`` more seconds have passed, the counts are snapsho
 three fleets 3x3x8, 3x3x100 and 1x1x8). Requests are sorted into parts:
 
 * renewals: ChangeMessageVisibilityBatch on the leases queue that set every entry
-  to lease_seconds (a node's leases and its presence, 10 per request; the presence
-  alone gets 1.5 x lease_seconds every other round when the leases fill batches);
+  to a hold, lease_seconds - 3 (a node's leases and its presence, 10 per request; the
+  presence alone gets 1.5 holds every other round when the leases fill batches);
 * long polls: ReceiveMessage on the leases queue that returned nothing;
 * takeovers: ReceiveMessage on the leases queue that returned leases, the visibility
   changes that bounce or release them, presence sends and deletes;
@@ -81,6 +81,7 @@ sys.path.insert(0, str(HERE))
 from _common import ROOT, git_head, machine, table  # noqa: E402
 
 import shardq  # noqa: E402
+from shardq.fleet import TAKEOVER_SECONDS  # noqa: E402
 
 BOUND_PER_SHARD, BOUND_PER_NODE = 40, 360
 
@@ -289,7 +290,8 @@ def parts(fleet: Fleet, counts: Counter[str]) -> dict[str, Counter[str]]:
         p: Counter()
         for p in ("renewals", "long polls", "takeovers", "reports", "layout", "job queues")
     }
-    renewal_vts = {fleet.lease_seconds, int(fleet.lease_seconds * 1.5)}  # the presence's
+    hold = fleet.lease_seconds - TAKEOVER_SECONDS  # a renewal hides for a hold
+    renewal_vts = {math.ceil(hold), math.ceil(int(hold * 1.5))}  # the second: the presence's
     for key, n in counts.items():
         queue, _, what = key.partition(" ")
         if queue == leases:
@@ -318,10 +320,10 @@ def expected(fleet: Fleet) -> dict[str, float]:
     renew_each = per_node / 10 + 0.5 if per_node % 10 == 0 else math.ceil((per_node + 1) / 10)
     idle_every = 90.0 if not fleet.static else fleet.report_seconds  # an idle elastic node
     report_every = idle_every * (0.85 + 1.0) / 2  # x uniform(0.85, 1)
-    lease = fleet.lease_seconds
+    hold = fleet.lease_seconds - TAKEOVER_SECONDS
     leased = 0 if fleet.static else fleet.nodes  # static nodes hold no leases
     return {
-        "renewals": leased * renew_each * 3600 / (lease / 2),
+        "renewals": leased * renew_each * 3600 / min(hold / 2, hold - 4),  # Fleet.renew_seconds
         "long polls": leased * 3600 / 20,  # one 20 s long poll at a time
         "takeovers": 0.0,
         "reports": fleet.nodes * 3 * 3600 / report_every,

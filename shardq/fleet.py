@@ -5,9 +5,11 @@ FIFO queue on the app's own broker (SQS, or the embedded SQLite file):
 
 * one message per shard, in message group ``shard:<worker>:<n>``. A node that
   receives it holds the shard: while the message is in flight no other node can
-  receive it. The node renews all its leases together every ``lease_seconds / 2``
-  (10 per request), each to ``lease_seconds``; a node killed with kill -9 stops
-  renewing and its shards become receivable within ``lease_seconds``;
+  receive it. The node renews all its leases together every half *hold*
+  (10 per request), each for a hold: ``lease_seconds`` less :data:`TAKEOVER_SECONDS`,
+  the time another node needs to receive a lapsed lease, take it and write the fleet
+  document. So the shards of a node killed with kill -9 are served again, and shown
+  held by others, within ``lease_seconds`` of its death;
 * one *presence* message per elastic node, group ``node:<id>``, held and renewed
   with its leases. A presence that becomes visible again long after it was sent
   means its node stopped renewing: whoever receives it records the node as gone.
@@ -75,6 +77,12 @@ LEAVE_POLL_SECONDS = 1.0
 #: A receive of the leases queue hides what it gets this long; what the node keeps is
 #: then extended to a whole lease.
 PROBE_SECONDS = 3
+#: A lease is hidden for ``lease_seconds`` less this after each renewal: the time
+#: another node needs, once the lease lapsed, to receive it (its long poll is open),
+#: take it and write the fleet document (at most one write per
+#: :data:`EARLY_UPDATE_SECONDS`). So ``lease_seconds`` bounds how long a dead node's
+#: shards wait, as the operator sees it.
+TAKEOVER_SECONDS = 3.0
 #: Seconds a bounced lease stays hidden, giving its target the next receive.
 BOUNCE_SECONDS = 1
 #: A lease this node handed over and receives back within this many seconds is hidden
@@ -115,6 +123,13 @@ class Fleet:
         self.id = node_id or make_node_id()
         self.elastic = elastic
         self.lease_seconds = config.lease_seconds
+        #: How long a lease (and the presence) stays hidden after each renewal.
+        self.hold_seconds = self.lease_seconds - TAKEOVER_SECONDS
+        #: Leases are renewed this often: half a hold, and at least 2 s before a lease
+        #: not renewed would be given up (short leases).
+        self.renew_seconds = min(
+            self.hold_seconds / 2, self.hold_seconds - LAPSE_MARGIN_SECONDS - 2
+        )
         self.report_seconds = config.report_seconds
         self.store = FleetStore(self.broker, fleet_queue(config.queue_prefix))
         self.queue = leases_queue(config.queue_prefix)
@@ -197,7 +212,7 @@ class Fleet:
 
     # -- the keeper: renewals, reports, balance ----------------------------------------
     def _keep(self) -> None:
-        renew_every = self.lease_seconds / 2
+        renew_every = self.renew_seconds
         next_renew = time.monotonic() + renew_every
         next_report = time.monotonic() + self._report_interval()
         next_look = time.monotonic() + 5.0
@@ -234,20 +249,20 @@ class Fleet:
         it is renewed every other round instead, for 1.5 leases, not costing a request
         of its own each round."""
         sent = time.monotonic()
-        next_round = sent + self.lease_seconds / 2 + LAPSE_MARGIN_SECONDS
+        next_round = sent + self.renew_seconds + LAPSE_MARGIN_SECONDS
         with self._lock:
             entries = [(k, m) for k, m in self._held.items()]
             room = len(entries) % MAX_BATCH_ENTRIES != 0
             if self._presence is not None and (room or next_round >= self._presence_until):
                 entries.append(("", self._presence))
-        presence_seconds = self.lease_seconds if room else int(self.lease_seconds * 1.5)
+        presence_seconds = self.hold_seconds if room else int(self.hold_seconds * 1.5)
         ok = True
         for chunk in batches(entries):
             try:
                 result = self.broker.change_visibility_batch(
                     self.queue,
                     [
-                        (m.receipt, presence_seconds if not k else self.lease_seconds)
+                        (m.receipt, presence_seconds if not k else self.hold_seconds)
                         for k, m in chunk
                     ],
                 )
@@ -262,7 +277,7 @@ class Fleet:
                 elif key:
                     with self._lock:
                         if key in self._held:
-                            self._expires[key] = sent + self.lease_seconds
+                            self._expires[key] = sent + self.hold_seconds
                 else:
                     self._presence_until = sent + presence_seconds
         return ok
@@ -294,7 +309,7 @@ class Fleet:
         or it was lost) is sent again."""
         with self._lock:
             missing = self._presence is None
-        if missing and time.monotonic() - self._presence_sent > self.lease_seconds / 2:
+        if missing and time.monotonic() - self._presence_sent > self.hold_seconds / 2:
             self._send_presence()
 
     def _follow_layout(self) -> None:
@@ -474,13 +489,13 @@ class Fleet:
         self._release(bounce, BOUNCE_SECONDS)
         self._release(slow, HANDED_BOUNCE_SECONDS)
         self._release(notices, NOTICE_BOUNCE_SECONDS)
-        for key, message in self._claim(keep):
+        for key, message, claimed_at in self._claim(keep):
             if key:
-                self._take(key, message)
+                self._take(key, message, claimed_at + self.hold_seconds)
             else:
                 with self._lock:
                     self._presence = message
-                    self._presence_until = time.monotonic() + self.lease_seconds
+                    self._presence_until = claimed_at + self.hold_seconds
         pauses = [
             seconds
             for seconds, released in (
@@ -492,15 +507,17 @@ class Fleet:
         ]
         return float(min(pauses, default=0))
 
-    def _claim(self, keep: list[tuple[str, Message]]) -> list[tuple[str, Message]]:
-        """Extend what this node keeps from the probe's short visibility to a whole lease
-        (a receive hides for :data:`PROBE_SECONDS` only, so an abandoned long poll, on a
-        broker that completes it after its client died, cannot hide a lease for long)."""
+    def _claim(self, keep: list[tuple[str, Message]]) -> list[tuple[str, Message, float]]:
+        """Extend what this node keeps from the probe's short visibility to a hold (a
+        receive hides for :data:`PROBE_SECONDS` only, so an abandoned long poll, on a
+        broker that completes it after its client died, cannot hide a lease for long).
+        Each claimed message comes with the monotonic time its extension was sent."""
         claimed = []
         for chunk in batches(keep):
+            sent = time.monotonic()
             try:
                 result = self.broker.change_visibility_batch(
-                    self.queue, [(m.receipt, self.lease_seconds) for _, m in chunk]
+                    self.queue, [(m.receipt, self.hold_seconds) for _, m in chunk]
                 )
             except BrokerError as exc:
                 self.node.broker_trouble("claim", self.queue, exc)
@@ -511,7 +528,7 @@ class Fleet:
                         "fleet.claim_lost", shard=key or None, reason=result.failed[message.receipt]
                     )
                 else:
-                    claimed.append((key, message))
+                    claimed.append((key, message, sent))
         return claimed
 
     def _presence_seen(
@@ -586,13 +603,13 @@ class Fleet:
         self._bounced.pop(key, None)
         keep.append((key, message))
 
-    def _take(self, key: str, message: Message) -> None:
+    def _take(self, key: str, message: Message, expires: float) -> None:
         ref = self._ref(key)
         with self._lock:
             leaving = self._stop.is_set()  # leave() may have swept already
             if not leaving:
                 self._held[key] = message
-                self._expires[key] = time.monotonic() + self.lease_seconds - PROBE_SECONDS
+                self._expires[key] = expires
                 self._took[key] = time.time()
         if leaving:
             self._release([message], 0)
