@@ -81,7 +81,7 @@ sys.path.insert(0, str(HERE))
 from _common import ROOT, git_head, machine, table  # noqa: E402
 
 import shardq  # noqa: E402
-from shardq.fleet import TAKEOVER_SECONDS  # noqa: E402
+from shardq.fleet import LAPSE_MARGIN_SECONDS, TAKEOVER_SECONDS  # noqa: E402
 
 BOUND_PER_SHARD, BOUND_PER_NODE = 40, 360
 
@@ -323,7 +323,7 @@ def expected(fleet: Fleet) -> dict[str, float]:
     hold = fleet.lease_seconds - TAKEOVER_SECONDS
     leased = 0 if fleet.static else fleet.nodes  # static nodes hold no leases
     return {
-        "renewals": leased * renew_each * 3600 / min(hold / 2, hold - 4),  # Fleet.renew_seconds
+        "renewals": leased * renew_each * 3600 / min(hold / 2, hold - LAPSE_MARGIN_SECONDS - 2),
         "long polls": leased * 3600 / 20,  # one 20 s long poll at a time
         "takeovers": 0.0,
         "reports": fleet.nodes * 3 * 3600 / report_every,

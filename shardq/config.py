@@ -60,8 +60,8 @@ class Config:
     prefetch: int = 2
     #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
-    #: Elastic fleet: a node's shard leases expire this long after its last renewal, so
-    #: a killed node's shards are served by others within it (10..600).
+    #: Elastic fleet: a killed node's shards are taken by others within this (its leases
+    #: expire 3 s sooner after its last renewal, leaving time for the takeover; 10..600).
     lease_seconds: float = 30.0
     #: Seconds between a node's reports to the fleet document (5..45; a node silent
     #: for 60 s is shown as gone).

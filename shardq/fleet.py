@@ -17,8 +17,9 @@ FIFO queue on the app's own broker (SQS, or the embedded SQLite file):
 Every node long-polls the leases queue (one request per 20 s when nothing happens).
 A receive hides what it gets for :data:`PROBE_SECONDS` only; the node then decides
 for each lease (:func:`~shardq.fleet_rules.take_lease`): take it (and extend it to a
-whole lease) if the fleet document's target for that shard is this node, or a node
-that is not live; else hand it back after a second for the target to pick up (and
+hold) if the fleet document's target for that shard is this node, a node that is
+not live, or the node that reported holding it (it let the lease lapse: killed, cut
+off or leaving, before the others know); else hand it back after a second for the target to pick up (and
 take it anyway once it has come back for ``BOUNCE_GIVE_UP_SECONDS``). A node that
 handed something back stays out of the next receive for that long, so the node it
 is for gets it rather than the bouncer winning it back. A shard is handed over only
@@ -72,10 +73,10 @@ log = structlog.get_logger("shardq.fleet")
 EARLY_UPDATE_SECONDS = 2.0
 #: At leave, how long to wait for this node's own long poll of the leases queue: it
 #: receives the leases just released (SQS cannot cancel it) and must hand them back
-#: before the process exits, or they stay hidden for a whole lease.
+#: before the process exits, or they stay hidden for a whole hold.
 LEAVE_POLL_SECONDS = 1.0
 #: A receive of the leases queue hides what it gets this long; what the node keeps is
-#: then extended to a whole lease.
+#: then extended to a hold (``lease_seconds`` less :data:`TAKEOVER_SECONDS`).
 PROBE_SECONDS = 3
 #: A lease is hidden for ``lease_seconds`` less this after each renewal: the time
 #: another node needs, once the lease lapsed, to receive it (its long poll is open),
@@ -154,7 +155,8 @@ class Fleet:
         self._last_held: tuple[str, ...] = ()
         self._presence_until = 0.0  # monotonic time the presence's last renewal ends
         self._every = self.report_seconds  # the interval the last report announced
-        self._doc_at = 0.0
+        self._doc_at = 0.0  # monotonic time of the last write of the document
+        self._read_at = 0.0  # and of the last look at it (_refresh)
         self._presence_sent = 0.0
         self._keys_known: set[str] = set()  # the live layout's keys the leases were made for
         self._retiring: set[str] = set()  # held keys of a retired layout, being dropped
@@ -246,7 +248,7 @@ class Fleet:
     def _renew(self) -> bool:
         """Renew every lease held, and the presence. The presence rides in the last
         batch when there is room; when the leases fill their batches (a multiple of 10)
-        it is renewed every other round instead, for 1.5 leases, not costing a request
+        it is renewed every other round instead, for 1.5 holds, not costing a request
         of its own each round."""
         sent = time.monotonic()
         next_round = sent + self.renew_seconds + LAPSE_MARGIN_SECONDS
@@ -305,7 +307,7 @@ class Fleet:
             self._lost(key, "not renewed in time (the broker did not answer)")
 
     def _resend_presence(self) -> None:
-        """A presence not received back within half a lease (others took it for stale,
+        """A presence not received back within half a hold (others took it for stale,
         or it was lost) is sent again."""
         with self._lock:
             missing = self._presence is None
@@ -382,16 +384,16 @@ class Fleet:
     def _update(self) -> None:
         report, gone, shards = self._report(time.time()), dict(self._gone), self._shards()
         self.doc = self.store.update(lambda d: joined(d, report, gone, time.time(), shards))
-        self._doc_at = time.monotonic()
+        self._doc_at = self._read_at = time.monotonic()
         for node in list(self._gone):
             if node in self.doc.gone or node not in self.doc.nodes:
                 self._gone.pop(node, None)
 
     def _refresh(self) -> None:
         """A fresh look at the document (one peek), at most every 2 s."""
-        if time.monotonic() - self._doc_at < 2.0:
+        if time.monotonic() - self._read_at < 2.0:
             return
-        self._doc_at = time.monotonic()
+        self._read_at = time.monotonic()
         try:
             self.doc = self.store.read(timeout=2.0) or self.doc
         except ShardqError as exc:
@@ -540,7 +542,7 @@ class Fleet:
         keep: list[tuple[str, Message]],
     ) -> None:
         """``newest``: when the youngest presence of ``node`` in this receive was sent (a
-        node that did not get its presence back within half a lease sent another: it
+        node that did not get its presence back within half a hold sent another: it
         lives, though the first, which it will keep, is older)."""
         if node == self.id:
             keep.append(("", message))
@@ -594,12 +596,12 @@ class Fleet:
         if first is not None and now - first > 3 * BOUNCE_GIVE_UP_SECONDS:
             first = None  # an old bounce: the lease has had other holders since
         bounced_for = None if first is None else now - first
+        if target not in (None, self.id) and target in self._live():
+            self._refresh()  # the target may have changed, gone, or be handed it just now
         if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
-            self._refresh()  # the target may have changed or gone meanwhile
-            if not take_lease(key, self.id, self.doc, self._live(), bounced_for):
-                self._bounced[key] = now if first is None else first
-                bounce.append(message)
-                return
+            self._bounced[key] = now if first is None else first
+            bounce.append(message)
+            return
         self._bounced.pop(key, None)
         keep.append((key, message))
 

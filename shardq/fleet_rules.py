@@ -76,8 +76,13 @@ def _listed(leases: tuple[str, ...], shards: Mapping[str, int]) -> list[str]:
 
 def take_lease(key: str, me: str, doc: FleetDoc, live: set[str], bounced_for: float | None) -> bool:
     """Whether a node that received the lease of ``key`` keeps it: yes if targeted at
-    it, at nobody or at a node not live; else only once it has bounced long enough."""
+    it, at nobody, at a node not live, or at the node that reported holding it (which
+    let it lapse: killed, cut off, or leaving, before the others know); else only once
+    it has bounced long enough."""
     target = doc.targets.get(key)
     if target is None or target == me or target not in live:
+        return True
+    holder = doc.nodes.get(target)
+    if holder is not None and key in holder.held:
         return True
     return bounced_for is not None and bounced_for >= BOUNCE_GIVE_UP_SECONDS

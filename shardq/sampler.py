@@ -73,6 +73,7 @@ class Sampler:
         self._latest: dict[str, Any] | None = None
         self._fleet: FleetView | None = None
         self._fleet_error: str | None = None
+        self._fleet_failing = False  # the last read of the fleet alone failed
         self._error: str | None = None
         self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self._thread: threading.Thread | None = None
@@ -102,8 +103,11 @@ class Sampler:
         try:
             doc = read_fleet(self.app)
         except Exception as exc:  # FleetError, or the broker: keep the last good fleet
-            log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
+            if not self._fleet_failing:  # once, not every second
+                log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
+            self._fleet_failing = True
             return
+        self._fleet_failing = False
         fleet = fleet_view(doc, time.time())
         with self._lock:
             self._fleet, self._fleet_error = fleet, None

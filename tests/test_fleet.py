@@ -24,7 +24,10 @@ from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
 
-DOC = FleetDoc(targets={"W:0": "a", "W:1": "b"})
+DOC = FleetDoc(
+    targets={"W:0": "a", "W:1": "b", "W:2": "b"},
+    nodes={"b": NodeReport(node="b", host="h", pid=1, started=0.0, seen=0.0, held=("W:2",))},
+)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +39,8 @@ DOC = FleetDoc(targets={"W:0": "a", "W:1": "b"})
         ("W:9", "a", {"a", "b"}, None, True),  # no target yet (a new shard)
         ("W:1", "a", {"a", "b"}, 1.0, False),  # came back once: still the target's
         ("W:1", "a", {"a", "b"}, BOUNCE_GIVE_UP_SECONDS, True),  # target not taking it
+        ("W:2", "a", {"a", "b"}, None, True),  # its target held it and let it lapse
+        ("W:2", "b", {"a", "b"}, None, True),  # the holder itself, back from a lapse
     ],
 )
 def test_take_lease_decides_from_the_target_and_how_long_it_bounced(
