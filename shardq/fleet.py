@@ -19,8 +19,9 @@ A receive hides what it gets for :data:`PROBE_SECONDS` only; the node then decid
 for each lease (:func:`~shardq.fleet_rules.take_lease`): take it (and extend it to a
 hold) if the fleet document's target for that shard is this node, a node that is
 not live, or the node that reported holding it (it let the lease lapse: killed, cut
-off or leaving, before the others know); else hand it back after a second for the target to pick up (and
-take it anyway once it has come back for ``BOUNCE_GIVE_UP_SECONDS``). A node that
+off or leaving, before the others know); else hand it back after a second for the
+target to pick up (and take it anyway once it has come back for
+``BOUNCE_GIVE_UP_SECONDS``). A node that
 handed something back stays out of the next receive for that long, so the node it
 is for gets it rather than the bouncer winning it back. A shard is handed over only
 to a target that has reported since this node took it.
