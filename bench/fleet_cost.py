@@ -81,7 +81,7 @@ sys.path.insert(0, str(HERE))
 from _common import ROOT, git_head, machine, table  # noqa: E402
 
 import shardq  # noqa: E402
-from shardq.fleet import LAPSE_MARGIN_SECONDS, TAKEOVER_SECONDS  # noqa: E402
+from shardq.fleet import lease_timing  # noqa: E402
 
 BOUND_PER_SHARD, BOUND_PER_NODE = 40, 360
 
@@ -290,7 +290,7 @@ def parts(fleet: Fleet, counts: Counter[str]) -> dict[str, Counter[str]]:
         p: Counter()
         for p in ("renewals", "long polls", "takeovers", "reports", "layout", "job queues")
     }
-    hold = fleet.lease_seconds - TAKEOVER_SECONDS  # a renewal hides for a hold
+    hold, _ = lease_timing(fleet.lease_seconds)  # a renewal hides for a hold
     renewal_vts = {math.ceil(hold), math.ceil(int(hold * 1.5))}  # the second: the presence's
     for key, n in counts.items():
         queue, _, what = key.partition(" ")
@@ -320,10 +320,10 @@ def expected(fleet: Fleet) -> dict[str, float]:
     renew_each = per_node / 10 + 0.5 if per_node % 10 == 0 else math.ceil((per_node + 1) / 10)
     idle_every = 90.0 if not fleet.static else fleet.report_seconds  # an idle elastic node
     report_every = idle_every * (0.85 + 1.0) / 2  # x uniform(0.85, 1)
-    hold = fleet.lease_seconds - TAKEOVER_SECONDS
+    _, renew = lease_timing(fleet.lease_seconds)
     leased = 0 if fleet.static else fleet.nodes  # static nodes hold no leases
     return {
-        "renewals": leased * renew_each * 3600 / min(hold / 2, hold - LAPSE_MARGIN_SECONDS - 2),
+        "renewals": leased * renew_each * 3600 / renew,
         "long polls": leased * 3600 / 20,  # one 20 s long poll at a time
         "takeovers": 0.0,
         "reports": fleet.nodes * 3 * 3600 / report_every,

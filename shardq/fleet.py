@@ -103,6 +103,14 @@ IDLE_REPORT_SECONDS = 90.0
 NOTICE_BOUNCE_SECONDS = 2
 
 
+def lease_timing(lease_seconds: float) -> tuple[float, float]:
+    """``(hold, renew)``: how long each renewal hides a lease (``lease_seconds`` less
+    :data:`TAKEOVER_SECONDS`), and how often leases are renewed: half a hold, and at
+    least 2 s before a lease not renewed would be given up (short leases)."""
+    hold = lease_seconds - TAKEOVER_SECONDS
+    return hold, min(hold / 2, hold - LAPSE_MARGIN_SECONDS - 2)
+
+
 def leases_queue(queue_prefix: str) -> str:
     """The leases queue of an app with this queue prefix."""
     return f"{queue_prefix}shardq-leases{FIFO_SUFFIX}"
@@ -125,13 +133,7 @@ class Fleet:
         self.id = node_id or make_node_id()
         self.elastic = elastic
         self.lease_seconds = config.lease_seconds
-        #: How long a lease (and the presence) stays hidden after each renewal.
-        self.hold_seconds = self.lease_seconds - TAKEOVER_SECONDS
-        #: Leases are renewed this often: half a hold, and at least 2 s before a lease
-        #: not renewed would be given up (short leases).
-        self.renew_seconds = min(
-            self.hold_seconds / 2, self.hold_seconds - LAPSE_MARGIN_SECONDS - 2
-        )
+        self.hold_seconds, self.renew_seconds = lease_timing(self.lease_seconds)
         self.report_seconds = config.report_seconds
         self.store = FleetStore(self.broker, fleet_queue(config.queue_prefix))
         self.queue = leases_queue(config.queue_prefix)
@@ -215,14 +217,13 @@ class Fleet:
 
     # -- the keeper: renewals, reports, balance ----------------------------------------
     def _keep(self) -> None:
-        renew_every = self.renew_seconds
-        next_renew = time.monotonic() + renew_every
+        next_renew = time.monotonic() + self.renew_seconds
         next_report = time.monotonic() + self._report_interval()
         next_look = time.monotonic() + 5.0
         while not self._stop.wait(0.25) and not self.node.stopping.is_set():
             now = time.monotonic()
             if self.elastic and now >= next_renew:
-                next_renew = now + (renew_every if self._renew() else 1.0)
+                next_renew = now + (self.renew_seconds if self._renew() else 1.0)
             if self.elastic:
                 self._drop_lapsed()
                 self._resend_presence()

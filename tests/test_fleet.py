@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from shardq import App
 from shardq.broker import Message
 from shardq.config import Config
-from shardq.fleet import BOUNCE_SECONDS, IDLE_REPORT_SECONDS
+from shardq.fleet import BOUNCE_SECONDS, IDLE_REPORT_SECONDS, LAPSE_MARGIN_SECONDS, lease_timing
 from shardq.fleet_doc import ELASTIC, STALE_SECONDS, FleetDoc, NodeReport
 from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, take_lease
 from shardq.fleet_store import FleetStore, fleet_queue
@@ -47,6 +47,21 @@ def test_take_lease_decides_from_the_target_and_how_long_it_bounced(
     key: str, me: str, live: set[str], bounced_for: float | None, takes: bool
 ) -> None:
     assert take_lease(key, me, DOC, live, bounced_for) is takes
+
+
+@pytest.mark.parametrize(
+    ("lease", "hold", "renew"),
+    [
+        (30, 27, 13.5),  # the default: renewed every half hold
+        (120, 117, 58.5),
+        (10, 7, 3),  # the minimum: renewed 2 s before the node would give the lease up
+    ],
+)
+def test_a_lease_is_held_3_s_short_of_the_lease_timeout_and_renewed_in_time(
+    lease: float, hold: float, renew: float
+) -> None:
+    assert lease_timing(lease) == (hold, renew)
+    assert renew <= hold - LAPSE_MARGIN_SECONDS - 2
 
 
 def report(node: str, seen: float, held: tuple[str, ...] = (), mode: str = ELASTIC) -> NodeReport:
