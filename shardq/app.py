@@ -22,6 +22,7 @@ from shardq.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
 from shardq.middleware import Middleware
 from shardq.plan import Plan, make_plan
 from shardq.publisher import Publisher
+from shardq.store import Store, store_for
 from shardq.worker import Worker, WorkerSettings
 
 W = TypeVar("W", bound=type[Worker])
@@ -30,12 +31,19 @@ W = TypeVar("W", bound=type[Worker])
 class App:
     """Worker classes, their config and the broker they publish to and run from."""
 
-    def __init__(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        broker: Broker | None = None,
+        store: Store | None = None,
+    ) -> None:
         #: The config given in code; ``shardq run`` applies the file, environment and
         #: flags on top of it.
         self.base_config = config
         self._config = config
         self._broker = broker
+        self._store = store
         self._workers: dict[str, type[Worker]] = {}
         self._settings: dict[str, WorkerSettings] = {}
         self._ready: set[str] = set()
@@ -154,6 +162,14 @@ class App:
                 )
             return self._broker
 
+    @property
+    def store(self) -> Store:
+        """The state store (leases, layouts, dead jobs): given, or made for the broker."""
+        with self._lock:
+            if self._store is None:
+                self._store = store_for(self.config, self.broker)
+            return self._store
+
     def configure(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
         """Replace the config and/or broker (the CLI does this before running)."""
         with self._lock:
@@ -165,6 +181,7 @@ class App:
                     self._broker = None
             if broker is not None:
                 self._broker = broker
+                self._store = None
             self._ready.clear()
             self.layouts.forget()
 
@@ -175,11 +192,13 @@ class App:
         """Use another config and/or broker inside the block, then restore (tests)."""
         with self._lock:
             saved = (self._config, self._broker, dict(self._settings), set(self._ready))
+            saved_store = self._store
             if config is not None:
                 self._config = config
                 self._settings.clear()
             if broker is not None:
                 self._broker = broker
+                self._store = None
             self._ready.clear()
             self.layouts.forget()
         try:
@@ -187,6 +206,7 @@ class App:
         finally:
             with self._lock:
                 self._config, self._broker = saved[0], saved[1]
+                self._store = saved_store
                 self._settings, self._ready = saved[2], saved[3]
                 self.layouts.forget()
 

@@ -1,6 +1,23 @@
 """The state store (see :mod:`shardq.store.base`)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 from shardq.store.memory import MemoryStore
 
-__all__ = ["Item", "MemoryStore", "Store", "StoreConflict", "StoreError"]
+if TYPE_CHECKING:
+    from shardq.broker.base import Broker
+    from shardq.config import Config
+
+__all__ = ["Item", "MemoryStore", "Store", "StoreConflict", "StoreError", "store_for"]
+
+
+def store_for(config: Config, broker: Broker) -> Store:
+    """The store an app uses with ``broker``: the same SQLite file for the embedded
+    broker, DynamoDB for ``sqs://``, memory for ``memory://``.
+
+    (Until the SQLite and DynamoDB stores exist, every app gets a store in memory.)
+    """
+    return MemoryStore()
