@@ -7,7 +7,6 @@ Each works the same on the embedded broker and on SQS.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardq import bulk
+from shardq.admin_morgue import add_morgue
 from shardq.app import App
 from shardq.ensure import PRUNE_HELP, ensure
 from shardq.envelope import refuse_constant
@@ -23,11 +23,9 @@ from shardq.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
 from shardq.fleet_view import fleet_view
 from shardq.layout_text import layout_lines
 from shardq.layout_view import reshards
-from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
-from shardq.selection import Selection, act
 from shardq.stats import collect, read_fleet
 from shardq.tables import age, optional, table
-from shardq.terminal import Progress, plural
+from shardq.terminal import plural
 
 EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
@@ -69,57 +67,7 @@ def add_commands(
     )
     nodes.add_argument("--json", action="store_true", help="print the JSON of /api/v1/nodes")
 
-    morgue = commands.add_parser("morgue", help="list, requeue or purge dead jobs")
-    actions = morgue.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, help, handler, examples in [
-        (
-            "list",
-            "list dead jobs, oldest first per entity",
-            _morgue_list,
-            "  shardq morgue list SyncOrder\n"
-            "  shardq morgue list SyncOrder --entity order-42 --json\n",
-        ),
-        (
-            "requeue",
-            "send dead jobs back to the tail of their entity's jobs",
-            _morgue_requeue,
-            "  shardq morgue requeue SyncOrder --entity order-42\n"
-            "  shardq morgue requeue SyncOrder --all      # every dead SyncOrder job\n",
-        ),
-        (
-            "purge",
-            "delete dead jobs for good",
-            _morgue_purge,
-            "  shardq morgue purge SyncOrder --entity order-42 --yes\n"
-            "  shardq morgue purge SyncOrder --all --yes\n",
-        ),
-    ]:
-        p = actions.add_parser(
-            name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
-        )
-        common(p)
-        p.add_argument("worker", metavar="WORKER", help="worker class name")
-        p.add_argument("--entity", help="only this entity's dead jobs")
-        p.add_argument(
-            "--id",
-            action="append",
-            dest="ids",
-            metavar="MESSAGE_ID",
-            help="only this job (repeatable)",
-        )
-        if name == "list":
-            p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
-            p.add_argument("--json", action="store_true", help="one JSON object per line")
-        else:
-            p.add_argument(
-                "--all",
-                action="store_true",
-                dest="everything",
-                help="every dead job of the worker (required when no --entity or --id)",
-            )
-        if name == "purge":
-            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
+    add_morgue(commands, common, load)
 
     publish = command(
         "publish",
@@ -251,98 +199,6 @@ def _nodes(app: App, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _morgue_list(app: App, args: argparse.Namespace) -> int:
-    listing = MorgueQueue(app, args.worker).browse(args.entity, args.limit, args.ids)
-    records = listing.records
-    if args.json:
-        for r in records:
-            print(json.dumps(_record_dict(r, app)))
-    else:
-        rows = [("entity", "message id", "reason", "attempts", "failed at (UTC)", "error")]
-        for r in records:
-            failed = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc).strftime(
-                "%Y-%m-%d %H:%M:%S"
-            )
-            error = f"{r.error_type}: {r.error_message}"[:60]
-            rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), failed, error))
-        print(table(rows))
-    print(_listing_summary(listing, args), file=sys.stderr)
-    return EXIT_OK
-
-
-def _listing_summary(listing: MorgueListing, args: argparse.Namespace) -> str:
-    records = listing.records
-    shown = plural(len(records), f"dead {args.worker} job")
-    text = f"{shown}{_scope(args)} shown; the morgue holds {listing.size}"
-    raise_limit = f"the limit of {args.limit} was reached: pass --limit {listing.size} to see more"
-    behind = (
-        "an entity's dead jobs beyond its first 10 cannot be received until those leave "
-        "the morgue: requeue or purge them (--entity, --id) to reach the rest"
-    )
-    if args.ids:
-        absent = sorted(set(args.ids) - {r.message_id for r in records})
-        if not absent:
-            return text
-        unreached = f" or among the {listing.unreached} not reached" if listing.unreached else ""
-        return f"{text}; not found: {', '.join(absent)} (not in the morgue{unreached})"
-    if args.entity:
-        if listing.limited:
-            return f"{text}; more may match: {raise_limit}"
-        if args.entity in listing.capped:
-            return f"{text}; entity {args.entity} has more: {behind}"
-        return text
-    missing = listing.size - len(records)
-    if missing <= 0:
-        return text
-    if listing.limited:
-        return f"{text}; {missing} not shown: {raise_limit}"
-    return (
-        f"{text}; {missing} not shown: {behind} (jobs a node or another listing holds "
-        "also stay out of sight)"
-    )
-
-
-def _morgue_requeue(app: App, args: argparse.Namespace) -> int:
-    selection = Selection.from_args(args.entity, args.ids, args.everything)
-    refused: dict[str, tuple[MorgueRecord, str]] = {}
-
-    def refuse(record: MorgueRecord, why: str) -> None:
-        refused[record.message_id] = (record, why)
-
-    with Progress("requeued") as progress:
-        n = act(app, args.worker, "requeue", selection, progress, refuse)
-    print(
-        f"requeued {plural(n, f'dead {args.worker} job')}{selection.scope()}, each at the tail "
-        "of its entity's jobs",
-        file=sys.stderr,
-    )
-    for record, why in refused.values():
-        print(
-            f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
-            "It stays in the morgue, and its entity's later dead jobs stay behind it: see it "
-            f"with `shardq morgue list {args.worker} --id {record.message_id} --json`, "
-            f"delete it with `shardq morgue purge {args.worker} --id {record.message_id} --yes`",
-            file=sys.stderr,
-        )
-    return EXIT_USAGE if refused else EXIT_OK
-
-
-def _morgue_purge(app: App, args: argparse.Namespace) -> int:
-    selection = Selection.from_args(args.entity, args.ids, args.everything)
-    scope = selection.describe(args.worker)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete {scope} for good? [y/N] ")
-        if answer.strip().lower() not in {"y", "yes"}:
-            print("nothing purged", file=sys.stderr)
-            return EXIT_OK
-    with Progress("purged") as progress:
-        n = act(app, args.worker, "purge", selection, progress)
-    print(f"purged {plural(n, f'dead {args.worker} job')}{selection.scope()}", file=sys.stderr)
-    return EXIT_OK
-
-
 def _publish(app: App, args: argparse.Namespace) -> int:
     if args.file is not None:
         return _publish_file(app, args)
@@ -402,12 +258,6 @@ def _dashboard(app: App, args: argparse.Namespace) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------
-def _record_dict(record: MorgueRecord, app: App) -> dict[str, Any]:
-    out = dict(record.__dict__)
-    out["payload"] = payload_of(record, app.signing_key)
-    return out
-
-
 def _json_arg(name: str, text: str) -> Any:
     try:
         return json.loads(text, parse_constant=refuse_constant)
@@ -420,11 +270,3 @@ def _json_arg(name: str, text: str) -> Any:
         raise ConfigError(
             f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
         ) from None
-
-
-def _scope(args: argparse.Namespace) -> str:
-    parts = [
-        f" of entity {args.entity}" if args.entity else "",
-        f" with ids {', '.join(args.ids)}" if args.ids else "",
-    ]
-    return "".join(parts)

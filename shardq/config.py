@@ -79,6 +79,9 @@ class Config:
     metrics_port: int | None = None
     #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
     metrics_host: str = "127.0.0.1"
+    #: Dead jobs older than this many days are deleted by ``shardq queues ensure``
+    #: (None: kept until purged).
+    morgue_retention_days: int | None = None
     #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
     dashboard_token: str | None = None
     #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
@@ -167,6 +170,9 @@ class Config:
             fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
         if not 0 <= self.progress_seconds <= 86400:
             fail("progress_seconds", f"expected 0 to 86400, got {self.progress_seconds!r}")
+        days = self.morgue_retention_days
+        if days is not None and (type(days) is not int or not 1 <= days <= 36500):
+            fail("morgue_retention_days", f"expected whole days from 1 to 36500, got {days!r}")
         if not 10 <= self.lease_seconds <= 600:
             fail("lease_seconds", f"expected 10 to 600, got {self.lease_seconds!r}")
         if not 5 <= self.report_seconds <= 45:
@@ -218,7 +224,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
 _INTS = {"threads", "prefetch"}
-_OPTIONAL_INTS = {"metrics_port"}
+_OPTIONAL_INTS = {"metrics_port", "morgue_retention_days"}
 _FLOATS = {
     "grace_seconds",
     "idle_wait_seconds",

@@ -7,10 +7,13 @@
   "since", "reason"}]``: nodes the figures leave out); see :mod:`shardq.sampler`.
 * ``GET /api/v1/nodes``: the live nodes and the nodes gone in the last hour, as
   ``shardq nodes --json`` prints them (:meth:`shardq.fleet_view.FleetView.to_json`).
-* ``GET /api/v1/morgue/<worker>?entity=&limit=`` lists dead jobs; ``POST .../requeue``
-  and ``.../purge`` take ``{"message_ids": [...]}``, ``{"entity": ...}`` (or both) or
-  ``{"all": true}``, with a Content-Length; anything else (no body, an unknown key) is
-  refused and changes nothing (:class:`shardq.selection.Selection`).
+* ``GET /api/v1/morgue/<worker>?entity=&error_type=&since=&until=&limit=&after=``
+  answers ``{"jobs": [...], "next": CURSOR or null, "size": N}``: a page of dead jobs
+  in death order (pass ``after=CURSOR`` for the next one) and how many the worker has;
+  ``POST .../requeue`` and ``.../purge`` take ``{"message_ids": [...]}``,
+  ``{"entity": ...}``, ``{"error_type": ...}``, ``{"since": ..., "until": ...}`` (any
+  of them together) or ``{"all": true}``, with a Content-Length; anything else (no
+  body, an unknown key) is refused and changes nothing (:class:`shardq.selection.Selection`).
 
 Stats and nodes come from a background sample (:class:`shardq.sampler.Sampler`), never
 from a broker call per request. With a token, POSTs need ``Authorization: Bearer``;
@@ -27,7 +30,7 @@ import signal
 import socket
 import socketserver
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, TypeVar
@@ -36,10 +39,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import structlog
 
 from shardq.app import App
-from shardq.errors import ConfigError, QueueNotFoundError, ShardqError, UnknownWorkerError
-from shardq.morgue import REASON_UNREADABLE, MorgueQueue, MorgueRecord, payload_of
+from shardq.errors import ConfigError, ShardqError, UnknownWorkerError
+from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
 from shardq.sampler import Sampler, SampleUnavailable
-from shardq.selection import Selection, SelectionError, act
+from shardq.selection import Selection, SelectionError, act, parse_time
 
 log = structlog.get_logger("shardq.dashboard")
 T = TypeVar("T")
@@ -74,7 +77,7 @@ class DashboardServer(ThreadingHTTPServer):
         self.host = host
         super().__init__((host, port), Handler)
         self.app, self.token, self.sampler = app, token, sampler
-        self.morgue_lock = threading.Lock()  # morgue scans hide messages: one at a time
+        self.morgue_lock = threading.Lock()  # one requeue or purge at a time
         self.page = resources.files("shardq").joinpath("static/dashboard.html").read_bytes()
         self._thread: threading.Thread | None = None
 
@@ -173,28 +176,23 @@ class Handler(BaseHTTPRequestHandler):
     # -- morgue -----------------------------------------------------------------------
     def _morgue(self, worker: str, action: str, query: dict[str, list[str]]) -> None:
         app = self.server.app
-        name = app.worker(worker).__name__
-        morgue = MorgueQueue(app, name)
+        morgue = Morgue(app, worker)
         if action == "list":
-            entity = query.get("entity", [""])[-1] or None
-            limit = _int_param(query, "limit", 100)
-            with self.server.morgue_lock:
-                records = _or_none(lambda: morgue.list_jobs(entity=entity, limit=limit)) or []
-            return self._json(
-                200, _records_json([_record_dict(r, app.signing_key) for r in records])
+            page = morgue.page(
+                _filter(query), _int_param(query, "limit", 100), _param(query, "after")
             )
+            jobs = _records_json([_record_dict(r, app.signing_key) for r in page.records])
+            return self._json(200, {"jobs": jobs, "next": page.next, "size": morgue.size()})
         try:
             selection = Selection.from_body(self._body())
         except SelectionError as exc:
             raise HttpError(400, str(exc)) from None
         with self.server.morgue_lock:
-            n = _or_none(lambda: act(app, name, action, selection)) or 0
+            n = act(app, morgue.worker, action, selection)
         log.info(
             f"dashboard.morgue_{action}",
-            worker=name,
-            entity=selection.entity,
-            ids=selection.message_ids,
-            all=selection.everything,
+            worker=morgue.worker,
+            scope=selection.scope(),
             count=n,
         )
         self._json(200, {"requeued" if action == "requeue" else "purged": n})
@@ -278,11 +276,22 @@ def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return docs
 
 
-def _or_none(call: Callable[[], T]) -> T | None:
+def _param(query: dict[str, list[str]], name: str) -> str | None:
+    return query.get(name, [""])[-1] or None
+
+
+def _filter(query: dict[str, list[str]]) -> Filter:
+    """The morgue listing's search: entity, error type, time range."""
     try:
-        return call()
-    except QueueNotFoundError:  # nothing ever died: the morgue queue does not exist yet
-        return None
+        since, until = _param(query, "since"), _param(query, "until")
+        return Filter(
+            entity=_param(query, "entity"),
+            error_type=_param(query, "error_type"),
+            since=None if since is None else parse_time("since", since),
+            until=None if until is None else parse_time("until", until),
+        )
+    except SelectionError as exc:
+        raise HttpError(400, str(exc)) from None
 
 
 def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:

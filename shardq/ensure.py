@@ -1,10 +1,12 @@
 """``shardq queues ensure``: create the queues of the live layouts, report drift.
 
 Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.layout`), every morgue queue and the
-fleet's two queues; checks the existing ones (FIFO, no content-based dedup, the
-worker's visibility timeout); says which workers' code no longer gives the live
-number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
+during a reshard, the old one: see :mod:`shardq.layout`) and the fleet's two queues;
+checks the existing ones (FIFO, no content-based dedup, the worker's visibility
+timeout); moves the dead jobs of old morgue queues into the store and applies
+``morgue_retention_days`` (:mod:`shardq.morgue_migrate`); says which workers' code
+no longer gives the live number of shards; with ``--prune``, deletes retired queues
+(:mod:`shardq.prune`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from shardq.fleet import leases_queue
 from shardq.fleet_store import fleet_queue
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
+from shardq.morgue_migrate import tend
 from shardq.prune import prune
 from shardq.terminal import plural
 
@@ -48,7 +51,7 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
             for gen_name, count in app.live_shards(name).items()
             for shard in range(count)
         ]
-        for queue in [*queues, app.morgue_queue(name)]:
+        for queue in queues:
             found = broker.queue_settings(queue)
             if found is None:
                 app.ensure_queue(queue, name)
@@ -74,6 +77,8 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
             checked += 1
     for line in drift:
         print(f"drift: {line}")
+    for line in tend(app):  # the old morgue queues, morgue_retention_days
+        print(f"morgue: {line}")
     for line in notes:
         print(f"layout: {line}", file=sys.stderr)
     summary = f"{plural(created, 'queue')} created, {checked} checked, {len(drift)} drifted"

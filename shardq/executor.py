@@ -367,17 +367,17 @@ class Executor:
         error: BaseException,
     ) -> bool:
         """Write the chunk to the morgue; only then is it deleted. False if that failed."""
-        queue = self._app.morgue_queue(ref.worker)
         entity = chunk[0].message.group_id
         try:
-            self._app.ensure_queue(queue, ref.worker)
-            limit = self._broker.max_message_bytes(queue)
-            for job in chunk:
-                record = morgue.record_for(job.message, reason, error, self.attempt(job.message))
-                result = self._broker.send_batch(queue, [morgue.entry(record, limit)])
-                if result.failed:
-                    raise BrokerError(result.failed["0"])
-        except BrokerError as exc:
+            morgue.bury(
+                self._app.store,
+                ref.worker,
+                [
+                    morgue.record_for(j.message, reason, error, self.attempt(j.message), j.meta)
+                    for j in chunk
+                ],
+            )
+        except morgue.StoreError as exc:
             log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
             self._broker_error("morgue")
             return False

@@ -1,36 +1,32 @@
-"""The morgue: one FIFO queue per worker for jobs that will not be retried.
+"""The morgue: dead jobs in the app's state store, one record per job.
 
-:class:`MorgueQueue` lists, requeues and purges dead jobs, by worker and entity.
-A FIFO queue cannot be browsed, only received from, and while some of an entity's
-messages are received (in flight), the queue returns none of its later ones. So a
-listing receives the morgue with a ``hold`` visibility timeout until it returns
-nothing, then, for each entity, releases what it holds of that entity and receives
-again to reach the entity's later dead jobs; it releases everything at the end. One
-receive returns at most 10 messages, so an entity's dead jobs beyond its first 10
-cannot be listed without removing the first ones: :class:`MorgueListing` says how
-many dead jobs a listing did not reach. Requeue and purge remove what they act on,
-so they reach every dead job.
+Nodes write a record (:func:`bury`) and only then delete the job from its shard.
+:class:`Morgue` lists a worker's dead jobs in death order, page by page, filtered by
+entity, error type, time range or message ids (:class:`Filter`); requeues them (each
+entity's oldest first, to the tail of its entity's jobs, then deletes the record) and
+purges them. Records stay until purged, or until ``morgue_retention_days`` passes and
+``shardq queues ensure`` deletes them (:meth:`Morgue.expire`). Keys and values are in
+:mod:`shardq.morgue_record`.
 
-The record format (header line plus the original body) is in
-:mod:`shardq.morgue_record`. A morgue message's group id is the job's entity, so
-requeued jobs keep their entity's order among themselves; its deduplication id is
-the job's message id, so a node that crashes between writing the morgue record and
-deleting the job does not record it twice (within SQS's 5-minute dedup window).
+A node that dies between writing a record and deleting the job runs the job again
+later and, if it dies again, records it twice (same message id). A requeue that is
+interrupted between sending a job and deleting its record leaves it listed though it
+was sent: the interrupted command says how many it finished.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardq import envelope
-from shardq.broker.base import Message, SendEntry
+from shardq.broker.base import SendEntry
 from shardq.errors import BrokerError, EnvelopeError
 from shardq.layout import publish_to
-from shardq.leases import release_now
 from shardq.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.morgue_record import (
     KIND,
@@ -41,308 +37,284 @@ from shardq.morgue_record import (
     REASON_UNREADABLE,
     VERSION,
     MorgueRecord,
-    decode,
-    encode,
-    entry,
+    entity_key,
+    items,
+    keys_of,
     record_for,
     requeue_problem,
-    unreadable,
+    stamp_for,
+    stamps,
+    summary,
+    whole,
 )
 from shardq.sharding import shard_for
+from shardq.store.base import MAX_QUERY_ITEMS, Store, StoreError
 
 if TYPE_CHECKING:
     from shardq.app import App
 
-#: Most morgue messages one listing receives (it holds them all until it ends).
-MAX_SCAN = 10_000
-
-
-@dataclass(frozen=True)
-class MorgueListing:
-    """What a listing found: ``records`` (oldest first per entity) and what it missed."""
-
-    records: list[MorgueRecord]
-    #: Dead jobs in the morgue, counted as the listing ended (approximate on SQS).
-    size: int
-    #: Distinct dead jobs the listing received, shown or not (filters, limit).
-    reached: int
-    #: True if ``limit`` stopped the listing before it reached everything.
-    limited: bool
-    #: Entities that may have dead jobs beyond the ones reached (one receive returned
-    #: 10 of theirs: their later ones hide behind those until they leave the morgue).
-    capped: frozenset[str] = frozenset()
-
-    @property
-    def unreached(self) -> int:
-        """Dead jobs the listing never received: beyond the limit, an entity's jobs
-        behind its first 10, or jobs someone else held meanwhile."""
-        return max(0, self.size - self.reached)
-
+#: Dead jobs a requeue sends (and deletes) per round.
+ROUND = 100
 
 Progress = Callable[[int], None]
 #: Told of each dead job a requeue leaves in the morgue, and why.
 Refused = Callable[[MorgueRecord, str], None]
-Act = Callable[[list[tuple[Message, MorgueRecord]]], set[str]]
 
 
-class MorgueQueue:
-    """One worker's morgue: list, requeue and purge its dead jobs."""
+@dataclass(frozen=True)
+class Filter:
+    """Which dead jobs: all of them, or those matching every filter given."""
 
-    def __init__(self, app: App, worker: str, *, hold: float = 120.0) -> None:
+    entity: str | None = None
+    error_type: str | None = None
+    #: Died at or after / at or before (unix seconds).
+    since: float | None = None
+    until: float | None = None
+    message_ids: frozenset[str] | None = None
+
+    def matches(self, record: MorgueRecord) -> bool:
+        return (
+            (self.entity is None or record.entity_id == self.entity)
+            and (self.error_type is None or record.error_type == self.error_type)
+            and (self.since is None or record.failed_at >= self.since)
+            and (self.until is None or record.failed_at <= self.until)
+            and (self.message_ids is None or record.message_id in self.message_ids)
+        )
+
+    def describe(self) -> str:
+        """`` of entity order-42 with error type KeyError that died since 2026-…``, or ``""``."""
+        since, until = self.since, self.until
+        died = (
+            f" that died between {_utc(since)} and {_utc(until)}"
+            if since is not None and until is not None
+            else f" that died since {_utc(since)}"
+            if since is not None
+            else f" that died before {_utc(until)}"
+            if until is not None
+            else ""
+        )
+        parts = [
+            f" of entity {self.entity}" if self.entity is not None else "",
+            f" with error type {self.error_type}" if self.error_type is not None else "",
+            died,
+            f" with ids {', '.join(sorted(self.message_ids))}" if self.message_ids else "",
+        ]
+        return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Dead jobs in death order, and the cursor of the next page (None: no more)."""
+
+    records: list[MorgueRecord]
+    next: str | None
+
+
+def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
+    """Write the records of dead jobs, in order (StoreError if the store refuses)."""
+    for record in records:
+        stamp = stamps.next()
+        for key, value in items(worker, record, stamp):
+            store.put(key, value, version=None)
+
+
+def keep(store: Store, worker: str, record: MorgueRecord) -> None:
+    """Write a record at its own death time (jobs moved from the old queue morgue)."""
+    for key, value in items(worker, record, stamps.next(record.failed_at)):
+        store.put(key, value, version=None)
+
+
+class Morgue:
+    """One worker's dead jobs: list, requeue, purge, expire."""
+
+    def __init__(self, app: App, worker: str) -> None:
         self.app = app
         self.worker = app.worker(worker).__name__
-        self.queue = app.morgue_queue(self.worker)
-        self.hold = hold
+        self.store = app.store
 
     def size(self) -> int:
-        counts = self.app.broker.counts(self.queue)
-        return counts.waiting + counts.in_flight
+        """How many dead jobs the worker has."""
+        base, n, after = f"morgue/{self.worker}/t/", 0, None
+        while page := self.store.query(base, start_after=after):
+            n += len(page)
+            if len(page) < MAX_QUERY_ITEMS:
+                break
+            after = page[-1].key
+        return n
+
+    def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
+        """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
+        found: list[MorgueRecord] = []
+        cursor: str | None = None
+        for at, record in self._scan(where, after):
+            if len(found) == limit:
+                return Page([self.load(r) for r in found], cursor)
+            found.append(record)
+            cursor = at
+        return Page([self.load(r) for r in found], None)
 
     def list_jobs(self, entity: str | None = None, limit: int = 100) -> list[MorgueRecord]:
-        """Dead jobs, oldest first per entity (see :meth:`browse` for what it misses)."""
-        return self.browse(entity, limit).records
+        """The first ``limit`` dead jobs (of ``entity``), in death order."""
+        return self.page(Filter(entity=entity), limit).records
 
-    def browse(
-        self,
-        entity: str | None = None,
-        limit: int = 100,
-        message_ids: Iterable[str] | None = None,
-    ) -> MorgueListing:
-        """At most ``limit`` matching dead jobs, oldest first per entity, and how many
-        dead jobs the listing did not reach. Leaves the morgue as it was."""
-        return _Browse(self, entity, limit, message_ids).run()
+    def load(self, record: MorgueRecord) -> MorgueRecord:
+        """The whole record (traceback, meta, body) of a listed one."""
+        item = self.store.get(record.key)
+        if item is None:
+            return record  # purged meanwhile, or only its summary is left
+        head, _, rest = record.key.partition("/e/")
+        stamp = rest.rpartition("/")[2]
+        first = whole(item, [])
+        pieces = []
+        for k in range(1, first.pieces):
+            part = self.store.get(f"{head}/p/{stamp}/{k:03d}")
+            body = None if part is None else part.value.get("body")
+            pieces.append(body if isinstance(body, str) else "")
+        return whole(item, pieces) if pieces else first
 
     def requeue(
         self,
-        entity: str | None = None,
-        message_ids: Iterable[str] | None = None,
+        where: Filter = Filter(),
         progress: Progress | None = None,
         refused: Refused | None = None,
     ) -> int:
-        """Send matching dead jobs back to their shard, at the tail of their entity's
-        jobs (in their morgue order), then remove them from the morgue.
+        """Send matching dead jobs back to their shard, each entity's oldest first, at
+        the tail of the entity's jobs, then delete their records; how many.
 
-        A dead job that cannot be requeued (an unreadable record, a body too large to
-        have been kept) stays in the morgue and is passed to ``refused`` with the
-        reason; while it stays, its entity's later dead jobs stay behind it."""
+        A dead job that cannot be requeued (an unreadable record) stays and is passed
+        to ``refused``; so do its entity's later matches, which must not overtake it."""
+        count = [0]
 
-        def resend(batch: list[tuple[Message, MorgueRecord]]) -> set[str]:
-            sendable = []
-            for message, record in batch:
-                problem = requeue_problem(record)
-                if problem is None:
-                    sendable.append((message, record))
-                elif refused is not None:
-                    refused(record, problem)
-            return self._resend(sendable) if sendable else set()
+        def deleted(record: MorgueRecord) -> None:
+            self.delete(record)
+            count[0] += 1
+            if progress is not None:
+                progress(count[0])
 
-        return self._scan(entity, message_ids, resend, progress=progress)
+        stopped: set[str] = set()
+        batch: list[MorgueRecord] = []
+        for _, record in self._scan(where):
+            batch.append(record)
+            if len(batch) == ROUND:
+                self._requeue(batch, stopped, refused, deleted)
+                batch = []
+        if batch:
+            self._requeue(batch, stopped, refused, deleted)
+        return count[0]
 
-    def purge(
-        self,
-        entity: str | None = None,
-        message_ids: Iterable[str] | None = None,
-        progress: Progress | None = None,
-    ) -> int:
-        """Delete matching dead jobs for good."""
-        return self._scan(
-            entity, message_ids, lambda batch: {m.receipt for m, _ in batch}, progress=progress
-        )
-
-    # -- internals ---------------------------------------------------------------
-    def receive(self) -> list[Message]:
-        return self.app.broker.receive(
-            self.queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0, visibility_timeout=self.hold
-        )
-
-    def release(self, messages: Iterable[Message]) -> None:
-        """Make held dead jobs visible again (a failure is logged, never raised: it must
-        not mask the error that ended a scan; they reappear after ``hold`` anyway)."""
-        release_now(self.app.broker, list(messages))
-
-    def _scan(
-        self,
-        entity: str | None,
-        message_ids: Iterable[str] | None,
-        act: Act,
-        progress: Progress | None = None,
-    ) -> int:
-        """Receive everything once; ``act`` on matches and returns the receipts to delete."""
-        broker = self.app.broker
-        wanted = None if message_ids is None else set(message_ids)
-        held: list[Message] = []
+    def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
+        """Delete matching dead jobs for good; how many."""
         done = 0
-        try:
-            while batch := self.receive():
-                matching = []
-                for message in batch:
-                    record = read(message)
-                    if (entity is None or record.entity_id == entity) and (
-                        wanted is None or record.message_id in wanted
-                    ):
-                        matching.append((message, record))
-                    else:
-                        held.append(message)
-                finished = act(matching) if matching else set()
-                held += [m for m, _ in matching if m.receipt not in finished]
-                if finished:
-                    result = broker.delete_batch(self.queue, sorted(finished))
-                    done += len(finished) - len(result.failed)
-                    if progress is not None:
-                        progress(done)
-                if wanted is not None and done >= len(wanted):
-                    break
-        finally:
-            self.release(held)
+        for _, record in self._scan(where):
+            self.delete(record)
+            done += 1
+            if progress is not None:
+                progress(done)
         return done
 
-    def _resend(self, batch: list[tuple[Message, MorgueRecord]]) -> set[str]:
-        by_queue: dict[str, list[tuple[Message, SendEntry]]] = {}
-        # the live layout, as publishers see it
+    def expire(self, days: float, now: float | None = None) -> int:
+        """Delete the dead jobs that died more than ``days`` ago."""
+        cutoff = (time.time() if now is None else now) - days * 86400
+        return self.purge(Filter(until=cutoff))
+
+    def delete(self, record: MorgueRecord) -> None:
+        """Delete every item of a record (summary first: it leaves listings at once)."""
+        for key in keys_of(record.key, record.pieces):
+            self.store.delete(key)
+
+    # -- internals ---------------------------------------------------------------
+    def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
+        """(cursor, summary) of every match in death order, read page by page."""
+        if where.entity is not None:
+            base = f"morgue/{self.worker}/e/{entity_key(where.entity)}/"
+        else:
+            base = f"morgue/{self.worker}/t/"
+        start = None if after is None else base + after
+        if where.since is not None:
+            start = max(start or "", base + stamp_for(where.since))
+        end = None if where.until is None else stamp_for(where.until + 1e-9)
+        while True:
+            got = self.store.query(base, start_after=start)
+            for item in got:
+                at = item.key[len(base) :]
+                if end is not None and at[: len(end)] >= end:
+                    return
+                record = summary(item)
+                if where.matches(record):
+                    yield at, record
+            if len(got) < MAX_QUERY_ITEMS:
+                return
+            start = got[-1].key
+
+    def _requeue(
+        self,
+        batch: list[MorgueRecord],
+        stopped: set[str],
+        refused: Refused | None,
+        deleted: Callable[[MorgueRecord], None],
+    ) -> None:
+        sendable = []
+        for record in map(self.load, batch):
+            problem = requeue_problem(record)
+            if problem is None and record.entity_id in stopped:
+                problem = "an earlier dead job of its entity was not requeued"
+            if problem is None:
+                sendable.append(record)
+                continue
+            stopped.add(record.entity_id)
+            if refused is not None:
+                refused(record, problem)
+        for record in self._resend(sendable, stopped):
+            deleted(record)
+
+    def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> list[MorgueRecord]:
+        """Send to the live layout's shards; what was sent (an entity whose send failed
+        is stopped: its later dead jobs stay)."""
+        by_queue: dict[str, list[MorgueRecord]] = {}
         gen, shards = publish_to(self.app.layouts.get(self.worker), time.time())
-        for message, record in batch:
-            shard = shard_for(record.entity_id, shards)
-            queue = self.app.shard_queue(self.worker, shard, gen)
-            item = SendEntry("", record.body, record.entity_id, uuid.uuid4().hex)
-            by_queue.setdefault(queue, []).append((message, item))
-        sent: set[str] = set()
-        for queue, items in by_queue.items():
+        for record in records:
+            queue = self.app.shard_queue(self.worker, shard_for(record.entity_id, shards), gen)
+            by_queue.setdefault(queue, []).append(record)
+        sent: list[MorgueRecord] = []
+        for queue, queued in by_queue.items():
             self.app.ensure_queue(queue, self.worker)
-            stopped: set[str] = set()  # entities whose earlier dead job was not sent
-            for chunk in _send_chunks(items):
-                chunk = [(m, e) for m, e in chunk if e.group_id not in stopped]
-                if not chunk:
-                    continue
+            for chunk in _chunks(queued):
+                chunk = [r for r in chunk if r.entity_id not in stopped]
                 entries = [
-                    SendEntry(str(i), e.body, e.group_id, e.dedup_id)
-                    for i, (_, e) in enumerate(chunk)
+                    SendEntry(str(i), r.body, r.entity_id, uuid.uuid4().hex)
+                    for i, r in enumerate(chunk)
                 ]
                 try:
-                    result = self.app.broker.send_batch(queue, entries)
-                    accepted = set(result.message_ids)
+                    accepted = set(self.app.broker.send_batch(queue, entries).message_ids)
                 except BrokerError:
-                    accepted = set()  # nothing of this batch was sent: it stays in the morgue
-                for (message, item), sent_entry in zip(chunk, entries, strict=True):
-                    if sent_entry.id in accepted and item.group_id not in stopped:
-                        sent.add(message.receipt)
-                    else:  # keep the entity's later dead jobs from overtaking this one
-                        stopped.add(item.group_id)
+                    accepted = set()  # nothing of this batch was sent: it stays
+                for record, entry in zip(chunk, entries, strict=True):
+                    if entry.id in accepted and record.entity_id not in stopped:
+                        sent.append(record)
+                    else:
+                        stopped.add(record.entity_id)
         return sent
 
 
-class _Browse:
-    """One listing: a sweep of the morgue, then one pass per entity (see the module doc)."""
-
-    def __init__(
-        self,
-        morgue: MorgueQueue,
-        entity: str | None,
-        limit: int,
-        message_ids: Iterable[str] | None,
-    ) -> None:
-        self.morgue, self.entity, self.limit = morgue, entity, max(0, limit)
-        self.wanted = None if message_ids is None else set(message_ids)
-        self.held: dict[str, Message] = {}  # message id -> its latest receive
-        self.groups: dict[str, list[str]] = {}  # group id -> its message ids, in order
-        self.found: dict[str, MorgueRecord] = {}  # matching records by morgue message id
-        self.seen: set[str] = set()
-        self.capped: set[str] = set()
-
-    def run(self) -> MorgueListing:
-        try:
-            self._sweep()
-            if not self._full():
-                self._follow_groups(self.morgue.size())
-            size = self.morgue.size()
-        finally:
-            self.morgue.release(self.held.values())
-        records = [self.found[i] for ids in self.groups.values() for i in ids if i in self.found]
-        limited = len(self.found) >= self.limit and size > len(self.seen)
-        return MorgueListing(records, size, len(self.seen), limited, frozenset(self.capped))
-
-    def _full(self) -> bool:
-        return len(self.found) >= self.limit or (
-            self.wanted is not None and len(self.found) >= len(self.wanted)
-        )
-
-    def _take(self, batch: list[Message], group: str | None = None) -> tuple[int, int]:
-        """Hold a received batch; returns (messages not seen before, messages of ``group``)."""
-        new = of_group = 0
-        for message in batch:
-            of_group += message.group_id == group
-            self.held[message.message_id] = message
-            if message.message_id in self.seen:
-                continue
-            self.seen.add(message.message_id)
-            new += 1
-            self.groups.setdefault(message.group_id, []).append(message.message_id)
-            record = read(message)
-            matches = (self.entity is None or record.entity_id == self.entity) and (
-                self.wanted is None or record.message_id in self.wanted
-            )
-            if matches and not self._full():
-                self.found[message.message_id] = record
-        return new, of_group
-
-    def _sweep(self) -> None:
-        """Receive until the morgue returns nothing (or nothing new: holds ran out)."""
-        while not self._full() and len(self.seen) < MAX_SCAN:
-            new, _ = self._take(self.morgue.receive())
-            if not new:
-                return
-
-    def _follow_groups(self, size: int) -> None:
-        """Release each entity's held jobs in turn and receive again: the queue then
-        returns that entity's jobs from its oldest, the ones held back included."""
-        for group in list(self.groups):
-            if self._full() or len(self.seen) >= min(size, MAX_SCAN):
-                return
-            if self.entity is not None and group != self.entity:
-                continue
-            for _ in range(MAX_BATCH_ENTRIES):
-                ids = [i for i in self.groups[group] if i in self.held]
-                self.morgue.release([self.held.pop(i) for i in ids])
-                new, of_group = self._take(self.morgue.receive(), group)
-                if of_group >= MAX_BATCH_ENTRIES:
-                    self.capped.add(group)
-                if not new or of_group >= MAX_BATCH_ENTRIES or self._full():
-                    break
-
-
-def _send_chunks(
-    items: list[tuple[Message, SendEntry]],
-) -> Iterable[list[tuple[Message, SendEntry]]]:
-    """Consecutive runs of at most 10 entries and 1 MiB: one SendMessageBatch each."""
-    chunk: list[tuple[Message, SendEntry]] = []
+def _chunks(records: list[MorgueRecord]) -> Iterator[list[MorgueRecord]]:
+    """Consecutive runs of at most 10 records and 1 MiB: one SendMessageBatch each."""
+    chunk: list[MorgueRecord] = []
     size = 0
-    for message, item in items:
-        length = len(item.body.encode("utf-8"))
-        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or size + length > MAX_BATCH_BYTES):
+    for record in records:
+        if chunk and (
+            len(chunk) == MAX_BATCH_ENTRIES or size + record.body_bytes > MAX_BATCH_BYTES
+        ):
             yield chunk
             chunk, size = [], 0
-        chunk.append((message, item))
-        size += length
+        chunk.append(record)
+        size += record.body_bytes
     if chunk:
         yield chunk
 
 
-def read(message: Message) -> MorgueRecord:
-    """A morgue message's record; one shardq cannot read shows up as what it is."""
-    try:
-        record = decode(message.body)
-    except ValueError as exc:
-        return unreadable(message, str(exc))
-    if record.entity_id != message.group_id:
-        return unreadable(
-            message,
-            f"it names entity {record.entity_id!r} but sits in group {message.group_id!r}",
-        )
-    return record
-
-
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
     """The dead job's payload, or None if its body is not a valid envelope."""
-    if record.reason == REASON_UNREADABLE or not record.body_kept:
+    if record.reason == REASON_UNREADABLE or not record.body:
         return None
     try:
         return envelope.decode(record.body, signing_key).payload
@@ -350,23 +322,26 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
         return None
 
 
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 __all__ = [
     "KIND",
-    "MAX_SCAN",
     "REASON_INVALID",
     "REASON_MAX_RETRIES",
     "REASON_PERMANENT",
     "REASON_UNKNOWN_WORKER",
     "REASON_UNREADABLE",
     "VERSION",
-    "MorgueListing",
-    "MorgueQueue",
+    "Filter",
+    "Morgue",
     "MorgueRecord",
-    "decode",
-    "encode",
-    "entry",
+    "Page",
+    "StoreError",
+    "bury",
+    "keep",
     "payload_of",
-    "read",
     "record_for",
     "requeue_problem",
 ]

@@ -40,6 +40,7 @@ from shardq.fleet_doc import FleetDoc
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.fleet_view import FleetView, fleet_view
 from shardq.layout_view import LayoutView, layout_view
+from shardq.morgue import Morgue
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
 KNOWS_AGES = frozenset({"sqlite", "memory"})
@@ -128,8 +129,8 @@ class Stats:
 
 def collect(app: App) -> Stats:
     """Read the layout document, the counts of every shard queue of the workers' live
-    layouts and of their morgue queues, and the fleet document for each shard's owner
-    (and lag, where the broker cannot tell it)."""
+    layouts, the morgue's size in the store (plus any old morgue queue), and the fleet
+    document for each shard's owner (and lag, where the broker cannot tell it)."""
     now = time.time()
     try:
         app.layouts.refresh()
@@ -160,13 +161,14 @@ def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerSt
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
-    morgue = _counts(app, app.morgue_queue(name))
+    old_morgue = _counts(app, app.morgue_queue(name))  # until `queues ensure` moves it
+    dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
         name=name,
         priority=settings.priority,
         length=sum(s.length for s in shards),
         in_flight=sum(s.in_flight for s in shards),
-        morgue_length=morgue.waiting + morgue.in_flight,
+        morgue_length=dead,
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,

@@ -1,8 +1,11 @@
-"""Listing, requeueing and purging dead jobs, by worker and by entity."""
+"""Listing, requeueing and purging dead jobs in the store, by worker, entity, error type
+and time, through :class:`shardq.morgue.Morgue` and the ``shardq morgue`` commands."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +13,10 @@ import pytest
 
 import shardq
 from shardq import envelope, morgue
-from shardq.broker import Message, SendEntry
-from shardq.broker.base import batches
+from shardq.admin_morgue import add_morgue
+from shardq.broker import Message
 from shardq.config import Config
-from shardq.morgue import MorgueQueue
+from shardq.morgue import Filter, Morgue
 from shardq.node import Node
 from shardq.sharding import shard_for
 from tests.apps import ledger
@@ -51,147 +54,169 @@ def queued(app: shardq.App, entity: str) -> list[int]:
     return [envelope.decode(m.body).payload["n"] for m in got if m.group_id == entity]
 
 
-def test_list_shows_each_entitys_dead_jobs_in_order_and_keeps_them(app: shardq.App) -> None:
-    morgue = MorgueQueue(app, "Ledgered")
-    records = morgue.list_jobs()
+def bury(app: shardq.App, jobs: list[tuple[str, int]], error: Exception | None = None) -> None:
+    """Write dead jobs straight into the morgue, in this order."""
+    records = []
+    for i, (entity, n) in enumerate(jobs):
+        body = envelope.encode(envelope.Envelope("Ledgered", entity, {"n": n}))
+        message = Message("shard.fifo", f"id-{entity}-{n}", "", body, entity, 1, 0.0, str(i))
+        failure = error or RuntimeError("no")
+        records.append(morgue.record_for(message, morgue.REASON_MAX_RETRIES, failure, 4))
+    morgue.bury(app.store, "Ledgered", records)
+
+
+def cli(app: shardq.App, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``shardq morgue ...`` (the real command) against ``app``."""
+    parser = argparse.ArgumentParser()
+    add_morgue(parser.add_subparsers(dest="command"), lambda p: None, lambda args: app)
+    args = parser.parse_args(["morgue", *argv])
+    code = args.handler(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_list_shows_dead_jobs_in_death_order_with_their_record_and_keeps_them(
+    app: shardq.App,
+) -> None:
+    dead = Morgue(app, "Ledgered")
+    records = dead.list_jobs()
     assert sorted(numbers(records)) == [("e1", 0), ("e1", 1), ("e1", 2), ("e2", 0), ("e2", 1)]
     assert [n for e, n in numbers(records) if e == "e1"] == [0, 1, 2]
-    assert all(r.reason == "permanent_error" for r in records)
+    assert all(r.reason == "permanent_error" and r.attempts == 1 for r in records)
+    assert all("PermanentError" in r.traceback and r.first_sent_at > 0 for r in records)
     # listing again shows the same: nothing was removed or hidden
-    assert sorted(numbers(morgue.list_jobs())) == sorted(numbers(records))
-    assert numbers(morgue.list_jobs(entity="e2")) == [("e2", 0), ("e2", 1)]
-    assert len(morgue.list_jobs(limit=2)) == 2
-    assert morgue.size() == 5
+    assert numbers(dead.list_jobs()) == numbers(records)
+    assert numbers(dead.list_jobs(entity="e2")) == [("e2", 0), ("e2", 1)]
+    assert len(dead.list_jobs(limit=2)) == 2
+    assert dead.size() == 5
 
 
 def test_requeue_by_entity_puts_its_jobs_back_in_order_and_leaves_the_rest(
     app: shardq.App,
 ) -> None:
-    morgue = MorgueQueue(app, "Ledgered")
+    dead = Morgue(app, "Ledgered")
     seen: list[int] = []
-    assert morgue.requeue(entity="e1", progress=seen.append) == 3
-    assert seen and seen[-1] == 3
+    assert dead.requeue(Filter(entity="e1"), progress=seen.append) == 3
+    assert seen[-1] == 3
     assert queued(app, "e1") == [0, 1, 2]
-    assert numbers(morgue.list_jobs()) == [("e2", 0), ("e2", 1)]
+    assert numbers(dead.list_jobs()) == [("e2", 0), ("e2", 1)]
 
 
-def test_purge_by_message_id_removes_only_that_job(app: shardq.App) -> None:
-    morgue = MorgueQueue(app, "Ledgered")
-    target = next(r for r in morgue.list_jobs() if r.entity_id == "e2")
-    assert morgue.purge(message_ids=[target.message_id]) == 1
-    assert sorted(numbers(morgue.list_jobs())) == [("e1", 0), ("e1", 1), ("e1", 2), ("e2", 1)]
+def test_purge_by_message_id_removes_only_that_job_and_everything_empties_it(
+    app: shardq.App,
+) -> None:
+    dead = Morgue(app, "Ledgered")
+    target = next(r for r in dead.list_jobs() if r.entity_id == "e2")
+    assert dead.purge(Filter(message_ids=frozenset([target.message_id]))) == 1
+    assert sorted(numbers(dead.list_jobs())) == [("e1", 0), ("e1", 1), ("e1", 2), ("e2", 1)]
     assert queued(app, "e2") == []
+    assert dead.purge() == 4
+    assert dead.list_jobs() == [] and dead.size() == 0
+    assert app.store.query_all("morgue/") == []  # no item left behind
 
 
-def test_purge_everything_empties_the_morgue(app: shardq.App) -> None:
-    morgue = MorgueQueue(app, "Ledgered")
-    assert morgue.purge() == 5
-    assert morgue.list_jobs() == [] and morgue.size() == 0
+def test_list_returns_all_85_dead_jobs_in_one_command_and_all_25_of_one_entity(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given 25 dead jobs of entity "big" and 60 of others, interleaved (plus the 5)
+    jobs = [(f"o{i % 12}", 100 + i) for i in range(60)]
+    for n in range(25):
+        jobs.insert(n * 3, ("big", n))
+    bury(app, jobs)
+    Morgue(app, "Ledgered").purge(Filter(entity="e1"))
+    Morgue(app, "Ledgered").purge(Filter(entity="e2"))
+    # when the morgue is listed whole, and for "big"
+    code, out, err = cli(app, capsys, "list", "Ledgered", "--json")
+    _, big_out, big_err = cli(app, capsys, "list", "Ledgered", "--entity", "big", "--json")
+    # then every dead job shows, in death order, and all 25 of "big" in their order
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(listed) == 85
+    assert [(d["entity_id"], d["payload"]["n"]) for d in listed] == jobs
+    big = [json.loads(line)["payload"]["n"] for line in big_out.splitlines()]
+    assert big == list(range(25))
+    assert "85 dead Ledgered jobs shown; the morgue holds 85\n" == err
+    assert big_err == "25 dead Ledgered jobs of entity big shown; the morgue holds 85\n"
 
 
-def bury(app: shardq.App, jobs: list[tuple[str, int]]) -> None:
-    """Write morgue records straight into the morgue, in this order."""
-    queue = app.morgue_queue("Ledgered")
-    entries = []
-    for i, (entity, n) in enumerate(jobs):
-        body = envelope.encode(envelope.Envelope("Ledgered", entity, {"n": n}))
-        message = Message("shard.fifo", f"id-{entity}-{n}", "", body, entity, 1, 0.0, str(i))
-        record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
-        entries.append(morgue.entry(record, 1024 * 1024))
-    for chunk in batches(entries):
-        sent = app.broker.send_batch(
-            queue, [SendEntry(str(i), e.body, e.group_id, e.dedup_id) for i, e in enumerate(chunk)]
-        )
-        assert not sent.failed
+def test_list_pages_with_a_cursor_and_filters_by_error_type_and_time(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given 5 dead jobs of KeyError, after the 5 PermanentError ones
+    middle = time.time()
+    bury(app, [("k", n) for n in range(5)], KeyError("gone"))
+    dead = Morgue(app, "Ledgered")
+    # when the morgue is read 4 at a time
+    pages, after = [], None
+    while True:
+        page = dead.page(limit=4, after=after)
+        pages.append(len(page.records))
+        if page.next is None:
+            break
+        after = page.next
+    # then the pages hold all 10 once each, and filters narrow the listing
+    assert pages == [4, 4, 2]
+    assert [r.entity_id for r in dead.page(Filter(error_type="KeyError")).records] == ["k"] * 5
+    assert len(dead.page(Filter(since=middle)).records) == 5
+    assert len(dead.page(Filter(until=middle)).records) == 5
+    code, _, err = cli(app, capsys, "list", "Ledgered", "--limit", "3", "--error-type", "KeyError")
+    assert code == 0 and "3 dead Ledgered jobs with error type KeyError shown" in err
+    cursor = err.rsplit("--after ", 1)[1].strip()
+    _, out, err = cli(
+        app, capsys, "list", "Ledgered", "--after", cursor, "--error-type", "KeyError", "--json"
+    )
+    assert [json.loads(line)["payload"]["n"] for line in out.splitlines()] == [3, 4]
+    assert "next page" not in err
 
 
-def test_list_shows_every_dead_job_even_when_an_entity_straddles_receives(
+def test_requeue_and_purge_take_the_same_filters_and_all_stays_required(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bury(app, [("e1", 10), ("e3", 0)], KeyError("gone"))
+    # a requeue without a filter or --all is refused and changes nothing
+    with pytest.raises(shardq.errors.ShardqError, match="say which dead jobs"):
+        cli(app, capsys, "requeue", "Ledgered")
+    # a requeue of the KeyError ones sends only them
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--error-type", "KeyError")
+    assert code == 0 and "requeued 2 dead Ledgered jobs with error type KeyError" in err
+    assert queued(app, "e1") == [10] and queued(app, "e3") == [0]
+    assert Morgue(app, "Ledgered").size() == 5
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--since", "1h", "--yes")
+    assert code == 0 and "purged 5 dead Ledgered jobs that died since" in err
+    assert Morgue(app, "Ledgered").size() == 0
+
+
+def test_an_entity_id_with_slashes_and_punctuation_is_its_own_entity(app: shardq.App) -> None:
+    odd = ["a/b", "a", "a%2Fb", "a/", "!#$&'()*+,/:;=?@[]"]
+    bury(app, [(e, i) for i, e in enumerate(odd)])
+    dead = Morgue(app, "Ledgered")
+    for i, entity in enumerate(odd):
+        assert numbers(dead.list_jobs(entity=entity)) == [(entity, i)]
+
+
+def test_a_damaged_record_lists_as_unreadable_and_requeue_refuses_it_and_its_entitys_later_ones(
     app: shardq.App,
 ) -> None:
-    # given 162 more dead jobs: entity "a" has 5, spread far apart among 40 other entities
-    spread = [(f"o{i % 40}", 100 + i) for i in range(157)]
-    for n, at in enumerate([3, 50, 100, 140, 156]):
-        spread.insert(at, ("a", n))
-    bury(app, spread)
-    morgue_queue = MorgueQueue(app, "Ledgered")
-    # when the whole morgue is listed
-    listing = morgue_queue.browse(limit=1000)
-    # then every dead job shows, each entity's in order, and nothing is missing
-    assert len(listing.records) == 167 and listing.size == 167
-    assert (listing.unreached, listing.limited) == (0, False)
-    assert [n for e, n in numbers(listing.records) if e == "a"] == [0, 1, 2, 3, 4]
-    assert numbers(morgue_queue.browse(entity="a").records) == [("a", n) for n in range(5)]
-    # and the listing held nothing back: the entity's dead jobs requeue at once
-    assert morgue_queue.requeue(entity="a") == 5
-
-
-def test_list_says_how_many_it_did_not_show(app: shardq.App) -> None:
-    # given an entity with 12 dead jobs (one receive returns at most 10 of them)
-    bury(app, [("big", n) for n in range(12)])
-    morgue_queue = MorgueQueue(app, "Ledgered")
-    # when the morgue is listed, in full and with a limit
-    full = morgue_queue.browse()
-    limited = morgue_queue.browse(limit=4)
-    # then the listing shows the first 10 of that entity and counts the 2 it could not reach
-    assert [n for e, n in numbers(full.records) if e == "big"] == list(range(10))
-    assert (len(full.records), full.size, full.unreached, full.limited) == (15, 17, 2, False)
-    assert (len(limited.records), limited.limited) == (4, True)
-    assert limited.size - len(limited.records) == 13
-
-
-FORGED = {
-    "body is a number": {"body": 7},
-    "attempts is a string": {"attempts": "3"},
-    "failed_at is a string": {"failed_at": "yesterday"},
-    "reason is a list": {"reason": ["x"]},
-}
-
-
-def forged(entity: str, **wrong: object) -> str:
-    doc = {
-        "kind": "shardq.morgue",
-        "v": 1,
-        "body": "{}",
-        "entity_id": entity,
-        "reason": "max_retries",
-        "error_type": "E",
-        "error_message": "m",
-        "traceback": "",
-        "attempts": 1,
-        "failed_at": 1.0,
-        "source_queue": "q",
-        "message_id": f"forged-{entity}",
-    }
-    return json.dumps({**doc, **wrong})
-
-
-def test_forged_records_list_as_unreadable_and_requeue_refuses_them_keeping_them(
-    app: shardq.App,
-) -> None:
-    # given morgue messages with the right kind but wrong field types, written straight
-    # into the morgue queue
-    queue = app.morgue_queue("Ledgered")
-    entries = [
-        SendEntry(str(i), forged(f"f{i}", **wrong), f"f{i}", f"forged-{i}")
-        for i, wrong in enumerate(FORGED.values())
-    ]
-    assert not app.broker.send_batch(queue, entries).failed
-    morgue_queue = MorgueQueue(app, "Ledgered")
-    # when the morgue is listed
-    records = morgue_queue.list_jobs()
-    # then each forged one shows as unreadable, saying what is wrong, next to the real ones
-    unreadable = {r.entity_id: r for r in records if r.reason == "unreadable_record"}
-    assert sorted(unreadable) == ["f0", "f1", "f2", "f3"]
-    for i, problem in enumerate(["body", "attempts", "failed_at", "reason"]):
-        assert problem in unreadable[f"f{i}"].error_message
-    assert len(records) == 9
-    # and a requeue of everything refuses them, names them, and leaves them in the morgue
+    # given a record whose body was altered, then a later dead job of the same entity
+    bury(app, [("f", 0), ("f", 1)])
+    dead = Morgue(app, "Ledgered")
+    first = next(r for r in dead.list_jobs(entity="f"))
+    item = app.store.get(first.key)
+    assert item is not None
+    app.store.put(first.key, {**item.value, "body": "{}"}, version=item.version)
+    # when the morgue is listed and requeued
+    listed = {r.message_id: r for r in dead.list_jobs(entity="f")}
     refused: list[tuple[str, str]] = []
-    requeued = morgue_queue.requeue(refused=lambda r, why: refused.append((r.entity_id, why)))
-    assert requeued == 5
-    assert sorted(e for e, _ in refused) == ["f0", "f1", "f2", "f3"]
-    assert all("not a readable shardq morgue record" in why for _, why in refused)
-    assert sorted(r.entity_id for r in morgue_queue.list_jobs()) == ["f0", "f1", "f2", "f3"]
-    # and a purge by id removes one of them
-    assert morgue_queue.purge(message_ids=[unreadable["f0"].message_id]) == 1
-    assert morgue_queue.size() == 3
+    n = dead.requeue(Filter(entity="f"), refused=lambda r, why: refused.append((r.message_id, why)))
+    # then the damaged one shows why, neither is sent, and both stay
+    assert listed[first.message_id].reason == "unreadable_record"
+    assert "SHA-256" in listed[first.message_id].error_message
+    assert n == 0 and [m for m, _ in refused] == ["id-f-0", "id-f-1"]
+    assert "earlier dead job of its entity" in refused[1][1]
+    assert queued(app, "f") == [] and dead.size() == 7
+
+
+def test_retention_deletes_only_older_dead_jobs(app: shardq.App) -> None:
+    dead = Morgue(app, "Ledgered")
+    assert dead.expire(1) == 0
+    assert dead.expire(1, now=time.time() + 2 * 86400) == 5
+    assert dead.size() == 0
