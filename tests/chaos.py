@@ -976,25 +976,17 @@ def _held(app: Any, queue: str) -> int:
 
 
 def read_morgue(app: Any) -> tuple[set[tuple[str, int]], dict[str, int]]:
-    """Every dead job of the worker as (entity, n), and counts by reason.
-
-    Reads by receiving and deleting (a FIFO queue shows an entity's later messages only
-    once the earlier ones are gone), after checking the size against the records read.
-    """
-    queue = app.morgue_queue(WORKER)
-    size = morgue.MorgueQueue(app, WORKER).size()
+    """Every dead job of the worker as (entity, n), and counts by reason, after checking
+    the morgue's size against the records read."""
+    dead = morgue.Morgue(app, WORKER)
+    size = dead.size()
+    records = dead.page(limit=size + 1).records
     found: dict[tuple[str, int], str] = {}
-    read = 0
-    receive = {"max_messages": 10, "wait_seconds": 0, "visibility_timeout": 60}
-    while batch := app.broker.receive(queue, **receive):
-        for message in batch:
-            record = morgue.decode(message.body)
-            payload = morgue.payload_of(record)
-            found.setdefault((record.entity_id, payload["n"]), record.reason)
-        read += len(batch)
-        app.broker.delete_batch(queue, [m.receipt for m in batch])
-    if read != size:
-        raise AssertionError(f"the morgue held {size} jobs but {read} were read")
+    for record in records:
+        payload = morgue.payload_of(record)
+        found.setdefault((record.entity_id, payload["n"]), record.reason)
+    if len(records) != size:
+        raise AssertionError(f"the morgue held {size} jobs but {len(records)} were read")
     return set(found), dict(Counter(found.values()))
 
 

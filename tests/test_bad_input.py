@@ -24,6 +24,7 @@ import shardq
 from shardq import envelope, morgue
 from shardq.broker import MemoryBroker, SendEntry
 from shardq.errors import EnvelopeError
+from shardq.morgue_migrate import move_queue_morgue
 from shardq.sharding import shard_for
 from tests import emulator as emu
 from tests.apps import ledger
@@ -68,7 +69,7 @@ def test_bad_messages_go_to_the_morgue_while_the_node_keeps_running(env: Env) ->
     problems = ledger.check(ledger.read(env.ledger), {"a": 4, "b": 2, "warm-up": 1})
     assert not any(problems.values()), problems
     # and every bad message sits in the morgue, saying why, with its body untouched
-    records = morgue.MorgueQueue(ledger.app, "Ledgered").list_jobs()
+    records = morgue.Morgue(ledger.app, "Ledgered").list_jobs()
     assert [r.body for r in records] == list(bodies)
     for record, why in zip(records, bodies.values(), strict=True):
         assert why in record.error_message, (record.error_message, why)
@@ -87,8 +88,10 @@ def test_a_body_nested_too_deeply_is_an_envelope_error() -> None:
         envelope.decode(TOO_DEEP)
 
 
-def test_a_foreign_message_nested_too_deeply_is_listed_in_the_morgue() -> None:
-    # given a morgue queue holding a message shardq did not write, nested too deeply
+def test_a_foreign_message_nested_too_deeply_in_an_old_morgue_queue_is_moved_as_unreadable() -> (
+    None
+):
+    # given an old morgue queue holding a message shardq did not write, nested too deeply
     app = shardq.App(broker=MemoryBroker())
 
     @app.register
@@ -97,11 +100,13 @@ def test_a_foreign_message_nested_too_deeply_is_listed_in_the_morgue() -> None:
 
     app.ensure_queues()
     app.broker.send_batch(app.morgue_queue(Job), [SendEntry("0", TOO_DEEP, "e", "d-0")])
-    # when the morgue is listed
-    (record,) = morgue.MorgueQueue(app, "Job").list_jobs()
-    # then it shows as an unreadable record, with no payload
-    assert (record.reason, record.entity_id) == ("unreadable_record", "e")
+    # when it is moved into the store and the morgue is listed
+    assert move_queue_morgue(app, "Job") == 1
+    (record,) = morgue.Morgue(app, "Job").list_jobs()
+    # then it shows as an unreadable record, verbatim, with no payload
+    assert (record.reason, record.entity_id, record.body) == ("unreadable_record", "e", TOO_DEEP)
     assert morgue.payload_of(record) is None
+    assert morgue.requeue_problem(record) is not None
 
 
 # -- the command line ------------------------------------------------------------------

@@ -134,7 +134,7 @@ def test_list_returns_all_85_dead_jobs_in_one_command_and_all_25_of_one_entity(
     assert [(d["entity_id"], d["payload"]["n"]) for d in listed] == jobs
     big = [json.loads(line)["payload"]["n"] for line in big_out.splitlines()]
     assert big == list(range(25))
-    assert "85 dead Ledgered jobs shown; the morgue holds 85\n" == err
+    assert err == "85 dead Ledgered jobs shown; the morgue holds 85\n"
     assert big_err == "25 dead Ledgered jobs of entity big shown; the morgue holds 85\n"
 
 

@@ -53,11 +53,7 @@ def run_until_empty(app: shardq.App, threads: int = 2, timeout: float = 90) -> N
 
 
 def morgue_records(app: shardq.App, worker: str = "Ledgered") -> list[morgue.MorgueRecord]:
-    broker, queue = app.broker, app.morgue_queue(worker)
-    records = []
-    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
-        records += [morgue.decode(m.body) for m in batch]
-    return records
+    return morgue.Morgue(app, worker).page(limit=100_000).records
 
 
 def publish_numbered(entities: int, jobs: int, **payload: Any) -> dict[str, int]:
@@ -382,18 +378,18 @@ def test_a_long_retry_hides_the_entitys_later_jobs_with_the_failed_one(
     assert [e["attempt"] for e in retried] == [1, 2]
 
 
-class MorgueDownAtFirst(shardq.MemoryBroker):
-    """A broker whose morgue queues refuse the first two writes (then it recovers)."""
+class MorgueDownAtFirst:
+    """A store's ``put`` that refuses the first two morgue writes (then it recovers)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, store: shardq.store.Store) -> None:
+        self.put = store.put
         self.refused = 0
 
-    def send_batch(self, queue: str, entries: Any) -> Any:
-        if queue.endswith("-morgue.fifo") and self.refused < 2:
+    def __call__(self, key: str, value: Any, *, version: int | None) -> Any:
+        if key.startswith("morgue/") and self.refused < 2:
             self.refused += 1
-            raise shardq.BrokerError("the morgue is unreachable")
-        return super().send_batch(queue, entries)
+            raise shardq.store.StoreError("the morgue is unreachable")
+        return self.put(key, value, version=version)
 
 
 def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
@@ -402,8 +398,10 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
     # given an entity whose second message is garbage, behind and before valid jobs,
     # and a morgue that refuses the first writes
     monkeypatch.setattr(shardq.executor, "INVALID_RETRY_SECONDS", 0.2)
-    broker = MorgueDownAtFirst()
+    broker = shardq.MemoryBroker()
     ledger.app.configure(Config(idle_wait_seconds=1, grace_seconds=5), broker=broker)
+    down = MorgueDownAtFirst(ledger.app.store)
+    monkeypatch.setattr(ledger.app.store, "put", down)
     ledger.app.ensure_queues()
     queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
     Ledgered.publish("e", {"n": 0})
@@ -415,7 +413,7 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
     # then job 2 ran only after the garbage reached the morgue, never before
     events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
     assert events == [("start", 0), ("end", 0), ("start", 2), ("end", 2)]
-    assert broker.refused == 2
+    assert down.refused == 2
     outcomes = [e["event"] for e in logs if e["event"].startswith("job.")]
     assert outcomes.index("job.morgued") < outcomes.index("job.succeeded", 1)
     (record,) = morgue_records(ledger.app)

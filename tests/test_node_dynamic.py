@@ -209,7 +209,7 @@ def test_a_shard_handed_between_two_nodes_keeps_every_entity_in_order_and_never_
 
 def second_app(app: shardq.App, broker: shardq.broker.Broker, retry: Any) -> shardq.App:
     """The ledger app again, on its own broker connection (another node's)."""
-    other = shardq.App(app.config, broker=broker)
+    other = shardq.App(app.config, broker=broker, store=app.store)  # one shared store
 
     @other.register
     class Ledgered(shardq.Worker):
@@ -226,11 +226,7 @@ def second_app(app: shardq.App, broker: shardq.broker.Broker, retry: Any) -> sha
 
 
 def morgue_records(app: shardq.App) -> list[morgue.MorgueRecord]:
-    broker, queue = app.broker, app.morgue_queue("Ledgered")
-    records = []
-    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
-        records += [morgue.decode(m.body) for m in batch]
-    return records
+    return morgue.Morgue(app, "Ledgered").page(limit=100_000).records
 
 
 def test_a_drop_waits_for_the_running_job_of_the_shard(

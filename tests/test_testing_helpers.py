@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import shardq
+from shardq.morgue import Morgue
 from shardq.testing import Harness, JobFailed, drain, eager, use_memory_broker
 
 app = shardq.App(shardq.Config(broker_url="memory://"))
@@ -83,7 +84,7 @@ def test_drain_reports_jobs_that_reach_the_morgue(
     result = harness.drain()
     assert [(r.entity_id, r.payload["id"]) for r in result.morgued] == [("o1", "j1")]
     assert len(result.retried) == 2  # max_retries
-    assert harness.broker.counts(app.morgue_queue("SyncOrder")).waiting == 1
+    assert Morgue(app, "SyncOrder").size() == 1
 
 
 def test_eager_mode_runs_perform_inside_publish(
