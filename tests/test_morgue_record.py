@@ -1,4 +1,5 @@
-"""The morgue record: what a dead job's morgue message holds, and that it always fits."""
+"""The morgue record: the store items of a dead job, a big job split and joined, and the
+old queue morgue's two formats read when they are moved into the store."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from structlog.testing import capture_logs
 
 import shardq
-from shardq import envelope, morgue
+from shardq import envelope, morgue, morgue_record
 from shardq.config import Config
+from shardq.morgue_migrate import read_queue_record
+from shardq.morgue_record import summary
 from shardq.node import Node
+from shardq.store import Item, MemoryStore
+from shardq.store.base import MAX_VALUE_BYTES
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -59,18 +63,20 @@ def test_a_big_job_that_fails_for_good_lands_in_the_morgue_once_with_its_body(
     # entity moved on
     runs = [e["n"] for e in ledger.read(ledger.os.environ["LEDGER_PATH"]) if e["event"] == "start"]
     assert runs == [0, 1]
-    (record,) = morgue.MorgueQueue(app, "Ledgered").list_jobs()
-    assert record.reason == "permanent_error" and record.body_kept
+    (record,) = morgue.Morgue(app, "Ledgered").list_jobs()
+    assert record.reason == "permanent_error" and record.pieces > 1
     assert envelope.decode(record.body).payload == escape_heavy_payload(0, 925_000)
+    # and a requeue sends it back whole
+    assert morgue.Morgue(app, "Ledgered").requeue(morgue.Filter(entity="big")) == 1
 
 
-def message(body: str) -> shardq.broker.Message:
+def message(body: str, group: str = "e") -> shardq.broker.Message:
     return shardq.broker.Message(
         queue="q.fifo",
         body=body,
         receipt="r",
         message_id="m-1",
-        group_id="e",
+        group_id=group,
         receive_count=3,
         sent_at=1.0,
         sequence="1",
@@ -84,97 +90,106 @@ def failure() -> shardq.PermanentError:
         return exc
 
 
-@pytest.mark.parametrize("body_size", [100, 500_000, 1_040_000, 1_048_000, 1_048_576])
-def test_an_entry_never_exceeds_the_limit_and_keeps_the_body_when_it_can(body_size: int) -> None:
-    # given a dead job's body full of characters JSON escapes
-    body = ('"\\\n' * body_size)[:body_size]
-    record = morgue.record_for(message(body), morgue.REASON_PERMANENT, failure(), 3)
-    limit = 1024 * 1024
-    # when its morgue entry is made
-    entry = morgue.entry(record, limit)
-    # then it fits, and reads back with the body verbatim when there was room for it
-    assert len(entry.body.encode("utf-8")) <= limit
-    back = morgue.decode(entry.body)
-    assert (back.entity_id, back.message_id, back.attempts) == ("e", "m-1", 3)
-    assert back.body_bytes == body_size
-    assert back.body_sha256 == hashlib.sha256(body.encode()).hexdigest()
-    if body_size <= 1_040_000:
-        assert back.body_kept and back.body == body
-    if body_size == 1_048_576:
-        assert not back.body_kept and back.body == ""
-        assert "too large" in (morgue.requeue_problem(back) or "")
+def stored(record: morgue.MorgueRecord) -> tuple[MemoryStore, morgue.MorgueRecord]:
+    """The record written to a store and read back whole."""
+    store = MemoryStore()
+    morgue.bury(store, "W", [record])
+    summaries = store.query_all("morgue/W/t/")
+    assert len(summaries) == 1
+    whole = store.get(summary(summaries[0]).key)
+    assert whole is not None
+    k = whole.key.rpartition("/")[2]
+    pieces = [i.value["body"] for i in store.query_all(f"morgue/W/p/{k}/")]
+    return store, morgue_record.whole(whole, pieces)
 
 
-def test_a_record_written_in_the_first_format_still_reads() -> None:
-    # given a morgue message in version 1: one JSON object, the body a string field
-    old = json.dumps(
-        {
-            "kind": "shardq.morgue",
-            "v": 1,
-            "body": '{"v":1,"worker":"W","entity":"e","payload":{"n":1},"published_at":1}',
-            "entity_id": "e",
-            "reason": "max_retries",
-            "error_type": "RuntimeError",
-            "error_message": "boom",
-            "traceback": "Traceback ...",
-            "attempts": 4,
-            "failed_at": 1_700_000_000.5,
-            "source_queue": "w-0.fifo",
-            "message_id": "m-1",
-        }
-    )
-    # when it is read, then every field is there and the payload decodes
-    record = morgue.decode(old)
-    assert (record.reason, record.attempts, record.body_kept) == ("max_retries", 4, True)
-    assert morgue.payload_of(record) == {"n": 1}
-    assert morgue.requeue_problem(record) is None
-
-
-def test_the_header_is_one_line_and_the_body_follows_verbatim() -> None:
-    body = '{"v":1,"text":"line\\nbreak \\"quoted\\" caf\u00e9"}'
-    entry = morgue.entry(morgue.record_for(message(body), "max_retries", failure(), 2), 4096)
-    header, newline, rest = entry.body.partition("\n")
-    assert newline and rest == body
-    assert json.loads(header)["v"] == 2 and header.isascii()
-
-
-@pytest.mark.parametrize("room", [3500, 1500])
-def test_near_the_limit_the_traceback_then_the_message_are_trimmed_to_keep_the_body(
-    room: int,
+@pytest.mark.parametrize("body_size", [100, 300_000, 500_000, 1_048_576])
+def test_a_body_of_any_size_is_split_over_items_that_fit_and_read_back_verbatim(
+    body_size: int,
 ) -> None:
-    # given a body that leaves ``room`` bytes for a header, less than its full size
-    limit = 64 * 1024
-    body = "x" * (limit - room)
-    record = morgue.record_for(message(body), "max_retries", failure(), 2)
-    assert len(record.error_message) == 2000 and len(record.traceback) > 2000
-    # when its entry is made
-    entry = morgue.entry(record, limit)
-    # then it fills the limit at most, keeps the body, and marks what it trimmed: the
-    # traceback first (keeping its end), then the message (keeping its start)
-    assert len(entry.body.encode()) <= limit
-    back = morgue.decode(entry.body)
-    assert back.body == body
-    if room == 3500:
-        assert back.traceback.startswith("[trimmed to fit the morgue's size limit] ")
-        assert back.traceback.endswith(record.traceback[-200:])
-        assert back.error_message == record.error_message
-    else:
-        assert back.traceback == ""
-        assert back.error_message.startswith("broken broken")
-        assert back.error_message.endswith(" [trimmed to fit the morgue's size limit]")
+    # given a dead job's body full of characters JSON escapes (up to 6 bytes each)
+    body = ('"\\\n\u0001' * body_size)[:body_size]
+    record = morgue.record_for(message(body), morgue.REASON_PERMANENT, failure(), 3, {"t": 1})
+    # when it is stored
+    store, back = stored(record)
+    # then no item is over the store's limit, and it reads back whole
+    for item in store.query_all("morgue/"):
+        assert len(json.dumps(item.value, sort_keys=True).encode()) <= MAX_VALUE_BYTES
+    assert back.body == body and back.reason == "permanent_error"
+    assert (back.entity_id, back.message_id, back.attempts, back.meta) == ("e", "m-1", 3, {"t": 1})
+    assert back.body_sha256 == hashlib.sha256(body.encode()).hexdigest()
+    assert back.first_sent_at == 1.0 and back.failed_at > 1.0
+    assert len(store.query_all("morgue/")) == 2 + back.pieces - 1
+    assert (back.pieces > 1) == (body_size > 100_000)
 
 
-def test_a_body_that_cannot_fit_is_recorded_without_it_and_logged() -> None:
-    body = "y" * 2000
-    record = morgue.record_for(message(body), "permanent_error", failure(), 1)
-    with capture_logs() as logs:
-        entry = morgue.entry(record, 1024)
-    assert len(entry.body.encode()) <= 1024
-    (event,) = [e for e in logs if e["event"] == "morgue.body_dropped"]
-    assert (event["log_level"], event["body_bytes"], event["message_id"]) == ("error", 2000, "m-1")
-    back = morgue.decode(entry.body)
-    assert (back.body_kept, back.body, back.body_bytes) == (False, "", 2000)
-    assert morgue.payload_of(back) is None
+def test_a_record_whose_body_was_altered_or_lost_a_piece_reads_as_unreadable() -> None:
+    store, back = stored(morgue.record_for(message("x" * 700_000), "max_retries", failure(), 1))
+    item = store.get(back.key)
+    assert item is not None
+    assert "SHA-256" in morgue_record.whole(item, []).error_message
+    altered = morgue_record.whole(item, ["y" * (700_000 - len(item.value["body"]))])
+    assert altered.reason == "unreadable_record"
+    assert morgue.requeue_problem(altered) is not None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"entity_id": 7}, "entity_id is not a string"),
+        ({"attempts": "3"}, "attempts is not a whole number"),
+        ({"failed_at": "yesterday"}, "failed_at is not a time"),
+        ({"body": None}, "body or body_bytes"),
+    ],
+)
+def test_a_malformed_item_is_listed_as_unreadable_saying_why(
+    value: dict[str, object], problem: str
+) -> None:
+    store, back = stored(morgue.record_for(message("{}", "a/b"), "max_retries", failure(), 1))
+    item = store.get(back.key)
+    assert item is not None
+    bad = Item(item.key, {**item.value, **value}, item.version)
+    record = morgue_record.whole(bad, [])
+    assert record.reason == "unreadable_record" and problem in record.error_message
+    assert record.entity_id == "a/b" or "entity_id" in problem
+
+
+def queue_message(body: str, group: str = "e") -> shardq.broker.Message:
+    return shardq.broker.Message("w-morgue.fifo", "q-1", "r", body, group, 1, 5.0, "1")
+
+
+OLD_V1 = {
+    "kind": "shardq.morgue",
+    "v": 1,
+    "body": '{"v":1,"worker":"W","entity":"e","payload":{"n":1},"published_at":1}',
+    "entity_id": "e",
+    "reason": "max_retries",
+    "error_type": "RuntimeError",
+    "error_message": "boom",
+    "traceback": "Traceback ...",
+    "attempts": 4,
+    "failed_at": 1_700_000_000.5,
+    "source_queue": "w-0.fifo",
+    "message_id": "m-1",
+}
+
+
+def test_both_formats_of_the_old_queue_morgue_read() -> None:
+    # given a version 1 record (the body a field) and a version 2 one (header line, body)
+    v1 = json.dumps(OLD_V1)
+    header = {k: v for k, v in OLD_V1.items() if k != "body"}
+    v2 = json.dumps({**header, "v": 2, "body_kept": True}) + "\n" + OLD_V1["body"]
+    dropped = json.dumps({**header, "v": 2, "body_kept": False}) + "\n"
+    # when they are read, then every field is there and the payload decodes
+    for text in (v1, v2):
+        record = read_queue_record(queue_message(text))
+        assert (record.reason, record.attempts, record.failed_at) == ("max_retries", 4, 1.7e9 + 0.5)
+        assert morgue.payload_of(record) == {"n": 1}
+        assert morgue.requeue_problem(record) is None
+    # and a record kept without its body reads, but cannot be requeued
+    bodiless = read_queue_record(queue_message(dropped))
+    assert bodiless.reason == "max_retries" and bodiless.body == ""
+    assert "too large" in (morgue.requeue_problem(bodiless) or "")
 
 
 @pytest.mark.parametrize(
@@ -184,14 +199,12 @@ def test_a_body_that_cannot_fit_is_recorded_without_it_and_logged() -> None:
         ('{"kind": "shardq.morgue", "v": 9}\nbody', "version 9"),
         ('{"kind": "other"}', "not a shardq morgue record"),
         ("[" * 5000, "nested too deeply"),
+        (json.dumps({**OLD_V1, "entity_id": "x"}), "sits in group"),
     ],
 )
-def test_a_malformed_record_is_refused_saying_why(text: str, problem: str) -> None:
-    with pytest.raises(ValueError, match=problem):
-        morgue.decode(text)
-
-
-def test_a_record_whose_body_was_altered_is_refused() -> None:
-    entry = morgue.entry(morgue.record_for(message('{"a":1}'), "max_retries", failure(), 1), 4096)
-    with pytest.raises(ValueError, match="does not match its recorded size and SHA-256"):
-        morgue.decode(entry.body.replace('{"a":1}', '{"a":2}'))
+def test_an_old_queue_message_that_is_not_a_record_is_kept_as_unreadable_saying_why(
+    text: str, problem: str
+) -> None:
+    record = read_queue_record(queue_message(text))
+    assert record.reason == "unreadable_record" and problem in record.error_message
+    assert record.body == text and record.entity_id == "e"
