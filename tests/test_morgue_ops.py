@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 import shardq
@@ -220,3 +221,37 @@ def test_retention_deletes_only_older_dead_jobs(app: shardq.App) -> None:
     assert dead.expire(1) == 0
     assert dead.expire(1, now=time.time() + 2 * 86400) == 5
     assert dead.size() == 0
+
+
+@pytest.mark.sqs
+@pytest.mark.slow
+def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # given 3 dead jobs, and shard (and old morgue) queues on SQS that keep messages
+    # for 60 s only
+    monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
+    broker = make_broker("sqs", tmp_path, request)
+    ledger.app.configure(
+        Config(queue_prefix=f"ret{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
+        broker=broker,
+    )
+    Ledgered.publish_many([("e", {"n": n, "permanent": True}) for n in range(3)])
+    Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
+    server = request.getfixturevalue("sqs_emulator")
+    sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.endpoint_url)
+    queues = [ledger.app.shard_queue("Ledgered", shard) for shard in range(3)]
+    ledger.app.ensure_queue(ledger.app.morgue_queue("Ledgered"), "Ledgered")  # the old morgue
+    for queue in [*queues, ledger.app.morgue_queue("Ledgered")]:
+        url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+        sqs.set_queue_attributes(QueueUrl=url, Attributes={"MessageRetentionPeriod": "60"})
+    # when the retention period passes (a canary job published now is dropped by SQS)
+    Ledgered.publish("canary", {"n": 0})
+    canary = ledger.app.shard_queue("Ledgered", shard_for("canary", 3))
+    deadline = time.monotonic() + 150
+    while broker.counts(canary).waiting and time.monotonic() < deadline:
+        time.sleep(2)
+    assert broker.counts(canary).waiting == 0, "SQS never dropped the canary job"
+    # then the dead jobs are all still listed
+    assert [r.entity_id for r in Morgue(ledger.app, "Ledgered").list_jobs()] == ["e"] * 3
+    broker.close()
