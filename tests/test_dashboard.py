@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Iterator
@@ -30,14 +31,16 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
-from shardq.broker import MemoryBroker
+from shardq import envelope, morgue
+from shardq.broker import MemoryBroker, Message
 from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
 from shardq.errors import BrokerError, ConfigError
 from shardq.fleet_doc import FleetDoc, NodeReport
 from shardq.fleet_store import FleetStore, fleet_queue
-from shardq.morgue import MorgueQueue
+from shardq.morgue import Morgue
+from shardq.morgue_migrate import move_queue_morgue
 from shardq.node import Node
 from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
 from shardq.sharding import shard_for
@@ -496,8 +499,9 @@ def test_with_scrape_a_node_that_stops_answering_is_left_out_and_named(
 
 def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
     filled = server.app
-    status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
-    assert status == 200
+    status, doc = call(server, "GET", "/api/v1/morgue/SyncOrder")
+    assert status == 200 and (doc["next"], doc["size"]) == (None, 3)
+    jobs = doc["jobs"]
     assert sorted((j["entity_id"], j["payload"]["n"]) for j in jobs) == [
         ("o1", 0),
         ("o1", 1),
@@ -508,22 +512,23 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
     assert first["error_message"] == "card declined" and first["attempts"] == 1
     assert "Traceback" in first["traceback"] and first["source_queue"].endswith(".fifo")
     assert [
-        j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder?entity=o2")[1]
+        j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder?entity=o2")[1]["jobs"]
     ] == ["o2"]
-    assert len(call(server, "GET", "/api/v1/morgue/SyncOrder?limit=1")[1]) == 1
-    assert call(server, "GET", "/api/v1/morgue/SendReceipt")[1] == []
+    assert len(call(server, "GET", "/api/v1/morgue/SyncOrder?limit=1")[1]["jobs"]) == 1
+    assert call(server, "GET", "/api/v1/morgue/SendReceipt")[1]["jobs"] == []
 
     before = shard_length(filled, "SyncOrder", "o1")
     body = {"message_ids": [first["message_id"]]}
     assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body) == (200, {"requeued": 1})
     assert shard_length(filled, "SyncOrder", "o1") == before + 1
-    assert MorgueQueue(filled, "SyncOrder").size() == 2
+    assert Morgue(filled, "SyncOrder").size() == 2
 
     assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {"entity": "o2"}) == (
         200,
         {"purged": 1},
     )
-    assert [j["entity_id"] for j in call(server, "GET", "/api/v1/morgue/SyncOrder")[1]] == ["o1"]
+    listed = call(server, "GET", "/api/v1/morgue/SyncOrder")[1]["jobs"]
+    assert [j["entity_id"] for j in listed] == ["o1"]
     everything = {"all": True}
     assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", everything) == (
         200,
@@ -533,8 +538,50 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
         200,
         {"purged": 0},
     )
-    assert MorgueQueue(filled, "SyncOrder").size() == 0
+    assert Morgue(filled, "SyncOrder").size() == 0
     assert shard_length(filled, "SyncOrder", "o1") == before + 2
+
+
+def test_the_morgue_pages_through_every_dead_job_with_search_and_bulk_actions(
+    server: DashboardServer,
+) -> None:
+    # given 250 more dead SyncOrder jobs: 120 of KeyError, the rest of 13 other entities
+    records = []
+    for i in range(250):
+        entity = "big" if i % 2 else f"x{i % 13}"
+        body = envelope.encode(envelope.Envelope("SyncOrder", entity, {"n": 100 + i}))
+        message = Message("q.fifo", f"k{i}", "", body, entity, 1, 1.0, str(i))
+        error = KeyError("gone") if i < 120 else RuntimeError("no")
+        records.append(morgue.record_for(message, morgue.REASON_MAX_RETRIES, error, 3))
+    morgue.bury(server.app.store, "SyncOrder", records)
+    # when the dashboard pages through the morgue 100 at a time
+    seen: list[str] = []
+    path = "/api/v1/morgue/SyncOrder?limit=100"
+    while path:
+        status, doc = call(server, "GET", path)
+        assert status == 200 and doc["size"] == 253
+        seen += [j["message_id"] for j in doc["jobs"]]
+        cursor = doc["next"]
+        path = (
+            f"/api/v1/morgue/SyncOrder?limit=100&after={urllib.parse.quote(cursor)}"
+            if cursor
+            else ""
+        )
+    # then it reaches every dead job once, and a search narrows the pages
+    assert len(seen) == len(set(seen)) == 253
+    status, doc = call(server, "GET", "/api/v1/morgue/SyncOrder?error_type=KeyError&limit=1000")
+    assert len(doc["jobs"]) == 120 and doc["next"] is None
+    status, doc = call(server, "GET", "/api/v1/morgue/SyncOrder?entity=big&since=1h&limit=1000")
+    assert [j["payload"]["n"] for j in doc["jobs"]] == [100 + i for i in range(1, 250, 2)]
+    assert call(server, "GET", "/api/v1/morgue/SyncOrder?since=sometime")[0] == 400
+    # and a bulk requeue of a search sends those jobs and leaves the rest
+    body = {"entity": "big", "error_type": "KeyError"}
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body) == (200, {"requeued": 60})
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", {"error_type": "KeyError"}) == (
+        200,
+        {"purged": 60},
+    )
+    assert Morgue(server.app, "SyncOrder").size() == 253 - 120
 
 
 def test_errors_are_json(server: DashboardServer) -> None:
@@ -548,7 +595,7 @@ def test_errors_are_json(server: DashboardServer) -> None:
     assert call(server, "GET", "/api/v1/morgue/SyncOrder?limit=lots")[0] == 400
     assert call(server, "GET", "/api/v1/nothing")[0] == 404
     assert call(server, "GET", "/api/v1/morgue/SyncOrder/requeue")[0] == 405
-    assert MorgueQueue(server.app, "SyncOrder").size() == 3  # nothing was touched
+    assert Morgue(server.app, "SyncOrder").size() == 3  # nothing was touched
 
 
 def raw_post(srv: DashboardServer, path: str, head: str, body: bytes) -> tuple[int, Any]:
@@ -566,7 +613,7 @@ def raw_post(srv: DashboardServer, path: str, head: str, body: bytes) -> tuple[i
 
 def test_a_typo_an_empty_body_or_a_contradiction_selects_nothing(server: DashboardServer) -> None:
     # given a morgue with 3 dead SyncOrder jobs
-    morgue = MorgueQueue(server.app, "SyncOrder")
+    morgue = Morgue(server.app, "SyncOrder")
     for action in ("requeue", "purge"):
         path = f"/api/v1/morgue/SyncOrder/{action}"
         for body in [
@@ -611,13 +658,14 @@ def test_bodies_without_a_length_are_refused_and_change_nothing(server: Dashboar
     assert raw_post(server, path, "", b'{"all": true}')[0] == 411
     status, doc = raw_post(server, path, "Content-Length: 40\r\n", b'{"all": true}')
     assert status == 400 and "shorter" in doc["error"]
-    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+    assert Morgue(server.app, "SyncOrder").size() == 3
 
 
 def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
     server: DashboardServer,
 ) -> None:
-    # given records written straight into the morgue queue by someone else
+    # given records written straight into an old morgue queue by someone else (moved
+    # into the store by `queues ensure`), and an item of the wrong shape in the store
     filled = server.app
     queue = filled.morgue_queue("SyncOrder")
     wrong_types = {
@@ -642,16 +690,22 @@ def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
         json.dumps(not_a_number).replace('"yesterday"', "NaN"),
         '{"kind": "shardq.morgue", "v": 1, "body": ' + "[" * 50_000 + "]" * 50_000 + "}",
     ]
+    filled.ensure_queue(queue, "SyncOrder")
     filled.broker.send_batch(
         queue, [SendEntry(str(i), b, f"forged-{i}", f"forged-{i}") for i, b in enumerate(bodies)]
     )
+    assert move_queue_morgue(filled, "SyncOrder") == 3
+    stamp = "0" * 20 + "abcdef"
+    filled.store.put(f"morgue/SyncOrder/e/f3/{stamp}", wrong_types, version=None)
+    filled.store.put(f"morgue/SyncOrder/t/{stamp}/f3", wrong_types, version=None)
     # when the dashboard lists the morgue
-    status, jobs = call(server, "GET", "/api/v1/morgue/SyncOrder")
+    status, doc = call(server, "GET", "/api/v1/morgue/SyncOrder")
     # then every record shows, the forged ones as unreadable with their raw text
-    assert status == 200, jobs
-    assert len(jobs) == 6
+    assert status == 200, doc
+    jobs = doc["jobs"]
+    assert len(jobs) == 7
     forged = [j for j in jobs if j["unreadable"]]
-    assert len(forged) == 3
+    assert len(forged) == 4
     for job in forged:
         assert isinstance(job["message_id"], str) and isinstance(job["entity_id"], str)
         assert isinstance(job["raw"], str) and job["payload"] is None
@@ -661,15 +715,15 @@ def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
     one = forged[0]["message_id"]
     path = "/api/v1/morgue/SyncOrder/purge"
     assert call(server, "POST", path, {"message_ids": [one]}) == (200, {"purged": 1})
-    assert call(server, "POST", path, {"all": True}) == (200, {"purged": 5})
-    assert MorgueQueue(filled, "SyncOrder").size() == 0
+    assert call(server, "POST", path, {"all": True}) == (200, {"purged": 6})
+    assert Morgue(filled, "SyncOrder").size() == 0
 
 
 def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
     deep = b'{"message_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", deep)
     assert status == 400 and "nested" in doc["error"]
-    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+    assert Morgue(server.app, "SyncOrder").size() == 3
 
 
 def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
@@ -681,7 +735,7 @@ def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
     # a DNS-rebinding page reaches 127.0.0.1 under its own name
     status, _ = call(server, "GET", "/api/v1/morgue/SyncOrder", Host="evil.example")
     assert status == 403
-    assert MorgueQueue(server.app, "SyncOrder").size() == 3
+    assert Morgue(server.app, "SyncOrder").size() == 3
     origin = server.url.rstrip("/")
     assert call(server, "POST", purge, {"entity": "o2"}, Origin=origin) == (200, {"purged": 1})
 
@@ -693,7 +747,7 @@ def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
         assert call(srv, "POST", purge, {})[0] == 401
         assert call(srv, "POST", purge, {}, Authorization="Bearer wrong")[0] == 401
         assert call(srv, "POST", purge, {}, Authorization=TOKEN)[0] == 401
-        assert MorgueQueue(filled, "SyncOrder").size() == 3
+        assert Morgue(filled, "SyncOrder").size() == 3
         assert call(srv, "GET", "/api/v1/stats")[0] == 200  # stats need no token
         assert call(srv, "GET", "/api/v1/nodes")[0] == 200  # nor do nodes
         # dead jobs' payloads may be sensitive: listing them needs the token too
@@ -812,7 +866,7 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
         assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-message-id="{message_id}"]')
         assert "Requeued" in text_of(browser, "#toast")
         assert shard_length(filled, "SyncOrder", "o2") == before + 1
-        morgue = MorgueQueue(filled, "SyncOrder")
+        morgue = Morgue(filled, "SyncOrder")
         assert morgue.size() == 2 and message_id not in {r.message_id for r in morgue.list_jobs()}
         wait.until(lambda d: text_of(d, f'{sync} [data-k="length"]') == "6")
     finally:
@@ -896,7 +950,7 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
         wait.until(lambda d: "Requeued 2 of 2" in text_of(d, "#toast"))
         wait.until(lambda d: "No dead SyncOrder jobs" in text_of(d, "#m-table"))
         assert shard_length(filled, "SyncOrder", "o1") == before + 2
-        morgue = MorgueQueue(filled, "SyncOrder")
+        morgue = Morgue(filled, "SyncOrder")
         assert sorted(r.entity_id for r in morgue.list_jobs()) == sorted([long_id, "o2"])
 
         # when all shown are deleted, a dismissed confirmation first changes nothing
