@@ -971,6 +971,59 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
         srv.stop()
 
 
+def test_page_pages_through_the_morgue_and_acts_on_all_that_match_a_search(
+    browser: Any, filled: shardq.App
+) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given 250 more dead SyncOrder jobs (253 in all), 125 of them of KeyError
+    records = []
+    for i in range(250):
+        body = envelope.encode(envelope.Envelope("SyncOrder", f"p{i % 9}", {"n": i}))
+        message = Message("q.fifo", f"k{i}", "", body, f"p{i % 9}", 1, 1.0, str(i))
+        error = KeyError("gone") if i % 2 else RuntimeError("no")
+        records.append(morgue.record_for(message, morgue.REASON_MAX_RETRIES, error, 3))
+    morgue.bury(filled.store, "SyncOrder", records)
+    srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
+    try:
+        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        set_width(browser, 1400)
+        browser.get(srv.url)
+        wait.until(lambda d: d.find_element(By.ID, "m-worker").get_attribute("value"))
+        browser.find_element(By.ID, "m-show").click()
+        dead = "#m-table tr[data-message-id]"
+        # when the first page shows, then the next
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 200)
+        assert "Page 1 · more match" in text_of(browser, "#m-page")
+        browser.find_element(By.ID, "m-next").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 53)
+        # then the second page holds the rest, and the first comes back
+        assert "Page 2 · the last" in text_of(browser, "#m-page")
+        browser.find_element(By.ID, "m-prev").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 200)
+        for width in (1400, 420):
+            set_width(browser, width)
+            assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+        set_width(browser, 1400)
+        # when the KeyError ones are searched and all of them deleted
+        browser.find_element(By.ID, "m-error-type").send_keys("KeyError")
+        browser.find_element(By.ID, "m-show").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, dead)) == 125)
+        browser.find_element(By.ID, "m-purge-matching").click()
+        wait.until(ec.alert_is_present())
+        confirm = browser.switch_to.alert
+        assert "every dead SyncOrder job matching error type KeyError" in confirm.text
+        confirm.accept()
+        # then exactly those are gone
+        wait.until(lambda d: "Deleted 125 dead SyncOrder jobs" in text_of(d, "#toast"))
+        assert Morgue(filled, "SyncOrder").size() == 253 - 125
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
 def test_page_shows_the_nodes_and_says_when_one_went_away(
     browser: Any, filled: shardq.App, kind: str
