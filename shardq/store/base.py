@@ -72,6 +72,13 @@ def encode(value: Mapping[str, Any]) -> str:
     return text
 
 
+def conflict(key: str, expected: int | None, current: int | None) -> str:
+    """The message of a failed compare-and-set."""
+    want = "absent" if expected is None else f"at version {expected}"
+    now = "absent" if current is None else f"at version {current}"
+    return f"store item {key!r} was expected {want} but is {now}; read it again and decide again"
+
+
 class Store(abc.ABC):
     """Versioned items with compare-and-set. Thread-safe."""
 

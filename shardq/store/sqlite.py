@@ -14,15 +14,8 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from shardq.broker.sqlite_store import error
-from shardq.store.base import (
-    MAX_QUERY_ITEMS,
-    Item,
-    Store,
-    StoreConflict,
-    StoreError,
-    encode,
-    namespace,
-)
+from shardq.store import base
+from shardq.store.base import Item, Store, StoreConflict, StoreError
 
 TABLE = "shardq_state"
 _SCHEMA = (
@@ -41,19 +34,15 @@ class SqliteStore(Store):
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self._db = sqlite3.connect(
-                path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(str(error(path, exc, "opening the state store"))) from exc
-        try:
+            self._db = sqlite3.connect(path, 30, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 30000")
-            if path != ":memory:":
+            if path != ":memory:":  # WAL: readers never wait for a writer
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
             self._db.execute(_SCHEMA)
         except sqlite3.Error as exc:
-            self._db.close()
+            with suppress(AttributeError):
+                self._db.close()
             raise StoreError(str(error(path, exc, "opening the state store"))) from exc
 
     @contextmanager
@@ -77,18 +66,18 @@ class SqliteStore(Store):
                 raise
 
     def get(self, key: str) -> Item | None:
-        namespace(key)
+        base.namespace(key)
         with self._tx(f"reading state item {key!r}", write=False) as db:
             row = db.execute(f"SELECT value, version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
         return None if row is None else Item(key, json.loads(row[0]), row[1])
 
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
-        namespace(key)
-        text = encode(value)
+        base.namespace(key)
+        text = base.encode(value)
         with self._tx(f"writing state item {key!r}", write=True) as db:
             current = _version(db, key)
             if current != version:
-                raise StoreConflict(conflict(key, version, current))
+                raise StoreConflict(base.conflict(key, version, current))
             new = 1 if current is None else current + 1
             db.execute(
                 f"INSERT OR REPLACE INTO {TABLE} (key, value, version) VALUES (?, ?, ?)",
@@ -97,30 +86,26 @@ class SqliteStore(Store):
         return Item(key, json.loads(text), new)
 
     def delete(self, key: str, *, version: int | None = None) -> bool:
-        namespace(key)
+        base.namespace(key)
         with self._tx(f"deleting state item {key!r}", write=True) as db:
             current = _version(db, key)
             if version is not None and current != version:
-                raise StoreConflict(conflict(key, version, current))
+                raise StoreConflict(base.conflict(key, version, current))
             if current is None:
                 return False
             db.execute(f"DELETE FROM {TABLE} WHERE key = ?", (key,))
         return True
 
     def query(
-        self, prefix: str, *, start_after: str | None = None, limit: int = MAX_QUERY_ITEMS
+        self, prefix: str, *, start_after: str | None = None, limit: int = base.MAX_QUERY_ITEMS
     ) -> list[Item]:
-        namespace(prefix)
-        limit = max(0, min(limit, MAX_QUERY_ITEMS))
-        sql = f"SELECT key, value, version FROM {TABLE} WHERE key >= ?"
-        args: list[Any] = [prefix]
+        base.namespace(prefix)
+        limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
+        sql = f"SELECT key, value, version FROM {TABLE} WHERE key >= ? AND key > ?"
+        args: list[Any] = [prefix, start_after or ""]
         end = _prefix_end(prefix)
-        if end is not None:
-            sql += " AND key < ?"
-            args.append(end)
-        if start_after is not None:
-            sql += " AND key > ?"
-            args.append(start_after)
+        if end is not None:  # a range the primary key's index serves
+            sql, args = sql + " AND key < ?", [*args, end]
         sql += " AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?"
         args += [len(prefix), prefix, limit]
         with self._tx(f"querying state items under {prefix!r}", write=False) as db:
@@ -145,10 +130,3 @@ def _prefix_end(prefix: str) -> str | None:
     if 0xD800 <= last <= 0xDFFF:  # surrogates cannot be stored: skip them
         last = 0xE000
     return None if last > 0x10FFFF else prefix[:-1] + chr(last)
-
-
-def conflict(key: str, expected: int | None, current: int | None) -> str:
-    """The message of a failed compare-and-set."""
-    want = "absent" if expected is None else f"at version {expected}"
-    now = "absent" if current is None else f"at version {current}"
-    return f"store item {key!r} was expected {want} but is {now}; read it again and retry"
