@@ -41,7 +41,7 @@ from shardq.broker.base import (
     entry_problem,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
 _T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [
@@ -117,6 +117,7 @@ class SqsBroker(Broker):
         self._wire = sqs_wire.Wire.attach(client, self._count) if own_client else None
         self._urls: dict[str, str] = {}
         self._sizes: dict[str, int] = {}
+        self._retention: dict[str, int] = {}
 
     @property
     def wire_operations(self) -> frozenset[str]:
@@ -179,6 +180,7 @@ class SqsBroker(Broker):
             "FifoQueue": "true",
             "ContentBasedDeduplication": "false",
             "VisibilityTimeout": str(int(visibility_timeout)),
+            "MessageRetentionPeriod": str(MAX_RETENTION_SECONDS),
         }
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
@@ -221,6 +223,7 @@ class SqsBroker(Broker):
                     "VisibilityTimeout",
                     "MaximumMessageSize",
                     "ContentBasedDeduplication",
+                    "MessageRetentionPeriod",
                 ],
             )
         except QueueNotFoundError:
@@ -230,7 +233,15 @@ class SqsBroker(Broker):
             visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
             max_message_bytes=int(attrs.get("MaximumMessageSize", 262144)),
             content_based_dedup=attrs.get("ContentBasedDeduplication") == "true",
+            retention_seconds=int(attrs.get("MessageRetentionPeriod", 345600)),
         )
+
+    def retention_seconds(self, queue: str) -> int | None:
+        seconds = self._retention.get(queue)
+        if seconds is None:
+            attrs = self._attributes(queue, ["MessageRetentionPeriod"])
+            seconds = self._retention[queue] = int(attrs["MessageRetentionPeriod"])
+        return seconds
 
     def max_message_bytes(self, queue: str) -> int:
         size = self._sizes.get(queue)

@@ -62,10 +62,16 @@ def store_for(config: Config, broker: Broker) -> Store:
         from shardq.store.dynamo import DynamoStore, table_name  # imports boto3
 
         query = store_parameters(config.store_url or "dynamodb://", config.source)
+        region, endpoint = config.region, config.endpoint_url
+        if broker.kind == "sqs":  # where the broker's SQS is (it may be given in code)
+            from shardq.broker.sqs import SqsBroker
+
+            if isinstance(broker, SqsBroker):
+                region, endpoint = broker.client.meta.region_name, broker.endpoint_url
         return DynamoStore(
             query.get("table", table_name(config.queue_prefix)),
-            region=query.get("region", config.region),
-            endpoint_url=query.get("endpoint_url", config.endpoint_url),
+            region=query.get("region", region),
+            endpoint_url=query.get("endpoint_url", endpoint),
         )
     if broker.kind == "sqlite" and isinstance(broker, SqliteBroker):
         return SqliteStore(broker.path)
