@@ -15,7 +15,7 @@ from shardq.broker import MemoryBroker, SqliteBroker
 from shardq.config import Config
 from shardq.errors import ConfigError
 from shardq.store import MemoryStore, SqliteStore, Store, StoreConflict, StoreError, store_for
-from shardq.store.base import MAX_QUERY_ITEMS, MAX_VALUE_BYTES
+from shardq.store.base import MAX_KEY_BYTES, MAX_QUERY_ITEMS, MAX_VALUE_BYTES
 from tests.emulator import Emulator
 
 STORE_KINDS = ["memory", "sqlite", pytest.param("dynamodb", marks=pytest.mark.sqs)]
@@ -159,6 +159,10 @@ def test_bad_keys_and_values_are_refused(store: Store) -> None:
     ):
         with pytest.raises(ValueError, match="has no namespace"):
             call()
+    with pytest.raises(ValueError, match="is over 1024 bytes; shorten it"):
+        store.put("morgue/" + "é" * 510, {}, version=None)
+    longest = "morgue/" + "k" * (MAX_KEY_BYTES - len("morgue/"))
+    assert store.put(longest, {}, version=None).key == longest
     with pytest.raises(ValueError, match="over 358400 bytes"):
         store.put("morgue/W/big", {"blob": "x" * MAX_VALUE_BYTES}, version=None)
     with pytest.raises(ValueError, match="not a JSON object"):
@@ -286,3 +290,17 @@ def test_store_for_sqs_is_dynamodb_named_from_the_prefix(sqs_emulator: Emulator)
     moved.put("node/a", {}, version=None)
     assert moved.get("node/a") is not None
     broker.close()
+
+
+def test_a_reconfigured_app_gets_a_store_on_its_new_file(tmp_path: Path) -> None:
+    """Given an app whose store is on one broker file, when it is configured with
+    another broker_url, then its store is on the new file."""
+    import shardq
+
+    first, second = tmp_path / "one.db", tmp_path / "two.db"
+    app = shardq.App(Config(broker_url=f"sqlite:///{first}"))
+    app.store.put("layout/W", {"file": 1}, version=None)
+    app.configure(Config(broker_url=f"sqlite:///{second}"))
+    assert isinstance(app.store, SqliteStore) and app.store.path == str(second)
+    assert app.store.get("layout/W") is None
+    app.broker.close()
