@@ -304,3 +304,30 @@ def test_a_reconfigured_app_gets_a_store_on_its_new_file(tmp_path: Path) -> None
     assert isinstance(app.store, SqliteStore) and app.store.path == str(second)
     assert app.store.get("layout/W") is None
     app.broker.close()
+
+
+@pytest.mark.sqs
+def test_a_put_retried_after_its_write_landed_is_not_a_conflict(sqs_emulator: Emulator) -> None:
+    """Given a put whose first attempt is written but retried anyway (as when its answer
+    is lost), when the retry fails its condition on the item the first attempt wrote,
+    then the put succeeds; a put that finds another writer's item still conflicts."""
+    from shardq.store.dynamo import DynamoStore
+
+    store = DynamoStore(
+        f"t{uuid.uuid4().hex[:12]}-shardq-state",
+        region="us-east-1",
+        endpoint_url=sqs_emulator.endpoint_url,
+    )
+    store.ensure_table()
+
+    def retry_first_attempt(attempts: int, **_: object) -> float | None:
+        return 0.0 if attempts == 1 else None  # retry at once, though it succeeded
+
+    store.client.meta.events.register("needs-retry.dynamodb.PutItem", retry_first_attempt)
+    assert store.put("shard/W@0:0", {"owner": "a"}, version=None).version == 1
+    assert store.put("shard/W@0:0", {"owner": "b"}, version=1).version == 2
+    item = store.get("shard/W@0:0")
+    assert item is not None and (item.version, item.value["owner"]) == (2, "b")
+    with pytest.raises(StoreConflict, match="expected at version 1 but is at version 2"):
+        store.put("shard/W@0:0", {"owner": "c"}, version=1)
+    store.close()

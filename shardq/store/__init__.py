@@ -59,7 +59,7 @@ def store_for(config: Config, broker: Broker) -> Store:
     from shardq.broker.sqlite import SqliteBroker
 
     if config.store_url is not None or broker.kind == "sqs":
-        from shardq.store.dynamo import DynamoStore, table_name  # imports boto3
+        from shardq.store.dynamo import TABLE_SUFFIX, DynamoStore  # imports boto3
 
         query = store_parameters(config.store_url or "dynamodb://", config.source)
         region, endpoint = config.region, config.endpoint_url
@@ -69,7 +69,7 @@ def store_for(config: Config, broker: Broker) -> Store:
             if isinstance(broker, SqsBroker):
                 region, endpoint = broker.client.meta.region_name, broker.endpoint_url
         return DynamoStore(
-            query.get("table", table_name(config.queue_prefix)),
+            query.get("table", config.queue_prefix + TABLE_SUFFIX),
             region=query.get("region", region),
             endpoint_url=query.get("endpoint_url", endpoint),
         )

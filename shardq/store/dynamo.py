@@ -19,10 +19,9 @@ import botocore.exceptions
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
-
-def table_name(queue_prefix: str) -> str:
-    """The state table of the app whose queues start with ``queue_prefix``."""
-    return f"{queue_prefix}shardq-state"
+_KEYS = {"ns": "HASH", "key": "RANGE"}
+#: The state table of an app is named ``{queue_prefix}shardq-state``.
+TABLE_SUFFIX = "shardq-state"
 
 
 class DynamoStore(Store):
@@ -40,19 +39,18 @@ class DynamoStore(Store):
                 "dynamodb", region_name=region, endpoint_url=endpoint_url, config=config
             )
         except botocore.exceptions.NoRegionError as exc:
-            raise StoreError(
-                "no AWS region for DynamoDB: set `region` (or store_url's ?region=), "
-                "SHARDQ_REGION or AWS_DEFAULT_REGION"
-            ) from exc
+            where = "`region`, store_url's ?region=, SHARDQ_REGION or AWS_DEFAULT_REGION"
+            raise StoreError(f"no AWS region for DynamoDB: set {where}") from exc
 
     @contextmanager
     def _call(self, call: str, key: str = "", expected: int | None = None) -> Iterator[None]:
         try:
             yield
-        except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            response: Any = getattr(exc, "response", {})  # ClientError: the service's answer
+            code = response.get("Error", {}).get("Code", "")
             if code == "ConditionalCheckFailedException":
-                old: Any = exc.response.get("Item")
+                old = response.get("Item")
                 current = int(old["version"]["N"]) if old else None
                 raise StoreConflict(base.conflict(key, expected, current)) from None
             if code == "ResourceNotFoundException":
@@ -61,30 +59,27 @@ class DynamoStore(Store):
                     "not in this region/account): run `shardq queues ensure`"
                 ) from None
             raise StoreError(
-                f"DynamoDB {call} on {self.table!r} failed ({code}: {exc}); check the "
-                "credentials, the IAM permissions (docs/deployment.md) and retry"
-            ) from None
-        except botocore.exceptions.BotoCoreError as exc:
-            raise StoreError(
-                f"DynamoDB {call} on {self.table!r} failed ({exc}); check the network, "
-                "the endpoint and the credentials, then retry"
+                f"DynamoDB {call} on {self.table!r} failed ({exc}); check the network, the "
+                "endpoint, the credentials and the IAM permissions (docs/deployment.md), then retry"
             ) from None
 
     def get(self, key: str) -> Item | None:
         with self._call("GetItem"):
-            found = self.client.get_item(
-                TableName=self.table, Key=_key(key), ConsistentRead=True
-            ).get("Item")
-        return None if found is None else _item(found)
+            got = self.client.get_item(TableName=self.table, Key=_key(key), ConsistentRead=True)
+        return None if "Item" not in got else _item(got["Item"])
 
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
         text = base.encode(value)
         new = 1 if version is None else version + 1
         record = {**_key(key), "value": {"S": text}, "version": {"N": str(new)}}
         with self._call("PutItem", key, version):
-            self.client.put_item(
-                TableName=self.table, Item=record, **_condition(version, exists=False)
-            )
+            try:
+                self.client.put_item(
+                    TableName=self.table, Item=record, **_condition(version, exists=False)
+                )
+            except botocore.exceptions.ClientError as exc:
+                if not _own_write(exc, record):
+                    raise
         return Item(key, json.loads(text), new)
 
     def delete(self, key: str, *, version: int | None = None) -> bool:
@@ -135,12 +130,9 @@ class DynamoStore(Store):
                     TableName=self.table,
                     BillingMode="PAY_PER_REQUEST",
                     AttributeDefinitions=[
-                        {"AttributeName": name, "AttributeType": "S"} for name in ("ns", "key")
+                        {"AttributeName": n, "AttributeType": "S"} for n in _KEYS
                     ],
-                    KeySchema=[
-                        {"AttributeName": "ns", "KeyType": "HASH"},
-                        {"AttributeName": "key", "KeyType": "RANGE"},
-                    ],
+                    KeySchema=[{"AttributeName": n, "KeyType": t} for n, t in _KEYS.items()],
                 )
                 created = True
             self.client.get_waiter("table_exists").wait(
@@ -157,6 +149,14 @@ def _key(key: str) -> dict[str, Any]:
     return {"ns": {"S": base.namespace(key)[0]}, "key": {"S": key}}
 
 
+def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) -> bool:
+    """Whether a put failed its condition only because an earlier attempt of the same
+    call (retried after its answer was lost) wrote ``record``: the item holds it."""
+    retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+    found: Any = exc.response.get("Item")
+    return retried and found is not None and all(found.get(k) == v for k, v in record.items())
+
+
 def _item(found: Mapping[str, Any]) -> Item:
     return Item(found["key"]["S"], json.loads(found["value"]["S"]), int(found["version"]["N"]))
 
@@ -165,12 +165,12 @@ def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:
     """A write's condition: at ``version``, or absent (None; a delete: no condition)."""
     if version is None and exists:
         return {}
-    condition: dict[str, Any] = {"ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
-    if version is None:
-        condition["ConditionExpression"] = "attribute_not_exists(#k)"
-        condition["ExpressionAttributeNames"] = {"#k": "key"}
-    else:
+    condition: dict[str, Any] = {
+        "ConditionExpression": "attribute_not_exists(#v)",  # every item has a version
+        "ExpressionAttributeNames": {"#v": "version"},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    if version is not None:
         condition["ConditionExpression"] = "#v = :v"
-        condition["ExpressionAttributeNames"] = {"#v": "version"}
         condition["ExpressionAttributeValues"] = {":v": {"N": str(version)}}
     return condition

@@ -34,8 +34,8 @@ class SqliteStore(Store):
         self._lock = threading.Lock()
         self._closed = False
         try:
+            # timeout: wait up to 30 s for another process's write (SQLite's busy timeout)
             self._db = sqlite3.connect(path, 30, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA busy_timeout = 30000")
             if path != ":memory:":  # WAL: readers never wait for a writer
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
