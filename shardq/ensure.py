@@ -1,12 +1,13 @@
 """``shardq queues ensure``: create the queues of the live layouts, report drift.
 
 Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.layout`) and the fleet's two queues;
-checks the existing ones (FIFO, no content-based dedup, the worker's visibility
-timeout); moves the dead jobs of old morgue queues into the store and applies
-``morgue_retention_days`` (:mod:`shardq.morgue_migrate`); says which workers' code
-no longer gives the live number of shards; with ``--prune``, deletes retired queues
-(:mod:`shardq.prune`).
+during a reshard, the old one: see :mod:`shardq.layout`) and the fleet's two queues,
+each keeping messages 14 days (the SQS maximum), and the DynamoDB state table of an
+``sqs://`` app; checks the existing queues (FIFO, no content-based dedup, the
+worker's visibility timeout, the retention); moves the dead jobs of old morgue
+queues into the store and applies ``morgue_retention_days``
+(:mod:`shardq.morgue_migrate`); says which workers' code no longer gives the live
+number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shardq.fleet import leases_queue
 from shardq.fleet_store import fleet_queue
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
+from shardq.limits import MAX_RETENTION_SECONDS
 from shardq.morgue_migrate import tend
 from shardq.prune import prune
 from shardq.terminal import plural
@@ -62,6 +64,11 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                 drift.append(f"{queue}: not a FIFO queue")
             if found.content_based_dedup:
                 drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
+            if found.retention_seconds not in (None, MAX_RETENTION_SECONDS):
+                drift.append(
+                    f"{queue}: MessageRetentionPeriod is {found.retention_seconds} s, shardq "
+                    f"sets {MAX_RETENTION_SECONDS} s (14 days): older jobs are deleted unrun"
+                )
             if found.visibility_timeout != settings.visibility_timeout:
                 drift.append(
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
@@ -75,6 +82,7 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
             created += 1
         else:
             checked += 1
+    ensure_state_table(app)
     for line in drift:
         print(f"drift: {line}")
     for line in tend(app):  # the old morgue queues, morgue_retention_days
@@ -91,3 +99,16 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
         summary += f", {len(pruned.deleted)} retired deleted, {len(pruned.kept)} retired kept"
     print(summary, file=sys.stderr)
     return EXIT_DRIFT if drift else EXIT_OK
+
+
+def ensure_state_table(app: App) -> None:
+    """Create the app's DynamoDB state table unless it exists (the embedded store's
+    table is made with the broker's file)."""
+    store = app.store
+    if store.kind != "dynamodb":
+        return
+    from shardq.store.dynamo import DynamoStore
+
+    if isinstance(store, DynamoStore):
+        created = store.ensure_table()
+        print(f"state table {store.table} {'created' if created else 'checked'} (DynamoDB)")
