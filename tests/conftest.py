@@ -4,6 +4,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,12 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     yield environment
     environment.stop_all()
     ledger.app.broker.close()
+
+
+def state_table(app: Any) -> None:
+    """Create an ``sqs://`` app's DynamoDB state table, as ``shardq queues ensure`` does
+    before nodes run (the embedded and in-memory stores need nothing)."""
+    from shardq.store.dynamo import DynamoStore
+
+    if isinstance(app.store, DynamoStore):
+        app.store.ensure_table()

@@ -44,7 +44,7 @@ from shardq.morgue_migrate import move_queue_morgue
 from shardq.node import Node
 from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
 from shardq.sharding import shard_for
-from tests.conftest import make_broker
+from tests.conftest import make_broker, state_table
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TOKEN = "s3cret-token"
@@ -98,6 +98,7 @@ def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     broker = make_broker(kind, tmp_path, request)
     prefix = f"d{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
+    state_table(app)
     declined = {"error": "card declined"}
     SyncOrder.publish_many(
         [

@@ -22,7 +22,7 @@ from shardq.store import Item, MemoryStore
 from shardq.store.base import MAX_VALUE_BYTES
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.conftest import make_broker
+from tests.conftest import make_broker, state_table
 
 
 @pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -36,6 +36,7 @@ def app(
         Config(queue_prefix=f"r{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
         broker=broker,
     )
+    state_table(ledger.app)
     yield ledger.app
     broker.close()
 
