@@ -63,7 +63,8 @@ def test_stats_table_is_readable(env: Env) -> None:
 
 
 def test_morgue_list_requeue_and_purge(env: Env) -> None:
-    # given dead jobs of two entities
+    # given dead jobs of two entities (the store's table made as an operator would)
+    assert env.cli("queues", "ensure").returncode == 0
     for entity, n in [("e1", 0), ("e1", 1), ("e2", 0)]:
         env.cli("publish", "Ledgered", entity, json.dumps({"n": n, "permanent": True}))
     assert env.cli("run", "--until-empty").returncode == 0
@@ -166,6 +167,7 @@ def test_publish_file_publishes_every_line_in_order_and_the_morgue_lists_them_al
     ]
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("\n".join(lines) + "\n")
+    assert env.cli("queues", "ensure").returncode == 0  # the store's table, for the morgue
     published = env.cli("publish", "Ledgered", "--file", str(jobs))
     assert published.returncode == 0, published.stderr
     assert "published 60 Ledgered jobs from" in published.stderr
