@@ -77,6 +77,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """Environment for child `shardq` processes on each broker, and the ledger app on it."""
     environment = Env(request.param, tmp_path, request)
     ledger.app.configure(environment.config())
+    state_table(ledger.app)
     yield environment
     environment.stop_all()
     ledger.app.broker.close()

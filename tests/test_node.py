@@ -18,7 +18,7 @@ from shardq.config import Config
 from shardq.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.conftest import make_broker
+from tests.conftest import make_broker, state_table
 
 
 @pytest.fixture
@@ -39,6 +39,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
     ledger.app.configure(
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1), broker=broker
     )
+    state_table(ledger.app)
     yield ledger.app
     broker.close()
 
@@ -113,7 +114,7 @@ def test_a_job_that_always_fails_goes_to_the_morgue_then_the_entity_moves_on(
 ) -> None:
     # given max_retries 2, a job that always fails, and a job after it
     monkeypatch.setattr(Ledgered, "max_retries", 2)
-    app.configure(app.config)  # settings are read again
+    app.configure(app.config, broker=app.broker)  # settings are read again
     exhausted: list[tuple[str, list[Any], str]] = []
     monkeypatch.setattr(
         Ledgered,
@@ -194,7 +195,7 @@ def test_a_time_limit_turns_an_overrun_into_a_failure(
 ) -> None:
     # given a 0.5 s time limit and a job that computes for much longer the first time
     monkeypatch.setattr(Ledgered, "time_limit", 0.5)
-    app.configure(app.config)
+    app.configure(app.config, broker=app.broker)
     calls: list[int] = []
 
     def perform(self: Ledgered, entity_id: str, payloads: list[Any]) -> None:

@@ -21,7 +21,7 @@ from shardq.plan import Plan, ShardRef
 from shardq.sharding import shard_for
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.conftest import make_broker
+from tests.conftest import make_broker, state_table
 
 EMPTY = Plan(node=0, nodes=1, threads=())
 
@@ -44,6 +44,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
     ledger.app.configure(
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1), broker=broker
     )
+    state_table(ledger.app)
     yield ledger.app
     broker.close()
 
