@@ -237,7 +237,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
     view = fleet_view(read_fleet(app), now)
-    moves = reshards(app, now)
+    moves = reshards(app)
     if args.json:
         reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
         print(json.dumps({**view.to_json(), **reshards_json}, indent=2))

@@ -40,7 +40,7 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
     created = checked = 0
     for name in app.workers:
         settings = app.settings(name)
-        view = layout_view(name, app.layouts.cached(name), settings.shards, 0.0, None)
+        view = layout_view(name, app.layouts.cached(name), settings.shards, None)
         if view.note:
             notes.append(view.note)
         queues = [

@@ -189,6 +189,7 @@ class Node:
                     quiet = 0
 
     def _start(self) -> None:
+        self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
         log.info(
             "node.starting",
             node=self.plan.node,

@@ -156,10 +156,11 @@ def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerSt
         for gen, count in gens
         for shard in range(count)
     ]
-    old_jobs = None
+    old_jobs, owners = None, None
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
+        owners = {s.shard: s.owner for s in old} if fleet.reported else None
     morgue = _counts(app, app.morgue_queue(name))
     return WorkerStats(
         name=name,
@@ -170,7 +171,7 @@ def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerSt
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,
-        layout=layout_view(name, layout, settings.shards, now, old_jobs),
+        layout=layout_view(name, layout, settings.shards, old_jobs, owners),
     )
 
 
