@@ -1,6 +1,7 @@
 """A node's part in a reshard (see :mod:`shardq.layout` for the whole procedure).
 
-One thread per node, ``shardq-layout``, ticking on a monotonic ``clock``:
+One thread per node, ``shardq-layout``, ticking on the monotonic clock of the app's
+layouts (``app.layouts.clock``, which stamps when each state was observed):
 
 * reads every layout (one store query) every :data:`~shardq.layout.NODE_REFRESH_SECONDS`
   while a reshard is under way, else every ``layout_refresh_seconds``;
@@ -18,7 +19,6 @@ One thread per node, ``shardq-layout``, ticking on a monotonic ``clock``:
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -44,10 +44,9 @@ SWEEP_EVERY_SECONDS = 10.0
 class LayoutKeeper:
     """See the module doc. Started by the node after its lanes; a daemon thread."""
 
-    def __init__(self, node: Node, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.app = node.app
-        self.clock = clock
         self.failed = False
         #: Old shards found empty here: whatever still comes out of them is relayed.
         self.relaying: set[str] = set()
@@ -61,6 +60,10 @@ class LayoutKeeper:
 
     def alive(self) -> bool:
         return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
+
+    def clock(self) -> float:
+        """The app's layouts clock: the one their observations are stamped with."""
+        return self.app.layouts.clock()
 
     def poke(self) -> None:
         """Read the layouts at the next tick."""
