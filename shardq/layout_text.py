@@ -28,7 +28,5 @@ def layout_lines(stats: Stats) -> list[str]:
                 "twice the trust window, or `shardq queues ensure --prune`)"
             )
     if stats.layout_error:
-        lines.append(
-            f"layouts: {stats.layout_error}; shown as last read (else as the code says)"
-        )
+        lines.append(f"layouts: {stats.layout_error}; shown as last read (else as the code says)")
     return lines
