@@ -56,6 +56,8 @@ class LayoutKeeper:
         self._thread = threading.Thread(target=self._guard, name="shardq-layout", daemon=True)
 
     def start(self) -> None:
+        # the node's plan was made over the layouts in hand: follow their changes only
+        self._versions = {w: self.app.layouts.cached(w) for w in self.app.workers}
         self._thread.start()
 
     def alive(self) -> bool:
@@ -121,7 +123,7 @@ class LayoutKeeper:
 
     # -- static nodes: the plan over the live layout -----------------------------------
     def _sync_plan(self) -> None:
-        """Serve the shards of this node's plan over the live layouts."""
+        """Serve the shards of this node's plan over the live layouts, once they changed."""
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
         if layouts == self._versions:
             return
