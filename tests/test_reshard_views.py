@@ -18,7 +18,7 @@ from shardq import envelope, reshard
 from shardq import layout as rules
 from shardq.admin import NO_REPORT, _nodes, _stats
 from shardq.broker import SendEntry
-from shardq.ensure import ensure
+from shardq.ensure import ensure, ensure_state_table
 from shardq.fleet_doc import FleetDoc, NodeReport
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.fleet_view import fleet_view, key_order
@@ -41,6 +41,7 @@ def make_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> shard
     app = shardq.App(config, broker=broker)
     app.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 4}))
     app.register(type("Mail", (shardq.Worker,), {"perform": _perform, "shards": 2}))
+    ensure_state_table(app)
     return app
 
 
