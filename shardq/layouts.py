@@ -110,13 +110,13 @@ class Layouts:
                 if worker in self._app.workers:
                     layout = WorkerLayout.from_value(worker, item.value)
                     found[worker] = self._keep(worker, layout, item.version)
+            for worker in self._app.workers:
+                if worker in found:
+                    self.check(worker, found[worker])
+                else:
+                    found[worker] = self.read(worker)
         except StoreError as exc:
             raise LayoutError(f"cannot read the layouts from the state store: {exc}") from exc
-        for worker in self._app.workers:
-            if worker in found:
-                self.check(worker, found[worker])
-            else:
-                found[worker] = self.read(worker)
         return found
 
     def cached(self, worker: str) -> WorkerLayout:
