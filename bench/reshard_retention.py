@@ -103,6 +103,11 @@ def main() -> int:
             time.sleep(2.0)
         expected = dict.fromkeys(entities, n)
         deadline = time.monotonic() + 120
+        while ended is None and resharded is not None and time.monotonic() < deadline:
+            if reshard.progress(app, "Ledgered").done:
+                ended = time.monotonic() - began
+                print(f"{ended:6.1f} s: reshard done (after publishing)", flush=True)
+            time.sleep(1.0)
         while time.monotonic() < deadline:
             entries = ledger.read(env["LEDGER_PATH"])
             done = {(e["entity"], e["n"]) for e in entries if e["event"] == "end"}
