@@ -4,6 +4,8 @@ clock, given here: no sleeps), and what ``shardq reshard`` and a changed class r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from shardq.plan import ShardRef
 from shardq.sharding import shard_for
 from shardq.store import Item, MemoryStore, StoreError
 from shardq.timelimit import TimeLimits
+from tests.children import ROOT
 from tests.conftest import make_broker
 
 app = shardq.App()
@@ -219,16 +222,27 @@ def test_a_class_whose_shards_changed_without_a_reshard_is_refused(moved: shardq
             take(moved.broker, moved.shard_queue("Moved", shard, 0))
 
 
-def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'q.db'}"
-    base = ["--app", "tests.test_reshard_core", "--broker-url", url]
-    assert main(["run", "--until-empty", *base]) == 0
-    monkeypatch.setattr(Moved, "shards", 3)
-    assert main(["run", "--until-empty", *base]) != 0
-    assert "shardq reshard Moved --shards 3" in capsys.readouterr().err
+
+    def run(shards: int) -> subprocess.CompletedProcess[str]:
+        code = (
+            "import sys; from shardq.cli import main; from tests import test_reshard_core as t; "
+            f"t.Moved.shards = {shards}; "
+            f"sys.exit(main(['run', '--until-empty', '--app', 'tests.test_reshard_core', "
+            f"'--broker-url', {url!r}]))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+
+    # given Moved recorded with 2 shards by a first `shardq run`
+    assert run(2).returncode == 0
+    # when the class says 3 and `shardq run --until-empty` runs, then it fails, naming
+    # shardq reshard (instead of exiting 0 with jobs left in the shards it dropped)
+    done = run(3)
+    assert done.returncode != 0
+    assert "shardq reshard Moved --shards 3" in done.stderr
 
 
 class Flaky(MemoryStore):
