@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from shardq.ensure import ensure_state_table
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
@@ -76,6 +77,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """Environment for child `shardq` processes on each broker, and the ledger app on it."""
     environment = Env(request.param, tmp_path, request)
     ledger.app.configure(environment.config())
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield environment
     environment.stop_all()
     ledger.app.broker.close()

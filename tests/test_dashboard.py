@@ -34,6 +34,7 @@ from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
+from shardq.ensure import ensure_state_table
 from shardq.errors import BrokerError, ConfigError
 from shardq.fleet_doc import FleetDoc, NodeReport
 from shardq.fleet_store import FleetStore, fleet_queue
@@ -95,6 +96,7 @@ def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     broker = make_broker(kind, tmp_path, request)
     prefix = f"d{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
+    ensure_state_table(app)  # DynamoDB's table, as `shardq queues ensure` makes it
     declined = {"error": "card declined"}
     SyncOrder.publish_many(
         [
