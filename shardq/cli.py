@@ -23,6 +23,7 @@ from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.fleet_doc import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
 from shardq.reshard import add_command as add_reshard
+from shardq.store import StoreError
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -67,6 +68,9 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -
         return EXIT_PIPE
     except BrokerError as exc:
         print(f"shardq: broker error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StoreError as exc:  # unreachable, like the broker (a conflict is no error here)
+        print(f"shardq: state store error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except ShardqError as exc:
         print(f"shardq: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ import structlog
 
 from shardq.errors import LayoutError, ShardqError
 from shardq.layout import WorkerLayout
-from shardq.store import StoreConflict, StoreError
+from shardq.store import StoreConflict
 
 if TYPE_CHECKING:
     from shardq.app import App
@@ -53,16 +53,16 @@ class Layouts:
             raise
         except ShardqError as exc:
             copy = self._copies.get(worker)
-            if copy is None or self.clock() - copy[2] > copy[0].trust:
-                age = (
-                    "never read"
-                    if copy is None
-                    else f"last read {self.clock() - copy[2]:.0f} s ago"
-                )
+            if copy is None:
+                raise  # no copy to fall back on: the store's own error says what to do
+            age = self.clock() - copy[2]
+            if age > copy[0].trust:
                 raise LayoutError(
-                    f"cannot read the layout of {worker} from the state store ({exc}); {age}, "
-                    "so it may be stale and no job of it is routed by it. Check the store "
-                    "(its table or file, credentials, network) and try again"
+                    f"cannot read the layout of {worker} from the state store ({exc}); the "
+                    f"copy in hand was read {age:.0f} s ago, longer than its trust window "
+                    f"({copy[0].trust:.0f} s), so it may be stale and no job of it is "
+                    "published by it. Check the store (its table or file, credentials, "
+                    "network) and try again"
                 ) from exc
             log.warning("layout.read_failed", worker=worker, error=str(exc))
             return copy[0]
@@ -101,22 +101,19 @@ class Layouts:
 
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout item of the app's workers now (one query), recording the
-        missing ones. :class:`LayoutError` if the store cannot be read or a class's
-        ``shards`` disagrees with its recorded layout (the copies are kept)."""
+        missing ones. :class:`StoreError` if the store cannot be read, :class:`LayoutError`
+        if a class's ``shards`` disagrees with its recorded layout (the copies are kept)."""
         found = {}
-        try:
-            for item in self._app.store.query_all(PREFIX):
-                worker = item.key[len(PREFIX) :]
-                if worker in self._app.workers:
-                    layout = WorkerLayout.from_value(worker, item.value)
-                    found[worker] = self._keep(worker, layout, item.version)
-            for worker in self._app.workers:
-                if worker in found:
-                    self.check(worker, found[worker])
-                else:
-                    found[worker] = self.read(worker)
-        except StoreError as exc:
-            raise LayoutError(f"cannot read the layouts from the state store: {exc}") from exc
+        for item in self._app.store.query_all(PREFIX):
+            worker = item.key[len(PREFIX) :]
+            if worker in self._app.workers:
+                layout = WorkerLayout.from_value(worker, item.value)
+                found[worker] = self._keep(worker, layout, item.version)
+        for worker in self._app.workers:
+            if worker in found:
+                self.check(worker, found[worker])
+            else:
+                found[worker] = self.read(worker)
         return found
 
     def cached(self, worker: str) -> WorkerLayout:

@@ -40,6 +40,7 @@ from shardq.fleet_doc import FleetDoc
 from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.fleet_view import FleetView, fleet_view
 from shardq.layout_view import LayoutView, layout_view
+from shardq.store import StoreError
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
 KNOWS_AGES = frozenset({"sqlite", "memory"})
@@ -134,7 +135,7 @@ def collect(app: App) -> Stats:
     try:
         app.layouts.refresh()
         layout_error = None
-    except LayoutError as exc:  # e.g. written by a newer shardq: show the code's layouts
+    except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
         layout_error = str(exc)
     try:
         doc, fleet_error = read_fleet(app), None

@@ -53,6 +53,11 @@ class DynamoStore(Store):
                 old = response.get("Item")
                 current = int(old["version"]["N"]) if old else None
                 raise StoreConflict(base.conflict(key, expected, current)) from None
+            if isinstance(exc, botocore.exceptions.NoCredentialsError):
+                raise StoreError(
+                    f"DynamoDB {call}: no AWS credentials found; configure them for boto3 "
+                    "(environment, ~/.aws/credentials or an instance role), never in shardq.yaml"
+                ) from None
             if code == "ResourceNotFoundException":
                 raise StoreError(
                     f"DynamoDB {call}: the state table {self.table!r} does not exist (or is "
