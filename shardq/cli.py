@@ -234,6 +234,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.nodes < 1:  # refused before any request (range(0) would print nothing)
+        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
     app, _ = load(args)
     app.layouts.refresh()
     nodes = [args.node] if args.node is not None else range(args.nodes)
