@@ -250,7 +250,7 @@ def _read_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:

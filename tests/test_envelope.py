@@ -229,7 +229,7 @@ def test_a_future_version_is_refused_with_a_clear_message() -> None:
 
 
 def test_a_missing_version_is_refused() -> None:
-    with pytest.raises(EnvelopeError, match='no "v".*not a shardq envelope'):
+    with pytest.raises(EnvelopeError, match=r'no "v".*not a shardq envelope'):
         decode(body_of(v=_DROP))
 
 
