@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run a node",
         epilog=_EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run a node: serve its share of all shards until SIGTERM/SIGINT.",
+        description="Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP.",
     )
     _common(run)
     _placement(run, node_default=None, nodes_default=None)
