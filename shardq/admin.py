@@ -376,6 +376,10 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source} is not UTF-8 text ({exc.reason})") from None
+    except KeyboardInterrupt:
+        raise bulk.PublishInterrupted(
+            f"interrupted while checking {source}: nothing was published", []
+        ) from None
     n = bulk.publish_lines(app, worker, lines)
     print(f"published {plural(n, f'{worker} job')} from {source}", file=sys.stderr)
     return EXIT_OK

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
 or input; 3 a node stopped with jobs still running after the grace period;
-4 ``queues ensure`` found queues whose settings drifted.
+4 ``queues ensure`` found queues whose settings drifted; 130 interrupted by Ctrl-C
+(``publish --file`` then names the last line published and the first not published).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from shardq.admin import add_commands
 from shardq.app import App
+from shardq.bulk import PublishInterrupted
 from shardq.config import Config
 from shardq.early import EarlyStop
 from shardq.errors import BrokerError, ConfigError, ShardqError
@@ -26,6 +28,8 @@ from shardq.reshard import add_command as add_reshard
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+#: Stopped by Ctrl-C (SIGINT): what a shell reports for a tool ended by it.
+EXIT_INTERRUPTED = 128 + 2
 #: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
 EXIT_PIPE = 128 + 13
 
@@ -65,6 +69,12 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -
     except BrokenPipeError:  # `shardq stats --json | head`: the reader left
         _silence_stdout()
         return EXIT_PIPE
+    except PublishInterrupted as exc:
+        print(f"shardq: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("shardq: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokerError as exc:
         print(f"shardq: broker error: {exc}", file=sys.stderr)
         return EXIT_ERROR
