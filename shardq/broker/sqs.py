@@ -15,14 +15,12 @@ sent again through boto3, which retries and raises as usual.
 from __future__ import annotations
 
 import math
-import platform
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import boto3
 import botocore
 import botocore.config
 import botocore.exceptions
@@ -39,6 +37,13 @@ from shardq.broker.base import (
     check_batch,
     check_send_batch,
     entry_problem,
+)
+from shardq.broker.sqs_client import (
+    POLL_READ_TIMEOUT,
+    READ_TIMEOUT,
+    TIMEOUTS,
+    make_client,
+    timed_out,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
@@ -83,38 +88,22 @@ class SqsBroker(Broker):
         client: Any = None,
     ) -> None:
         own_client = client is None
+        poll_client = client
         if client is None:
-            config = botocore.config.Config(
-                # Few quick retries: callers retry on their own terms (the leases back
-                # off per message), and a request stuck in long retries holds a thread.
-                retries={"mode": "standard", "max_attempts": 3},
-                max_pool_connections=max_connections,
-                connect_timeout=5,
-                read_timeout=MAX_WAIT_SECONDS + 15,
-                # shardq checks every request before it is made (names, sizes, counts):
-                # botocore's own validation of each request is pure overhead.
-                parameter_validation=False,
-                # A fixed User-Agent: botocore otherwise rebuilds it for every request,
-                # a sixth of a node's CPU.
-                user_agent=_user_agent(),
-            )
-            try:
-                client = boto3.session.Session().client(
-                    "sqs", region_name=region, endpoint_url=endpoint_url, config=config
-                )
-            except botocore.exceptions.NoRegionError as exc:
-                raise BrokerError(
-                    "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
-                    "AWS_DEFAULT_REGION"
-                ) from exc
+            client = make_client(region, endpoint_url, max_connections, READ_TIMEOUT)
+            # Long polls wait up to 20 s for an answer by design: their own client.
+            poll_client = make_client(region, endpoint_url, max_connections, POLL_READ_TIMEOUT)
         self.client = client
+        self._poll_client = poll_client
         self.endpoint_url = endpoint_url
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
-        self.client.meta.events.register("before-send.sqs.*", self._count_request)
+        for each in {id(client): client, id(poll_client): poll_client}.values():
+            each.meta.events.register("before-send.sqs.*", self._count_request)
         # The hot calls skip botocore's per-request pipeline once it has shown how to
         # make them (see shardq.broker.sqs_wire); only on a client built here.
         self._wire = sqs_wire.Wire.attach(client, self._count) if own_client else None
+        self._poll_wire = sqs_wire.Wire.attach(poll_client, self._count) if own_client else None
         self._urls: dict[str, str] = {}
         self._sizes: dict[str, int] = {}
 
@@ -122,10 +111,8 @@ class SqsBroker(Broker):
     def wire_operations(self) -> frozenset[str]:
         """The hot operations sent without botocore's per-request pipeline by now (each
         once botocore has sent it; see :mod:`shardq.broker.sqs_wire`)."""
-        wire = self._wire
-        if wire is None:
-            return frozenset()
-        return frozenset(op for op in sqs_wire.OPERATIONS if wire.ready(op))
+        wires = [w for w in (self._wire, self._poll_wire) if w is not None]
+        return frozenset(op for op in sqs_wire.OPERATIONS for w in wires if w.ready(op))
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
         self._count(event_name.rsplit(".", 1)[-1])
@@ -147,18 +134,24 @@ class SqsBroker(Broker):
             raise BrokerError(f"{what}: SQS answered {code}: {exc}") from exc
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(what) from exc
+        except TIMEOUTS as exc:
+            raise timed_out(what, exc, _SAFE.get(what.split()[0], "")) from exc
         except botocore.exceptions.BotoCoreError as exc:
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
-    def _hot(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
+    def _hot(
+        self, what: str, operation: str, *, poll: bool = False, **params: Any
+    ) -> dict[str, Any]:
         """One of the hot calls: over the wire when it can, else through the client
-        (which also sends again, retries and raises whatever failed on the wire)."""
-        if self._wire is not None:
-            response = self._wire.send(operation, params)
+        (which also sends again, retries and raises whatever failed on the wire).
+        ``poll``: a long poll, sent with the client that waits long enough for it."""
+        wire, client = (self._poll_wire, self._poll_client) if poll else (self._wire, self.client)
+        if wire is not None:
+            response = wire.send(operation, params)
             if response is not None:
                 return response
-        method: Callable[..., dict[str, Any]] = getattr(self.client, _METHODS[operation])
+        method: Callable[..., dict[str, Any]] = getattr(client, _METHODS[operation])
         return self._call(what, method, **params)
 
     def url(self, queue: str) -> str:
@@ -192,6 +185,8 @@ class SqsBroker(Broker):
             self.url(name)  # exists with other attributes: use it as it is
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(f"creating queue {name}") from exc
+        except TIMEOUTS as exc:
+            raise timed_out(f"creating queue {name}", exc) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
 
@@ -291,12 +286,14 @@ class SqsBroker(Broker):
     ) -> list[Message]:
         if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
             raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
+        wait = min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds)))
         response = self._hot(
             f"receiving from {queue}",
             "ReceiveMessage",
+            poll=wait > 0,
             QueueUrl=self.url(queue),
             MaxNumberOfMessages=max_messages,
-            WaitTimeSeconds=min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
+            WaitTimeSeconds=wait,
             VisibilityTimeout=math.ceil(visibility_timeout),
             MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
         )
@@ -343,14 +340,6 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
-
-
-def _user_agent() -> str:
-    from shardq import __version__
-
-    return (
-        f"shardq/{__version__} botocore/{botocore.__version__} Python/{platform.python_version()}"
-    )
 
 
 def _no_credentials(what: str) -> BrokerError:
