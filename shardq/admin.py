@@ -25,7 +25,7 @@ from shardq.layout_text import layout_lines
 from shardq.layout_view import reshards
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
-from shardq.stats import collect, read_fleet
+from shardq.stats import collect, no_queues_text, queues_exist, read_fleet
 from shardq.tables import age, optional, table
 from shardq.terminal import Progress, plural
 
@@ -188,6 +188,10 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     stats = collect(app)
     if args.json:
         print(json.dumps(stats.to_dict(), indent=2))
+    if stats.no_queues:  # all zeros would read as "nothing waiting"
+        print(f"shardq: {stats.no_queues}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
         return EXIT_OK
     rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
     for w in stats.workers:
@@ -238,6 +242,9 @@ def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
     view = fleet_view(read_fleet(app), now)
     moves = reshards(app, now)
+    if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
+        print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
         print(json.dumps({**view.to_json(), **reshards_json}, indent=2))

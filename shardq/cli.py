@@ -1,9 +1,10 @@
 """The ``shardq`` command.
 
 Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
-or input; 3 a node stopped with jobs still running after the grace period;
-4 ``queues ensure`` found queues whose settings drifted; 130 interrupted by Ctrl-C
-(``publish --file`` then names the last line published and the first not published).
+or input (also ``stats`` and ``nodes`` finding none of the app's queues); 3 a node
+stopped with jobs still running after the grace period; 4 ``queues ensure`` found
+queues whose settings drifted; 130 interrupted by Ctrl-C (``publish --file`` then
+names the last line published and the first not published).
 """
 
 from __future__ import annotations
