@@ -55,7 +55,9 @@ def card_heights(driver: Any) -> list[int]:
 
 @pytest.mark.parametrize("width", [1400, 390])
 def test_a_long_excludes_note_wraps_without_stretching_the_cards(
-    browser: Any, server: DashboardServer, width: int
+    browser: Any,  # noqa: F811 (the headless Chromium fixture)
+    server: DashboardServer,
+    width: int,
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
