@@ -2,9 +2,11 @@
 
 Creates every shard queue of each worker's live layout (the current generation and,
 during a reshard, the old one: see :mod:`shardq.layout`), every morgue queue and the
-fleet's two queues; checks the existing ones (FIFO, no content-based dedup, the
-worker's visibility timeout); says which workers' code no longer gives the live
-number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
+fleet's two queues, each keeping messages 14 days (the SQS maximum), and the
+DynamoDB state table of an ``sqs://`` app; checks the existing queues (FIFO, no
+content-based dedup, the worker's visibility timeout, the retention); says which
+workers' code no longer gives the live number of shards; with ``--prune``, deletes
+retired queues (:mod:`shardq.prune`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from shardq.fleet import leases_queue
 from shardq.fleet_store import fleet_queue
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
+from shardq.limits import MAX_RETENTION_SECONDS
 from shardq.prune import prune
 from shardq.terminal import plural
 
@@ -59,6 +62,11 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                 drift.append(f"{queue}: not a FIFO queue")
             if found.content_based_dedup:
                 drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
+            if found.retention_seconds not in (None, MAX_RETENTION_SECONDS):
+                drift.append(
+                    f"{queue}: MessageRetentionPeriod is {found.retention_seconds} s, shardq "
+                    f"sets {MAX_RETENTION_SECONDS} s (14 days): older jobs are deleted unrun"
+                )
             if found.visibility_timeout != settings.visibility_timeout:
                 drift.append(
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
@@ -72,6 +80,7 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
             created += 1
         else:
             checked += 1
+    ensure_state_table(app)
     for line in drift:
         print(f"drift: {line}")
     for line in notes:
@@ -86,3 +95,16 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
         summary += f", {len(pruned.deleted)} retired deleted, {len(pruned.kept)} retired kept"
     print(summary, file=sys.stderr)
     return EXIT_DRIFT if drift else EXIT_OK
+
+
+def ensure_state_table(app: App) -> None:
+    """Create the app's DynamoDB state table unless it exists (the embedded store's
+    table is made with the broker's file)."""
+    store = app.store
+    if store.kind != "dynamodb":
+        return
+    from shardq.store.dynamo import DynamoStore
+
+    if isinstance(store, DynamoStore):
+        created = store.ensure_table()
+        print(f"state table {store.table} {'created' if created else 'checked'} (DynamoDB)")
