@@ -328,7 +328,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             )
         elif key.lower() in _FIELDS and key.lower() != "workers" and key == key.upper():
             values[key.lower()] = raw
-        elif key.lower() in _FIELDS and key.lower() != "workers":
+        elif (key.lower() in _FIELDS and key.lower() != "workers") or key.upper() == "CONFIG":
             _unknown_env(name, ENV_PREFIX + key.upper())
         else:
             _unknown_env(name, None)

@@ -56,6 +56,7 @@ def test_the_same_key_in_two_mappings_is_not_a_duplicate(tmp_path: Path) -> None
     [
         ("SHARDQ_threads", "SHARDQ_THREADS"),
         ("SHARDQ_Queue_Prefix", "SHARDQ_QUEUE_PREFIX"),
+        ("SHARDQ_config", "SHARDQ_CONFIG"),
         ("SHARDQ_workers__SyncOrder__shards", "SHARDQ_WORKERS__SyncOrder__shards"),
     ],
 )
