@@ -80,3 +80,30 @@ def test_a_long_excludes_note_wraps_without_stretching_the_cards(
     assert max(heights) <= max(plain) + 2 * line + 6, (plain, heights)
     assert all(url in (note.get_attribute("title") or "") for url in EXCLUDED)
     assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_page_alerts_when_no_queue_exists(
+    browser: Any,  # noqa: F811 (the headless Chromium fixture)
+    width: int,
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given a dashboard whose queue_prefix has no queues (a typo)
+    app.configure(Config(queue_prefix="typo-"), broker=MemoryBroker())
+    srv = DashboardServer(app, "127.0.0.1", 0, None, Sampler(app, 0.5)).start()
+    try:
+        set_width(browser, width)
+        browser.get(srv.url)
+        # then the page shows an alert saying so, and still fits the screen
+        wait = WebDriverWait(browser, 15)
+        wait.until(lambda d: d.find_element(By.ID, "queues-banner").is_displayed())
+        text = browser.find_element(By.ID, "queues-banner").text
+        assert text.startswith("No queues of this app exist with queue_prefix 'typo-'"), text
+        assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+        # and once the queues exist, the alert goes away
+        app.ensure_queues()
+        wait.until(lambda d: not d.find_element(By.ID, "queues-banner").is_displayed())
+    finally:
+        srv.stop()
