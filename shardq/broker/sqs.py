@@ -66,9 +66,6 @@ _SAFE = {
     "deleting": "; the jobs stay queued and may run again",
     "changing": "; the jobs keep their current visibility",
 }
-#: Sends of one receive with the same ReceiveRequestAttemptId after ambiguous failures
-#: (each one after botocore's own retries of it, which also keep the id).
-RECEIVE_ATTEMPTS = 2
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -300,19 +297,14 @@ class SqsBroker(Broker):
         return messages
 
     def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One receive; sent again with the same attempt id when its answer was lost (a
-        connection error or a read timeout: SQS may have hidden messages for it)."""
+        """One receive. botocore sends it again, with the same parameters and so the same
+        ReceiveRequestAttemptId, when its answer was lost (a connection error or a read
+        timeout, after which SQS may have hidden messages for it)."""
         client = self._poll_client if params["WaitTimeSeconds"] > 0 else self.client
-        for attempt in range(1, RECEIVE_ATTEMPTS + 1):
-            try:
-                response: dict[str, Any] = client.receive_message(**params)
-                return response
-            except _AMBIGUOUS as exc:
-                if attempt == RECEIVE_ATTEMPTS:
-                    return self._call(f"receiving from {queue}", _raise, exc=exc)
-            except Exception as exc:
-                return self._call(f"receiving from {queue}", _raise, exc=exc)
-        raise AssertionError("unreachable")
+        response: dict[str, Any] = self._call(
+            f"receiving from {queue}", client.receive_message, **params
+        )
+        return response
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
@@ -338,19 +330,6 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
-
-
-#: Failures after which a receive's messages may have been hidden for it.
-_AMBIGUOUS = (
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectionClosedError,
-)
-
-
-def _raise(exc: BaseException) -> Any:
-    """Re-raise ``exc`` inside :meth:`SqsBroker._call`, which turns it into a BrokerError."""
-    raise exc
 
 
 def _no_credentials(what: str) -> BrokerError:
