@@ -377,7 +377,8 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
 def test_without_a_reshard_nodes_json_keeps_its_shape(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # given no reshard ever
+    # given the app's queues and no reshard ever
+    app.ensure_queues()
     assert _nodes(app, args(json=True)) == 0
     # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
     assert set(json.loads(capsys.readouterr().out)) == {"time", "nodes", "gone"}
