@@ -20,7 +20,7 @@
   ``reshard`` (``{"from", "to", "from_gen", "to_gen", "started", "seconds", "trust",
   "phase", "old_shards_open", "old_shards", "old_jobs", "by"}``, or ``None``):
   ``old_jobs`` is the jobs waiting or in flight in the old generation's queues.
-* ``layout_error``: why the layout document could not be read (the code's layouts
+* ``layout_error``: why the layouts could not be read (the code's layouts
   are then shown), else ``None``.
 * ``no_queues``: when none of the workers' shard and morgue queues exists (a
   mistyped ``queue_prefix``, or nothing published or ensured yet), a message saying
@@ -87,7 +87,7 @@ class Stats:
     fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
     #: Why the fleet document could not be read (the counts are still right).
     fleet_error: str | None = None
-    #: Why the layout document could not be read (the code's layouts are shown).
+    #: Why the layouts could not be read (the code's layouts are shown).
     layout_error: str | None = None
     #: Set when none of the workers' queues exists: says so and what to check.
     no_queues: str | None = None
@@ -134,7 +134,7 @@ class Stats:
 
 
 def collect(app: App) -> Stats:
-    """Read the layout document, the counts of every shard queue of the workers' live
+    """Read the layouts, the counts of every shard queue of the workers' live
     layouts and of their morgue queues, and the fleet document for each shard's owner
     (and lag, where the broker cannot tell it)."""
     now = time.time()
