@@ -21,10 +21,11 @@ from typing import Any
 
 from shardq import layout as rules
 from shardq.app import App
-from shardq.errors import BrokerError, LayoutError
+from shardq.errors import LayoutError, ShardqError
 from shardq.layout import WorkerLayout
-from shardq.layout_view import old_jobs
+from shardq.layout_view import ReshardView
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.stats import collect
 from shardq.worker import MAX_SHARDS
 
 #: Seconds between two progress lines of ``shardq reshard``.
@@ -48,6 +49,8 @@ class Progress:
     worker: str
     layout: WorkerLayout
     old_jobs: int | None  # None: the counts could not be read
+    #: The move as `shardq stats` shows it (who serves its old shards), if it was read.
+    view: ReshardView | None = None
 
     @property
     def done(self) -> bool:
@@ -83,15 +86,19 @@ def progress(app: App, worker: str) -> Progress:
     if seen is not None and rules.may_switch(layout, seen, app.layouts.clock()):
         layout = app.layouts.update(worker, lambda w: rules.switch(w, layout.gen))
     try:
-        return Progress(worker, layout, old_jobs(app, worker, layout))
-    except BrokerError:
+        views = [w.layout for w in collect(app).workers if w.name == worker and w.layout]
+    except ShardqError:  # the counts or the fleet could not be read: the item alone
         return Progress(worker, layout, None)
+    view = views[0].reshard if views else None
+    return Progress(worker, layout, view.old_jobs if view else 0, view)
 
 
 def describe(p: Progress) -> str:
     move = p.layout.moving
     if move is None:
         return f"{p.worker}: {p.layout.shards} shards (generation {p.layout.gen}); no reshard"
+    if p.view is not None:
+        return p.view.text()
     jobs = "?" if p.old_jobs is None else str(p.old_jobs)
     if not move.switched:
         phase = (

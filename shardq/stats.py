@@ -200,7 +200,7 @@ def _worker_stats(
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
-        owners = {s.shard: s.owner for s in old} if fleet.reported else None
+        owners = {s.shard: s.owner for s in old}  # none at all: no node is running
     morgue = _counts(app, app.morgue_queue(name), missing)
     return WorkerStats(
         name=name,

@@ -124,7 +124,13 @@ def test_the_command_writes_the_switch_once_trust_passed_on_its_own_clock(
     clock.offset = 61.0
     p = reshard.progress(moved, "Moved")
     assert p.layout.state == "switched"
-    assert "switched; 2 of 2 old shards still open (Moved:0, Moved:1)" in reshard.describe(p)
+    # and its line says the old shards are open, and that no node serves them
+    line = reshard.describe(p)
+    assert "switched; 2 of 2 old shards still open; 0 jobs still in the old layout" in line
+    assert line.endswith(
+        "STUCK: no node serves the old shards (is any node running? shardq "
+        "nodes): the reshard does not progress until one does"
+    )
 
 
 def test_a_moved_entity_waits_while_its_old_shard_is_open_then_runs(moved: shardq.App) -> None:

@@ -91,8 +91,9 @@ def test_stats_json_shows_the_move_and_the_jobs_still_in_the_old_layout(
     assert (move["from"], move["to"], move["from_gen"], move["to_gen"]) == (4, 16, 0, 1)
     assert (move["old_shards_open"], move["old_shards"], move["old_jobs"]) == (4, 4, 3)
     assert move["phase"] == "switched" and move["trust"] == 15 and move["open"] == [0, 1, 2, 3]
-    # and, no node having ever reported, nobody is said to be stuck
-    assert move["unserved"] is None and move["stuck"] is None
+    # and, no node running, it says the move cannot progress
+    assert move["unserved"] == [0, 1, 2, 3]
+    assert move["stuck"].startswith("no node serves the old shards (is any node running?")
     # and the shards are the current generation's 16 (shards[n] is shard n), then the old 4
     rows = sync["shards"]
     assert [(r["gen"], r["shard"]) for r in rows] == [(1, n) for n in range(16)] + [
@@ -361,7 +362,12 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
         wait.until(lambda d: d.find_element(By.ID, "reshard-banner").is_displayed())
         line = text_of(browser, '#reshard-banner div[data-worker="SyncOrder"]')
         assert line.startswith("SyncOrder 4 → 16 shards · "), line
-        assert line.endswith("4 of 4 old shards open · 3 jobs in the old layout"), line
+        assert "switched · 4 of 4 old shards open · 3 jobs in the old layout" in line, line
+        # and, no node running, that the move cannot progress
+        assert line.endswith(
+            "stuck: no node serves the old shards (is any node running? "
+            "shardq nodes): the reshard does not progress until one does"
+        ), line
         assert text_of(browser, "#reshard-banner .title") == "RESHARDING"
         # and the worker's card gives the live layout, not the code's
         meta = text_of(browser, '[data-worker="SyncOrder"] .meta')
