@@ -105,7 +105,7 @@ class Publisher:
 
     def _publish(self, cls: type[Worker], jobs: list[Job]) -> PublishReport:
         app = self._app
-        layout = app.layouts.get(cls.__name__)  # at most PUBLISHER_REFRESH_SECONDS old
+        layout = app.layouts.get(cls.__name__)  # at most layout_refresh_seconds old
         key = app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
         for index, job in enumerate(jobs):
@@ -146,7 +146,6 @@ class Publisher:
     ) -> None:
         """Publish again, with a fresh layout, the jobs whose queue is gone."""
         indexes = sorted(p.index for q in missing for p in by_queue[q])
-        pass  # the read below is fresh
         if publish_to(self._app.layouts.read(cls.__name__))[0] == gen:
             for i in indexes:
                 reason = f"its queue does not exist ({', '.join(missing)})"
