@@ -271,7 +271,7 @@ class Morgue:
         """Send to the live layout's shards; what was sent (an entity whose send failed
         is stopped: its later dead jobs stay)."""
         by_queue: dict[str, list[MorgueRecord]] = {}
-        gen, shards = publish_to(self.app.layouts.get(self.worker), time.time())
+        gen, shards = publish_to(self.app.layouts.get(self.worker))
         for record in records:
             queue = self.app.shard_queue(self.worker, shard_for(record.entity_id, shards), gen)
             by_queue.setdefault(queue, []).append(record)

@@ -4,11 +4,11 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from shardq.ensure import ensure_state_table
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
@@ -77,16 +77,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """Environment for child `shardq` processes on each broker, and the ledger app on it."""
     environment = Env(request.param, tmp_path, request)
     ledger.app.configure(environment.config())
-    state_table(ledger.app)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield environment
     environment.stop_all()
     ledger.app.broker.close()
-
-
-def state_table(app: Any) -> None:
-    """Create an ``sqs://`` app's DynamoDB state table, as ``shardq queues ensure`` does
-    before nodes run (the embedded and in-memory stores need nothing)."""
-    from shardq.store.dynamo import DynamoStore
-
-    if isinstance(app.store, DynamoStore):
-        app.store.ensure_table()

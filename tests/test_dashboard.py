@@ -36,6 +36,7 @@ from shardq.broker import MemoryBroker, Message
 from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
+from shardq.ensure import ensure_state_table
 from shardq.errors import BrokerError, ConfigError
 from shardq.fleet_doc import FleetDoc, NodeReport
 from shardq.fleet_store import FleetStore, fleet_queue
@@ -44,7 +45,7 @@ from shardq.morgue_migrate import move_queue_morgue
 from shardq.node import Node
 from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
 from shardq.sharding import shard_for
-from tests.conftest import make_broker, state_table
+from tests.conftest import make_broker
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TOKEN = "s3cret-token"
@@ -98,7 +99,7 @@ def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     broker = make_broker(kind, tmp_path, request)
     prefix = f"d{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
-    state_table(app)
+    ensure_state_table(app)  # DynamoDB's table, as `shardq queues ensure` makes it
     declined = {"error": "card declined"}
     SyncOrder.publish_many(
         [

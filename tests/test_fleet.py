@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from shardq import App
 from shardq.broker import Message
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.fleet import BOUNCE_SECONDS, IDLE_REPORT_SECONDS, LAPSE_MARGIN_SECONDS, lease_timing
 from shardq.fleet_doc import ELASTIC, STALE_SECONDS, FleetDoc, NodeReport
 from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, take_lease
@@ -124,6 +125,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
         workers={"Ledgered": {"shards": 6}},
     )
     ledger.app.configure(config, broker=broker)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 

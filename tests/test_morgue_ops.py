@@ -17,12 +17,13 @@ from shardq import envelope, morgue
 from shardq.admin_morgue import add_morgue
 from shardq.broker import Message
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.morgue import Filter, Morgue
 from shardq.node import Node
 from shardq.sharding import shard_for
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.conftest import make_broker, state_table
+from tests.conftest import make_broker
 
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -36,7 +37,7 @@ def app(
         Config(queue_prefix=f"m{tmp_path.name[-8:].replace('_', '')}-", idle_wait_seconds=1),
         broker=broker,
     )
-    state_table(ledger.app)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     Ledgered.publish_many(
         [("e1", {"n": n, "permanent": True}) for n in range(3)]
         + [("e2", {"n": n, "permanent": True}) for n in range(2)]
@@ -237,7 +238,7 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
         Config(queue_prefix=f"ret{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
         broker=broker,
     )
-    state_table(ledger.app)
+    ensure_state_table(ledger.app)
     Ledgered.publish_many([("e", {"n": n, "permanent": True}) for n in range(3)])
     Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
     server = request.getfixturevalue("sqs_emulator")

@@ -15,6 +15,7 @@ import pytest
 import shardq
 from shardq import envelope, morgue, morgue_record
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.morgue_migrate import read_queue_record
 from shardq.morgue_record import summary
 from shardq.node import Node
@@ -22,7 +23,7 @@ from shardq.store import Item, MemoryStore
 from shardq.store.base import MAX_VALUE_BYTES
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.conftest import make_broker, state_table
+from tests.conftest import make_broker
 
 
 @pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -36,7 +37,7 @@ def app(
         Config(queue_prefix=f"r{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
         broker=broker,
     )
-    state_table(ledger.app)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 
