@@ -202,7 +202,7 @@ def _worker_stats(
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
         owners = {s.shard: s.owner for s in old}  # none at all: no node is running
-    old_morgue = _counts(app, app.morgue_queue(name), set())  # until `queues ensure` moves it
+    old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
     dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
         name=name,
