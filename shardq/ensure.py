@@ -37,6 +37,7 @@ PRUNE_HELP = (
 def ensure(app: App, *, with_prune: bool = False) -> int:
     """The command: create, check, optionally prune; exit 4 if any queue drifted."""
     app.check()
+    ensure_state_table(app)  # before anything reads the layouts from it
     app.layouts.refresh()
     broker = app.broker
     drift: list[str] = []
@@ -81,7 +82,6 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
             created += 1
         else:
             checked += 1
-    ensure_state_table(app)
     for line in drift:
         print(f"drift: {line}")
     for line in tend(app):  # the old morgue queues, morgue_retention_days
