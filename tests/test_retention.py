@@ -175,8 +175,8 @@ def test_queues_ensure_creates_the_state_table_and_reports_retention_drift(
     queue = sqs_app.shard_queue("Aged", 1)
     found = sqs_app.broker.queue_settings(queue)
     assert found is not None and found.retention_seconds == MAX_RETENTION_SECONDS
-    morgue = sqs_app.broker.queue_settings(sqs_app.morgue_queue("Aged"))
-    assert morgue is not None and morgue.retention_seconds == MAX_RETENTION_SECONDS
+    # (dead jobs live in the state table: no morgue queue is made)
+    assert sqs_app.broker.queue_settings(sqs_app.morgue_queue("Aged")) is None
     _shorten_retention(sqs_app.broker, queue, 60)
     assert ensure(sqs_app) == EXIT_DRIFT
     out = capsys.readouterr().out
