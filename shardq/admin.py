@@ -25,7 +25,7 @@ from shardq.layout_text import layout_lines
 from shardq.layout_view import reshards
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
-from shardq.stats import collect, read_fleet
+from shardq.stats import backlog, collect, live_shards, read_fleet, stats_backlog
 from shardq.tables import age, optional, table
 from shardq.terminal import Progress, plural
 
@@ -227,23 +227,24 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         )
     )
     print(table(rows, align="lrrrrrl"))
-    for line in [*layout_lines(stats), *fleet_lines(stats.fleet, stats.lag_source)]:
+    fleet = fleet_lines(stats.fleet, stats.lag_source, stats_backlog(stats))
+    for line in [*layout_lines(stats), *fleet]:
         print(line, file=sys.stderr)
     if stats.fleet_error:
-        print(f"cannot read the fleet document: {stats.fleet_error}", file=sys.stderr)
+        print(f"cannot read the fleet from the state store: {stats.fleet_error}", file=sys.stderr)
     return EXIT_OK
 
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
-    view = fleet_view(read_fleet(app), now)
+    view = fleet_view(read_fleet(app), now, live_shards(app))
     moves = reshards(app, now)
     if args.json:
         reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
         print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
     else:
         if view.reported:
-            print(nodes_text(view))
+            print(nodes_text(view, backlog(app, view.unserved)))
         if moves:
             print(("\n" if view.reported else "") + "\n".join(m.text() for m in moves))
     if not view.reported:

@@ -20,7 +20,7 @@ from shardq.app import App
 from shardq.config import Config
 from shardq.early import EarlyStop
 from shardq.errors import BrokerError, ConfigError, ShardqError
-from shardq.fleet_doc import ELASTIC, STATIC
+from shardq.fleet_rules import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
 from shardq.reshard import add_command as add_reshard
 from shardq.terminal import plural

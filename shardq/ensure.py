@@ -1,10 +1,11 @@
 """``shardq queues ensure``: create the queues of the live layouts, report drift.
 
 Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.layout`), every morgue queue and the
-fleet's two queues; checks the existing ones (FIFO, no content-based dedup, the
-worker's visibility timeout); says which workers' code no longer gives the live
-number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
+during a reshard, the old one: see :mod:`shardq.layout`) and every morgue queue (the
+fleet keeps its state in the state store, not in queues); checks the existing ones
+(FIFO, no content-based dedup, the worker's visibility timeout); says which workers'
+code no longer gives the live number of shards; with ``--prune``, deletes retired
+queues (:mod:`shardq.prune`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import sys
 
 from shardq.app import App
-from shardq.fleet import leases_queue
-from shardq.fleet_store import fleet_queue
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
 from shardq.prune import prune
@@ -64,14 +63,6 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
                     f"{name}.visibility_timeout is {settings.visibility_timeout} s"
                 )
-    prefix = app.config.queue_prefix
-    fleet = ((fleet_queue(prefix), 10), (leases_queue(prefix), int(app.config.lease_seconds)))
-    for queue, visibility in fleet:  # the elastic fleet's own two queues
-        if broker.queue_settings(queue) is None:
-            broker.ensure_queue(queue, visibility_timeout=visibility)
-            created += 1
-        else:
-            checked += 1
     for line in drift:
         print(f"drift: {line}")
     for line in notes:

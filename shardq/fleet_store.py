@@ -1,8 +1,6 @@
-"""Where the fleet document lives: the only message group of a FIFO queue.
+"""One document kept as the only message group of a FIFO queue (the layout document).
 
-No extra service: the document is a message of the app's fleet state queue
-(``{queue_prefix}shardq-fleet.fifo``, created like any other queue), in message
-group ``fleet``.
+(The fleet itself lives in the state store: :mod:`shardq.fleet`.)
 
 * **Write** (:meth:`FleetStore.update`): receive the document with a visibility of
   ``lock_seconds``. While it is in flight no other writer can receive it (a FIFO
@@ -29,8 +27,7 @@ import structlog
 
 from shardq.broker.base import Broker, Message, SendEntry
 from shardq.errors import BrokerError, FleetError
-from shardq.fleet_doc import FleetDoc
-from shardq.limits import FIFO_SUFFIX, MAX_BATCH_ENTRIES, MAX_MESSAGE_BYTES
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_MESSAGE_BYTES
 
 log = structlog.get_logger("shardq.fleet")
 
@@ -53,11 +50,6 @@ class _Doc(Protocol):
 
 
 D = TypeVar("D", bound=_Doc)
-
-
-def fleet_queue(queue_prefix: str) -> str:
-    """The fleet state queue of an app with this queue prefix."""
-    return f"{queue_prefix}shardq-fleet{FIFO_SUFFIX}"
 
 
 class DocStore(Generic[D]):
@@ -205,13 +197,4 @@ class DocStore(Generic[D]):
             f"the {self._what} in {self.queue} stayed locked for {timeout:.0f} s; another "
             "node may be writing it over a slow link. Try again; if it persists, check "
             "that the broker answers"
-        )
-
-
-class FleetStore(DocStore[FleetDoc]):
-    """Read and write one app's fleet document on its broker."""
-
-    def __init__(self, broker: Broker, queue: str, *, lock_seconds: float = 10.0) -> None:
-        super().__init__(
-            broker, queue, load=FleetDoc.from_text, blank=FleetDoc, lock_seconds=lock_seconds
         )

@@ -114,16 +114,12 @@ class LayoutKeeper:
         every = self.app.config.layout_refresh_seconds
         if layouts.moving():
             every = min(every, rules.NODE_REFRESH_SECONDS)
-        elif fleet is not None:  # the fleet tells when a reshard begins
-            every = IDLE_REFRESH_SECONDS
-        else:  # a node outside a fleet reads the layout when it starts, then if poked
+        elif fleet is None:  # a node outside a fleet reads the layout when it starts, then if poked
             every = math.inf
-        mark = fleet.doc.layout if fleet is not None else None
         poked, self._poked = self._poked, False
-        if layouts.age() >= every or mark != self._mark or poked:
+        if layouts.age() >= every or poked:  # a fleet node: every layout_refresh_seconds
             try:
                 layouts.refresh()
-                self._mark = mark
             except ShardqError as exc:
                 log.warning("layout.read_failed", error=str(exc))
         doc = layouts.doc

@@ -40,7 +40,7 @@ from shardq.broker.base import Message
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.executor import Observer, Tally
 from shardq.fleet import Fleet, make_node_id
-from shardq.fleet_doc import ELASTIC
+from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
 from shardq.lane import Lane, Shard
 from shardq.layout import parse_name

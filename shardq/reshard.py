@@ -10,25 +10,18 @@ the procedure and its guarantees, docs/operations.md for its use.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import socket
 import sys
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from shardq import layout as rules
 from shardq.app import App
-from shardq.broker.base import SendEntry
-from shardq.errors import BrokerError, LayoutError, QueueNotFoundError, ShardqError
-from shardq.fleet import LAYOUT_GROUP, leases_queue
-from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.errors import BrokerError, LayoutError
 from shardq.layout import WorkerLayout
-from shardq.layout_keeper import IDLE_REFRESH_SECONDS
 from shardq.layout_view import old_jobs
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.worker import MAX_SHARDS
@@ -82,29 +75,7 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
     layout = app.layouts.update(
         worker, lambda current: rules.start(current, worker, shards, now, who, trust)
     )
-    _tell_nodes(app, now + trust)
     return layout
-
-
-def _tell_nodes(app: App, until: float) -> None:
-    """Tell the nodes to read the layout now: a notice on the leases queue (elastic
-    nodes long-poll it: they see it within seconds; it is deleted after ``until``) and
-    the fleet document's layout mark (every node reads it at its next report). The
-    reshard stands without either (a node looks at the layout every few minutes)."""
-    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
-    try:
-        body = json.dumps({"kind": "layout", "until": until})
-        notice = SendEntry("0", body, f"{LAYOUT_GROUP}{uuid.uuid4().hex}", uuid.uuid4().hex)
-        with contextlib.suppress(QueueNotFoundError):  # no elastic node ever ran
-            app.broker.send_batch(leases_queue(app.config.queue_prefix), [notice])
-        store.ensure()
-        store.update(lambda doc: replace(doc, layout=doc.layout + 1))
-    except ShardqError as exc:
-        print(
-            f"shardq: could not tell the nodes at once ({exc}); they see it within "
-            f"{IDLE_REFRESH_SECONDS:.0f} s",
-            file=sys.stderr,
-        )
 
 
 def progress(app: App, worker: str) -> Progress:

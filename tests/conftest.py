@@ -44,6 +44,8 @@ def make_broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Br
         return SqliteBroker(str(tmp_path / "broker.db"))
     if kind == "sqlite-reopen":  # the embedded engine with a FIFO defect some emulators have
         return SqliteBroker(str(tmp_path / "broker.db"), reopen_groups=True)
+    if kind == "sqlite-stale":  # hides a visible-again message behind an older in-flight one
+        return SqliteBroker(str(tmp_path / "broker.db"), stale_visibility=True)
     if kind == "memory":
         return MemoryBroker()
     from shardq.broker.sqs import SqsBroker
