@@ -31,7 +31,8 @@ from shardq.terminal import Progress, plural
 
 EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
-    "no node has reported yet: nodes report when they start and about every 45 s. "
+    "no node has reported yet: nodes write their heartbeat to the state store when they "
+    "start. "
     "Start one with `shardq run` (it joins the fleet) or `shardq run --node N --nodes M`, "
     "with the same broker and queue prefix as this command"
 )

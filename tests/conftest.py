@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from shardq.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
 from tests import emulator as emu
 from tests.apps import ledger
@@ -103,3 +104,12 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     yield environment
     environment.stop_all()
     ledger.app.broker.close()
+
+
+def needs_shared_store(app: App) -> None:
+    """Skip a test whose processes must share the app's state store, while its broker
+    gets a store in memory (one per process)."""
+    from shardq.store import MemoryStore
+
+    if isinstance(app.store, MemoryStore):
+        pytest.skip(f"the {app.broker.kind} broker's state store is in memory in each process")

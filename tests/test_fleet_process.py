@@ -6,37 +6,28 @@ import signal
 
 import pytest
 
-from shardq.errors import QueueNotFoundError
-from shardq.fleet import leases_queue
 from tests.apps import ledger
 from tests.children import Env
+from tests.conftest import needs_shared_store
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_node_stopped_gracefully_leaves_every_shard_lease_receivable_at_once(env: Env) -> None:
-    # given one elastic node holding every shard lease (3 shards) and its presence
+def test_a_node_stopped_gracefully_frees_every_shard_and_deletes_its_heartbeat(env: Env) -> None:
+    # given one elastic node owning every shard (3 shards) and keeping its heartbeat
+    needs_shared_store(ledger.app)
+    store = ledger.app.store
     node = env.node("--threads", "1")
-    queue = leases_queue(env.config().queue_prefix)
-    broker = ledger.app.broker
 
-    def holding_all() -> bool:
-        try:
-            counts = broker.counts(queue)
-        except QueueNotFoundError:  # the node has not created it yet
-            return False
-        return (counts.waiting, counts.in_flight) == (0, 4)
+    def owning_all() -> bool:
+        owners = {i.value["owner"] for i in store.query_all("shard/")}
+        return len(store.query_all("shard/")) == 3 and len(owners) == 1
 
-    env.wait_for(holding_all)
+    env.wait_for(owning_all)
+    assert len(store.query_all("node/")) == 1
     # when it gets SIGTERM and exits
     node.send_signal(signal.SIGTERM)
     assert node.wait(30) == 0
-
-    # then every shard lease is visible again within a few seconds (a lease received
-    # while stopping is handed back after a second), none left in flight for the
-    # 30 s of a lease; its presence is deleted
-    def receivable() -> bool:
-        counts = broker.counts(queue)
-        return (counts.waiting, counts.in_flight) == (3, 0)
-
-    env.wait_for(receivable, timeout=3)
+    # then no ownership item and no heartbeat is left: another node takes the shards
+    # at its next round, nothing waits for a lease to run out
+    assert store.query_all("shard/") == [] and store.query_all("node/") == []
