@@ -150,10 +150,12 @@ def add_commands(
     ensure_cmd = qa.add_parser(
         "ensure",
         formatter_class=RAW,
-        help="create missing shard and morgue queues; report settings that drifted",
+        help="create missing queues and the state table; report settings that drifted",
         description="Create every shard queue of the live layouts (after a reshard, not "
-        "what the code's shards say) and every morgue queue that is missing, and check the "
-        "existing ones: FIFO, no content-based dedup, the worker's visibility timeout. "
+        "what the code's shards say) and every morgue queue that is missing, each keeping "
+        "messages 14 days (the SQS maximum), and, for sqs://, the DynamoDB state table "
+        "(waiting until it is ACTIVE); check the existing queues: FIFO, no content-based "
+        "dedup, the worker's visibility timeout, the 14-day retention. "
         "Exit 4 if any queue drifted.",
         epilog="examples:\n  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n"
         "  shardq queues ensure --prune   # also delete empty retired queues\n",

@@ -179,6 +179,7 @@ class App:
                 if broker is None and self._broker is not None:
                     self._broker.close()
                     self._broker = None
+                    self._store = None  # made for the old broker and config
             if broker is not None:
                 self._broker = broker
                 self._store = None

@@ -5,6 +5,7 @@
     broker_url: sqs://            # or sqlite:///shardq.db (default), memory://
     region: eu-west-1
     endpoint_url: null            # e.g. http://127.0.0.1:4566 for an emulator
+    store_url: null               # e.g. dynamodb://?region=eu-west-2&table=prod-state
     queue_prefix: prod-
     threads: 8
     workers:
@@ -46,6 +47,9 @@ class Config:
     region: str | None = None
     #: SQS endpoint override, for emulators.
     endpoint_url: str | None = None
+    #: Where the state store lives (None: the broker's file, or DynamoDB for ``sqs://``
+    #: in the SQS region/endpoint); ``dynamodb://?region=..&endpoint_url=..&table=..``.
+    store_url: str | None = None
     #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
     queue_prefix: str = ""
     #: Python module (``pkg.mod`` or ``pkg.mod:app``) defining the app and its workers.
@@ -73,6 +77,9 @@ class Config:
     #: reshard begins (every one must have looked at the layout by then: 5..3600, and
     #: at least layout_refresh_seconds + 5).
     reshard_trust_seconds: float = 60.0
+    #: A node warns (``job.old``) about a job older than this share of its queue's
+    #: retention period (0: never; 0..1).
+    retention_warning_share: float = 0.5
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
     #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
@@ -210,6 +217,15 @@ class Config:
                 url.port  # noqa: B018 (raises for a port that is not a number)
             except ValueError:
                 fail("endpoint_url", f"the port of {self.endpoint_url!r} is not a number")
+        if self.store_url is not None:
+            from shardq.store import store_parameters
+
+            store_parameters(self.store_url, where)
+        if not 0 <= self.retention_warning_share <= 1:
+            fail(
+                "retention_warning_share",
+                f"expected 0 (off) to 1, got {self.retention_warning_share!r}",
+            )
         if not isinstance(self.workers, Mapping) or not all(
             isinstance(v, Mapping) for v in self.workers.values()
         ):
@@ -227,6 +243,7 @@ _FLOATS = {
     "report_seconds",
     "layout_refresh_seconds",
     "reshard_trust_seconds",
+    "retention_warning_share",
 }
 
 
@@ -321,7 +338,7 @@ def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
                 raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}") from None
         elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{source}: {key}: expected an integer or null, got {value!r}")
-    for key in ("region", "endpoint_url", "signing_key", "dashboard_token"):
+    for key in ("region", "endpoint_url", "store_url", "signing_key", "dashboard_token"):
         if key in out and out[key] is not None and not isinstance(out[key], str):
             raise ConfigError(f"{source}: {key}: expected a string or null, got {out[key]!r}")
     if "workers" in out and out["workers"] is None:

@@ -1,11 +1,12 @@
 """``shardq queues ensure``: create the queues of the live layouts, report drift.
 
 Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.layout`) and every morgue queue (the
-fleet keeps its state in the state store, not in queues); checks the existing ones
-(FIFO, no content-based dedup, the worker's visibility timeout); says which workers'
-code no longer gives the live number of shards; with ``--prune``, deletes retired
-queues (:mod:`shardq.prune`).
+during a reshard, the old one: see :mod:`shardq.layout`) and every morgue queue,
+each keeping messages 14 days (the SQS maximum), and the DynamoDB state table of an
+``sqs://`` app (the fleet lives there, not in queues); checks the existing queues (FIFO, no
+content-based dedup, the worker's visibility timeout, the retention); says which
+workers' code no longer gives the live number of shards; with ``--prune``, deletes
+retired queues (:mod:`shardq.prune`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from shardq.app import App
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
+from shardq.limits import MAX_RETENTION_SECONDS
 from shardq.prune import prune
 from shardq.terminal import plural
 
@@ -58,11 +60,17 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                 drift.append(f"{queue}: not a FIFO queue")
             if found.content_based_dedup:
                 drift.append(f"{queue}: ContentBasedDeduplication is on (shardq sets ids itself)")
+            if found.retention_seconds not in (None, MAX_RETENTION_SECONDS):
+                drift.append(
+                    f"{queue}: MessageRetentionPeriod is {found.retention_seconds} s, shardq "
+                    f"sets {MAX_RETENTION_SECONDS} s (14 days): older jobs are deleted unrun"
+                )
             if found.visibility_timeout != settings.visibility_timeout:
                 drift.append(
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
                     f"{name}.visibility_timeout is {settings.visibility_timeout} s"
                 )
+    ensure_state_table(app)
     for line in drift:
         print(f"drift: {line}")
     for line in notes:
@@ -77,3 +85,16 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
         summary += f", {len(pruned.deleted)} retired deleted, {len(pruned.kept)} retired kept"
     print(summary, file=sys.stderr)
     return EXIT_DRIFT if drift else EXIT_OK
+
+
+def ensure_state_table(app: App) -> None:
+    """Create the app's DynamoDB state table unless it exists (the embedded store's
+    table is made with the broker's file)."""
+    store = app.store
+    if store.kind != "dynamodb":
+        return
+    from shardq.store.dynamo import DynamoStore
+
+    if isinstance(store, DynamoStore):
+        created = store.ensure_table()
+        print(f"state table {store.table} {'created' if created else 'checked'} (DynamoDB)")

@@ -18,6 +18,9 @@ MIN_MESSAGE_BYTES = 1024
 MAX_BATCH_BYTES = 1024 * 1024
 #: Longest a message can stay invisible, counted from its receive (12 hours).
 MAX_VISIBILITY_SECONDS = 12 * 60 * 60
+#: Longest SQS keeps a message (14 days), received or not: every queue shardq creates
+#: gets it (the default is 4 days). The embedded broker keeps messages until deleted.
+MAX_RETENTION_SECONDS = 14 * 24 * 60 * 60
 #: Longest a long poll can wait.
 MAX_WAIT_SECONDS = 20
 #: How long SQS remembers a MessageDeduplicationId.

@@ -42,6 +42,7 @@ from shardq.executor import Observer, Tally
 from shardq.fleet import Fleet, make_node_id
 from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
+from shardq.job_age import OldJobs
 from shardq.lane import Lane, Shard
 from shardq.layout import parse_name
 from shardq.layout_keeper import LayoutKeeper
@@ -103,6 +104,7 @@ class Node:
             on_broker_error=self._broker_error,
         )
         self.limits = TimeLimits()
+        self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
         #: Fleet membership (``elastic``: leases; ``static``: reports only; None: neither).
         self.fleet = Fleet(self, elastic=membership == ELASTIC) if membership else None
         self.id = self.fleet.id if self.fleet else make_node_id()
@@ -262,6 +264,7 @@ class Node:
             return None
         if messages:
             self.leases.hold(messages, shard.visibility_timeout)
+            self.old_jobs.check(messages)
         return messages
 
     def release_straggler(self, messages: list[Message] | None) -> None:

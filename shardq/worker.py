@@ -122,7 +122,22 @@ class WorkerSettings:
             problem = check(value)
             if problem:
                 raise ConfigError(f"{source}: workers.{self.name}.{key}: {problem}")
-        return replace(self, **dict(overrides))
+        settings = replace(self, **dict(overrides))
+        problem = settings.problem()
+        if problem:
+            raise ConfigError(f"{source}: workers.{self.name}: {problem}")
+        return settings
+
+    def problem(self) -> str | None:
+        """What is wrong with the settings taken together (None: nothing)."""
+        limit, visibility = self.time_limit, self.visibility_timeout
+        if limit is not None and limit >= visibility:
+            return (
+                f"time_limit ({limit:g} s) must be below visibility_timeout ({visibility} s): "
+                "a job that may run that long must be hidden longer than it runs; raise "
+                "visibility_timeout or lower time_limit"
+            )
+        return None
 
 
 class Worker:
@@ -191,7 +206,11 @@ class Worker:
             problem = SETTING_CHECKS[key](value)
             if problem:
                 raise WorkerDefinitionError(f"{cls.__name__}.{key}: {problem}")
-        return WorkerSettings(name=cls.__name__, **values)
+        settings = WorkerSettings(name=cls.__name__, **values)
+        problem = settings.problem()
+        if problem:
+            raise WorkerDefinitionError(f"{cls.__name__}: {problem}")
+        return settings
 
     # -- what users write ------------------------------------------------------
     def perform(self, entity_id: str, payloads: list[Any]) -> None:

@@ -4,7 +4,6 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -13,9 +12,6 @@ from shardq.broker import Broker, MemoryBroker, SqliteBroker
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
-
-if TYPE_CHECKING:
-    from shardq.broker.sqs import SqsBroker
 
 
 @pytest.fixture(scope="session")
@@ -52,25 +48,7 @@ def make_broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Br
     from shardq.broker.sqs import SqsBroker
 
     server = request.getfixturevalue("sqs_emulator")
-    broker = SqsBroker(region="us-east-1", endpoint_url=server.endpoint_url)
-    if kind == "sqs-wire":  # every hot call already past its first, botocore-sent request
-        prime_wire(broker)
-    return broker
-
-
-def prime_wire(broker: SqsBroker) -> None:
-    """Make each hot call once on a scratch queue, so that from now on the broker sends
-    them over its wire (``shardq.broker.sqs_wire``) instead of through botocore."""
-    from shardq.broker import SendEntry
-    from shardq.broker.sqs_wire import OPERATIONS
-
-    queue = f"prime-{uuid.uuid4().hex[:12]}.fifo"
-    broker.ensure_queue(queue)
-    assert not broker.send_batch(queue, [SendEntry("0", "x", "g", "d")]).failed
-    (message,) = broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=30)
-    assert not broker.change_visibility_batch(queue, [(message.receipt, 30)]).failed
-    assert not broker.delete_batch(queue, [message.receipt]).failed
-    assert broker.wire_operations == OPERATIONS
+    return SqsBroker(region="us-east-1", endpoint_url=server.endpoint_url)
 
 
 BROKER_KINDS = [

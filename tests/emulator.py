@@ -1,4 +1,4 @@
-"""Start and stop a ministack SQS emulator process on 127.0.0.1 for tests and benchmarks."""
+"""Start and stop a ministack (SQS and DynamoDB) process on 127.0.0.1 for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def start(port: int | None = None, timeout: float = 30.0, state_dir: str | None 
         os.environ,
         BIND_HOST="127.0.0.1",
         GATEWAY_PORT=str(port),
-        SERVICES="sqs",
+        SERVICES="sqs,dynamodb",
         LOG_LEVEL="WARNING",
     )
     if state_dir is not None:

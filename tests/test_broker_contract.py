@@ -1,10 +1,7 @@
 """The broker contract: every broker gives the same SQS FIFO semantics.
 
 Each test runs against the embedded SQLite broker, the in-memory broker and SQS
-(a ministack emulator process), the latter twice: with a fresh broker (the first
-request of each operation goes through botocore) and with one whose hot calls go over
-its wire (``shardq.broker.sqs_wire``), so every answer, error and per-entry failure
-below is also read by the wire.
+(a ministack emulator process).
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ def delete(broker: Broker, queue: str, messages: list[Message]) -> None:
     assert not broker.delete_batch(queue, [m.receipt for m in messages]).failed
 
 
-@pytest.fixture(params=[*BROKER_KINDS, pytest.param("sqs-wire", marks=pytest.mark.sqs)])
+@pytest.fixture(params=BROKER_KINDS)
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
     instance = make_broker(request.param, tmp_path, request)
     try:

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.errors import PermanentError, UnknownWorkerError, WorkerDefinitionError
+from shardq.errors import (
+    ConfigError,
+    PermanentError,
+    UnknownWorkerError,
+    WorkerDefinitionError,
+)
 from shardq.limits import MAX_VISIBILITY_SECONDS
 from shardq.worker import MAX_BASE_NAME_LENGTH, WorkerSettings, default_queue_name
 
@@ -152,7 +157,7 @@ def test_an_invalid_attribute_is_refused_when_the_class_is_defined(
         ("max_retries", 10_000),
         ("visibility_timeout", MAX_VISIBILITY_SECONDS),
         ("time_limit", 0.5),
-        ("time_limit", MAX_VISIBILITY_SECONDS),
+        ("time_limit", 59.9),  # below the default visibility_timeout of 60
         ("queue_name", "q" * MAX_BASE_NAME_LENGTH),
     ],
 )
@@ -161,6 +166,30 @@ def test_boundary_values_are_accepted(attribute: str, value: Any) -> None:
     worker = define("Edge", **{attribute: value})
     # then the class is defined with that value
     assert getattr(worker.default_settings(), attribute) == value
+
+
+@pytest.mark.parametrize(("time_limit", "visibility_timeout"), [(60, 60), (90, 60), (7200, 30)])
+def test_a_time_limit_not_below_the_visibility_timeout_is_refused(
+    time_limit: float, visibility_timeout: int
+) -> None:
+    # given a time limit as long as the visibility timeout, or longer
+    # when a worker class declares both
+    with pytest.raises(WorkerDefinitionError) as caught:
+        define("Slow", time_limit=time_limit, visibility_timeout=visibility_timeout)
+    # then the error names the class, both settings and what to do
+    message = str(caught.value)
+    assert message.startswith("Slow: time_limit")
+    assert "visibility_timeout" in message and "raise visibility_timeout" in message
+
+
+def test_a_config_override_that_puts_the_time_limit_past_the_visibility_is_refused() -> None:
+    # given a worker whose time limit is below its visibility timeout
+    worker = define("Tight", time_limit=20, visibility_timeout=30)
+    # when the config lowers the visibility timeout to the time limit
+    with pytest.raises(ConfigError) as caught:
+        worker.default_settings().with_overrides({"visibility_timeout": 20}, "shardq.yaml")
+    # then the error names the file, the worker and the rule
+    assert "shardq.yaml: workers.Tight: time_limit (20 s) must be below" in str(caught.value)
 
 
 def test_a_worker_without_perform_is_refused() -> None:

@@ -87,6 +87,8 @@ class QueueSettings:
     visibility_timeout: int
     max_message_bytes: int
     content_based_dedup: bool
+    #: MessageRetentionPeriod (None: the broker keeps messages until deleted).
+    retention_seconds: int | None = None
 
 
 class Broker(abc.ABC):
@@ -138,6 +140,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def max_message_bytes(self, queue: str) -> int:
         """The queue's largest accepted message body, in bytes."""
+
+    def retention_seconds(self, queue: str) -> int | None:
+        """How long the queue keeps a message before deleting it unasked (cached), or
+        None if it keeps messages until they are deleted (the embedded broker)."""
+        return None
 
     def delete_queue(self, queue: str) -> None:
         """Delete ``queue`` and every message in it (a no-op if it does not exist)."""

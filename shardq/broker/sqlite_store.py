@@ -16,6 +16,7 @@ Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
   one table per minute of sends (see :mod:`shardq.broker.sqlite_dedup`). Files of
   earlier versions kept them in one ``dedup`` table: :func:`open_db` moves its
   live ids into buckets and drops it.
+* ``shardq_state``: the state store's items (made by :mod:`shardq.store.sqlite`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SHARDQ_TABLES = {
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
     "groups": {"queue", "group_id", "head_seq", "blocked_until", "reopened", "last_received"},
     "dedup": {"queue", "dedup_id", "message_id", "expires_at"},
+    "shardq_state": {"key", "value", "version"},  # the state store (shardq.store.sqlite)
 }
 
 _SCHEMA = """

@@ -5,11 +5,12 @@ instance or task roles); ``region`` and ``endpoint_url`` (for emulators) come fr
 the config. Every HTTP request to SQS is counted in :attr:`SqsBroker.requests`, per
 operation, so benchmarks and metrics can report what a workload costs.
 
-The hot calls (receive, delete, change visibility and send, in batches) go through
-boto3 once each, then over the broker's wire (:mod:`shardq.broker.sqs_wire`): the
-same requests, signed and sent with the client's own credentials, signer and
-connection pool, without botocore's per-request pipeline. Whatever fails there is
-sent again through boto3, which retries and raises as usual.
+boto3 is used as documented: one client shared by the node's threads, botocore's
+adaptive retry mode (its retry quota and client-side rate limiting apply to every
+call) and explicit connect and read timeouts. Every receive carries a
+``ReceiveRequestAttemptId``: a receive whose answer was lost (a connection reset or
+a read timeout) is sent again with the same id, so SQS returns the same messages
+instead of hiding them from everyone for a whole visibility timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import platform
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -27,7 +29,6 @@ import botocore
 import botocore.config
 import botocore.exceptions
 
-from shardq.broker import sqs_wire
 from shardq.broker.base import (
     BatchResult,
     Broker,
@@ -41,7 +42,7 @@ from shardq.broker.base import (
     entry_problem,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_WAIT_SECONDS
+from shardq.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
 _T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [
@@ -58,12 +59,9 @@ _SAFE = {
     "deleting": "; the jobs stay queued and may run again",
     "changing": "; the jobs keep their current visibility",
 }
-_METHODS = {
-    "ReceiveMessage": "receive_message",
-    "DeleteMessageBatch": "delete_message_batch",
-    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
-    "SendMessageBatch": "send_message_batch",
-}
+#: Sends of one receive with the same ReceiveRequestAttemptId after ambiguous failures
+#: (each one after botocore's own retries of it, which also keep the id).
+RECEIVE_ATTEMPTS = 2
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -82,12 +80,11 @@ class SqsBroker(Broker):
         max_connections: int = 50,
         client: Any = None,
     ) -> None:
-        own_client = client is None
         if client is None:
             config = botocore.config.Config(
                 # Few quick retries: callers retry on their own terms (the leases back
                 # off per message), and a request stuck in long retries holds a thread.
-                retries={"mode": "standard", "max_attempts": 3},
+                retries={"mode": "adaptive", "max_attempts": 3},
                 max_pool_connections=max_connections,
                 connect_timeout=5,
                 read_timeout=MAX_WAIT_SECONDS + 15,
@@ -112,20 +109,9 @@ class SqsBroker(Broker):
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self.client.meta.events.register("before-send.sqs.*", self._count_request)
-        # The hot calls skip botocore's per-request pipeline once it has shown how to
-        # make them (see shardq.broker.sqs_wire); only on a client built here.
-        self._wire = sqs_wire.Wire.attach(client, self._count) if own_client else None
         self._urls: dict[str, str] = {}
         self._sizes: dict[str, int] = {}
-
-    @property
-    def wire_operations(self) -> frozenset[str]:
-        """The hot operations sent without botocore's per-request pipeline by now (each
-        once botocore has sent it; see :mod:`shardq.broker.sqs_wire`)."""
-        wire = self._wire
-        if wire is None:
-            return frozenset()
-        return frozenset(op for op in sqs_wire.OPERATIONS if wire.ready(op))
+        self._retention: dict[str, int] = {}
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
         self._count(event_name.rsplit(".", 1)[-1])
@@ -151,16 +137,6 @@ class SqsBroker(Broker):
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
-    def _hot(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
-        """One of the hot calls: over the wire when it can, else through the client
-        (which also sends again, retries and raises whatever failed on the wire)."""
-        if self._wire is not None:
-            response = self._wire.send(operation, params)
-            if response is not None:
-                return response
-        method: Callable[..., dict[str, Any]] = getattr(self.client, _METHODS[operation])
-        return self._call(what, method, **params)
-
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
         url = self._urls.get(queue)
@@ -179,6 +155,7 @@ class SqsBroker(Broker):
             "FifoQueue": "true",
             "ContentBasedDeduplication": "false",
             "VisibilityTimeout": str(int(visibility_timeout)),
+            "MessageRetentionPeriod": str(MAX_RETENTION_SECONDS),
         }
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
@@ -221,6 +198,7 @@ class SqsBroker(Broker):
                     "VisibilityTimeout",
                     "MaximumMessageSize",
                     "ContentBasedDeduplication",
+                    "MessageRetentionPeriod",
                 ],
             )
         except QueueNotFoundError:
@@ -230,7 +208,15 @@ class SqsBroker(Broker):
             visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
             max_message_bytes=int(attrs.get("MaximumMessageSize", 262144)),
             content_based_dedup=attrs.get("ContentBasedDeduplication") == "true",
+            retention_seconds=int(attrs.get("MessageRetentionPeriod", 345600)),
         )
+
+    def retention_seconds(self, queue: str) -> int | None:
+        seconds = self._retention.get(queue)
+        if seconds is None:
+            attrs = self._attributes(queue, ["MessageRetentionPeriod"])
+            seconds = self._retention[queue] = int(attrs["MessageRetentionPeriod"])
+        return seconds
 
     def max_message_bytes(self, queue: str) -> int:
         size = self._sizes.get(queue)
@@ -263,9 +249,9 @@ class SqsBroker(Broker):
                 valid.append(entry)
         if not valid:
             return result
-        response = self._hot(
+        response: dict[str, Any] = self._call(
             f"sending {len(valid)} messages to {queue}",
-            "SendMessageBatch",
+            self.client.send_message_batch,
             QueueUrl=self.url(queue),
             Entries=[
                 {
@@ -291,15 +277,15 @@ class SqsBroker(Broker):
     ) -> list[Message]:
         if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
             raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
-        response = self._hot(
-            f"receiving from {queue}",
-            "ReceiveMessage",
-            QueueUrl=self.url(queue),
-            MaxNumberOfMessages=max_messages,
-            WaitTimeSeconds=min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
-            VisibilityTimeout=math.ceil(visibility_timeout),
-            MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
-        )
+        params = {
+            "QueueUrl": self.url(queue),
+            "MaxNumberOfMessages": max_messages,
+            "WaitTimeSeconds": min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
+            "VisibilityTimeout": math.ceil(visibility_timeout),
+            "MessageSystemAttributeNames": _SYSTEM_ATTRIBUTES,
+            "ReceiveRequestAttemptId": uuid.uuid4().hex,
+        }
+        response = self._receive(queue, params)
         messages = []
         now = time.time()
         for raw in response.get("Messages", []):
@@ -319,11 +305,25 @@ class SqsBroker(Broker):
             )
         return messages
 
+    def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One receive; sent again with the same attempt id when its answer was lost (a
+        connection error or a read timeout: SQS may have hidden messages for it)."""
+        for attempt in range(1, RECEIVE_ATTEMPTS + 1):
+            try:
+                response: dict[str, Any] = self.client.receive_message(**params)
+                return response
+            except _AMBIGUOUS as exc:
+                if attempt == RECEIVE_ATTEMPTS:
+                    return self._call(f"receiving from {queue}", _raise, exc=exc)
+            except Exception as exc:
+                return self._call(f"receiving from {queue}", _raise, exc=exc)
+        raise AssertionError("unreachable")
+
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
-        response = self._hot(
+        response: dict[str, Any] = self._call(
             f"deleting {len(receipts)} messages from {queue}",
-            "DeleteMessageBatch",
+            self.client.delete_message_batch,
             QueueUrl=self.url(queue),
             Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)],
         )
@@ -333,9 +333,9 @@ class SqsBroker(Broker):
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
         check_batch(changes, [r for r, _ in changes])
-        response = self._hot(
+        response: dict[str, Any] = self._call(
             f"changing visibility of {len(changes)} messages in {queue}",
-            "ChangeMessageVisibilityBatch",
+            self.client.change_message_visibility_batch,
             QueueUrl=self.url(queue),
             Entries=[
                 {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": math.ceil(s)}
@@ -343,6 +343,19 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
+
+
+#: Failures after which a receive's messages may have been hidden for it.
+_AMBIGUOUS = (
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionClosedError,
+)
+
+
+def _raise(exc: BaseException) -> Any:
+    """Re-raise ``exc`` inside :meth:`SqsBroker._call`, which turns it into a BrokerError."""
+    raise exc
 
 
 def _user_agent() -> str:

@@ -28,6 +28,8 @@ from shardq.errors import ShardqError
 #: Largest encoded value an item may hold (DynamoDB's item limit is 400 KB, keys
 #: and attribute names included).
 MAX_VALUE_BYTES = 350 * 1024
+#: Longest key, in UTF-8 bytes (DynamoDB's limit for a sort key).
+MAX_KEY_BYTES = 1024
 #: Most items one :meth:`Store.query` call returns.
 MAX_QUERY_ITEMS = 1000
 
@@ -56,6 +58,8 @@ def namespace(key: str) -> tuple[str, str]:
     space, slash, rest = key.partition("/")
     if not slash or not space:
         raise ValueError(f"store key {key!r} has no namespace: use '<namespace>/<rest>'")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise ValueError(f"store key {key[:40]!r}... is over {MAX_KEY_BYTES} bytes; shorten it")
     return space, rest
 
 
@@ -70,6 +74,13 @@ def encode(value: Mapping[str, Any]) -> str:
     if len(text.encode("utf-8")) > MAX_VALUE_BYTES:
         raise ValueError(f"store value is over {MAX_VALUE_BYTES} bytes; split it")
     return text
+
+
+def conflict(key: str, expected: int | None, current: int | None) -> str:
+    """The message of a failed compare-and-set."""
+    want = "absent" if expected is None else f"at version {expected}"
+    now = "absent" if current is None else f"at version {current}"
+    return f"store item {key!r} was expected {want} but is {now}; read it again and decide again"
 
 
 class Store(abc.ABC):

@@ -1,0 +1,176 @@
+"""The state store as one on-demand DynamoDB table (``{queue_prefix}shardq-state``).
+
+Partition key ``ns`` (the key's namespace), sort key ``key`` (the whole key, so an
+item keyed ``node/`` has a non-empty sort key), ``value`` (JSON text) and ``version``
+(a number). Reads and queries are strongly consistent; every write is conditional.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from shardq.store import base
+from shardq.store.base import Item, Store, StoreConflict, StoreError
+
+_KEYS = {"ns": "HASH", "key": "RANGE"}
+#: The state table of an app is named ``{queue_prefix}shardq-state``.
+TABLE_SUFFIX = "shardq-state"
+
+
+class DynamoStore(Store):
+    """Items in the DynamoDB table ``table``; credentials from boto3's default chain."""
+
+    kind = "dynamodb"
+
+    def __init__(self, table: str, *, region: str | None, endpoint_url: str | None) -> None:
+        self.table = table
+        config = botocore.config.Config(
+            connect_timeout=5, read_timeout=10, retries={"mode": "adaptive", "max_attempts": 5}
+        )
+        try:
+            self.client = boto3.session.Session().client(
+                "dynamodb", region_name=region, endpoint_url=endpoint_url, config=config
+            )
+        except botocore.exceptions.NoRegionError as exc:
+            where = "`region`, store_url's ?region=, SHARDQ_REGION or AWS_DEFAULT_REGION"
+            raise StoreError(f"no AWS region for DynamoDB: set {where}") from exc
+
+    @contextmanager
+    def _call(self, call: str, key: str = "", expected: int | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            response: Any = getattr(exc, "response", {})  # ClientError: the service's answer
+            code = response.get("Error", {}).get("Code", "")
+            if code == "ConditionalCheckFailedException":
+                old = response.get("Item")
+                current = int(old["version"]["N"]) if old else None
+                raise StoreConflict(base.conflict(key, expected, current)) from None
+            if code == "ResourceNotFoundException":
+                raise StoreError(
+                    f"DynamoDB {call}: the state table {self.table!r} does not exist (or is "
+                    "not in this region/account): run `shardq queues ensure`"
+                ) from None
+            raise StoreError(
+                f"DynamoDB {call} on {self.table!r} failed ({exc}); check the network, the "
+                "endpoint, the credentials and the IAM permissions (docs/deployment.md), then retry"
+            ) from None
+
+    def get(self, key: str) -> Item | None:
+        with self._call("GetItem"):
+            got = self.client.get_item(TableName=self.table, Key=_key(key), ConsistentRead=True)
+        return None if "Item" not in got else _item(got["Item"])
+
+    def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
+        text = base.encode(value)
+        new = 1 if version is None else version + 1
+        record = {**_key(key), "value": {"S": text}, "version": {"N": str(new)}}
+        with self._call("PutItem", key, version):
+            try:
+                self.client.put_item(
+                    TableName=self.table, Item=record, **_condition(version, exists=False)
+                )
+            except botocore.exceptions.ClientError as exc:
+                if not _own_write(exc, record):
+                    raise
+        return Item(key, json.loads(text), new)
+
+    def delete(self, key: str, *, version: int | None = None) -> bool:
+        with self._call("DeleteItem", key, version):
+            old = self.client.delete_item(
+                TableName=self.table,
+                Key=_key(key),
+                ReturnValues="ALL_OLD",
+                **_condition(version, exists=True),
+            ).get("Attributes")
+        return old is not None
+
+    def query(
+        self, prefix: str, *, start_after: str | None = None, limit: int = base.MAX_QUERY_ITEMS
+    ) -> list[Item]:
+        space = base.namespace(prefix)[0]
+        limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
+        args: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "ns = :ns AND begins_with(#k, :prefix)",
+            "ExpressionAttributeNames": {"#k": "key"},
+            "ExpressionAttributeValues": {":ns": {"S": space}, ":prefix": {"S": prefix}},
+            "ConsistentRead": True,
+        }
+        if start_after is not None and start_after >= prefix:
+            if not start_after.startswith(prefix):
+                return []  # past every key under the prefix
+            args["ExclusiveStartKey"] = _key(start_after)
+        items: list[Item] = []
+        while len(items) < limit:
+            with self._call("Query"):
+                page = self.client.query(**args, Limit=limit - len(items))
+            items += [_item(found) for found in page.get("Items", [])]
+            if "LastEvaluatedKey" not in page:
+                break
+            args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return items[:limit]
+
+    def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
+        """Create the table (on demand) unless it exists and wait until it is ACTIVE;
+        True if it was created here."""
+        created = False
+        with self._call("CreateTable"):
+            try:
+                self.client.describe_table(TableName=self.table)
+            except self.client.exceptions.ResourceNotFoundException:
+                self.client.create_table(
+                    TableName=self.table,
+                    BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[
+                        {"AttributeName": n, "AttributeType": "S"} for n in _KEYS
+                    ],
+                    KeySchema=[{"AttributeName": n, "KeyType": t} for n, t in _KEYS.items()],
+                )
+                created = True
+            self.client.get_waiter("table_exists").wait(
+                TableName=self.table,
+                WaiterConfig={"Delay": 1, "MaxAttempts": max(1, int(wait_seconds))},
+            )
+        return created
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _key(key: str) -> dict[str, Any]:
+    return {"ns": {"S": base.namespace(key)[0]}, "key": {"S": key}}
+
+
+def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) -> bool:
+    """Whether a put failed its condition only because an earlier attempt of the same
+    call (retried after its answer was lost) wrote ``record``: the item holds it."""
+    retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+    found: Any = exc.response.get("Item")
+    return retried and found is not None and all(found.get(k) == v for k, v in record.items())
+
+
+def _item(found: Mapping[str, Any]) -> Item:
+    return Item(found["key"]["S"], json.loads(found["value"]["S"]), int(found["version"]["N"]))
+
+
+def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:
+    """A write's condition: at ``version``, or absent (None; a delete: no condition)."""
+    if version is None and exists:
+        return {}
+    condition: dict[str, Any] = {
+        "ConditionExpression": "attribute_not_exists(#v)",  # every item has a version
+        "ExpressionAttributeNames": {"#v": "version"},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    if version is not None:
+        condition["ConditionExpression"] = "#v = :v"
+        condition["ExpressionAttributeValues"] = {":v": {"N": str(version)}}
+    return condition

@@ -1,0 +1,132 @@
+"""The state store as one table (``shardq_state``) in the embedded broker's file.
+
+Safe for several threads (one connection behind a lock) and several processes (WAL
+journal, a 30 s busy timeout, every write one ``BEGIN IMMEDIATE`` transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from shardq.broker.sqlite_store import error
+from shardq.store import base
+from shardq.store.base import Item, Store, StoreConflict, StoreError
+
+TABLE = "shardq_state"
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL,"
+    " version INTEGER NOT NULL) WITHOUT ROWID"
+)
+
+
+class SqliteStore(Store):
+    """Items in the table ``shardq_state`` of the SQLite file ``path``."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            # timeout: wait up to 30 s for another process's write (SQLite's busy timeout)
+            self._db = sqlite3.connect(path, 30, isolation_level=None, check_same_thread=False)
+            if path != ":memory:":  # WAL: readers never wait for a writer
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute(_SCHEMA)
+        except sqlite3.Error as exc:
+            with suppress(AttributeError):
+                self._db.close()
+            raise StoreError(str(error(path, exc, "opening the state store"))) from exc
+
+    @contextmanager
+    def _tx(self, doing: str, *, write: bool) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the state store on {self.path} is closed; make a new one")
+            db = self._db
+            try:
+                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise StoreError(str(error(self.path, exc, doing))) from exc
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(str(error(self.path, exc, doing))) from exc
+                raise
+
+    def get(self, key: str) -> Item | None:
+        base.namespace(key)
+        with self._tx(f"reading state item {key!r}", write=False) as db:
+            row = db.execute(f"SELECT value, version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
+        return None if row is None else Item(key, json.loads(row[0]), row[1])
+
+    def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
+        base.namespace(key)
+        text = base.encode(value)
+        with self._tx(f"writing state item {key!r}", write=True) as db:
+            current = _version(db, key)
+            if current != version:
+                raise StoreConflict(base.conflict(key, version, current))
+            new = 1 if current is None else current + 1
+            db.execute(
+                f"INSERT OR REPLACE INTO {TABLE} (key, value, version) VALUES (?, ?, ?)",
+                (key, text, new),
+            )
+        return Item(key, json.loads(text), new)
+
+    def delete(self, key: str, *, version: int | None = None) -> bool:
+        base.namespace(key)
+        with self._tx(f"deleting state item {key!r}", write=True) as db:
+            current = _version(db, key)
+            if version is not None and current != version:
+                raise StoreConflict(base.conflict(key, version, current))
+            if current is None:
+                return False
+            db.execute(f"DELETE FROM {TABLE} WHERE key = ?", (key,))
+        return True
+
+    def query(
+        self, prefix: str, *, start_after: str | None = None, limit: int = base.MAX_QUERY_ITEMS
+    ) -> list[Item]:
+        base.namespace(prefix)
+        limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
+        sql = f"SELECT key, value, version FROM {TABLE} WHERE key >= ? AND key > ?"
+        args: list[Any] = [prefix, start_after or ""]
+        end = _prefix_end(prefix)
+        if end is not None:  # a range the primary key's index serves
+            sql, args = sql + " AND key < ?", [*args, end]
+        sql += " AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?"
+        args += [len(prefix), prefix, limit]
+        with self._tx(f"querying state items under {prefix!r}", write=False) as db:
+            rows = db.execute(sql, args).fetchall()
+        return [Item(k, json.loads(v), n) for k, v, n in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+
+def _version(db: sqlite3.Connection, key: str) -> int | None:
+    row = db.execute(f"SELECT version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least string above every string starting with ``prefix`` (None: none)."""
+    last = ord(prefix[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # surrogates cannot be stored: skip them
+        last = 0xE000
+    return None if last > 0x10FFFF else prefix[:-1] + chr(last)
