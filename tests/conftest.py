@@ -86,8 +86,10 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
 
 def needs_shared_store(app: App) -> None:
     """Skip a test whose processes must share the app's state store, while its broker
-    gets a store in memory (one per process)."""
+    gets a store in memory (one per process); else make sure the store's table exists."""
+    from shardq.ensure import ensure_state_table
     from shardq.store import MemoryStore
 
     if isinstance(app.store, MemoryStore):
         pytest.skip(f"the {app.broker.kind} broker's state store is in memory in each process")
+    ensure_state_table(app)

@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from shardq import App
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.fleet import Fleet
 from shardq.fleet_rules import ELASTIC, timing
 from shardq.fleet_view import fleet_view, read_fleet
@@ -36,6 +37,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
         workers={"Ledgered": {"shards": 6}},
     )
     ledger.app.configure(config, broker=broker)
+    ensure_state_table(ledger.app)  # DynamoDB's table for sqs (the others have theirs)
     yield ledger.app
     broker.close()
 
