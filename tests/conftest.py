@@ -9,6 +9,7 @@ import pytest
 
 from shardq.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from shardq.ensure import ensure_state_table
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
@@ -79,6 +80,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """Environment for child `shardq` processes on each broker, and the ledger app on it."""
     environment = Env(request.param, tmp_path, request)
     ledger.app.configure(environment.config())
+    ensure_state_table(ledger.app)  # sqs: the DynamoDB table nodes need (`queues ensure`)
     yield environment
     environment.stop_all()
     ledger.app.broker.close()
@@ -87,7 +89,6 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
 def needs_shared_store(app: App) -> None:
     """Skip a test whose processes must share the app's state store, while its broker
     gets a store in memory (one per process); else make sure the store's table exists."""
-    from shardq.ensure import ensure_state_table
     from shardq.store import MemoryStore
 
     if isinstance(app.store, MemoryStore):

@@ -33,6 +33,7 @@ from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
 from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
+from shardq.ensure import ensure_state_table
 from shardq.errors import BrokerError, ConfigError
 from shardq.morgue import MorgueQueue
 from shardq.node import Node
@@ -94,6 +95,7 @@ def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     broker = make_broker(kind, tmp_path, request)
     prefix = f"d{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
+    ensure_state_table(app)  # sqs: the DynamoDB table nodes need
     declined = {"error": "card declined"}
     SyncOrder.publish_many(
         [
@@ -912,7 +914,7 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    # given node-a live, node-b silent for 75 s, node-c stopped 20 minutes ago
+    # given node-a live, node-b marked gone 75 s ago, node-c gone 20 minutes ago
     write_fleet(filled, time.time())
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
@@ -929,16 +931,19 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             "return [...document.querySelectorAll('#nodes tr.gone')].map(r => r.innerText)"
         )
         assert [g.split()[0] for g in gone] == ["node-b", "node-c"]
-        assert re.search(r"gone \d\d:\d\d:\d\d · not reporting", gone[0]), gone[0]
-        assert "stopped" in gone[1]
+        assert re.search(r"gone \d\d:\d\d:\d\d · lease expired", gone[0]), gone[0]
+        assert "lease expired" in gone[1]
         assert "1 live · 2 gone in the last hour" in text_of(browser, "#nodes-title")
-        # and a banner says which node went away recently, not the one of 20 minutes ago
-        banner = text_of(browser, "#fleet-banner")
+        # and a banner says which node went away recently, not the one of 20 minutes ago,
+        # and which shards no live node serves
+        went, unserved = text_of(browser, "#fleet-banner").splitlines()
         assert re.fullmatch(
-            r"Node node-b stopped reporting at \d\d:\d\d:\d\d; its 2 shards are being "
-            r"taken over\.",
-            banner,
-        ), banner
+            r"Node node-b went away \(lease expired\) at \d\d:\d\d:\d\d; its 2 shards are "
+            r"being taken over\.",
+            went,
+        ), went
+        assert unserved.startswith("7 shards served by no live node (lag unknown): ")
+        assert "SyncOrder \u00d72" in unserved
         assert "stale" in (browser.find_element(By.ID, "dot").get_attribute("class") or "")
         # and each shard names its owner
         sync = '[data-worker="SyncOrder"]'
@@ -955,8 +960,8 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             assert text_of(browser, "#t-lag").replace(" ", "") == "42.0s"
             wait.until(lambda d: text_of(d, "#t-rate").startswith("150"))
             note = text_of(browser, "#t-rate-note")
-            assert note.startswith("excludes node-b (not reporting since ")
-            assert "node-c (stopped since " in note
+            assert note.startswith("excludes node-b (lease expired since ")
+            assert "node-c (lease expired since " in note
         # and it fits a phone and a wide screen
         for width in (1400, 1100, 420):
             set_width(browser, width)
