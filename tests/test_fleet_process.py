@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,54 @@ def test_a_node_stopped_gracefully_frees_every_shard_and_deletes_its_heartbeat(e
     # then no ownership item and no heartbeat is left: another node takes the shards
     # at its next round, nothing waits for a lease to run out
     assert store.query_all("shard/") == [] and store.query_all("node/") == []
+
+
+@pytest.mark.sqs
+def test_a_node_whose_wall_clock_is_120_s_off_shares_and_takes_over_like_the_others(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # (on SQS and DynamoDB: the embedded broker's file is one machine's clock by design)
+    env = Env("sqs", tmp_path, request)
+    env.vars.update(SHARDQ_LEASE_SECONDS="10", SHARDQ_WORKERS__Ledgered__shards="6")
+    ledger.app.configure(env.config())
+    try:
+        needs_shared_store(ledger.app)
+        store = ledger.app.store
+
+        def owners() -> Counter[str]:
+            return Counter(str(i.value["owner"]) for i in store.query_all("shard/"))
+
+        def nodes_by_pid() -> dict[int, str]:
+            return {int(i.value["pid"]): i.key[5:] for i in store.query_all("node/")}
+
+        # given a node, and a node whose wall clock runs 120 s ahead
+        plain = env.node("--threads", "2")
+        skewed = env.node("--threads", "2", skew=120.0)
+        env.wait_for(lambda: sorted(owners().values()) == [3, 3] and len(nodes_by_pid()) == 2)
+        # when jobs flow, then every one runs, in order per entity
+        ledger.Ledgered.publish_many([(f"e{i % 12}", {"n": i // 12}) for i in range(60)])
+        env.wait_for(lambda: sum(e[0] == "end" for e in env.events()) == 60, timeout=60)
+        # when the plain node is killed, then the skewed one takes its shards within
+        # the lease (its clock is never compared with anyone's)
+        skewed_id = nodes_by_pid()[skewed.pid]
+        plain.kill()
+        plain.wait()
+        env.wait_for(lambda: owners() == Counter({skewed_id: 6}), timeout=10 + 3)
+        # when a plain node joins and the skewed one is killed, then the plain one takes all
+        late = env.node("--threads", "2")
+        env.wait_for(lambda: sorted(owners().values()) == [3, 3], timeout=30)
+        late_id = nodes_by_pid()[late.pid]
+        skewed.kill()
+        skewed.wait()
+        env.wait_for(lambda: owners() == Counter({late_id: 6}), timeout=10 + 3)
+        ledger.Ledgered.publish_many([(f"e{i % 12}", {"n": 5 + i // 12}) for i in range(24)])
+        env.wait_for(lambda: sum(e[0] == "end" for e in env.events()) >= 84, timeout=60)
+        ends: dict[str, list[int]] = {}
+        for event, entity, n in env.events():
+            if event == "end":
+                ends.setdefault(entity, []).append(n)
+        assert all(ns == sorted(ns) for ns in ends.values()), ends
+        assert sum(len(set(ns)) for ns in ends.values()) == 84
+    finally:
+        env.stop_all()
+        ledger.app.broker.close()
