@@ -36,7 +36,7 @@ _EPILOG_RUN = """examples:
   SHARDQ_BROKER_URL=sqs:// shardq run --node 1 --nodes 2
 
 Without --node the node joins the fleet: it takes its fair share of the shards
-(leases in the shardq-leases queue), hands them back when it stops, and takes over
+(ownership items in the state store), hands them back when it stops, and takes over
 those of nodes that die (within lease_seconds, default 30). With --node N --nodes M
 it serves the static plan of `shardq plan`.
 """
