@@ -134,7 +134,8 @@ def fleet(app: App, nodes: int) -> Iterator[list[tuple[Node, threading.Thread]]]
 
 
 def owners(store: Store) -> dict[str, str]:
-    return {i.key.partition("/")[2]: str(i.value["owner"]) for i in store.query_all("shard/")}
+    items = store.query_all("shard/")
+    return {i.key.partition("/")[2]: str(i.value["owner"]) for i in items if i.value["owner"]}
 
 
 def wait(check: Callable[[], bool], timeout: float) -> float:

@@ -10,7 +10,8 @@ Kinesis Client Library but with one write per node, not per shard, per renewal:
   start time, shardq version (the views show it). At a graceful leave it is deleted.
 * ``shard/<key>`` (``shard/Orders:3``, ``shard/Orders@2:3``): a shard's **owner**,
   written only when ownership changes: taken by a conditional put on the version
-  read (or "must not exist"), freed by a conditional delete.
+  read (or "must not exist"), freed by a conditional put naming nobody (``""``), so
+  versions only grow and a stale version never touches a later owner's item.
 
 Every ``ROUND_SECONDS`` an elastic node reads the ownership items, then the
 heartbeats (two prefix queries; in that order, so an owner seen always has its
@@ -19,7 +20,7 @@ heartbeat seen). A node is dead when its counter has not moved for *expire*
 the observer marks its heartbeat gone, and its shards are free. The decisions are
 :func:`shardq.fleet_rules.decide`; this thread applies them: claim, serve, drain
 and free (:meth:`Node.drop_shard`: running jobs finish, held jobs are released in
-order, then the ownership item is deleted), stop serving a shard another node owns.
+order, then the ownership item is freed), stop serving a shard another node owns.
 
 A node that cannot write its heartbeat for *expire* less a round stops serving its
 shards before any other node may take them. Safety of jobs does not rest on this:
@@ -150,7 +151,7 @@ class Fleet:
             self._owned.clear()
             self._draining.clear()
         for key, version in owned.items():
-            self._delete(SHARD_PREFIX + key, version)
+            self._free(key, version)
         self._delete(NODE_PREFIX + self.id, None)
         log.info("fleet.left", node=self.id, released=len(owned))
 
@@ -166,7 +167,7 @@ class Fleet:
     # -- the thread -----------------------------------------------------------------
     def _guard(self) -> None:
         try:
-            while not self._stop.is_set() and not self.node.stopping.is_set():
+            while not self._stop.is_set():
                 self.step()
                 self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
         except BaseException as exc:
@@ -182,11 +183,12 @@ class Fleet:
             except StoreError as exc:
                 log.warning("fleet.heartbeat_failed", error=str(exc))
                 self._next_beat = now + ROUND_SECONDS
-        if not self.elastic:
-            return
+        if not self.elastic or self.node.stopping.is_set():
+            return  # a stopping node beats on (its shards are not free) until it leaves
         if now - self._beat_ok > self.expire_seconds - ROUND_SECONDS:
             self._fence()  # others may take its shards soon: serve nothing until a beat
             return
+        self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
             owners = [read_owner(i) for i in self.store.query_all(SHARD_PREFIX)]
             items = self.store.query_all(NODE_PREFIX)
@@ -226,7 +228,6 @@ class Fleet:
             if node != self.id:
                 self._mark_gone(by_key[node])
         self._sweep_gone(beats, now)
-        self._settle_drains()
         self._refused = {k: t for k, t in self._refused.items() if now - t < REFUSED_SECONDS}
         with self._lock:
             busy = {*self._draining, *self._refused}
@@ -249,7 +250,7 @@ class Fleet:
             self._take(key, owners[key].version, write=False, now=now)
         for key, claim in moves.claim.items():
             self._take(key, claim, write=True, now=now)
-            if key in owners and owners[key].node not in self._live:
+            if key in owners and key in self._owned:
                 log.info("fleet.took_over", shard=key, previous=owners[key].node)
 
     def _take(self, key: str, version: int | None, *, write: bool, now: float) -> None:
@@ -275,7 +276,7 @@ class Fleet:
             with self._lock:
                 self._owned.pop(key, None)
                 self._refused[key] = now
-            self._delete(SHARD_PREFIX + key, version)
+            self._free(key, version)
             return
         log.info("fleet.took", shard=key)
 
@@ -285,7 +286,7 @@ class Fleet:
             for key, _ in done:
                 del self._draining[key]
         for key, version in done:
-            self._delete(SHARD_PREFIX + key, version)
+            self._free(key, version)
             log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
@@ -360,6 +361,16 @@ class Fleet:
         name, shard = parse_key(key)
         worker, gen = parse_name(name)
         return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
+
+    def _free(self, key: str, version: int) -> None:
+        """Free a shard: its owner item names nobody (a conditional write: versions keep
+        growing, so a stale version can never free a later owner's item)."""
+        try:
+            self.store.put(SHARD_PREFIX + key, {"owner": ""}, version=version)
+        except StoreConflict:
+            pass  # changed since read: the next round reads it again
+        except StoreError as exc:
+            log.warning("fleet.store_failed", error=str(exc))
 
     def _delete(self, key: str, version: int | None) -> None:
         try:

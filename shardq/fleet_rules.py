@@ -10,7 +10,7 @@ two machines.
 * :func:`observe`: the first-seen times after one more read;
 * :func:`live_nodes`: the elastic nodes whose counter moved within ``expire`` seconds;
 * :func:`decide`: what one node does this round: shards to claim (a conditional
-  put on the version read), to free (drain, then a conditional delete), to stop
+  put on the version read), to free (drain, then a conditional put naming nobody), to stop
   serving at once (owned by another node now) and ownership items to purge (of a
   layout generation that ended, whose owner is not live).
 """

@@ -88,7 +88,8 @@ def keys(node: Node) -> set[str]:
 
 
 def owners(app: App) -> dict[str, str]:
-    return {i.key.partition("/")[2]: str(i.value["owner"]) for i in app.store.query_all("shard/")}
+    items = app.store.query_all("shard/")
+    return {i.key.partition("/")[2]: str(i.value["owner"]) for i in items if i.value["owner"]}
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:

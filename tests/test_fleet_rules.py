@@ -137,3 +137,10 @@ def test_ownership_items_of_an_ended_generation_are_purged_or_freed() -> None:
     assert moves.free == {"W:1": 2}
     assert moves.purge == {"W:0": 5}
     assert moves.claim == {"W@1:0": None, "W@1:1": None}
+
+
+def test_a_freed_shard_names_nobody_and_is_claimed_on_its_version() -> None:
+    # given W:0 was freed (its item names nobody, at version 7)
+    freed = {"W:0": Owner("W:0", "", 7)}
+    # then the node it is meant for claims it on version 7, never as a new item
+    assert decide("a", {"W": 1}, {"a"}, freed, set()).claim == {"W:0": 7}
