@@ -25,7 +25,15 @@ from shardq.layout_text import layout_lines
 from shardq.layout_view import reshards
 from shardq.morgue import MorgueListing, MorgueQueue, MorgueRecord, payload_of
 from shardq.selection import Selection, act
-from shardq.stats import backlog, collect, live_shards, read_fleet, stats_backlog
+from shardq.stats import (
+    backlog,
+    collect,
+    live_shards,
+    no_queues_text,
+    queues_exist,
+    read_fleet,
+    stats_backlog,
+)
 from shardq.tables import age, optional, table
 from shardq.terminal import Progress, plural
 
@@ -191,6 +199,10 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     stats = collect(app)
     if args.json:
         print(json.dumps(stats.to_dict(), indent=2))
+    if stats.no_queues:  # all zeros would read as "nothing waiting"
+        print(f"shardq: {stats.no_queues}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
         return EXIT_OK
     rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
     for w in stats.workers:
@@ -241,7 +253,10 @@ def _stats(app: App, args: argparse.Namespace) -> int:
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
     view = fleet_view(read_fleet(app), now, live_shards(app))
-    moves = reshards(app, now)
+    moves = reshards(app)
+    if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
+        print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
         print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
@@ -380,6 +395,10 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source} is not UTF-8 text ({exc.reason})") from None
+    except KeyboardInterrupt:
+        raise bulk.PublishInterrupted(
+            f"interrupted while checking {source}: nothing was published", []
+        ) from None
     n = bulk.publish_lines(app, worker, lines)
     print(f"published {plural(n, f'{worker} job')} from {source}", file=sys.stderr)
     return EXIT_OK

@@ -7,14 +7,22 @@ payload, size), so a bad line publishes nothing and is named by its number. The 
 are then published in order, in batches; if the broker refuses some, publishing
 stops there (later jobs of their entities must not overtake them) and the report
 names exactly the lines that were not published.
+
+Ctrl-C (SIGINT) while publishing stops after the batch being sent and names the last
+line published and the first not published (:class:`PublishInterrupted`); a second
+Ctrl-C stops at once and names the lines whose batch was cut short, which may or may
+not have been published.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from shardq.envelope import refuse_constant
 from shardq.errors import BrokerError, ConfigError, PublishError, ShardqError
@@ -37,6 +45,33 @@ class BulkPublishError(BrokerError):
     def __init__(self, message: str, lines: list[int]) -> None:
         super().__init__(message)
         self.lines = lines
+
+
+class PublishInterrupted(BulkPublishError):
+    """Ctrl-C stopped ``publish --file``; ``lines`` lists those not published."""
+
+
+class _Interrupts:
+    """Ctrl-C while publishing (main thread only): the first is noted and publishing
+    stops after the batch being sent; a second raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True  # only a flag: the batch being sent finishes
 
 
 @dataclass(frozen=True)
@@ -105,23 +140,30 @@ def parse_line(text: str) -> Job:
 def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
     """Publish the jobs in order; returns how many. Raises :class:`BulkPublishError`
     naming the lines not published if the broker refused some."""
-    done = 0
-    with Progress("published", len(lines)) as progress:
-        for start in range(0, len(lines), BATCH):
-            chunk = lines[start : start + BATCH]
-            try:
-                report = app.publisher.publish_many(worker, [line.job for line in chunk])
-            except PublishError as exc:
-                failed = sorted({chunk[i].number for i, _, _ in exc.failed})
-                gaps = sorted(chunk[i].number for i, _ in exc.gaps)
-                reason = exc.failed[0][2] if exc.failed else str(exc)
-                raise _not_published(
-                    lines, done + exc.sent, failed, start + len(chunk), reason, gaps
-                ) from exc
-            except ShardqError as exc:  # refused before sending (e.g. a middleware's change)
-                raise _not_published(lines, done, [], start, str(exc), []) from exc
-            done += report.sent
-            progress(done)
+    done = sending = 0
+    try:
+        with _Interrupts() as interrupts, Progress("published", len(lines)) as progress:
+            for start in range(0, len(lines), BATCH):
+                if interrupts.requested:
+                    raise _interrupted(lines, done, 0)
+                chunk = lines[start : start + BATCH]
+                sending = len(chunk)
+                try:
+                    report = app.publisher.publish_many(worker, [line.job for line in chunk])
+                except PublishError as exc:
+                    failed = sorted({chunk[i].number for i, _, _ in exc.failed})
+                    gaps = sorted(chunk[i].number for i, _ in exc.gaps)
+                    reason = exc.failed[0][2] if exc.failed else str(exc)
+                    raise _not_published(
+                        lines, done + exc.sent, failed, start + len(chunk), reason, gaps
+                    ) from exc
+                except ShardqError as exc:  # refused before sending (e.g. a middleware's)
+                    raise _not_published(lines, done, [], start, str(exc), []) from exc
+                done += report.sent
+                sending = 0
+                progress(done)
+    except KeyboardInterrupt:  # a second Ctrl-C: the batch being sent is in doubt
+        raise _interrupted(lines, done, sending) from None
     return done
 
 
@@ -145,6 +187,26 @@ def _not_published(
             "entity was not: those entities are out of order"
         )
     return BulkPublishError(text, missing)
+
+
+def _interrupted(lines: Sequence[Line], done: int, in_doubt: int) -> PublishInterrupted:
+    """Ctrl-C after the first ``done`` lines were published; the ``in_doubt`` lines
+    after them were being sent when a second Ctrl-C came."""
+    last = f", the last on line {lines[done - 1].number}" if done else ""
+    doubt = [line.number for line in lines[done : done + in_doubt]]
+    missing = [line.number for line in lines[done + in_doubt :]]
+    text = f"interrupted: published {done} of {plural(len(lines), 'job')}{last}"
+    if doubt:
+        text += (
+            f"; lines {ranges(doubt)} were being sent and may or may not have been "
+            "published (publish them again with a dedup_id to be sure)"
+        )
+    if missing:
+        text += (
+            f"; not published: {plural(len(missing), 'line')} ({ranges(missing)}), the first "
+            f"on line {missing[0]}. Publish those lines again"
+        )
+    return PublishInterrupted(text, doubt + missing)
 
 
 def ranges(numbers: Sequence[int], most: int = 20) -> str:

@@ -1,8 +1,10 @@
 """The ``shardq`` command.
 
 Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
-or input; 3 a node stopped with jobs still running after the grace period;
-4 ``queues ensure`` found queues whose settings drifted.
+or input (also ``stats`` and ``nodes`` finding none of the app's queues); 3 a node
+stopped with jobs still running after the grace period; 4 ``queues ensure`` found
+queues whose settings drifted; 130 interrupted by Ctrl-C (``publish --file`` then
+names the last line published and the first not published).
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from typing import Any
 
 from shardq.admin import add_commands
 from shardq.app import App
+from shardq.bulk import PublishInterrupted
 from shardq.config import Config
 from shardq.early import EarlyStop
 from shardq.errors import BrokerError, ConfigError, ShardqError
 from shardq.fleet_rules import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
 from shardq.reshard import add_command as add_reshard
+from shardq.store import StoreError
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+#: Stopped by Ctrl-C (SIGINT): what a shell reports for a tool ended by it.
+EXIT_INTERRUPTED = 128 + 2
 #: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
 EXIT_PIPE = 128 + 13
 
@@ -65,8 +71,17 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -
     except BrokenPipeError:  # `shardq stats --json | head`: the reader left
         _silence_stdout()
         return EXIT_PIPE
+    except PublishInterrupted as exc:
+        print(f"shardq: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("shardq: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokerError as exc:
         print(f"shardq: broker error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StoreError as exc:  # unreachable, like the broker (a conflict is no error here)
+        print(f"shardq: state store error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except ShardqError as exc:
         print(f"shardq: error: {exc}", file=sys.stderr)
@@ -95,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run a node",
         epilog=_EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run a node: serve its share of all shards until SIGTERM/SIGINT.",
+        description="Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP.",
     )
     _common(run)
     _placement(run, node_default=None, nodes_default=None)
@@ -234,6 +249,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.nodes < 1:  # refused before any request (range(0) would print nothing)
+        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
     app, _ = load(args)
     app.layouts.refresh()
     nodes = [args.node] if args.node is not None else range(args.nodes)

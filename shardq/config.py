@@ -1,6 +1,6 @@
 """Configuration: defaults < ``shardq.yaml`` < ``SHARDQ_*`` environment < CLI flags.
 
-``shardq.yaml`` (read with ``yaml.safe_load``)::
+``shardq.yaml`` (YAML, read safely; a key given twice is refused)::
 
     broker_url: sqs://            # or sqlite:///shardq.db (default), memory://
     region: eu-west-1
@@ -23,13 +23,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import yaml
 
 from shardq.errors import ConfigError
-from shardq.limits import MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+from shardq.limits import MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
 ENV_PREFIX = "SHARDQ_"
@@ -54,7 +54,7 @@ class Config:
     queue_prefix: str = ""
     #: Python module (``pkg.mod`` or ``pkg.mod:app``) defining the app and its workers.
     app: str = "workers"
-    #: Threads per node; each shard of the node belongs to exactly one.
+    #: Threads per node; each shard of the node belongs to exactly one (1..256).
     threads: int = 4
     #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
@@ -163,6 +163,8 @@ class Config:
 
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
+        if self.threads > MAX_THREADS:
+            fail("threads", f"expected an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
         if not 0 <= self.grace_seconds <= 3600:
             fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
@@ -264,7 +266,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -280,12 +284,40 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of the file names one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a mapping that names a key twice (YAML says keys
+    are unique; PyYAML would silently keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: PyYAML reports it below
+                continue
+            if first != line:
+                raise _DuplicateKey(
+                    f"duplicate key {key!r} on line {line} (first on line {first}); "
+                    "keep one of them"
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
         key = name[len(ENV_PREFIX) :]
+        if key.upper().startswith("WORKERS__") and not key.startswith("WORKERS__"):
+            parts = key.split("__")
+            _unknown_env(name, ENV_PREFIX + "__".join(["WORKERS", *parts[1:]]))
         if key.startswith("WORKERS__"):
             parts = key.split("__")
             if len(parts) != 3 or not all(parts):
@@ -293,14 +325,26 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             values.setdefault("workers", {}).setdefault(parts[1], {})[parts[2].lower()] = (
                 _env_scalar(raw)
             )
-        elif key.lower() in _FIELDS and key.lower() != "workers":
+        elif key.lower() in _FIELDS and key.lower() != "workers" and key == key.upper():
             values[key.lower()] = raw
+        elif (key.lower() in _FIELDS and key.lower() != "workers") or key.upper() == "CONFIG":
+            _unknown_env(name, ENV_PREFIX + key.upper())
         else:
-            raise ConfigError(
-                f"environment: {name} is not a shardq setting; known: "
-                + ", ".join(ENV_PREFIX + k.upper() for k in sorted(_FIELDS) if k != "workers")
-            )
+            _unknown_env(name, None)
     return values
+
+
+def _unknown_env(name: str, hint: str | None) -> NoReturn:
+    """Refuse ``name``; ``hint``: the variable it was probably meant to be."""
+    if hint is not None:
+        raise ConfigError(
+            f"environment: {name} is not a shardq setting; did you mean {hint}? "
+            "(shardq variables are upper case but for worker names and their settings)"
+        )
+    raise ConfigError(
+        f"environment: {name} is not a shardq setting; known: "
+        + ", ".join(ENV_PREFIX + k.upper() for k in sorted(_FIELDS) if k != "workers")
+    )
 
 
 def _env_scalar(raw: str) -> Any:

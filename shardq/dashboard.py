@@ -12,6 +12,9 @@
   ``{"all": true}``, with a Content-Length; anything else (no body, an unknown key) is
   refused and changes nothing (:class:`shardq.selection.Selection`).
 
+Any other method (PUT, DELETE, HEAD, ...), or a POST where only GET is served, is a
+JSON 405 whose ``Allow`` header names the methods served there.
+
 Stats and nodes come from a background sample (:class:`shardq.sampler.Sampler`), never
 from a broker call per request. With a token, POSTs need ``Authorization: Bearer``;
 without one the server binds to loopback only, answers only a loopback ``Host`` (DNS
@@ -58,9 +61,9 @@ HEADERS = {
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.allow = status, allow
 
 
 # -- HTTP -------------------------------------------------------------------------------
@@ -114,6 +117,23 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_HEAD(self) -> None:
+        self._not_allowed()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A method with no ``do_<METHOD>`` (PUT, DELETE, PATCH, ...) is a JSON 405,
+        not the stdlib's HTML 501 page; other errors stay the stdlib's."""
+        if code == 501 and getattr(self, "command", None):
+            return self._not_allowed()
+        super().send_error(code, message, explain)
+
+    def _not_allowed(self) -> None:
+        path = urlsplit(self.path).path
+        parts = [unquote(p) for p in path.strip("/").split("/")] if path != "/" else []
+        allow = _allowed(parts)
+        message = f"{self.command} is not allowed on {path}; use {allow}"
+        self._json(405, {"error": message}, allow)
+
     def _dispatch(self, method: str) -> None:
         try:
             url = urlsplit(self.path)
@@ -131,10 +151,13 @@ class Handler(BaseHTTPRequestHandler):
                 action = parts[4] if len(parts) == 5 else "list"
                 if (method, action) in {("GET", "list"), ("POST", "requeue"), ("POST", "purge")}:
                     return self._morgue(parts[3], action, parse_qs(url.query))
-                raise HttpError(405, f"{method} is not allowed on {url.path}")
+                allow = _allowed(parts)
+                raise HttpError(405, f"{method} is not allowed on {url.path}; use {allow}", allow)
+            if method == "POST" and _allowed(parts) == "GET":
+                raise HttpError(405, f"POST is not allowed on {url.path}; use GET", "GET")
             raise HttpError(404, f"no such page or endpoint: {url.path}")
         except HttpError as exc:
-            self._json(exc.status, {"error": str(exc)})
+            self._json(exc.status, {"error": str(exc)}, exc.allow)
         except SampleUnavailable as exc:
             self._json(503, {"error": str(exc)})
         except UnknownWorkerError as exc:
@@ -236,18 +259,21 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
 
     # -- responses ----------------------------------------------------------------------
-    def _json(self, status: int, doc: Any) -> None:
+    def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
         data = json.dumps(doc, default=str, allow_nan=False).encode()
-        self._send(status, data, "application/json")
+        self._send(status, data, "application/json", allow)
 
-    def _send(self, status: int, data: bytes, kind: str) -> None:
-        if self.command == "POST" and status >= 400:
+    def _send(self, status: int, data: bytes, kind: str, allow: str | None = None) -> None:
+        if self.command not in ("GET", "HEAD") and status >= 400:
             self.close_connection = True  # the body may not have been read
         self.send_response(status)
-        for name, value in {**HEADERS, "Content-Type": kind, "Content-Length": len(data)}.items():
+        extra = {"Allow": allow} if allow else {}
+        headers = {**HEADERS, **extra, "Content-Type": kind, "Content-Length": len(data)}
+        for name, value in headers.items():
             self.send_header(name, str(value))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("dashboard.request", client=self.client_address[0], line=format % args)
@@ -276,6 +302,17 @@ def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         except (ValueError, RecursionError):
             doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
     return docs
+
+
+def _allowed(parts: list[str]) -> str:
+    """The methods served at a path (split on ``/``), for a 405's ``Allow``."""
+    if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
+        return "GET"
+    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 4:
+        return "GET"
+    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 5:
+        return "POST" if parts[4] in ("requeue", "purge") else "GET, POST"
+    return "GET, POST"
 
 
 def _or_none(call: Callable[[], T]) -> T | None:

@@ -15,16 +15,22 @@ import sys
 import threading
 from typing import Any
 
+#: The signals that stop a node gracefully: SIGTERM (orchestrators), SIGINT (Ctrl-C) and
+#: SIGHUP (its terminal or SSH session went away).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
+
 
 class EarlyStop:
     """Signal handlers for the moments before the node installs its own: the first
-    SIGTERM/SIGINT is remembered (the node then stops at once, exit 0), a second one
+    SIGTERM/SIGINT/SIGHUP is remembered (the node then stops at once, exit 0), a second one
     exits at once."""
 
     def __init__(self) -> None:
         self.signals = 0
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:

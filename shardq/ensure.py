@@ -24,10 +24,9 @@ EXIT_OK, EXIT_DRIFT = 0, 4
 
 PRUNE_HELP = (
     "also delete the queues of retired layout generations (after a reshard) that are "
-    "empty and past their grace (twice reshard_trust_seconds after the reshard ended), "
-    "and record it in the layout document; a queue holding jobs is kept and named. "
-    "Only generations the layout document records are pruned (the brokers cannot list "
-    "queues): queues of a reshard killed before it was recorded are left alone"
+    "empty, and record it in the worker's layout item; a queue holding jobs is kept and "
+    "named. Only generations a layout item records are pruned (the brokers cannot list "
+    "queues): queues of a reshard killed before it was announced are left alone"
 )
 
 
@@ -41,7 +40,7 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
     created = checked = 0
     for name in app.workers:
         settings = app.settings(name)
-        view = layout_view(name, app.layouts.cached(name), settings.shards, 0.0, None)
+        view = layout_view(name, app.layouts.cached(name), settings.shards, None)
         if view.note:
             notes.append(view.note)
         queues = [

@@ -1,7 +1,8 @@
 """The wire format: a versioned JSON envelope, optionally HMAC-signed.
 
 A body is ``{"v": 1, "worker": ..., "entity": ..., "payload": ..., "published_at": ...,
-"meta": {...}}`` as compact JSON. With a signing key the body is
+"meta": {...}}`` as compact JSON (the contract for producers in other languages is
+docs/envelope.md). With a signing key the body is
 ``"sig1:<hex hmac-sha256>:" + json``; the signature is checked before the JSON is
 parsed. Nothing is ever unpickled: writing to a queue never runs code.
 """
@@ -19,6 +20,12 @@ from shardq.errors import EnvelopeError, PayloadError
 
 VERSION = 1
 _SIG_PREFIX = "sig1:"
+#: Said of a body that is not a shardq job at all (a producer that does not follow the
+#: contract), so that nobody upgrades a node for it.
+NOT_ENVELOPE = (
+    ": not a shardq envelope (a JSON object with v, worker, entity, payload, published_at "
+    "and meta; see docs/envelope.md)"
+)
 
 
 @dataclass(frozen=True)
@@ -81,11 +88,18 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     try:
         doc = _parse(body)
     except ValueError as exc:
-        raise EnvelopeError(f"message body is not JSON ({exc})") from exc
+        raise EnvelopeError(f"message body is not JSON ({exc}){NOT_ENVELOPE}") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
-        raise EnvelopeError("message body is JSON nested too deeply to decode") from exc
+        raise EnvelopeError(
+            f"message body is JSON nested too deeply to decode{NOT_ENVELOPE}"
+        ) from exc
     if not isinstance(doc, dict):
-        raise EnvelopeError("message body is not a JSON object")
+        raise EnvelopeError(f"message body is not a JSON object{NOT_ENVELOPE}")
+    if "v" not in doc:
+        keys = ", ".join(sorted(map(repr, doc))[:8]) or "none"
+        raise EnvelopeError(
+            f'message body is a JSON object with no "v" (keys: {keys}){NOT_ENVELOPE}'
+        )
     version = doc.get("v")
     if type(version) is not int or version != VERSION:
         raise EnvelopeError(

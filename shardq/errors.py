@@ -62,7 +62,8 @@ class FleetError(ShardqError):
 
 
 class LayoutError(ShardqError):
-    """A reshard was refused, or the layout document could not be read or written."""
+    """A reshard was refused, a layout item is damaged or too old to trust, or a class's
+    ``shards`` disagrees with its recorded layout."""
 
 
 class PublishError(ShardqError):

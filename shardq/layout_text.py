@@ -8,7 +8,7 @@ from shardq.stats import Stats
 def layout_lines(stats: Stats) -> list[str]:
     """The live layout of every worker on one line, then a line per worker whose code
     says another number of shards, per reshard in progress and per retired generation
-    with queues left, and why the layout document could not be read, if so."""
+    with queues left, and why the layouts could not be read, if so."""
     views = [w.layout for w in stats.workers if w.layout is not None]
     lines = []
     if views:
@@ -21,14 +21,12 @@ def layout_lines(stats: Stats) -> list[str]:
             lines.append(view.note)
         if view.reshard is not None:
             lines.append(view.reshard.text())
-        for gen, shards, left, _ in view.retired:
+        for gen, shards, left in view.retired:
             lines.append(
                 f"{view.worker}: generation {gen} retired ({shards} shards); {left} of its queues "
                 "not deleted yet (they relay late jobs; nodes delete them once empty after "
-                "the grace, or `shardq queues ensure --prune`)"
+                "twice the trust window, or `shardq queues ensure --prune`)"
             )
     if stats.layout_error:
-        lines.append(
-            f"cannot read the layout document: {stats.layout_error}; shown as the code says"
-        )
+        lines.append(f"layouts: {stats.layout_error}; shown as last read (else as the code says)")
     return lines

@@ -2,19 +2,19 @@
 reshard in progress, and where the code's ``shards`` no longer says what runs.
 
 ``shardq stats``, ``shardq nodes`` and the dashboard show this view. The pure part
-(:func:`layout_view`) takes a layout and the job counts of its old generation; the
+(:func:`layout_view`) takes a layout, the job counts of its old generation and
+who holds its old shards; the
 rest reads them (:func:`reshards`: one request per old queue of a worker resharding).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.layout import WorkerLayout
+from shardq.layout import WorkerLayout, shard_name
 from shardq.terminal import plural
 
 if TYPE_CHECKING:
@@ -23,27 +23,38 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ReshardView:
-    """A reshard in progress: ``old_open`` of ``from_shards`` old shards still open and
-    ``old_jobs`` jobs (waiting or in flight) still in them (None: not known)."""
+    """A reshard in progress: ``open`` old shards of ``from_shards`` not closed yet and
+    ``old_jobs`` jobs (waiting or in flight) still in them (None: not known);
+    ``unserved``: open old shards no node holds (None: not known)."""
 
     worker: str
     from_shards: int
     to_shards: int
     from_gen: int
     to_gen: int
-    started: float
-    seconds: float
+    phase: str  # announced or switched
     trust: float
-    old_open: int
+    open: tuple[int, ...]
     old_jobs: int | None
     by: str = ""
-    #: Old shards narrowed to the entities still stuck in them: shard -> entities.
-    pending: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    unserved: tuple[int, ...] | None = None
 
     @property
-    def phase(self) -> str:
-        """``switching`` (publishers may still send to the old layout) or ``closing``."""
-        return "switching" if self.seconds < self.trust else "closing"
+    def stuck(self) -> str | None:
+        """Why the reshard cannot end now, if it cannot."""
+        if self.unserved and len(self.unserved) == len(self.open):
+            return (
+                "no node serves the old shards (is any node running? shardq nodes): the "
+                "reshard does not progress until one does"
+            )
+        if self.phase == "switched" and self.unserved:
+            name = shard_name(self.worker, self.from_gen)
+            shards = ", ".join(f"{name}:{s}" for s in self.unserved[:8])
+            return (
+                f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
+                "the reshard cannot end until a node serves them (start one: shardq run)"
+            )
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,40 +63,31 @@ class ReshardView:
             "to": self.to_shards,
             "from_gen": self.from_gen,
             "to_gen": self.to_gen,
-            "started": self.started,
-            "seconds": round(self.seconds, 1),
             "trust": self.trust,
             "phase": self.phase,
-            "old_shards_open": self.old_open,
+            "old_shards_open": len(self.open),
             "old_shards": self.from_shards,
+            "open": list(self.open),
             "old_jobs": self.old_jobs,
             "by": self.by,
-            "narrowed": {str(k): list(v) for k, v in sorted(self.pending.items())},
+            "unserved": None if self.unserved is None else list(self.unserved),
+            "stuck": self.stuck,
         }
 
     def text(self) -> str:
         """One line: ``SyncOrder: resharding 8 -> 16 shards ...``."""
         jobs = "? jobs" if self.old_jobs is None else plural(self.old_jobs, "job")
-        switching = (
-            f"; publishers switch for {self.trust - self.seconds:.0f} s more"
-            if self.phase == "switching"
-            else ""
+        phase = (
+            "announced (publishers switch once every copy of the old layout expired, "
+            f"{self.trust:.0f} s after a node or the command saw it)"
+            if self.phase == "announced"
+            else "switched"
         )
+        stuck = f"; STUCK: {self.stuck}" if self.stuck else ""
         return (
             f"{self.worker}: resharding {self.from_shards} -> {self.to_shards} shards "
-            f"(generation {self.from_gen} -> {self.to_gen}), {self.seconds:.0f} s in"
-            f"{switching}; {self.old_open} of {self.from_shards} old shards still open; "
-            f"{jobs} still in the old layout{self._narrowed()}"
-        )
-
-    def _narrowed(self) -> str:
-        if not self.pending:
-            return ""
-        stuck = sorted({e for v in self.pending.values() for e in v})
-        shown = ", ".join(stuck[:5]) + (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
-        return (
-            f"; {plural(len(self.pending), 'old shard')} open only to the entities stuck "
-            f"in {'them' if len(self.pending) > 1 else 'it'} ({shown})"
+            f"(generation {self.from_gen} -> {self.to_gen}), {phase}; {len(self.open)} of "
+            f"{self.from_shards} old shards still open; {jobs} still in the old layout{stuck}"
         )
 
 
@@ -97,10 +99,9 @@ class LayoutView:
     gen: int
     shards: int
     code_shards: int
-    since: float
     reshard: ReshardView | None = None
-    #: Retired generations whose queues are not all deleted: (gen, shards, left, ended).
-    retired: tuple[tuple[int, int, int, float], ...] = ()
+    #: Retired generations whose queues are not all deleted: (gen, shards, left).
+    retired: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def note(self) -> str | None:
@@ -117,42 +118,36 @@ class LayoutView:
             "gen": self.gen,
             "shards": self.shards,
             "code_shards": self.code_shards,
-            "since": self.since,
             "note": self.note,
             "reshard": None if self.reshard is None else self.reshard.to_json(),
             "retired": [
-                {"gen": g, "shards": n, "queues_left": left, "ended": ended}
-                for g, n, left, ended in self.retired
+                {"gen": g, "shards": n, "queues_left": left} for g, n, left in self.retired
             ],
         }
 
 
 def layout_view(
-    worker: str, layout: WorkerLayout, code_shards: int, now: float, old_jobs: int | None
+    worker: str,
+    layout: WorkerLayout,
+    code_shards: int,
+    old_jobs: int | None,
+    owners: Mapping[int, str | None] | None = None,
 ) -> LayoutView:
-    """The view of ``worker``'s ``layout`` at ``now``; ``old_jobs`` counts the jobs in
-    the old generation's queues during a move (ignored otherwise)."""
+    """The view of ``worker``'s ``layout``; ``old_jobs`` counts the jobs in the old
+    generation's queues during a move; ``owners`` gives the node holding each old shard
+    (None: held by nobody), if known."""
     move = layout.moving
     reshard = None
     if move is not None:
+        unserved = None
+        if owners is not None:
+            unserved = tuple(s for s in move.left if owners.get(s) is None)
         reshard = ReshardView(
-            worker=worker,
-            from_shards=move.shards,
-            to_shards=layout.shards,
-            from_gen=move.gen,
-            to_gen=layout.gen,
-            started=move.started,
-            seconds=max(0.0, now - move.started),
-            trust=move.trust,
-            old_open=len(move.left),
-            old_jobs=old_jobs,
-            by=move.by,
-            pending=dict(move.pending),
-        )
-    retired = tuple((r.gen, r.shards, len(r.left), r.ended) for r in layout.retired if r.left)
-    return LayoutView(
-        worker, layout.gen, layout.shards, code_shards, layout.since, reshard, retired
-    )
+            worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
+            layout.trust, tuple(move.left), old_jobs, move.by, unserved,
+        )  # fmt: skip
+    retired = tuple((r.gen, r.shards, len(r.left)) for r in layout.retired if r.left)
+    return LayoutView(worker, layout.gen, layout.shards, code_shards, reshard, retired)
 
 
 def old_jobs(app: App, worker: str, layout: WorkerLayout) -> int:
@@ -171,21 +166,18 @@ def old_jobs(app: App, worker: str, layout: WorkerLayout) -> int:
     return total
 
 
-def reshards(app: App, now: float | None = None) -> list[ReshardView]:
+def reshards(app: App) -> list[ReshardView]:
     """Every reshard in progress among the app's workers, from a fresh read of the
-    layout document (a worker's old-layout jobs are None if they cannot be counted)."""
-    now = time.time() if now is None else now
+    layouts (a worker's old-layout jobs are None if they cannot be counted)."""
     app.layouts.refresh()
     found = []
     for name in app.workers:
         layout = app.layouts.cached(name)
-        if layout.moving is None:
-            continue
         try:
             jobs: int | None = old_jobs(app, name, layout)
         except BrokerError:
             jobs = None
-        view = layout_view(name, layout, app.settings(name).shards, now, jobs)
+        view = layout_view(name, layout, app.settings(name).shards, jobs)
         if view.reshard is not None:
             found.append(view.reshard)
     return found

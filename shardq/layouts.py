@@ -1,10 +1,9 @@
-"""An app's copy of its layout document, kept fresh, and the changes written to it.
+"""An app's copies of its layouts (``layout/<Worker>`` items in the state store).
 
-The document is the only message of group ``layout`` in the app's layout queue
-(``{queue_prefix}shardq-layout.fifo``), read and written like the fleet document
-(:class:`~shardq.fleet_store.DocStore`). Until the first reshard the queue does not
-exist and every worker is at its code's layout; publishers then spend one request
-per :data:`~shardq.layout.PUBLISHER_REFRESH_SECONDS` finding that out.
+Each copy remembers when it was read and when each state was first observed, on
+this process's monotonic clock (``clock``): the reshard's waits are measured from
+there (see :mod:`shardq.layout`). A copy older than its layout's ``trust`` is never
+used to publish: :meth:`Layouts.get` reads again, and refuses if it cannot.
 """
 
 from __future__ import annotations
@@ -12,127 +11,163 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shardq import layout as rules
-from shardq.errors import LayoutError, QueueNotFoundError, ShardqError
-from shardq.fleet_store import DocStore
-from shardq.layout import LayoutDoc, WorkerLayout
-from shardq.limits import FIFO_SUFFIX
+from shardq.errors import LayoutError, ShardqError
+from shardq.layout import WorkerLayout
+from shardq.store import StoreConflict
 
 if TYPE_CHECKING:
     from shardq.app import App
 
 log = structlog.get_logger("shardq.layout")
 
-GROUP = "layout"
-
-
-def layout_queue(queue_prefix: str) -> str:
-    """The layout state queue of an app with this queue prefix."""
-    return f"{queue_prefix}shardq-layout{FIFO_SUFFIX}"
+PREFIX = "layout/"
 
 
 class Layouts:
-    """One app's view of its live layout. Thread-safe; no I/O until first used."""
+    """One app's view of its live layouts. Thread-safe; no I/O until first used."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, clock: Callable[[], float] = time.monotonic) -> None:
         self._app = app
+        self.clock = clock
         self._lock = threading.Lock()
-        self._doc: LayoutDoc | None = None
-        self._read_at = float("-inf")  # monotonic time of the last successful read
-        self._store: DocStore[LayoutDoc] | None = None
-        self._store_key: tuple[int, str] | None = None
-        self._ensured = False  # the layout queue was created (or found) by this copy
+        self._copies: dict[str, tuple[WorkerLayout, int, float]] = {}  # layout, version, read at
+        self._seen: dict[tuple[str, int, str], float] = {}  # (worker, gen, state) -> first seen
 
-    # -- reading ---------------------------------------------------------------------
+    # -- reading -----------------------------------------------------------------------
     def get(self, worker: str, *, max_age: float | None = None) -> WorkerLayout:
-        """``worker``'s layout, from a copy at most ``max_age`` seconds old (default:
-        the config's ``layout_refresh_seconds``)."""
+        """``worker``'s layout from a copy at most ``max_age`` seconds old (default: the
+        config's ``layout_refresh_seconds``). If it cannot be read, a copy younger than
+        its ``trust`` is used; an older one never: :class:`LayoutError`."""
         if max_age is None:
             max_age = self._app.config.layout_refresh_seconds
-        if time.monotonic() - self._read_at > max_age:
-            self.refresh()
+        copy = self._copies.get(worker)
+        if copy is not None and self.clock() - copy[2] <= max_age:
+            return copy[0]
+        try:
+            return self.read(worker)
+        except LayoutError:
+            raise
+        except ShardqError as exc:
+            copy = self._copies.get(worker)
+            if copy is None:
+                raise  # no copy to fall back on: the store's own error says what to do
+            age = self.clock() - copy[2]
+            if age > copy[0].trust:
+                raise LayoutError(
+                    f"cannot read the layout of {worker} from the state store ({exc}); the "
+                    f"copy in hand was read {age:.0f} s ago, longer than its trust window "
+                    f"({copy[0].trust:.0f} s), so it may be stale and no job of it is "
+                    "published by it. Check the store (its table or file, credentials, "
+                    "network) and try again"
+                ) from exc
+            log.warning("layout.read_failed", worker=worker, error=str(exc))
+            return copy[0]
+
+    def read(self, worker: str) -> WorkerLayout:
+        """Read ``worker``'s item now, recording it (the code's ``shards``) if absent.
+        Raises :class:`LayoutError` if the code disagrees with a never-resharded one."""
+        self._app.worker(worker)
+        store, key = self._app.store, PREFIX + worker
+        while True:
+            item = store.get(key)
+            if item is not None:
+                break
+            code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+            try:
+                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
+                break
+            except StoreConflict:
+                continue  # another process recorded it first: read theirs
+        layout = self._keep(worker, WorkerLayout.from_value(worker, item.value), item.version)
+        self.check(worker, layout)
+        return layout
+
+    def check(self, worker: str, layout: WorkerLayout) -> None:
+        """Refuse a class whose ``shards`` disagrees with a never-resharded layout."""
         code = self._app.settings(worker).shards
-        return rules.current(self._doc, worker, code)
+        if layout.gen == 0 and layout.moving is None and layout.shards != code:
+            raise LayoutError(
+                f"{worker} has shards = {code} in this code, but its queues were recorded "
+                f"with {layout.shards} shards (by the first publisher or node of this "
+                f"queue_prefix); changing shards in code strands the jobs in the other "
+                f"shards. Run `shardq reshard {worker} --shards {code}` to move to {code} "
+                f"while keeping each entity's order, or set shards = {layout.shards} again "
+                "(or give this app another queue_prefix)"
+            )
+
+    def refresh(self) -> dict[str, WorkerLayout]:
+        """Read every layout item of the app's workers now (one query), recording the
+        missing ones. :class:`StoreError` if the store cannot be read, :class:`LayoutError`
+        if a class's ``shards`` disagrees with its recorded layout (the copies are kept)."""
+        found = {}
+        for item in self._app.store.query_all(PREFIX):
+            worker = item.key[len(PREFIX) :]
+            if worker in self._app.workers:
+                layout = WorkerLayout.from_value(worker, item.value)
+                found[worker] = self._keep(worker, layout, item.version)
+        for worker in self._app.workers:
+            if worker in found:
+                self.check(worker, found[worker])
+            else:
+                found[worker] = self.read(worker)
+        return found
 
     def cached(self, worker: str) -> WorkerLayout:
-        """``worker``'s layout from the copy in hand (no request)."""
-        return rules.current(self._doc, worker, self._app.settings(worker).shards)
+        """``worker``'s layout from the copy in hand (no request): generation 0 with the
+        code's shards before the first read."""
+        copy = self._copies.get(worker)
+        return copy[0] if copy is not None else WorkerLayout(0, self._app.settings(worker).shards)
 
-    @property
-    def doc(self) -> LayoutDoc | None:
-        return self._doc
+    def age(self, worker: str) -> float:
+        """Seconds since ``worker``'s copy was read (infinite before the first read)."""
+        copy = self._copies.get(worker)
+        return float("inf") if copy is None else self.clock() - copy[2]
 
-    def age(self) -> float:
-        """Seconds since the copy in hand was read (infinite before the first read)."""
-        return time.monotonic() - self._read_at
-
-    def refresh(self) -> LayoutDoc | None:
-        """Read the document now (one request); a broker error keeps the old copy and
-        is raised only if there was none."""
-        with self._lock:
-            try:
-                doc = self.store().read(timeout=5.0)
-            except QueueNotFoundError:
-                doc = None  # never resharded
-            except ShardqError as exc:
-                if self._doc is None and self._read_at == float("-inf"):
-                    raise
-                log.warning("layout.read_failed", error=str(exc))
-                return self._doc
-            self._doc, self._read_at = doc, time.monotonic()
-        return doc
+    def seen(self, worker: str, gen: int, state: str) -> float | None:
+        """When this process first observed ``worker`` in ``state`` of generation ``gen``."""
+        return self._seen.get((worker, gen, state))
 
     def moving(self) -> bool:
-        """Whether the copy in hand shows a reshard in progress or a retired generation
-        with queues left."""
-        doc = self._doc
-        return doc is not None and any(
-            w.moving is not None or w.retired for w in doc.workers.values()
-        )
+        """Whether a copy in hand shows a reshard in progress or retired queues left."""
+        return any(c[0].moving is not None or c[0].retired for c in self._copies.values())
 
-    # -- writing ---------------------------------------------------------------------
+    # -- writing -----------------------------------------------------------------------
     def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
-        """Apply ``change`` to ``worker``'s layout under the document's lock."""
-        self._app.worker(worker)  # an unknown worker is refused before any request
-        code = self._app.settings(worker).shards
-        store = self.store()
-        if not self._ensured:
-            store.ensure()  # once: later writes find the queue
-            self._ensured = True
+        """Apply ``change`` to ``worker``'s layout by a conditional put on the version
+        read (read again and decide again on a conflict)."""
+        self.read(worker)
+        store, key = self._app.store, PREFIX + worker
+        for _ in range(20):
+            layout, version, _ = self._copies[worker]
+            after = change(layout)
+            if after == layout:
+                return layout
+            try:
+                item = store.put(key, after.to_value(), version=version)
+            except StoreConflict:
+                self.read(worker)
+                continue
+            return self._keep(worker, after, item.version)
+        raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
 
-        def apply(doc: LayoutDoc) -> LayoutDoc:
-            before = rules.current(doc, worker, code)
-            return replace(doc, workers={**doc.workers, worker: change(before)})
-
-        doc = store.update(apply)
+    def _keep(self, worker: str, layout: WorkerLayout, version: int) -> WorkerLayout:
+        now = self.clock()
         with self._lock:
-            self._doc, self._read_at = doc, time.monotonic()
-        return doc.workers[worker]
-
-    def store(self) -> DocStore[LayoutDoc]:
-        broker, prefix = self._app.broker, self._app.config.queue_prefix
-        key = (id(broker), prefix)
-        if self._store is None or self._store_key != key:
-            self._store = DocStore(
-                broker,
-                layout_queue(prefix),
-                load=LayoutDoc.from_text,
-                blank=LayoutDoc,
-                group=GROUP,
-                what="layout document",
-                error=LayoutError,
-            )
-            self._store_key = key
-            self._doc, self._read_at, self._ensured = None, float("-inf"), False
-        return self._store
+            copy = self._copies.get(worker)
+            if copy is not None and copy[1] > version:
+                return copy[0]  # an older read finished after a newer one
+            self._copies[worker] = (layout, version, now)
+            self._seen.setdefault((worker, layout.gen, layout.state), now)
+            for old in layout.retired:
+                self._seen.setdefault((worker, old.gen, "retired"), now)
+        return layout
 
     def forget(self) -> None:
-        """Drop the copy in hand (the app's config or broker changed)."""
+        """Drop the copies in hand (the app's config, broker or store changed)."""
         with self._lock:
-            self._doc, self._read_at, self._store = None, float("-inf"), None
-            self._ensured = False
+            self._copies.clear()
+            self._seen.clear()

@@ -36,3 +36,9 @@ FIFO_SUFFIX = ".fifo"
 GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 #: Queue names: letters, digits, hyphens and underscores.
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+#: Most threads one node runs (``threads``): beyond this a node spends its time
+#: switching between idle threads and takes minutes to stop.
+MAX_THREADS = 256
+#: Most jobs one node runs at once (``concurrency``).
+MAX_CONCURRENCY = 1000

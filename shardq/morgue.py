@@ -20,7 +20,6 @@ deleting the job does not record it twice (within SQS's 5-minute dedup window).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -199,7 +198,7 @@ class MorgueQueue:
     def _resend(self, batch: list[tuple[Message, MorgueRecord]]) -> set[str]:
         by_queue: dict[str, list[tuple[Message, SendEntry]]] = {}
         # the live layout, as publishers see it
-        gen, shards = publish_to(self.app.layouts.get(self.worker), time.time())
+        gen, shards = publish_to(self.app.layouts.get(self.worker))
         for message, record in batch:
             shard = shard_for(record.entity_id, shards)
             queue = self.app.shard_queue(self.worker, shard, gen)

@@ -12,7 +12,7 @@ is alive (a part that died stops the node with exit code 1: a node never keeps
 running with a dead thread), logs ``node.progress`` now and then, runs the broker's
 housekeeping, and notices when ``--until-empty`` has nothing left.
 
-Shutdown (first SIGTERM/SIGINT, or :meth:`Node.stop`): no new batches start; the
+Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): no new batches start; the
 running ``perform`` calls finish within ``grace_seconds``; every message received
 but not started is released (visible again at once), held retries are hidden for
 what is left of their delay, pending deletes are sent, and the process exits 0. A
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shardq.broker.base import Message
+from shardq.early import STOP_SIGNALS
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.executor import Observer, Tally
 from shardq.fleet import Fleet, make_node_id
@@ -191,6 +192,7 @@ class Node:
                     quiet = 0
 
     def _start(self) -> None:
+        self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
         log.info(
             "node.starting",
             node=self.plan.node,
@@ -427,7 +429,7 @@ class Node:
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:  # SIGTERM, SIGINT and SIGHUP
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:

@@ -105,7 +105,7 @@ class Publisher:
 
     def _publish(self, cls: type[Worker], jobs: list[Job]) -> PublishReport:
         app = self._app
-        layout = app.layouts.get(cls.__name__)  # at most PUBLISHER_REFRESH_SECONDS old
+        layout = app.layouts.get(cls.__name__)  # at most layout_refresh_seconds old
         key = app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
         for index, job in enumerate(jobs):
@@ -121,7 +121,7 @@ class Publisher:
             except QueueNotFoundError:
                 missing.append(queue)
         if missing:  # a retired queue deleted after a reshard: the layout moved on
-            gen = publish_to(layout, time.time())[0]
+            gen = publish_to(layout)[0]
             self._resend(cls, jobs, by_queue, missing, gen, report)
         if report.failed:
             first = report.failed[0]
@@ -146,8 +146,7 @@ class Publisher:
     ) -> None:
         """Publish again, with a fresh layout, the jobs whose queue is gone."""
         indexes = sorted(p.index for q in missing for p in by_queue[q])
-        self._app.layouts.refresh()
-        if publish_to(self._app.layouts.cached(cls.__name__), time.time())[0] == gen:
+        if publish_to(self._app.layouts.read(cls.__name__))[0] == gen:
             for i in indexes:
                 reason = f"its queue does not exist ({', '.join(missing)})"
                 report.failed.append((i, jobs[i].entity_id, reason))
@@ -176,7 +175,7 @@ class Publisher:
             if not where:
                 raise
             raise type(exc)(f"{where}{exc}") from exc
-        gen, shards = publish_to(layout, time.time())
+        gen, shards = publish_to(layout)
         queue = self._app.shard_queue(worker, shard_for(entity, shards), gen)
         self._app.ensure_queue(queue, worker)
         size = len(body.encode("utf-8"))

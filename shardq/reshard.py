@@ -1,10 +1,11 @@
 """``shardq reshard WORKER --shards N``: change a live worker's number of shards.
 
-The command creates the new generation's queues, records the move in the layout
-document and (unless ``--no-wait``) follows it until it ends. The nodes do the rest
-(:mod:`shardq.layout_keeper`), so killing this command, or every node, leaves
-nothing half done: the move goes on when nodes run. See :mod:`shardq.layout` for
-the procedure and its guarantees, docs/operations.md for its use.
+The command creates the new generation's queues, announces the move in the worker's
+layout item and (unless ``--no-wait``) follows it until it ends, writing the switch
+once the trust window has passed on its own clock. The nodes do the rest
+(:mod:`shardq.layout_keeper`, which also writes the switch), so killing this command,
+or every node, leaves nothing half done: the move goes on when nodes run. See
+:mod:`shardq.layout` for the procedure and its guarantees, docs/operations.md for its use.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 
 from shardq import layout as rules
 from shardq.app import App
-from shardq.errors import BrokerError, LayoutError
+from shardq.errors import LayoutError, ShardqError
 from shardq.layout import WorkerLayout
-from shardq.layout_view import old_jobs
+from shardq.layout_view import ReshardView
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.stats import collect
 from shardq.worker import MAX_SHARDS
 
 #: Seconds between two progress lines of ``shardq reshard``.
@@ -35,8 +37,8 @@ _EXAMPLES = """examples:
 
 Publishers and nodes keep running. An entity's jobs published before the change all
 finish (or reach the morgue) before its first job published after it starts. The
-move ends when every old shard has emptied; its queues are deleted two minutes
-later. `shardq stats` shows a reshard in progress.
+move ends when every old shard has emptied; its queues are deleted, once empty,
+twice the trust window later. `shardq stats` shows a reshard in progress.
 """
 
 
@@ -47,6 +49,8 @@ class Progress:
     worker: str
     layout: WorkerLayout
     old_jobs: int | None  # None: the counts could not be read
+    #: The move as `shardq stats` shows it (who serves its old shards), if it was read.
+    view: ReshardView | None = None
 
     @property
     def done(self) -> bool:
@@ -54,13 +58,13 @@ class Progress:
 
 
 def start(app: App, worker: str, shards: int, *, by: str | None = None) -> WorkerLayout:
-    """Begin moving ``worker`` to ``shards`` shards; returns the new layout. Raises
+    """Announce a move of ``worker`` to ``shards`` shards; returns the new layout. Raises
     :class:`~shardq.errors.LayoutError` if refused (a reshard under way, same count,
     out of range), before creating anything."""
     app.worker(worker)
-    app.layouts.refresh()
-    now, trust = time.time(), app.config.reshard_trust_seconds
-    planned = rules.start(app.layouts.cached(worker), worker, shards, now, by or "", trust)
+    trust = app.config.reshard_trust_seconds
+    who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
+    planned = rules.announce(app.layouts.read(worker), worker, shards, trust, who)
     longest = app.shard_queue(worker, shards - 1, planned.gen)
     if len(longest) > MAX_QUEUE_NAME_LENGTH:
         raise LayoutError(
@@ -71,36 +75,47 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
     for shard in range(shards):  # queues first: publishers that switch find them
         app.ensure_queue(app.shard_queue(worker, shard, planned.gen), worker)
     app.ensure_queue(app.morgue_queue(worker), worker)
-    who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
-    layout = app.layouts.update(
-        worker, lambda current: rules.start(current, worker, shards, now, who, trust)
-    )
-    return layout
+    return app.layouts.update(worker, lambda now: rules.announce(now, worker, shards, trust, who))
 
 
 def progress(app: App, worker: str) -> Progress:
-    """A fresh look at ``worker``'s reshard (one request per old queue)."""
-    app.layouts.refresh()
-    layout = app.layouts.cached(worker)
+    """A fresh look at ``worker``'s reshard (one request per old queue); writes the
+    switch once ``trust`` has passed since this process observed the announce."""
+    layout = app.layouts.read(worker)
+    seen = app.layouts.seen(worker, layout.gen, "announced")
+    if seen is not None and rules.may_switch(layout, seen, app.layouts.clock()):
+        layout = app.layouts.update(worker, lambda w: rules.switch(w, layout.gen))
     try:
-        return Progress(worker, layout, old_jobs(app, worker, layout))
-    except BrokerError:
+        views = [w.layout for w in collect(app).workers if w.name == worker and w.layout]
+    except ShardqError:  # the counts or the fleet could not be read: the item alone
         return Progress(worker, layout, None)
+    view = views[0].reshard if views else None
+    return Progress(worker, layout, view.old_jobs if view else 0, view)
 
 
 def describe(p: Progress) -> str:
     move = p.layout.moving
     if move is None:
         return f"{p.worker}: {p.layout.shards} shards (generation {p.layout.gen}); no reshard"
+    if p.view is not None:
+        return p.view.text()
     jobs = "?" if p.old_jobs is None else str(p.old_jobs)
-    waited = time.time() - move.started
-    phase = (
-        f"publishers switch to the new layout in {move.switch - time.time():.0f} s"
-        if time.time() < move.switch
-        else f"{len(move.left)} of {move.shards} old shards still open"
-    )
+    if not move.switched:
+        phase = (
+            f"announced: publishers switch to the new layout once every copy of the old "
+            f"one has expired ({p.layout.trust:.0f} s after the announce)"
+        )
+    else:
+        name = rules.shard_name(p.worker, move.gen)
+        left = ", ".join(f"{name}:{s}" for s in move.left[:8])
+        more = f" and {len(move.left) - 8} more" if len(move.left) > 8 else ""
+        phase = (
+            f"switched; {len(move.left)} of {move.shards} old shards still open ({left}{more}): "
+            "each closes once the node serving it finds it empty; an old shard served by no "
+            "node never closes (shardq nodes shows who holds it)"
+        )
     return (
-        f"{p.worker}: {move.shards} -> {p.layout.shards} shards, {waited:.0f} s in; {phase}; "
+        f"{p.worker}: {move.shards} -> {p.layout.shards} shards; {phase}; "
         f"{jobs} jobs still in the old layout"
     )
 
@@ -136,12 +151,13 @@ def add_command(
 
 
 def _reshard(app: App, args: argparse.Namespace) -> int:
-    before = app.layouts.get(args.worker, max_age=0)
+    before = app.layouts.read(args.worker)
     after = start(app, args.worker, args.shards)
     print(
-        f"{args.worker}: reshard from {before.shards} to {after.shards} shards begun "
-        f"(layout generation {after.gen}). Publishers switch to it in "
-        f"{app.config.reshard_trust_seconds:.0f} s; each old shard then closes once empty.",
+        f"{args.worker}: reshard from {before.shards} to {after.shards} shards announced "
+        f"(layout generation {after.gen}). Publishers switch to it once {after.trust:.0f} s "
+        "have passed (on this command's clock, or a node's); each old shard then closes "
+        "once empty.",
         flush=True,
     )
     if args.no_wait:

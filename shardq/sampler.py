@@ -166,10 +166,14 @@ class Sampler:
         counts: dict[str, dict[str, float]] = {}
         self._failing = {u: t for u, t in self._failing.items() if u in self.scrape}
         for url in self.scrape:
-            found = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
+            found, error = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
             if found is None:
+                if url not in self._failing:  # logged once per change, not every refresh
+                    log.warning("dashboard.scrape_failed", url=url, error=error)
                 self._failing.setdefault(url, now)
             else:
+                if url in self._failing:
+                    log.info("dashboard.scrape_recovered", url=url, since=self._failing[url])
                 self._failing.pop(url, None)
                 counts[url] = found
         return counts
@@ -258,10 +262,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     return found
 
 
-def _scrape(url: str, timeout: float) -> dict[str, float] | None:
+def _scrape(url: str, timeout: float) -> tuple[dict[str, float] | None, str]:
+    """The counts of a metrics URL, or None and why not."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return parse_metrics(response.read().decode("utf-8", "replace"))
+            return parse_metrics(response.read().decode("utf-8", "replace")), ""
     except Exception as exc:
-        log.warning("dashboard.scrape_failed", url=url, error=f"{type(exc).__name__}: {exc}")
-        return None
+        return None, f"{type(exc).__name__}: {exc}"

@@ -20,8 +20,11 @@
   ``reshard`` (``{"from", "to", "from_gen", "to_gen", "started", "seconds", "trust",
   "phase", "old_shards_open", "old_shards", "old_jobs", "by"}``, or ``None``):
   ``old_jobs`` is the jobs waiting or in flight in the old generation's queues.
-* ``layout_error``: why the layout document could not be read (the code's layouts
+* ``layout_error``: why the layouts could not be read (the code's layouts
   are then shown), else ``None``.
+* ``no_queues``: when none of the workers' shard and morgue queues exists (a
+  mistyped ``queue_prefix``, or nothing published or ensured yet), a message saying
+  so, else ``None``: the zeros then mean "nothing there", not "nothing waiting".
 * ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
   "excludes"}``: the live nodes' number and reported jobs per second together, and
   the nodes gone in the last hour that this total leaves out (``{"node", "since",
@@ -84,8 +87,10 @@ class Stats:
     fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
     #: Why the fleet items could not be read (the counts are still right).
     fleet_error: str | None = None
-    #: Why the layout document could not be read (the code's layouts are shown).
+    #: Why the layouts could not be read (the code's layouts are shown).
     layout_error: str | None = None
+    #: Set when none of the workers' queues exists: says so and what to check.
+    no_queues: str | None = None
 
     @property
     def reshards(self) -> list[LayoutView]:
@@ -124,44 +129,80 @@ class Stats:
             "fleet": _fleet_dict(self.fleet),
             "fleet_error": self.fleet_error,
             "layout_error": self.layout_error,
+            "no_queues": self.no_queues,
         }
 
 
 def collect(app: App) -> Stats:
-    """Read the layout document, the counts of every shard queue of the workers' live
-    layouts and of their morgue queues, and the fleet items (state store) for each shard's owner
+    """Read the layouts, the counts of every shard queue of the workers' live
+    layouts and of their morgue queues, and the fleet items (state store) for each
+    shard's owner
     (and lag, where the broker cannot tell it)."""
     now = time.time()
     try:
         app.layouts.refresh()
         layout_error = None
-    except LayoutError as exc:  # e.g. written by a newer shardq: show the code's layouts
+    except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
         layout_error = str(exc)
     try:
         items, fleet_error = read_fleet(app), None
     except StoreError as exc:  # the store cannot be read: the counts still help
         items, fleet_error = None, str(exc)
     fleet = fleet_view(items, now, live_shards(app))
-    workers = [_worker_stats(app, name, fleet, now) for name in app.workers]
-    return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error)
+    missing: set[str] = set()
+    workers = [_worker_stats(app, name, fleet, now, missing) for name in app.workers]
+    queues = [s.queue for w in workers for s in w.shards]
+    queues += [app.morgue_queue(name) for name in app.workers]
+    none = no_queues_text(app) if queues and set(queues) <= missing else None
+    return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error, none)
 
 
-def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerStats:
+def no_queues_text(app: App) -> str:
+    """What ``stats``, ``nodes`` and the dashboard say when the app has no queues."""
+    prefix = app.config.queue_prefix
+    return (
+        f"no queues of this app exist with queue_prefix {prefix!r} on the {app.broker.kind} "
+        "broker: check queue_prefix (SHARDQ_QUEUE_PREFIX, --queue-prefix) and the broker, "
+        "or create them with `shardq queues ensure`"
+    )
+
+
+def queues_exist(app: App) -> bool:
+    """Whether any shard queue (of the code's layout and of the live one as last read)
+    or morgue queue of the workers exists; stops at the first found."""
+    for name in app.workers:
+        layout = app.layouts.cached(name)
+        queues = [app.morgue_queue(name)]
+        queues += [app.shard_queue(name, n) for n in range(app.settings(name).shards)]
+        queues += [app.shard_queue(name, n, layout.gen) for n in range(layout.shards)]
+        for queue in dict.fromkeys(queues):
+            try:
+                app.broker.counts(queue)
+            except QueueNotFoundError:
+                continue
+            return True
+    return False
+
+
+def _worker_stats(
+    app: App, name: str, fleet: FleetView, now: float, missing: set[str]
+) -> WorkerStats:
     settings = app.settings(name)
     layout = app.layouts.cached(name)
     gens = [(layout.gen, layout.shards)]  # the current generation first
     if layout.moving is not None:
         gens.append((layout.moving.gen, layout.moving.shards))
     shards = [
-        _shard_stats(app, name, gen, shard, fleet, now)
+        _shard_stats(app, name, gen, shard, fleet, now, missing)
         for gen, count in gens
         for shard in range(count)
     ]
-    old_jobs = None
+    old_jobs, owners = None, None
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
-    morgue = _counts(app, app.morgue_queue(name))
+        owners = {s.shard: s.owner for s in old}  # none at all: no node is running
+    morgue = _counts(app, app.morgue_queue(name), missing)
     return WorkerStats(
         name=name,
         priority=settings.priority,
@@ -171,15 +212,15 @@ def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerSt
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,
-        layout=layout_view(name, layout, settings.shards, now, old_jobs),
+        layout=layout_view(name, layout, settings.shards, old_jobs, owners),
     )
 
 
 def _shard_stats(
-    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float
+    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float, missing: set[str]
 ) -> ShardStats:
     queue = app.shard_queue(name, shard, gen)
-    counts = _counts(app, queue)
+    counts = _counts(app, queue, missing)
     if app.broker.kind not in KNOWS_AGES:
         lag = fleet.lag(name, shard, gen)
     elif counts.oldest_sent_at is None:
@@ -215,7 +256,7 @@ def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:
         name, _, shard = key.rpartition(":")
         worker, gen = parse_name(name)
         if worker in app.workers and shard.isdigit():
-            result[key] = _counts(app, app.shard_queue(worker, int(shard), gen)).waiting
+            result[key] = _counts(app, app.shard_queue(worker, int(shard), gen), set()).waiting
     return result
 
 
@@ -237,10 +278,11 @@ def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
     }
 
 
-def _counts(app: App, queue: str) -> QueueCounts:
+def _counts(app: App, queue: str, missing: set[str]) -> QueueCounts:
     try:
         return app.broker.counts(queue)
     except QueueNotFoundError:  # not created yet: nothing was ever published to it
+        missing.add(queue)
         return QueueCounts(0, 0)
 
 

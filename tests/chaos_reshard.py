@@ -10,9 +10,8 @@ each reshard, at its time:
    reshard is in progress;
 2. ``reshard_kill_after`` s after it began, a node that ran a job lately gets SIGKILL
    and a new node joins;
-3. the driver reads the layout document every 0.5 s until the move is done, and
-   records when it began (the document's ``started``), when it was seen done and when
-   the document says it ended.
+3. the driver reads the worker's layout item every 0.5 s until the move is done, and
+   records when it saw it begin and end (on this driver's clock).
 
 Afterwards: :func:`live_queues` (what the drain waits on), :func:`old_queues` (each
 queue of a generation left behind: deleted, or how many jobs it still holds) and
@@ -154,7 +153,7 @@ def reshard_phase(
         record.from_shards, record.from_gen = before.shards, before.gen
         say(f"chaos: shardq reshard {WORKER} --shards {shards} (from {before.shards})")
         command = _Command(["--shards", str(shards)], env)
-        if not command.wait_for("begun", 60):
+        if not command.wait_for("announced", 60):
             command.kill()
             record.command_code, record.command_output = command.child.returncode, command.output
             raise AssertionError(f"shardq reshard did not begin: {command.output}")
@@ -165,7 +164,7 @@ def reshard_phase(
         app.layouts.refresh()
         now = app.layouts.cached(WORKER)
         if now.moving is not None:
-            record.began, record.gen = now.moving.started, now.gen
+            record.began, record.gen = time.time(), now.gen
         if index == 0:
             second = _Command(["--shards", str(shards + 1), "--no-wait"], env)
             report.refusal = Refusal(second.finish(60), second.output)
@@ -212,9 +211,7 @@ def _follow(app: App, record: Reshard, nodes: _Nodes) -> None:
         layout = app.layouts.cached(WORKER)
         if layout.moving is None or layout.gen != record.gen:
             record.seen_done = time.time()
-            for old in layout.retired:
-                if old.gen == record.from_gen:
-                    record.ended = old.ended
+            record.ended = record.seen_done
             return
         time.sleep(0.5)
 
@@ -231,11 +228,12 @@ def live_queues(app: App) -> list[str]:
     """The queues of every generation the live layout still serves."""
     app.layouts.refresh()
     layout = app.layouts.cached(WORKER)
-    return [
-        app.shard_queue(WORKER, shard, gen)
-        for gen in sorted(layout.generations())
-        for shard in layout.served(gen)
-    ]
+    gens = {layout.gen: list(range(layout.shards))}
+    if layout.moving is not None:
+        gens[layout.moving.gen] = list(range(layout.moving.shards))
+    for old in layout.retired:
+        gens[old.gen] = old.left
+    return [app.shard_queue(WORKER, shard, gen) for gen in sorted(gens) for shard in gens[gen]]
 
 
 def moving(app: App) -> bool:

@@ -80,7 +80,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """Environment for child `shardq` processes on each broker, and the ledger app on it."""
     environment = Env(request.param, tmp_path, request)
     ledger.app.configure(environment.config())
-    ensure_state_table(ledger.app)  # sqs: the DynamoDB table nodes need (`queues ensure`)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield environment
     environment.stop_all()
     ledger.app.broker.close()

@@ -210,7 +210,8 @@ def test_requeue_refuses_an_unreadable_record_and_keeps_it(env: Env) -> None:
 
 # -- the fleet -----------------------------------------------------------------------
 def test_nodes_without_any_report_says_how_to_start_one(env: Env) -> None:
-    # given no node ever ran
+    # given the app's queues, and no node ever ran
+    assert env.cli("queues", "ensure").returncode == 0
     # when the nodes are asked for, as a table and as JSON
     table = env.cli("nodes")
     listed = env.cli("nodes", "--json")

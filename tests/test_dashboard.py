@@ -95,7 +95,7 @@ def filled(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     broker = make_broker(kind, tmp_path, request)
     prefix = f"d{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
-    ensure_state_table(app)  # sqs: the DynamoDB table nodes need
+    ensure_state_table(app)  # DynamoDB's table, as `shardq queues ensure` makes it
     declined = {"error": "card declined"}
     SyncOrder.publish_many(
         [

@@ -229,8 +229,19 @@ def test_a_future_version_is_refused_with_a_clear_message() -> None:
 
 
 def test_a_missing_version_is_refused() -> None:
-    with pytest.raises(EnvelopeError, match="envelope version None is not supported"):
+    with pytest.raises(EnvelopeError, match=r'no "v".*not a shardq envelope'):
         decode(body_of(v=_DROP))
+
+
+@pytest.mark.parametrize("body", ['{"a": 1}', "{}", "hello", "[1]", '"text"'])
+def test_a_body_that_is_not_an_envelope_says_so(body: str) -> None:
+    # given a body some other producer wrote, when it is decoded
+    with pytest.raises(EnvelopeError) as caught:
+        decode(body)
+    # then the error says it is not a shardq envelope, and nothing about upgrading
+    assert "not a shardq envelope" in str(caught.value)
+    assert "docs/envelope.md" in str(caught.value)
+    assert "upgrade" not in str(caught.value)
 
 
 @pytest.mark.parametrize("body", ["", "not json", "{", '{"v": 1,}', "\x00"])

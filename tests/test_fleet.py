@@ -37,7 +37,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
         workers={"Ledgered": {"shards": 6}},
     )
     ledger.app.configure(config, broker=broker)
-    ensure_state_table(ledger.app)  # DynamoDB's table for sqs (the others have theirs)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 

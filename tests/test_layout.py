@@ -1,8 +1,8 @@
-"""The live layout's pure rules (shardq.layout) on plain data, and the app's queue names."""
+"""The live layout's pure rules (shardq.layout) on plain data, the layout item's
+round trip, and the app's queue names."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,18 +12,16 @@ import shardq
 from shardq import layout as rules
 from shardq import reshard
 from shardq.errors import ConfigError, LayoutError
-from shardq.layout import LayoutDoc, Move, Retired, WorkerLayout
+from shardq.layout import Move, Retired, WorkerLayout
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.sharding import shard_for
 
-T0 = 1_700_000_000.0
-
 
 def moving(
-    old: int = 4, new: int = 8, closed: tuple[int, ...] = (), trust: float = 60.0
+    old: int = 4, new: int = 8, closed: tuple[int, ...] = (), switched: bool = True
 ) -> WorkerLayout:
     """Generation 1 with ``new`` shards, moving from generation 0 with ``old``."""
-    return WorkerLayout(1, new, T0, Move(0, old, T0, closed, "test", trust))
+    return WorkerLayout(1, new, 60.0, Move(0, old, switched, closed, "test"))
 
 
 def entity_in(shard: int, shards: int) -> str:
@@ -31,242 +29,156 @@ def entity_in(shard: int, shards: int) -> str:
     return next(e for e in (f"e{i}" for i in range(10_000)) if shard_for(e, shards) == shard)
 
 
-# -- start --------------------------------------------------------------------------------
-def test_start_begins_a_move_to_the_next_generation() -> None:
-    # given a worker at its code's layout
-    layout = WorkerLayout(0, 4)
-    # when a reshard to 8 begins
-    after = rules.start(layout, "Orders", 8, T0, "ops", trust=30.0)
-    # then generation 1 has 8 shards and moves from generation 0's 4
-    assert (after.gen, after.shards, after.since) == (1, 8, T0)
-    assert after.moving == Move(0, 4, T0, (), "ops", 30.0)
-    assert after.moving.left == [0, 1, 2, 3]
-
-
-def test_start_refuses_a_second_reshard_while_one_runs() -> None:
-    # given a reshard from 4 to 8 under way, one old shard closed
-    layout = moving(4, 8, closed=(2,))
-    # when another is asked for
-    with pytest.raises(LayoutError) as caught:
-        rules.start(layout, "Orders", 16, T0 + 5, "ops")
-    # then it is refused, naming the running one's from and to and what is left
-    message = str(caught.value)
-    assert "a reshard of Orders from 4 to 8 shards is in progress" in message
-    assert "3 of 4 old shards still open" in message
-    assert "shardq stats" in message
-
-
-def test_start_refuses_the_same_count() -> None:
-    with pytest.raises(LayoutError, match="Orders already has 4 shards; nothing to do"):
-        rules.start(WorkerLayout(0, 4), "Orders", 4, T0, "ops")
-
-
-@pytest.mark.parametrize("shards", [0, 1001, -1, "8", 8.0, True, None])
-def test_start_refuses_counts_out_of_range_or_not_int(shards: Any) -> None:
-    with pytest.raises(LayoutError) as caught:
-        rules.start(WorkerLayout(0, 4), "Orders", shards, T0, "ops")
-    assert "--shards must be an int from 1 to 1000" in str(caught.value)
-    assert repr(shards) in str(caught.value)
-
-
-def test_the_next_generation_comes_after_retired_ones() -> None:
-    # given generation 3 current, generation 5 retired (numbers never go back)
-    layout = WorkerLayout(3, 8, T0, None, (Retired(5, 2, T0),))
-    # when a reshard begins
-    after = rules.start(layout, "Orders", 4, T0 + 1, "ops")
-    # then its generation is 6, moving from 3
-    assert after.gen == 6 and after.moving is not None and after.moving.gen == 3
-
-
-# -- close and deleted --------------------------------------------------------------------
-def test_close_keeps_the_move_until_its_last_shard() -> None:
-    # given a move from 2 shards
-    layout = moving(2, 4, trust=30.0)
-    # when shard 0 closes, then again (closing twice changes nothing)
-    one = rules.close(layout, 0, T0 + 40)
-    assert rules.close(one, 0, T0 + 41) == one
-    # then the move goes on with shard 1 left
-    assert one.moving is not None and one.moving.closed == (0,) and one.moving.left == [1]
-    assert one.retired == ()
-
-
-def test_close_ends_the_move_at_the_last_shard_and_retires_it_with_twice_the_trust() -> None:
-    # given a move from 2 shards with a 30 s trust window, shard 0 closed
-    layout = rules.close(moving(2, 4, trust=30.0), 0, T0 + 40)
-    # when shard 1 closes
-    after = rules.close(layout, 1, T0 + 50)
-    # then the move is over and generation 0 retired, its queues deleted after 60 s
-    assert after.moving is None
-    assert after.retired == (Retired(0, 2, T0 + 50, (), 60.0),)
-    assert (after.gen, after.shards) == (1, 4)
-    # and closing without a move changes nothing
-    assert rules.close(after, 0, T0 + 60) == after
-
-
-def test_deleted_drops_a_retired_generation_once_all_its_queues_are_gone() -> None:
-    # given generation 0 retired with 2 queues
-    layout = WorkerLayout(1, 4, T0, None, (Retired(0, 2, T0 + 50, (), 120.0),))
-    # when queue 1 is deleted
-    one = rules.deleted(layout, 0, 1)
-    # then generation 0 is still served, for queue 0 only
-    assert one.retired == (Retired(0, 2, T0 + 50, (1,), 120.0),)
-    assert one.served(0) == [0]
-    assert one.generations() == {1: 4, 0: 2}
-    # and when queue 0 is deleted too, the generation is gone
-    both = rules.deleted(one, 0, 0)
-    assert both.retired == ()
-    assert both.generations() == {1: 4}
-
-
-# -- route --------------------------------------------------------------------------------
-def test_route_a_new_job_waits_while_its_entitys_old_shard_is_open() -> None:
-    # given a move from 4 to 8 shards, old shard 1 closed
-    layout = moving(4, 8, closed=(1,))
-    waiting, running = entity_in(0, 4), entity_in(1, 4)
-    # then a job of the current generation waits if its entity's old shard is open
-    assert rules.route(layout, 1, shard_for(waiting, 8), waiting) == rules.WAIT
-    # and runs once that old shard is closed
-    assert rules.route(layout, 1, shard_for(running, 8), running) == rules.RUN
-
-
-def test_route_an_old_job_runs_while_its_shard_is_open_and_is_relayed_once_closed() -> None:
-    layout = moving(4, 8, closed=(1,))
-    assert rules.route(layout, 0, 0, entity_in(0, 4)) == rules.RUN
-    assert rules.route(layout, 0, 1, entity_in(1, 4)) == rules.RELAY
-
-
-def test_route_a_job_of_a_retired_generation_is_relayed() -> None:
-    layout = WorkerLayout(2, 8, T0, None, (Retired(1, 4, T0),))
-    assert rules.route(layout, 1, 3, "e1") == rules.RELAY
-    assert rules.route(layout, 0, 3, "e1") == rules.RELAY
-
-
-def test_route_a_job_of_a_generation_newer_than_the_copy_waits() -> None:
-    # given a copy of the document that does not know generation 2 yet
-    layout = WorkerLayout(1, 8, T0)
-    # then a job from generation 2 waits (the copy is looked at again)
-    assert rules.route(layout, 2, 0, "e1") == rules.WAIT
-    # and a job of the current generation without a move runs
-    assert rules.route(layout, 1, 0, "e1") == rules.RUN
-
-
-# -- may_close, may_delete ----------------------------------------------------------------
-def test_may_close_only_after_the_switch_and_its_margin_and_only_open_old_shards() -> None:
-    layout = moving(4, 8, closed=(1,), trust=30.0)
-    after = T0 + 30 + rules.SWITCH_MARGIN_SECONDS
-    # before the switch time plus its margin nothing may close
-    assert not rules.may_close(layout, 0, 0, after - 0.1)
-    # after it, an open old shard may
-    assert rules.may_close(layout, 0, 0, after)
-    # but not one closed already, nor a shard of the new generation
-    assert not rules.may_close(layout, 0, 1, after)
-    assert not rules.may_close(layout, 1, 0, after)
-    # and nothing without a move
-    assert not rules.may_close(WorkerLayout(1, 8), 0, 0, T0 + 1000)
-
-
-def test_publishers_send_to_the_old_layout_until_the_switch_time_then_to_the_new() -> None:
-    layout = moving(4, 8, trust=30.0)
-    assert rules.publish_to(layout, T0) == (0, 4)
-    assert rules.publish_to(layout, T0 + 29.9) == (0, 4)
-    assert rules.publish_to(layout, T0 + 30) == (1, 8)
-    assert rules.publish_to(WorkerLayout(3, 5), T0) == (3, 5)
-
-
-def test_may_delete_only_after_the_grace_and_only_retired_queues_left() -> None:
-    layout = WorkerLayout(1, 8, T0, None, (Retired(0, 4, T0 + 100, (2,), 60.0),))
-    assert not rules.may_delete(layout, 0, 0, T0 + 159.9)
-    assert rules.may_delete(layout, 0, 0, T0 + 160)
-    assert not rules.may_delete(layout, 0, 2, T0 + 160)  # deleted already
-    assert not rules.may_delete(layout, 1, 0, T0 + 1000)  # the current generation
-
-
-# -- the document -------------------------------------------------------------------------
-def full_doc() -> LayoutDoc:
-    return LayoutDoc(
-        version=7,
-        written=T0 + 9,
-        workers={
-            "Orders": moving(4, 8, closed=(0, 3), trust=45.0),
-            "Invoices": WorkerLayout(3, 2, T0, None, (Retired(2, 5, T0 + 1, (1, 4), 90.0),)),
-        },
-    )
-
-
-def test_the_document_round_trips_through_its_text() -> None:
-    doc = full_doc()
-    assert LayoutDoc.from_text(doc.to_text()) == doc
-
-
-def test_a_document_of_a_newer_format_is_refused_saying_to_upgrade() -> None:
-    data = json.loads(full_doc().to_text())
-    data["format"] = rules.FORMAT + 1
-    with pytest.raises(LayoutError, match=r"newer than this shardq reads.*upgrade shardq"):
-        LayoutDoc.from_text(json.dumps(data))
+# -- transitions --------------------------------------------------------------------------
+def test_announce_begins_a_move_to_the_next_generation_keeping_the_longer_trust() -> None:
+    after = rules.announce(WorkerLayout(0, 4, 90.0), "Orders", 8, 60.0, "me")
+    assert after == WorkerLayout(1, 8, 90.0, Move(0, 4, False, (), "me"))
+    assert after.state == "announced"
+    assert rules.announce(WorkerLayout(0, 4, 30.0), "Orders", 8, 60.0).trust == 60.0
 
 
 @pytest.mark.parametrize(
-    ("damage", "named"),
+    ("layout", "shards", "refused"),
     [
-        (lambda d: "{not json", "is not JSON"),
-        (lambda d: "[]", "the layout document in the layout document is not an object"),
-        (lambda d: json.dumps({**d, "format": None}), "has no format number"),
-        (lambda d: json.dumps({**d, "version": "7"}), "'version' in the layout document"),
-        (lambda d: json.dumps({**d, "workers": []}), "workers in the layout document is not"),
+        (moving(), 16, "from 4 to 8 shards is in progress (4 of 4 old shards still open)"),
+        (WorkerLayout(0, 4), 4, "already has 4 shards; nothing to do"),
+        (WorkerLayout(0, 4), 0, "--shards must be an int from 1 to 1000, got 0"),
+        (WorkerLayout(0, 4), 1001, "got 1001"),
+        (WorkerLayout(0, 4), True, "got True"),
+        (WorkerLayout(0, 4), "8", "got '8'"),
+    ],
+)
+def test_announce_refuses_naming_why(layout: WorkerLayout, shards: Any, refused: str) -> None:
+    with pytest.raises(LayoutError, match=refused.replace("(", r"\(").replace(")", r"\)")):
+        rules.announce(layout, "Orders", shards, 60.0)
+
+
+def test_the_next_generation_comes_after_retired_ones() -> None:
+    layout = WorkerLayout(2, 8, retired=(Retired(3, 4),))
+    assert rules.announce(layout, "Orders", 5, 60.0).gen == 4
+
+
+@pytest.mark.parametrize(
+    ("before", "change", "after"),
+    [
+        # the switch: once, only for the generation announced
+        (moving(switched=False), lambda w: rules.switch(w, 1), moving()),
+        (moving(switched=False), lambda w: rules.switch(w, 2), moving(switched=False)),
+        (moving(), lambda w: rules.switch(w, 1), moving()),
+        # a close: only once switched, only the old generation, the last one retires it
+        (moving(switched=False), lambda w: rules.close(w, 0, 1), moving(switched=False)),
+        (moving(), lambda w: rules.close(w, 1, 1), moving()),
+        (moving(), lambda w: rules.close(w, 0, 1), moving(closed=(1,))),
+        (moving(closed=(1,)), lambda w: rules.close(w, 0, 1), moving(closed=(1,))),
         (
-            lambda d: json.dumps(
-                {**d, "workers": {"Orders": {**d["workers"]["Orders"], "shards": 0}}}
-            ),
-            "Orders: shards 0 in the layout document is not 1..1000",
+            moving(closed=(0, 1, 2)),
+            lambda w: rules.close(w, 0, 3),
+            WorkerLayout(1, 8, 60.0, None, (Retired(0, 4),)),
+        ),
+        # a deletion: recorded; the last one drops the retired generation
+        (
+            WorkerLayout(1, 8, retired=(Retired(0, 2),)),
+            lambda w: rules.deleted(w, 0, 1),
+            WorkerLayout(1, 8, retired=(Retired(0, 2, (1,)),)),
         ),
         (
-            lambda d: json.dumps(
-                {**d, "workers": {"Orders": {**d["workers"]["Orders"], "moving": {"gen": 0}}}}
-            ),
-            "Orders: 'shards' in the layout document is not an int",
-        ),
-        (
-            lambda d: json.dumps(
-                {
-                    **d,
-                    "workers": {
-                        "Orders": {
-                            **d["workers"]["Orders"],
-                            "moving": {**d["workers"]["Orders"]["moving"], "closed": [1, "2"]},
-                        }
-                    },
-                }
-            ),
-            "Orders: 'closed' in the layout document is not a list of ints",
-        ),
-        (
-            lambda d: json.dumps(
-                {**d, "workers": {"Invoices": {**d["workers"]["Invoices"], "retired": [3]}}}
-            ),
-            "worker Invoices's retired generation in the layout document is not an object",
-        ),
-        (
-            lambda d: json.dumps({**d, "written": "soon"}),
-            "'written' in the layout document is not a number",
+            WorkerLayout(1, 8, retired=(Retired(0, 2, (1,)),)),
+            lambda w: rules.deleted(w, 0, 0),
+            WorkerLayout(1, 8),
         ),
     ],
 )
-def test_a_damaged_document_is_refused_naming_the_problem(damage: Any, named: str) -> None:
-    data = json.loads(full_doc().to_text())
-    with pytest.raises(LayoutError) as caught:
-        LayoutDoc.from_text(damage(data))
-    assert named in str(caught.value)
+def test_transitions(before: WorkerLayout, change: Any, after: WorkerLayout) -> None:
+    assert change(before) == after
 
 
-def test_unknown_fields_are_ignored() -> None:
-    # given a document with fields this shardq does not know, at every level
-    data = json.loads(full_doc().to_text())
-    data["comment"] = "hello"
-    data["workers"]["Orders"]["owner"] = "team-a"
-    data["workers"]["Orders"]["moving"]["note"] = 1
-    data["workers"]["Invoices"]["retired"][0]["extra"] = [1]
-    # then it reads as the same document
-    assert LayoutDoc.from_text(json.dumps(data)) == full_doc()
+# -- decisions ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("layout", "observed", "now", "may"),
+    [
+        (moving(switched=False), 100.0, 159.9, False),
+        (moving(switched=False), 100.0, 160.0, True),
+        (moving(), 100.0, 500.0, False),  # switched already
+        (WorkerLayout(0, 4), 100.0, 500.0, False),
+    ],
+)
+def test_may_switch_once_trust_passed_since_observed(
+    layout: WorkerLayout, observed: float, now: float, may: bool
+) -> None:
+    assert rules.may_switch(layout, observed, now) is may
+
+
+@pytest.mark.parametrize(
+    ("layout", "gen", "shard", "now", "may"),
+    [
+        (moving(), 0, 1, 164.9, False),  # trust + margin not passed since observed
+        (moving(), 0, 1, 165.0, True),
+        (moving(switched=False), 0, 1, 999.0, False),  # not switched
+        (moving(closed=(1,)), 0, 1, 999.0, False),  # closed already
+        (moving(), 1, 1, 999.0, False),  # the new generation
+        (WorkerLayout(0, 4), 0, 1, 999.0, False),  # no move
+    ],
+)
+def test_may_close_only_trust_and_margin_after_the_switch_was_observed(
+    layout: WorkerLayout, gen: int, shard: int, now: float, may: bool
+) -> None:
+    assert rules.may_close(layout, gen, shard, 100.0, now) is may
+
+
+def test_may_delete_a_retired_queue_twice_the_trust_after_observed() -> None:
+    assert not rules.may_delete(100.0, 219.9, 60.0)
+    assert rules.may_delete(100.0, 220.0, 60.0)
+
+
+def test_route_a_new_job_waits_while_its_entitys_old_shard_is_open() -> None:
+    entity = entity_in(2, 4)
+    assert rules.route(moving(), 1, shard_for(entity, 8), entity) == rules.WAIT
+    assert rules.route(moving(closed=(2,)), 1, shard_for(entity, 8), entity) == rules.RUN
+
+
+def test_route_an_old_job_runs_while_its_shard_is_open_and_is_relayed_once_closed() -> None:
+    assert rules.route(moving(), 0, 2, "x") == rules.RUN
+    assert rules.route(moving(closed=(2,)), 0, 2, "x") == rules.RELAY
+
+
+def test_route_a_retired_or_unknown_generation() -> None:
+    assert rules.route(WorkerLayout(1, 8, retired=(Retired(0, 4),)), 0, 1, "x") == rules.RELAY
+    assert rules.route(WorkerLayout(0, 4), 1, 1, "x") == rules.WAIT  # newer than the copy
+    assert rules.route(WorkerLayout(0, 4), 0, 1, "x") == rules.RUN
+
+
+def test_publishers_send_to_the_old_layout_until_switched() -> None:
+    assert rules.publish_to(moving(switched=False)) == (0, 4)
+    assert rules.publish_to(moving()) == (1, 8)
+    assert rules.publish_to(WorkerLayout(0, 4)) == (0, 4)
+
+
+# -- the item -----------------------------------------------------------------------------
+def test_the_item_round_trips() -> None:
+    for layout in [
+        WorkerLayout(0, 4),
+        moving(closed=(1, 3), switched=True),
+        WorkerLayout(3, 5, 90.0, Move(2, 7), (Retired(1, 2, (0,)),)),
+    ]:
+        assert WorkerLayout.from_value("Orders", layout.to_value()) == layout
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"gen": -1},
+        {"shards": 0},
+        {"shards": "8"},
+        {"trust": 0},
+        {"trust": True},
+        {"moving": {"gen": 0}},
+        {"retired": [{}]},
+    ],
+)
+def test_a_damaged_item_is_refused_naming_the_worker_and_the_key(damage: dict[str, Any]) -> None:
+    value = {**moving().to_value(), **damage}
+    with pytest.raises(LayoutError, match=r"stored layout of Orders is damaged .* layout/Orders"):
+        WorkerLayout.from_value("Orders", value)
 
 
 def test_shard_names_and_their_parsing() -> None:
@@ -274,16 +186,8 @@ def test_shard_names_and_their_parsing() -> None:
     assert rules.shard_name("Orders", 2) == "Orders@2"
     assert rules.parse_name("Orders@2") == ("Orders", 2)
     assert rules.parse_name("Orders") == ("Orders", 0)
-    for bad in ("Orders@", "@2", "Orders@x"):
-        with pytest.raises(ConfigError, match="is not a worker name with a generation"):
-            rules.parse_name(bad)
-
-
-def test_current_is_the_documents_layout_else_the_codes() -> None:
-    doc = full_doc()
-    assert rules.current(doc, "Orders", 4) == doc.workers["Orders"]
-    assert rules.current(doc, "Other", 5) == WorkerLayout(0, 5)
-    assert rules.current(None, "Orders", 4) == WorkerLayout(0, 4)
+    with pytest.raises(ConfigError, match="not a worker name with a generation"):
+        rules.parse_name("Orders@x")
 
 
 # -- the app's queue names ----------------------------------------------------------------
@@ -318,12 +222,13 @@ def test_live_shards_during_a_move_are_both_generations(app: shardq.App) -> None
     # given no reshard yet: the code's layout
     assert app.live_shards("Orders") == {"Orders": 4}
     # when a reshard to 8 begins
-    app.layouts.update("Orders", lambda w: rules.start(w, "Orders", 8, T0, "test"))
+    layout = app.layouts.update("Orders", lambda w: rules.announce(w, "Orders", 8, 60.0))
     # then both the old and the new generation are served
     assert app.live_shards("Orders") == {"Orders": 4, "Orders@1": 8}
     # and once every old shard closed, only the new one
+    app.layouts.update("Orders", lambda w: rules.switch(w, layout.gen))
     for shard in range(4):
-        app.layouts.update("Orders", lambda w, s=shard: rules.close(w, s, T0 + 99))
+        app.layouts.update("Orders", lambda w, s=shard: rules.close(w, 0, s))
     assert app.live_shards("Orders") == {"Orders@1": 8}
 
 
@@ -350,6 +255,6 @@ def test_a_reshard_whose_new_queue_names_pass_80_is_refused_before_anything_is_m
             reshard.start(app, "Long", 1000)
         assert f"{prefix}{name}{tail} (81 characters)" in str(caught.value)
         assert f"SQS allows {MAX_QUEUE_NAME_LENGTH}" in str(caught.value)
-        assert app.layouts.get("Long", max_age=0).gen == 9
+        assert app.layouts.read("Long").gen == 9
     finally:
         broker.close()

@@ -13,6 +13,7 @@ from shardq import envelope, morgue
 from shardq.broker import Message, SendEntry
 from shardq.broker.base import batches
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.morgue import MorgueQueue
 from shardq.node import Node
 from shardq.sharding import shard_for
@@ -32,6 +33,7 @@ def app(
         Config(queue_prefix=f"m{tmp_path.name[-8:].replace('_', '')}-", idle_wait_seconds=1),
         broker=broker,
     )
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     Ledgered.publish_many(
         [("e1", {"n": n, "permanent": True}) for n in range(3)]
         + [("e2", {"n": n, "permanent": True}) for n in range(2)]

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 import shardq
 from shardq import envelope, morgue
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
@@ -32,6 +33,7 @@ def app(
         Config(queue_prefix=f"r{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
         broker=broker,
     )
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 

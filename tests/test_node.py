@@ -15,6 +15,7 @@ import shardq
 from shardq import morgue
 from shardq.broker import SendEntry
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
@@ -39,6 +40,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
     ledger.app.configure(
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1), broker=broker
     )
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 

@@ -15,6 +15,7 @@ import shardq
 from shardq import morgue
 from shardq.broker.base import Message
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.errors import ConfigError
 from shardq.node import Node
 from shardq.plan import Plan, ShardRef
@@ -44,6 +45,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
     ledger.app.configure(
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1), broker=broker
     )
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 
@@ -53,6 +55,7 @@ def visibility(app: shardq.App, seconds: int) -> None:
         app.config.with_overrides(workers={"Ledgered": {"visibility_timeout": seconds}}),
         broker=app.broker,
     )
+    ensure_state_table(app)  # DynamoDB's table, as `shardq queues ensure` makes it
 
 
 def ref(shard: int, app: shardq.App | None = None) -> ShardRef:

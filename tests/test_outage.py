@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 
 import shardq
 from shardq.config import Config
+from shardq.ensure import ensure_state_table
 from shardq.executor import Executor
 from shardq.leases import Leases
 from shardq.plan import ShardRef
@@ -43,6 +44,7 @@ def app(
     ledger.reset()
     broker = make_broker(request.param, tmp_path, request)
     ledger.app.configure(Config(queue_prefix=f"o{time.monotonic_ns() % 10**9}-"), broker=broker)
+    ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     yield ledger.app
     broker.close()
 

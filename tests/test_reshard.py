@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from shardq.ensure import ensure_state_table
 from tests import chaos
+from tests.apps import ledger
 from tests.chaos_reshard import IN_PROGRESS
 from tests.children import Env
 
@@ -55,6 +57,7 @@ def test_a_worker_resharded_twice_while_jobs_flow_and_nodes_die_loses_and_reorde
     # while the publisher goes on, a busy node is SIGKILLed during each reshard (and
     # a new one joins), the second command is SIGKILLed as soon as it began, and the
     # nodes then drain every queue of the live layout
+    ensure_state_table(ledger.app)  # the DynamoDB table on ministack
     report = chaos.run(settings, dict(env.vars), tmp_path / "chaos")
     print(report.summary())
     # then both reshards ended, each with a node killed during it

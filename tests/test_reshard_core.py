@@ -1,8 +1,11 @@
 """Resharding inside a process: where publishers send, what a node's executor does with
-a job of a moved entity (wait, run or relay), and what ``shardq reshard`` refuses."""
+a job of a moved entity (wait, run or relay), when a node switches and closes (on its own
+clock, given here: no sleeps), and what ``shardq reshard`` and a changed class refuse."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,13 +21,15 @@ from shardq import layout as rules
 from shardq.broker import Broker, Message
 from shardq.cli import main
 from shardq.config import Config
-from shardq.errors import LayoutError
+from shardq.ensure import ensure_state_table
+from shardq.errors import LayoutError, QueueNotFoundError
 from shardq.executor import Executor
 from shardq.leases import Leases
 from shardq.plan import ShardRef
 from shardq.sharding import shard_for
-from shardq.stats import collect
+from shardq.store import Item, MemoryStore, StoreError
 from shardq.timelimit import TimeLimits
+from tests.children import ROOT
 from tests.conftest import make_broker
 
 app = shardq.App()
@@ -45,18 +50,32 @@ def moved(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[shardq.App
     prefix = f"r{time.monotonic_ns() % 10**9}-"
     app.configure(Config(queue_prefix=prefix, layout_refresh_seconds=0.1), broker=broker)
     performed.clear()
+    app.layouts.clock = time.monotonic
+    ensure_state_table(app)  # DynamoDB's table on ministack (the embedded file has its own)
     yield app
     broker.close()
 
 
-def begin(app: shardq.App, shards: int, trust: float = 0.0) -> rules.WorkerLayout:
-    """A reshard of Moved begun now (the pure step with a chosen trust window)."""
+class Clock:
+    """A monotonic clock a test moves forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def begin(app: shardq.App, shards: int) -> rules.WorkerLayout:
+    """A reshard of Moved announced now (as ``shardq reshard`` does)."""
     app.ensure_queues()
-    for s in range(shards):
-        app.ensure_queue(app.shard_queue("Moved", s, app.layouts.get("Moved").gen + 1), "Moved")
-    return app.layouts.update(
-        "Moved", lambda w: rules.start(w, "Moved", shards, time.time(), "test", trust)
-    )
+    return reshard.start(app, "Moved", shards, by="test")
+
+
+def switched(app: shardq.App, shards: int) -> rules.WorkerLayout:
+    """A reshard of Moved announced and switched."""
+    layout = begin(app, shards)
+    return app.layouts.update("Moved", lambda w: rules.switch(w, layout.gen))
 
 
 def take(broker: Broker, queue: str) -> list[Message]:
@@ -73,33 +92,50 @@ def entity_in(old_shard: int, shards: int) -> str:
     return next(f"e{i}" for i in range(1000) if shard_for(f"e{i}", shards) == old_shard)
 
 
-def test_publishers_send_to_the_new_generation_once_a_reshard_begins(moved: shardq.App) -> None:
-    # given a reshard of Moved from 2 to 5 shards begun
+def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item(
+    moved: shardq.App,
+) -> None:
+    # given a reshard of Moved from 2 to 5 shards announced
     layout = begin(moved, 5)
-    # when an entity's job is published (the publisher's copy may be 0.1 s old)
-    time.sleep(0.15)
-    Moved.publish("order-7", {"n": 1})
-    # then it is in the entity's shard of generation 1, not in the old layout
-    queue = moved.shard_queue("Moved", shard_for("order-7", 5), layout.gen)
-    assert [m.group_id for m in take(moved.broker, queue)] == ["order-7"]
-    old = moved.shard_queue("Moved", shard_for("order-7", 2), 0)
-    assert take(moved.broker, old) == []
-
-
-def test_publishers_keep_the_old_layout_until_the_switch_time(moved: shardq.App) -> None:
-    # given a reshard begun whose switch time is a minute away
-    begin(moved, 5, trust=60.0)
-    time.sleep(0.15)
-    # when a job is published, then it goes to the old layout, where it runs as before
+    # when a job is published, then it goes to the old layout
     Moved.publish("order-7", {"n": 1})
     old = moved.shard_queue("Moved", shard_for("order-7", 2), 0)
     assert [m.group_id for m in take(moved.broker, old)] == ["order-7"]
-    assert rules.publish_to(moved.layouts.cached("Moved"), time.time() + 61) == (1, 5)
+    # when the switch is written and the publisher reads again (its copy is 0.1 s old)
+    moved.layouts.update("Moved", lambda w: rules.switch(w, layout.gen))
+    time.sleep(0.15)
+    Moved.publish("order-7", {"n": 2})
+    # then the job is in the entity's shard of generation 1
+    queue = moved.shard_queue("Moved", shard_for("order-7", 5), layout.gen)
+    assert [m.group_id for m in take(moved.broker, queue)] == ["order-7"]
+
+
+def test_the_command_writes_the_switch_once_trust_passed_on_its_own_clock(
+    moved: shardq.App,
+) -> None:
+    # given a reshard announced by this process, trust 60 s (the default)
+    clock = Clock()
+    moved.layouts.clock = clock
+    begin(moved, 4)
+    # when it looks before the trust window passed, then it is still announced
+    clock.offset = 59.0
+    assert reshard.progress(moved, "Moved").layout.state == "announced"
+    # when it looks after, then it wrote the switch
+    clock.offset = 61.0
+    p = reshard.progress(moved, "Moved")
+    assert p.layout.state == "switched"
+    # and its line says the old shards are open, and that no node serves them
+    line = reshard.describe(p)
+    assert "switched; 2 of 2 old shards still open; 0 jobs still in the old layout" in line
+    assert line.endswith(
+        "STUCK: no node serves the old shards (is any node running? shardq "
+        "nodes): the reshard does not progress until one does"
+    )
 
 
 def test_a_moved_entity_waits_while_its_old_shard_is_open_then_runs(moved: shardq.App) -> None:
-    # given a reshard begun, and a job of an entity published to the new layout
-    layout = begin(moved, 4)
+    # given a reshard switched, and a job of an entity published to the new layout
+    layout = switched(moved, 4)
     entity = entity_in(0, 2)
     Moved.publish(entity, {"n": 1})
     ref = ShardRef("Moved", shard_for(entity, 4), 1, layout.gen)
@@ -114,23 +150,7 @@ def test_a_moved_entity_waits_while_its_old_shard_is_open_then_runs(moved: shard
     assert [m.message_id for d in deferred for m in d.messages] == [messages[0].message_id]
     assert leases.count() == 1
     # when the old shard closes, then the held job runs
-    moved.layouts.update("Moved", lambda w: rules.close(w, 0, time.time()))
-    assert run.run_batch(ref, messages) == []
-    assert performed == [(entity, [{"n": 1}])]
-    leases.close(5)
-
-
-def test_an_entity_whose_old_shard_closed_runs_at_once(moved: shardq.App) -> None:
-    # given a reshard whose old shard 1 closed (shard 0 still open)
-    layout = begin(moved, 4)
-    moved.layouts.update("Moved", lambda w: rules.close(w, 1, time.time()))
-    entity = entity_in(1, 2)
-    Moved.publish(entity, {"n": 1})
-    ref = ShardRef("Moved", shard_for(entity, 4), 1, layout.gen)
-    run, leases = executor(moved)
-    messages = take(moved.broker, moved.shard_queue("Moved", ref.shard, ref.gen))
-    leases.hold(messages, 30)
-    # when it is received, then it runs without waiting for shard 0
+    moved.layouts.update("Moved", lambda w: rules.close(w, 0, 0))
     assert run.run_batch(ref, messages) == []
     assert performed == [(entity, [{"n": 1}])]
     leases.close(5)
@@ -144,10 +164,9 @@ def test_jobs_reaching_a_closed_old_shard_are_relayed_in_order(moved: shardq.App
     old = moved.shard_queue("Moved", 0, 0)
     Moved.publish(entity, {"n": 2})  # still the old layout: generation 0
     Moved.publish(entity, {"n": 3})
-    layout = begin(moved, 3)
-    moved.layouts.update("Moved", lambda w: rules.close(w, 0, time.time()))
+    layout = switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(w, 0, 0))
     new = moved.shard_queue("Moved", shard_for(entity, 3), layout.gen)
-    time.sleep(0.15)
     Moved.publish(entity, {"n": 1})
     # when the node gets the old shard's jobs
     run, leases = executor(moved)
@@ -166,17 +185,18 @@ def test_jobs_reaching_a_closed_old_shard_are_relayed_in_order(moved: shardq.App
 def test_a_publisher_whose_queue_was_deleted_publishes_to_the_live_layout(
     moved: shardq.App,
 ) -> None:
-    # given a publisher that knows generation 0, and a reshard whose old queues are gone
+    # given a publisher whose copy says generation 0, and a reshard whose old queues
+    # are gone (written by another process: a second app on the same store)
     moved.ensure_queues()
     Moved.publish("order-1", {"n": 0})
-    assert moved.layouts.cached("Moved").gen == 0
-    layout = begin(moved, 3)
+    other = shardq.App(moved.config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 2, "perform": _perform}))
+    layout = reshard.start(other, "Moved", 3)
+    other.layouts.update("Moved", lambda w: rules.switch(w, layout.gen))
     for shard in range(2):
-        moved.layouts.update("Moved", lambda w, s=shard: rules.close(w, s, time.time()))
-    for shard in range(2):
+        other.layouts.update("Moved", lambda w, s=shard: rules.close(w, 0, s))
         moved.broker.delete_queue(moved.shard_queue("Moved", shard, 0))
-    moved.layouts._doc = None  # its copy from before the reshard
-    moved.layouts._read_at = time.monotonic()
+    assert moved.layouts.cached("Moved").gen == 0
     # when it publishes, then the job lands in the live layout, nothing is refused
     report = moved.publisher.publish_many("Moved", [("order-1", {"n": 1})])
     assert report.sent == 1
@@ -184,14 +204,105 @@ def test_a_publisher_whose_queue_was_deleted_publishes_to_the_live_layout(
     assert [m.group_id for m in take(moved.broker, queue)] == ["order-1"]
 
 
+def _perform(self: Any, entity_id: str, payloads: list[Any]) -> None:
+    performed.append((entity_id, list(payloads)))
+
+
+def test_a_class_whose_shards_changed_without_a_reshard_is_refused(moved: shardq.App) -> None:
+    # given Moved recorded with 2 shards by a first publisher
+    Moved.publish("order-1", {"n": 0})
+    # when another app with the same prefix and store says 5 shards
+    other = shardq.App(moved.config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 5, "perform": _perform}))
+    # then its publish and its node are refused, naming shardq reshard
+    with pytest.raises(LayoutError, match=r"shardq reshard Moved --shards 5"):
+        other.publisher.publish_many("Moved", [("order-1", {"n": 1})])
+    from shardq.node import Node
+
+    node = Node(other, other.plan(threads=1), seed=1)
+    with pytest.raises(LayoutError, match="recorded with 2 shards"):
+        node.run()
+    # and no queue of the 5-shard layout was made
+    for shard in range(2, 5):
+        with pytest.raises(QueueNotFoundError):
+            take(moved.broker, moved.shard_queue("Moved", shard, 0))
+
+
+def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+
+    def run(shards: int) -> subprocess.CompletedProcess[str]:
+        code = (
+            "import sys; from shardq.cli import main; from tests import test_reshard_core as t; "
+            f"t.Moved.shards = {shards}; "
+            f"sys.exit(main(['run', '--until-empty', '--app', 'tests.test_reshard_core', "
+            f"'--broker-url', {url!r}]))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+
+    # given Moved recorded with 2 shards by a first `shardq run`
+    assert run(2).returncode == 0
+    # when the class says 3 and `shardq run --until-empty` runs, then it fails, naming
+    # shardq reshard (instead of exiting 0 with jobs left in the shards it dropped)
+    done = run(3)
+    assert done.returncode != 0
+    assert "shardq reshard Moved --shards 3" in done.stderr
+
+
+class Flaky(MemoryStore):
+    """A store whose reads fail while ``down`` is set."""
+
+    down = False
+
+    def get(self, key: str) -> Item | None:
+        if self.down:
+            raise StoreError("the store is down (test)")
+        return super().get(key)
+
+
+def test_a_publisher_that_cannot_read_a_fresh_layout_refuses_after_the_trust_window(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a publisher that read Moved's layout, then lost its store
+    store = Flaky()
+    clock = Clock()
+    broker = make_broker("sqlite", tmp_path, request)
+    config = Config(queue_prefix="flaky-", layout_refresh_seconds=1, reshard_trust_seconds=60)
+    with app.override(config, broker=broker):
+        app._store = store
+        app.layouts.clock = clock
+        Moved.publish("order-1", {"n": 0})
+        store.down = True
+        # when it publishes within the trust window, then its copy is used
+        clock.offset = 30.0
+        Moved.publish("order-1", {"n": 1})
+        # when it publishes past it, then it refuses, saying why and what to check
+        clock.offset = 61.0
+        with pytest.raises(LayoutError, match=r"layout of Moved .* Check the store"):
+            Moved.publish("order-1", {"n": 2})
+        # and once the store is back it publishes again
+        store.down = False
+        Moved.publish("order-1", {"n": 3})
+        queue = app.shard_queue("Moved", shard_for("order-1", 2), 0)
+    app.layouts.clock = time.monotonic
+    sent = []
+    while batch := take(broker, queue):
+        sent += [_n(m) for m in batch]
+        broker.delete_batch(queue, [m.receipt for m in batch])
+    broker.close()
+    assert sent == [0, 1, 3]
+
+
 def test_a_second_reshard_while_one_runs_is_refused(moved: shardq.App) -> None:
     # given a reshard under way
-    begin(moved, 4, trust=60.0)
+    begin(moved, 4)
     # when another is asked for, then it is refused, naming the one running
     with pytest.raises(LayoutError, match="from 2 to 4 shards is in progress"):
         reshard.start(moved, "Moved", 8)
-    # and the document still shows the first one
-    assert moved.layouts.get("Moved", max_age=0).shards == 4
+    # and the item still shows the first one
+    assert moved.layouts.read("Moved").shards == 4
 
 
 def test_the_reshard_command_refuses_bad_input(
@@ -207,11 +318,9 @@ def test_the_reshard_command_refuses_bad_input(
     assert "--shards must be an int from 1 to 1000" in capsys.readouterr().err
     assert main(["reshard", "Moved", "--shards", "2", *base]) == 2
     assert "already has 2 shards" in capsys.readouterr().err
-    # and a good one begins (no node runs: --no-wait returns)
+    # and a good one is announced (no node runs: --no-wait returns)
     assert main(["reshard", "Moved", "--shards", "3", "--no-wait", *base]) == 0
-    assert "reshard from 2 to 3 shards begun" in capsys.readouterr().out
-    assert main(["reshard", "Moved", "--shards", "5", *base]) == 2
-    assert "is in progress" in capsys.readouterr().err
+    assert "reshard from 2 to 3 shards announced" in capsys.readouterr().out
 
 
 def _n(message: Message) -> int:
@@ -234,44 +343,6 @@ class Sticky(shardq.Worker):
         return 30.0
 
 
-def test_an_entity_stuck_in_its_old_shard_holds_back_only_itself(
-    moved: shardq.App, request: pytest.FixtureRequest
-) -> None:
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the narrowing is the same on every broker; this one is quick")
-    # given two entities of one old shard: Z stuck (its job retries every 30 s, with
-    # 3 more jobs behind it), Y done; a node running
-    from shardq.node import Node
-
-    z = next(f"z{i}" for i in range(1000) if shard_for(f"z{i}", 2) == 0)
-    y = next(f"y{i}" for i in range(1000) if shard_for(f"y{i}", 2) == 0)
-    moved.ensure_queues()
-    Sticky.publish_many([(z, {"stuck": True}), *[(z, {"n": n}) for n in range(3)], (y, {"n": 0})])
-    node = Node(moved, moved.plan(threads=2), seed=1)
-    runner = threading.Thread(target=node.run)
-    runner.start()
-    try:
-        wait_for(lambda: (y, [{"n": 0}]) in performed, 10)
-        # when Sticky is resharded to 3 (switching at once) and both publish again
-        moved.layouts.update(
-            "Sticky", lambda w: rules.start(w, "Sticky", 3, time.time(), "test", 0.0)
-        )
-        time.sleep(0.3)
-        Sticky.publish_many([(y, {"n": 1}), (z, {"n": 3})])
-        # then Y's new job runs once the old shard is narrowed to Z (a few seconds),
-        # while Z's new job waits behind its stuck one
-        wait_for(lambda: (y, [{"n": 1}]) in performed, 30)
-        move = moved.layouts.get("Sticky", max_age=0).moving
-        assert move is not None and move.pending == {0: (z,)}
-        # and `shardq stats` says so
-        reshard_view = collect(moved).to_dict()["by_worker"]["Sticky"]["layout"]["reshard"]
-        assert reshard_view["narrowed"] == {"0": [z]}
-        assert all(entity != z or p != [{"n": 3}] for entity, p in performed)
-    finally:
-        node.stop()
-        runner.join(30)
-
-
 def wait_for(condition: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -279,32 +350,79 @@ def wait_for(condition: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def test_a_reshard_begun_while_no_node_runs_completes_once_nodes_run(
-    moved: shardq.App, request: pytest.FixtureRequest
-) -> None:
-    # (as after every node was killed: the state is in the layout document)
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the same on every broker; this one is quick")
+def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
     from shardq.node import Node
 
-    # given jobs of 20 entities in the old layout, and a reshard from 2 to 3 shards
-    # begun (switching at once) while no node runs, then jobs in the new layout
+    node = Node(app, app.plan(threads=2), seed=1, membership="static")
+    app.layouts.clock = clock
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    return node, runner
+
+
+def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
+    moved: shardq.App, request: pytest.FixtureRequest
+) -> None:
+    if request.node.callspec.params["moved"] != "sqlite":
+        pytest.skip("the same on every broker; this one is quick")
+    # given Z stuck in Sticky's old shard 0 (its job retries in 30 s, 1 more behind
+    # it), Y done; a node running on a clock the test moves
+    z = next(f"z{i}" for i in range(1000) if shard_for(f"z{i}", 2) == 0)
+    y = next(f"y{i}" for i in range(1000) if shard_for(f"y{i}", 2) == 0)
+    clock = Clock()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Sticky.publish_many([(z, {"stuck": True}), (z, {"n": 1}), (y, {"n": 0})])
+    node, runner = run_node(moved, clock)
+    try:
+        wait_for(lambda: (y, [{"n": 0}]) in performed and (z, [{"stuck": True}]) in performed, 10)
+        # when Sticky is resharded to 3, switched, and the trust window passes
+        layout = reshard.start(moved, "Sticky", 3)
+        moved.layouts.update("Sticky", lambda w: rules.switch(w, layout.gen))
+        time.sleep(1.0)  # the node observes the switch
+        clock.offset = 100.0
+        # then old shard 1 (empty) closes, while shard 0 stays open behind Z's retry
+        wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 10)  # type: ignore[union-attr]
+        time.sleep(1.5)
+        assert moved.layouts.read("Sticky").moving.closed == (1,)  # type: ignore[union-attr]
+        assert f"Sticky:{moved.shard_queue('Sticky', 0, 0)}" not in node.layout.relaying
+    finally:
+        node.stop()
+        runner.join(30)
+
+
+def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
+    moved: shardq.App, request: pytest.FixtureRequest
+) -> None:
+    # (as after every node was killed, or `shardq reshard --no-wait`)
+    if request.node.callspec.params["moved"] != "sqlite":
+        pytest.skip("the same on every broker; this one is quick")
+    # given jobs of 20 entities in the old layout, a reshard from 2 to 3 shards
+    # announced while no node runs, and a node started on a clock the test moves
+    clock = Clock()
     moved.ensure_queues()
     Moved.publish_many([(f"e{i}", {"n": 0}) for i in range(20)])
     begin(moved, 3)
-    time.sleep(0.15)
-    Moved.publish_many([(f"e{i}", {"n": 1}) for i in range(20)])
-    # when a node starts
-    node = Node(moved, moved.plan(threads=2), seed=1, membership="static")
-    runner = threading.Thread(target=node.run)
-    runner.start()
+    moved.layouts.clock = clock
+    node, runner = run_node(moved, clock)
     try:
+        # when the trust window passes on the node's clock (it writes the switch),
+        # jobs are published to the new layout, and it passes again
+        time.sleep(1.0)
+        clock.offset = 61.0
+        wait_for(lambda: moved.layouts.read("Moved").state == "switched", 10)
+        moved.layouts.forget()
+        Moved.publish_many([(f"e{i}", {"n": 1}) for i in range(20)])
+        clock.offset = 200.0
         # then the reshard completes and every entity ran its jobs in order
-        wait_for(lambda: moved.layouts.get("Moved", max_age=0).moving is None, 40)
+        wait_for(lambda: moved.layouts.read("Moved").moving is None, 30)
         wait_for(lambda: len(performed) == 40, 10)
         for i in range(20):
             mine = [p for entity, p in performed if entity == f"e{i}"]
             assert mine == [[{"n": 0}], [{"n": 1}]]
+        # and, twice the trust window later, the retired queues are deleted
+        clock.offset = 400.0
+        wait_for(lambda: not moved.layouts.read("Moved").retired, 30)
     finally:
         node.stop()
         runner.join(30)

@@ -16,10 +16,11 @@ import pytest
 import shardq
 from shardq import envelope, reshard
 from shardq import layout as rules
-from shardq.admin import _nodes, _stats
+from shardq.admin import NO_REPORT, _nodes, _stats
 from shardq.broker import SendEntry
-from shardq.ensure import ensure
+from shardq.ensure import ensure, ensure_state_table
 from shardq.fleet_view import fleet_view, key_order, read_fleet
+from shardq.layout_view import layout_view
 from shardq.prune import prune
 from shardq.sampler import Sampler
 from shardq.sharding import shard_for
@@ -40,6 +41,7 @@ def make_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> shard
     app = shardq.App(config, broker=broker)
     app.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 4}))
     app.register(type("Mail", (shardq.Worker,), {"perform": _perform, "shards": 2}))
+    ensure_state_table(app)
     return app
 
 
@@ -52,11 +54,12 @@ def app(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[shardq.App]:
 
 @pytest.fixture
 def resharding(app: shardq.App) -> shardq.App:
-    """SyncOrder: 3 jobs published at 4 shards, a reshard to 16 begun, 2 jobs in the new
-    layout (as a publisher past the switch time sends them)."""
+    """SyncOrder: 3 jobs published at 4 shards, a reshard to 16 switched, 2 jobs in the
+    new layout (as a publisher past the switch sends them)."""
     worker = app.worker("SyncOrder")
     worker.publish_many([("o1", {"n": 0}), ("o2", {"n": 0}), ("o1", {"n": 1})])
     layout = reshard.start(app, "SyncOrder", 16)
+    app.layouts.update("SyncOrder", lambda w: rules.switch(w, layout.gen))
     for entity, n in [("o1", 2), ("o3", 0)]:
         body = envelope.encode(envelope.Envelope("SyncOrder", entity, {"n": n}, time.time(), {}))
         queue = app.shard_queue("SyncOrder", shard_for(entity, 16), layout.gen)
@@ -83,11 +86,14 @@ def test_stats_json_shows_the_move_and_the_jobs_still_in_the_old_layout(
     assert layout["note"] == (
         "SyncOrder: code says 4 shards, live layout has 16 (resharded); the live layout is used"
     )
-    # and the move is shown: from, to, time since it began, old shards open, old jobs
+    # and the move is shown: from, to, its phase, old shards open, old jobs
     move = layout["reshard"]
     assert (move["from"], move["to"], move["from_gen"], move["to_gen"]) == (4, 16, 0, 1)
     assert (move["old_shards_open"], move["old_shards"], move["old_jobs"]) == (4, 4, 3)
-    assert 0 <= move["seconds"] < 30 and move["phase"] == "switching" and move["trust"] == 15
+    assert move["phase"] == "switched" and move["trust"] == 15 and move["open"] == [0, 1, 2, 3]
+    # and, no node running, it says the move cannot progress
+    assert move["unserved"] == [0, 1, 2, 3]
+    assert move["stuck"].startswith("no node serves the old shards (is any node running?")
     # and the shards are the current generation's 16 (shards[n] is shard n), then the old 4
     rows = sync["shards"]
     assert [(r["gen"], r["shard"]) for r in rows] == [(1, n) for n in range(16)] + [
@@ -124,7 +130,8 @@ def test_stats_reads_a_layout_changed_by_another_process(app: shardq.App, tmp_pa
     # given stats read once at the code's layout
     assert collect(app).to_dict()["by_worker"]["SyncOrder"]["layout"]["shards"] == 4
     # when another process (another app object on the same broker file) reshards
-    other = shardq.App(app.config, broker=shardq.SqliteBroker(str(tmp_path / "broker.db")))
+    broker = shardq.SqliteBroker(str(tmp_path / "broker.db"))
+    other = shardq.App(app.config, broker=broker, store=app.store)
     other.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 4}))
     reshard.start(other, "SyncOrder", 8)
     other.broker.close()
@@ -137,7 +144,7 @@ def test_stats_after_the_move_show_the_retired_generation_until_its_queues_go(
     resharding: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # given every old shard closed
-    close_all(resharding, "SyncOrder", time.time())
+    close_all(resharding, "SyncOrder")
     # when the stats are read
     data = collect(resharding).to_dict()["by_worker"]["SyncOrder"]
     # then only generation 1's shards are rows, and no move is shown
@@ -146,9 +153,7 @@ def test_stats_after_the_move_show_the_retired_generation_until_its_queues_go(
     assert data["layout"]["retired"][0]["gen"] == 0
     assert data["layout"]["retired"][0]["queues_left"] == 4
     # and a move with one job left says "1 job"
-    from shardq.layout_view import layout_view
-
-    view = layout_view("W", rules.start(rules.WorkerLayout(0, 2), "W", 3, 0.0, "t"), 2, 99.0, 1)
+    view = layout_view("W", rules.announce(rules.WorkerLayout(0, 2), "W", 3, 60.0), 2, 1)
     assert view.reshard is not None and view.reshard.text().endswith(
         "1 job still in the old layout"
     )
@@ -163,9 +168,9 @@ def test_nodes_show_a_reshard_in_progress_in_text_and_json(
     # when `shardq nodes` prints with no node ever reported
     assert _nodes(resharding, args(json=False)) == 0
     out, err = capsys.readouterr()
-    # then one line says the move (no node ever ran: no fleet table before it)
-    assert "no node has reported yet" in err
-    line = out.splitlines()[-1]
+    # then one line says the move, and stderr that no node ever reported
+    assert NO_REPORT in err
+    (line,) = out.splitlines()
     assert line.startswith("SyncOrder: resharding 4 -> 16 shards (generation 0 -> 1)")
     assert line.endswith("4 of 4 old shards still open; 3 jobs still in the old layout")
     # and the JSON has the same fields
@@ -200,9 +205,28 @@ def test_stats_name_the_owner_of_a_new_generations_shard(resharding: shardq.App)
     now = time.time()
     heartbeat(resharding.store, "n1", now, ("SyncOrder@1:5", "SyncOrder:2"))
     # then the stats name it on those two rows only
-    rows = collect(resharding).to_dict()["by_worker"]["SyncOrder"]["shards"]
-    owned = [(r["gen"], r["shard"]) for r in rows if r["owner"] == "n1"]
+    data = collect(resharding).to_dict()["by_worker"]["SyncOrder"]
+    owned = [(r["gen"], r["shard"]) for r in data["shards"] if r["owner"] == "n1"]
     assert owned == [(1, 5), (0, 2)]
+    # and the reshard says it is stuck behind the old shards nobody holds
+    move = data["layout"]["reshard"]
+    assert move["unserved"] == [0, 1, 3]
+    assert move["stuck"].startswith(
+        "3 old shards (SyncOrder:0, SyncOrder:1, SyncOrder:3) held by no node: the reshard "
+        "cannot end until a node serves them"
+    )
+
+
+def test_a_reshard_with_no_node_serving_any_old_shard_says_so() -> None:
+    # given a switched move whose old shards no live node holds (none is running)
+    layout = rules.switch(rules.announce(rules.WorkerLayout(0, 2), "W", 3, 60.0), 1)
+    view = layout_view("W", layout, 2, 5, {0: None, 1: None})
+    # then its line says no node serves them, instead of only counting open shards
+    assert view.reshard is not None
+    assert view.reshard.text().endswith(
+        "5 jobs still in the old layout; STUCK: no node serves the old shards (is any node "
+        "running? shardq nodes): the reshard does not progress until one does"
+    )
 
 
 # -- the dashboard's API ------------------------------------------------------------------
@@ -225,7 +249,7 @@ def test_queues_ensure_creates_the_live_layouts_queues_and_says_the_code_differs
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # given a layout document moving SyncOrder to 6 shards, none of its queues made
-    app.layouts.update("SyncOrder", lambda w: rules.start(w, "SyncOrder", 6, time.time(), "t"))
+    app.layouts.update("SyncOrder", lambda w: rules.announce(w, "SyncOrder", 6, 60.0))
     # when the queues are ensured
     assert ensure(app) == 0
     err = capsys.readouterr().err
@@ -241,39 +265,33 @@ def test_queues_ensure_creates_the_live_layouts_queues_and_says_the_code_differs
 
 
 # -- prune --------------------------------------------------------------------------------
-def close_all(app: shardq.App, worker: str, at: float) -> rules.WorkerLayout:
+def close_all(app: shardq.App, worker: str) -> rules.WorkerLayout:
     def change(w: rules.WorkerLayout) -> rules.WorkerLayout:
+        w = rules.switch(w, w.gen)
         for shard in range(w.moving.shards if w.moving else 0):
-            w = rules.close(w, shard, at)
+            w = rules.close(w, w.moving.gen if w.moving else 0, shard)
         return w
 
     return app.layouts.update(worker, change)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
-def test_prune_deletes_empty_retired_queues_after_the_grace_and_keeps_the_rest(
+def test_prune_deletes_empty_retired_queues_and_keeps_the_rest(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
     app = make_app(kind, tmp_path, request)
     try:
-        # given SyncOrder moved from 4 to 2 shards with a 5 s trust window, ended at t0
-        t0 = time.time() - 1000
+        # given SyncOrder moved from 4 to 2 shards, the move ended
         app.ensure_queues()
-        app.layouts.update(
-            "SyncOrder", lambda w: rules.start(w, "SyncOrder", 2, t0 - 10, "t", trust=5)
-        )
-        layout = close_all(app, "SyncOrder", t0)
-        assert layout.retired == (rules.Retired(0, 4, t0, (), 10.0),)
+        app.layouts.update("SyncOrder", lambda w: rules.announce(w, "SyncOrder", 2, 5.0))
+        layout = close_all(app, "SyncOrder")
+        assert layout.retired == (rules.Retired(0, 4),)
         app.ensure_queues()  # generation 1's queues
         # and a job left in old shard 1
         old = app.shard_queue("SyncOrder", 1, 0)
         app.broker.send_batch(old, [SendEntry("0", "{}", "o9", "d9")])
-        # when pruned within the grace, then nothing is deleted
-        early = prune(app, now=t0 + 9)
-        assert early.deleted == [] and len(early.kept) == 4
-        assert "deleted no sooner than" in early.kept[0][1]
-        # when pruned after it
-        done = prune(app, now=t0 + 11)
+        # when pruned
+        done = prune(app)
         # then the empty old queues are deleted and recorded, the one with a job kept
         gone = [app.shard_queue("SyncOrder", s, 0) for s in (0, 2, 3)]
         assert sorted(done.deleted) == sorted(gone)
@@ -282,8 +300,7 @@ def test_prune_deletes_empty_retired_queues_after_the_grace_and_keeps_the_rest(
         for queue in gone:
             assert app.broker.queue_settings(queue) is None
         assert app.broker.queue_settings(old) is not None
-        assert app.layouts.refresh() is not None
-        assert app.layouts.cached("SyncOrder").retired[0].left == [1]
+        assert app.layouts.read("SyncOrder").retired[0].left == [1]
         # and the current generation's queues and Mail's are untouched
         for queue in [app.shard_queue("SyncOrder", s, 1) for s in range(2)] + [
             app.shard_queue("Mail", s) for s in range(2)
@@ -295,11 +312,11 @@ def test_prune_deletes_empty_retired_queues_after_the_grace_and_keeps_the_rest(
         capsys.readouterr()
         assert ensure(app, with_prune=True) == 0
         out, err = capsys.readouterr()
-        # then the last old queue goes, and generation 0 leaves the document
+        # then the last old queue goes, and generation 0 leaves the item
         assert f"pruned: {old}" in out
         assert "1 retired deleted, 0 retired kept" in err
         assert app.broker.queue_settings(old) is None
-        assert app.layouts.cached("SyncOrder").retired == ()
+        assert app.layouts.read("SyncOrder").retired == ()
         # and the old generation is not created again
         assert app.broker.queue_settings(app.shard_queue("SyncOrder", 0, 0)) is None
     finally:
@@ -309,9 +326,9 @@ def test_prune_deletes_empty_retired_queues_after_the_grace_and_keeps_the_rest(
 def test_prune_never_touches_a_moving_generation(app: shardq.App) -> None:
     # given a reshard in progress (old shards open, their queues empty)
     app.ensure_queues()
-    app.layouts.update("SyncOrder", lambda w: rules.start(w, "SyncOrder", 8, 0.0, "t", trust=5))
-    # when pruned long after
-    done = prune(app, now=time.time() + 10**6)
+    app.layouts.update("SyncOrder", lambda w: rules.announce(w, "SyncOrder", 8, 5.0))
+    # when pruned
+    done = prune(app)
     # then nothing is deleted or kept: no retired generation yet
     assert done.deleted == [] and done.kept == []
     assert app.broker.queue_settings(app.shard_queue("SyncOrder", 0, 0)) is not None
@@ -335,8 +352,12 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
         wait.until(lambda d: d.find_element(By.ID, "reshard-banner").is_displayed())
         line = text_of(browser, '#reshard-banner div[data-worker="SyncOrder"]')
         assert line.startswith("SyncOrder 4 → 16 shards · "), line
-        assert line.endswith("4 of 4 old shards open · 3 jobs in the old layout"), line
-        assert "publishers switching for" in line
+        assert "switched · 4 of 4 old shards open · 3 jobs in the old layout" in line, line
+        # and, no node running, that the move cannot progress
+        assert line.endswith(
+            "stuck: no node serves the old shards (is any node running? "
+            "shardq nodes): the reshard does not progress until one does"
+        ), line
         assert text_of(browser, "#reshard-banner .title") == "RESHARDING"
         # and the worker's card gives the live layout, not the code's
         meta = text_of(browser, '[data-worker="SyncOrder"] .meta')
@@ -352,7 +373,8 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
 def test_without_a_reshard_nodes_json_keeps_its_shape(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # given no reshard ever
+    # given the app's queues and no reshard ever
+    app.ensure_queues()
     assert _nodes(app, args(json=True)) == 0
     # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
     shape = {"time", "nodes", "gone", "unserved", "no_live_node"}

@@ -5,9 +5,11 @@ instance or task roles); ``region`` and ``endpoint_url`` (for emulators) come fr
 the config. Every HTTP request to SQS is counted in :attr:`SqsBroker.requests`, per
 operation, so benchmarks and metrics can report what a workload costs.
 
-boto3 is used as documented: one client shared by the node's threads, botocore's
-adaptive retry mode (its retry quota and client-side rate limiting apply to every
-call) and explicit connect and read timeouts. Every receive carries a
+boto3 is used as documented: one client shared by the node's threads (and one for
+long polls), botocore's adaptive retry mode (its retry quota and client-side rate
+limiting apply to every call) and explicit connect and read timeouts, short enough
+that an endpoint that never answers fails a call within 18 s
+(:mod:`shardq.broker.sqs_client`). Every receive carries a
 ``ReceiveRequestAttemptId``: a receive whose answer was lost (a connection reset or
 a read timeout) is sent again with the same id, so SQS returns the same messages
 instead of hiding them from everyone for a whole visibility timeout.
@@ -16,7 +18,6 @@ instead of hiding them from everyone for a whole visibility timeout.
 from __future__ import annotations
 
 import math
-import platform
 import threading
 import time
 import uuid
@@ -24,7 +25,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import boto3
 import botocore
 import botocore.config
 import botocore.exceptions
@@ -40,6 +40,13 @@ from shardq.broker.base import (
     check_batch,
     check_send_batch,
     entry_problem,
+)
+from shardq.broker.sqs_client import (
+    POLL_READ_TIMEOUT,
+    READ_TIMEOUT,
+    TIMEOUTS,
+    make_client,
+    timed_out,
 )
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
@@ -59,9 +66,6 @@ _SAFE = {
     "deleting": "; the jobs stay queued and may run again",
     "changing": "; the jobs keep their current visibility",
 }
-#: Sends of one receive with the same ReceiveRequestAttemptId after ambiguous failures
-#: (each one after botocore's own retries of it, which also keep the id).
-RECEIVE_ATTEMPTS = 2
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
@@ -80,35 +84,18 @@ class SqsBroker(Broker):
         max_connections: int = 50,
         client: Any = None,
     ) -> None:
+        poll_client = client
         if client is None:
-            config = botocore.config.Config(
-                # Few quick retries: callers retry on their own terms (the leases back
-                # off per message), and a request stuck in long retries holds a thread.
-                retries={"mode": "adaptive", "max_attempts": 3},
-                max_pool_connections=max_connections,
-                connect_timeout=5,
-                read_timeout=MAX_WAIT_SECONDS + 15,
-                # shardq checks every request before it is made (names, sizes, counts):
-                # botocore's own validation of each request is pure overhead.
-                parameter_validation=False,
-                # A fixed User-Agent: botocore otherwise rebuilds it for every request,
-                # a sixth of a node's CPU.
-                user_agent=_user_agent(),
-            )
-            try:
-                client = boto3.session.Session().client(
-                    "sqs", region_name=region, endpoint_url=endpoint_url, config=config
-                )
-            except botocore.exceptions.NoRegionError as exc:
-                raise BrokerError(
-                    "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
-                    "AWS_DEFAULT_REGION"
-                ) from exc
+            client = make_client(region, endpoint_url, max_connections, READ_TIMEOUT)
+            # Long polls wait up to 20 s for an answer by design: a client of their own.
+            poll_client = make_client(region, endpoint_url, max_connections, POLL_READ_TIMEOUT)
         self.client = client
         self.endpoint_url = endpoint_url
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
-        self.client.meta.events.register("before-send.sqs.*", self._count_request)
+        self._poll_client = poll_client
+        for each in {id(client): client, id(poll_client): poll_client}.values():
+            each.meta.events.register("before-send.sqs.*", self._count_request)
         self._urls: dict[str, str] = {}
         self._sizes: dict[str, int] = {}
         self._retention: dict[str, int] = {}
@@ -133,6 +120,8 @@ class SqsBroker(Broker):
             raise BrokerError(f"{what}: SQS answered {code}: {exc}") from exc
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(what) from exc
+        except TIMEOUTS as exc:
+            raise timed_out(what, exc, _SAFE.get(what.split()[0], "")) from exc
         except botocore.exceptions.BotoCoreError as exc:
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
@@ -169,6 +158,8 @@ class SqsBroker(Broker):
             self.url(name)  # exists with other attributes: use it as it is
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(f"creating queue {name}") from exc
+        except TIMEOUTS as exc:
+            raise timed_out(f"creating queue {name}", exc) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
 
@@ -306,18 +297,14 @@ class SqsBroker(Broker):
         return messages
 
     def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One receive; sent again with the same attempt id when its answer was lost (a
-        connection error or a read timeout: SQS may have hidden messages for it)."""
-        for attempt in range(1, RECEIVE_ATTEMPTS + 1):
-            try:
-                response: dict[str, Any] = self.client.receive_message(**params)
-                return response
-            except _AMBIGUOUS as exc:
-                if attempt == RECEIVE_ATTEMPTS:
-                    return self._call(f"receiving from {queue}", _raise, exc=exc)
-            except Exception as exc:
-                return self._call(f"receiving from {queue}", _raise, exc=exc)
-        raise AssertionError("unreachable")
+        """One receive. botocore sends it again, with the same parameters and so the same
+        ReceiveRequestAttemptId, when its answer was lost (a connection error or a read
+        timeout, after which SQS may have hidden messages for it)."""
+        client = self._poll_client if params["WaitTimeSeconds"] > 0 else self.client
+        response: dict[str, Any] = self._call(
+            f"receiving from {queue}", client.receive_message, **params
+        )
+        return response
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
@@ -343,27 +330,6 @@ class SqsBroker(Broker):
             ],
         )
         return _batch_result([r for r, _ in changes], response)
-
-
-#: Failures after which a receive's messages may have been hidden for it.
-_AMBIGUOUS = (
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectionClosedError,
-)
-
-
-def _raise(exc: BaseException) -> Any:
-    """Re-raise ``exc`` inside :meth:`SqsBroker._call`, which turns it into a BrokerError."""
-    raise exc
-
-
-def _user_agent() -> str:
-    from shardq import __version__
-
-    return (
-        f"shardq/{__version__} botocore/{botocore.__version__} Python/{platform.python_version()}"
-    )
 
 
 def _no_credentials(what: str) -> BrokerError:

@@ -16,6 +16,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from shardq.broker.sqs_client import CALL_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -31,8 +32,11 @@ class DynamoStore(Store):
 
     def __init__(self, table: str, *, region: str | None, endpoint_url: str | None) -> None:
         self.table = table
+        # The SQS calls' bounds: a table that never answers fails a call within 18 s.
         config = botocore.config.Config(
-            connect_timeout=5, read_timeout=10, retries={"mode": "adaptive", "max_attempts": 5}
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=READ_TIMEOUT,
+            retries={"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS},
         )
         try:
             self.client = boto3.session.Session().client(
@@ -53,6 +57,11 @@ class DynamoStore(Store):
                 old = response.get("Item")
                 current = int(old["version"]["N"]) if old else None
                 raise StoreConflict(base.conflict(key, expected, current)) from None
+            if isinstance(exc, botocore.exceptions.NoCredentialsError):
+                raise StoreError(
+                    f"DynamoDB {call}: no AWS credentials found; configure them for boto3 "
+                    "(environment, ~/.aws/credentials or an instance role), never in shardq.yaml"
+                ) from None
             if code == "ResourceNotFoundException":
                 raise StoreError(
                     f"DynamoDB {call}: the state table {self.table!r} does not exist (or is "

@@ -1,0 +1,110 @@
+"""docs/envelope.md is enough to publish: plain boto3, the document's example, a node runs it.
+And a message that is not an envelope is morgued saying so."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+import shardq
+from shardq.broker import MemoryBroker
+from shardq.broker.base import SendEntry
+from shardq.config import Config
+from shardq.morgue import MorgueQueue
+from shardq.node import Node
+from tests.children import ROOT
+from tests.conftest import make_broker
+
+DOC = ROOT / "docs" / "envelope.md"
+app = shardq.App()
+done: list[tuple[str, Any]] = []
+
+
+@app.register
+class SyncOrder(shardq.Worker):
+    shards = 4
+
+    def perform(self, entity_id: str, payloads: list[Any]) -> None:
+        done.extend((entity_id, p) for p in payloads)
+
+
+def json_blocks(section: str) -> list[Any]:
+    """The ```json blocks of the section of docs/envelope.md headed ``section``."""
+    text = DOC.read_text(encoding="utf-8")
+    part = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", part, re.S)]
+
+
+def doc_shard_for(entity: str, shards: int) -> int:
+    """The document's shard rule, written out here as a producer would."""
+    digest = hashlib.blake2b(entity.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+def run_until_empty() -> None:
+    node = Node(app, app.plan(threads=1), until_empty=True, seed=1)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the node did not drain in time"
+
+
+@pytest.mark.sqs
+def test_a_message_published_with_plain_boto3_from_the_document_runs(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given the queues of an app, and the document's example message and schema
+    (example,) = json_blocks("Example message")
+    (schema,) = json_blocks("The body: the envelope")
+    assert set(schema["required"]) <= set(example) <= set(schema["properties"])
+    prefix = f"c{uuid.uuid4().hex[:8]}-"
+    broker = make_broker("sqs", tmp_path, request)
+    app.configure(Config(queue_prefix=prefix, idle_wait_seconds=1), broker=broker)
+    app.ensure_queues()
+    done.clear()
+    # when another producer sends it with boto3 alone, following the document
+    server = request.getfixturevalue("sqs_emulator")
+    sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.endpoint_url)
+    entity = example["entity"]
+    queue = f"{prefix}sync-order-{doc_shard_for(entity, 4)}.fifo"
+    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+    dedup = hashlib.sha256(f"{entity}\0first".encode()).hexdigest()
+    for _ in range(2):  # sent twice with the same dedup id: queued once
+        sqs.send_message(
+            QueueUrl=url,
+            MessageBody=json.dumps(example),
+            MessageGroupId=entity,
+            MessageDeduplicationId=dedup,
+        )
+    # then a node runs it once, with the example's entity and payload
+    run_until_empty()
+    assert done == [(entity, example["payload"])]
+    broker.close()
+
+
+def test_a_message_that_is_not_an_envelope_is_morgued_saying_so() -> None:
+    # given bodies some other producer wrote into a shard queue
+    app.configure(Config(idle_wait_seconds=1), broker=MemoryBroker())
+    app.ensure_queues()
+    done.clear()
+    queue = app.shard_queue("SyncOrder", doc_shard_for("e", 4))
+    bodies = ['{"a": 1}', "not json", "[1, 2]"]
+    entries = [SendEntry(str(i), b, "e", f"d{i}") for i, b in enumerate(bodies)]
+    assert app.broker.send_batch(queue, entries).failed == {}
+    # when a node runs
+    run_until_empty()
+    # then each is in the morgue, saying it is not a shardq envelope (not "upgrade")
+    records = MorgueQueue(app, "SyncOrder").list_jobs()
+    assert [r.body for r in records] == bodies
+    for record in records:
+        assert "not a shardq envelope" in record.error_message, record.error_message
+        assert "upgrade" not in record.error_message
+    assert done == []

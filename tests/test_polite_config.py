@@ -1,0 +1,79 @@
+"""Config and usage mistakes are refused with a message naming the mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardq.config import Config
+from shardq.errors import ConfigError
+from shardq.limits import MAX_CONCURRENCY, MAX_THREADS
+from tests.test_bad_input import shardq_cli
+
+
+def test_threads_above_the_bound_are_refused_naming_the_key_and_bound() -> None:
+    # given a config asking for 100000 threads, when it is loaded, then it is refused
+    with pytest.raises(ConfigError, match=rf"threads: expected an integer from 1 to {MAX_THREADS}"):
+        Config.load(env={"SHARDQ_THREADS": "100000"})
+    # and the bound itself is accepted
+    assert Config(threads=MAX_THREADS).threads == MAX_THREADS
+
+
+def test_the_bounds_are_documented_constants() -> None:
+    assert MAX_THREADS == 256
+    assert MAX_CONCURRENCY == 1000
+
+
+def test_a_duplicate_top_level_key_is_refused_naming_key_file_and_line(tmp_path: Path) -> None:
+    # given a shardq.yaml setting threads twice
+    path = tmp_path / "shardq.yaml"
+    path.write_text("threads: 2\nqueue_prefix: a-\nthreads: 8\n")
+    # when it is loaded, then the error names the key, the file and the second line
+    with pytest.raises(ConfigError) as caught:
+        Config.load(path, env={})
+    text = str(caught.value)
+    assert "duplicate key 'threads'" in text
+    assert str(path) in text and "line 3" in text and "line 1" in text
+
+
+def test_a_duplicate_worker_setting_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "shardq.yaml"
+    path.write_text("workers:\n  SyncOrder:\n    shards: 4\n    shards: 16\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'shards'.*line 4"):
+        Config.load(path, env={})
+
+
+def test_the_same_key_in_two_mappings_is_not_a_duplicate(tmp_path: Path) -> None:
+    path = tmp_path / "shardq.yaml"
+    path.write_text("workers:\n  A: {shards: 2}\n  B: {shards: 3}\n")
+    config = Config.load(path, env={})
+    assert config.workers == {"A": {"shards": 2}, "B": {"shards": 3}}
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("SHARDQ_threads", "SHARDQ_THREADS"),
+        ("SHARDQ_Queue_Prefix", "SHARDQ_QUEUE_PREFIX"),
+        ("SHARDQ_config", "SHARDQ_CONFIG"),
+        ("SHARDQ_workers__SyncOrder__shards", "SHARDQ_WORKERS__SyncOrder__shards"),
+    ],
+)
+def test_an_environment_variable_in_the_wrong_case_is_refused_with_the_right_name(
+    name: str, hint: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Config.load(env={name: "8"})
+    assert f"environment: {name} is not a shardq setting" in str(caught.value)
+    assert f"did you mean {hint}?" in str(caught.value)
+
+
+@pytest.mark.parametrize("nodes", ["0", "-2"])
+def test_plan_with_no_nodes_is_a_usage_error(tmp_path: Path, nodes: str) -> None:
+    result = shardq_cli(
+        "plan", "--nodes", nodes, env={"SHARDQ_BROKER_URL": f"sqlite:///{tmp_path / 'b.db'}"}
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"--nodes must be at least 1, got {nodes}" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,62 @@
+"""A reshard with a node whose wall clock is 120 s ahead (Debian's ``faketime``).
+
+The node process runs under ``faketime -f +120s``; the test process announces the
+reshard and publishes. Nothing of the reshard compares the two clocks: the node
+writes the switch once the trust window passed on its own clock, closes the old
+shards, and every entity's jobs run in publish order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from shardq import reshard
+from shardq.ensure import ensure_state_table
+from tests.apps import ledger
+from tests.children import ROOT, Env
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("faketime") is None,
+    reason="needs Debian's faketime (apt-get install faketime) to skew a node's clock",
+)
+
+ENTITIES = 30
+
+
+def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(env: Env) -> None:
+    # given Ledgered (3 shards) with one job of each of 30 entities, a reshard to 5
+    # announced, and a trust window of 6 s
+    env.vars.update(SHARDQ_RESHARD_TRUST_SECONDS="6", SHARDQ_LAYOUT_REFRESH_SECONDS="0.5")
+    app = ledger.app
+    app.configure(env.config())
+    ensure_state_table(app)
+    app.ensure_queues()
+    entities = [f"s{i}" for i in range(ENTITIES)]
+    ledger.Ledgered.publish_many([(e, {"n": 0}) for e in entities])
+    reshard.start(app, "Ledgered", 5)
+    # when a node runs with its wall clock 120 s ahead
+    child = subprocess.Popen(
+        ["faketime", "-f", "+120s", sys.executable, "-m", "shardq", "run", "--node", "0"],
+        cwd=ROOT,
+        # the wall clock only: a faked monotonic clock hangs every timed wait
+        env={**os.environ, **env.vars, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    env.children.append(child)
+    # then it writes the switch (the trust window passed on its clock) ...
+    env.wait_for(lambda: app.layouts.read("Ledgered").state != "announced", 60)
+    # ... publishers that read it send to the new layout ...
+    ledger.Ledgered.publish_many([(e, {"n": 1}) for e in entities])
+    # ... and the old shards close once empty, the move ends
+    env.wait_for(lambda: app.layouts.read("Ledgered").moving is None, 90)
+    env.wait_for(lambda: len([e for e in env.events() if e[0] == "end"]) >= 2 * ENTITIES, 30)
+    # and every entity's jobs ran once each, in publish order, never two at once
+    problems = ledger.check(ledger.read(env.ledger), dict.fromkeys(entities, 2))
+    assert all(not found for found in problems.values()), problems
+    assert app.layouts.read("Ledgered").shards == 5

@@ -1,0 +1,137 @@
+"""An SQS endpoint that accepts connections and never answers fails calls with a clear
+error, within the client's bounded timeouts and retries, instead of blocking for minutes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import shardq
+from shardq.broker.sqs import SqsBroker
+from shardq.broker.sqs_client import (
+    CALL_ATTEMPTS,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    worst_call_seconds,
+)
+from shardq.config import Config
+from shardq.errors import BrokerError
+from tests.children import ROOT
+
+#: The longest a hung endpoint may hold a command, timeouts and retries included.
+BUDGET = 20.0
+
+
+class Mute:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.accepted: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted.append(conn)  # held open, never read from nor written to
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def mute() -> Iterator[Mute]:
+    server = Mute()
+    yield server
+    server.close()
+
+
+def cli(mute: Mute, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "SHARDQ_APP": "tests.apps.ledger",
+        "SHARDQ_BROKER_URL": "sqs://",
+        "SHARDQ_ENDPOINT_URL": mute.url,
+        "SHARDQ_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "shardq", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_timeouts_and_retries_of_a_call_fit_the_budget() -> None:
+    # the worst case of one call: every attempt connects late, or waits for an answer
+    # until the read timeout, plus the retries' back-off
+    assert worst_call_seconds() < BUDGET
+    assert CALL_ATTEMPTS >= 2 and CONNECT_TIMEOUT <= READ_TIMEOUT
+
+
+def test_the_broker_client_uses_the_timeouts_and_adaptive_retries() -> None:
+    broker = SqsBroker(region="us-east-1", endpoint_url="http://127.0.0.1:9")
+    config: Any = broker.client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT, READ_TIMEOUT)
+    assert config.retries == {"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS}
+
+
+@pytest.mark.parametrize(
+    "args", [("stats",), ("publish", "Ledgered", "e", '{"n": 1}')], ids=["stats", "publish"]
+)
+def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(
+    mute: Mute, args: tuple[str, ...]
+) -> None:
+    # when a command talks to an SQS endpoint that never answers
+    result = cli(mute, *args, timeout=90)  # was ~145 s: the run would time out here
+    # then it exits 1 saying SQS did not answer in time, with no traceback
+    assert result.returncode == 1, result.stderr
+    assert "shardq: broker error:" in result.stderr
+    assert "did not answer within" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert mute.accepted  # it did connect: the hang was in the answer
+
+
+def test_app_publish_from_code_fails_with_a_clear_error(
+    mute: Mute, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an app whose SQS endpoint never answers
+    app = shardq.App()
+
+    @app.register
+    class Job(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[object]) -> None: ...
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    app.configure(Config(broker_url="sqs://", endpoint_url=mute.url, region="us-east-1"))
+    # when a web request publishes, then it gets a BrokerError, not a hang
+    with pytest.raises(BrokerError, match="did not answer within"):
+        Job.publish("e", {"n": 1})
