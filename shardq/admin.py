@@ -23,13 +23,22 @@ from shardq.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
 from shardq.fleet_view import fleet_view
 from shardq.layout_text import layout_lines
 from shardq.layout_view import reshards
-from shardq.stats import collect, no_queues_text, queues_exist, read_fleet
+from shardq.stats import (
+    backlog,
+    collect,
+    live_shards,
+    no_queues_text,
+    queues_exist,
+    read_fleet,
+    stats_backlog,
+)
 from shardq.tables import age, optional, table
 from shardq.terminal import plural
 
 EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
-    "no node has reported yet: nodes report when they start and about every 45 s. "
+    "no node has reported yet: nodes write their heartbeat to the state store when they "
+    "start. "
     "Start one with `shardq run` (it joins the fleet) or `shardq run --node N --nodes M`, "
     "with the same broker and queue prefix as this command"
 )
@@ -181,16 +190,17 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         )
     )
     print(table(rows, align="lrrrrrl"))
-    for line in [*layout_lines(stats), *fleet_lines(stats.fleet, stats.lag_source)]:
+    fleet = fleet_lines(stats.fleet, stats.lag_source, stats_backlog(stats))
+    for line in [*layout_lines(stats), *fleet]:
         print(line, file=sys.stderr)
     if stats.fleet_error:
-        print(f"cannot read the fleet document: {stats.fleet_error}", file=sys.stderr)
+        print(f"cannot read the fleet from the state store: {stats.fleet_error}", file=sys.stderr)
     return EXIT_OK
 
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
-    view = fleet_view(read_fleet(app), now)
+    view = fleet_view(read_fleet(app), now, live_shards(app))
     moves = reshards(app)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
@@ -200,7 +210,7 @@ def _nodes(app: App, args: argparse.Namespace) -> int:
         print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
     else:
         if view.reported:
-            print(nodes_text(view))
+            print(nodes_text(view, backlog(app, view.unserved)))
         if moves:
             print(("\n" if view.reported else "") + "\n".join(m.text() for m in moves))
     if not view.reported:

@@ -23,7 +23,7 @@ from shardq.bulk import PublishInterrupted
 from shardq.config import Config
 from shardq.early import EarlyStop
 from shardq.errors import BrokerError, ConfigError, ShardqError
-from shardq.fleet_doc import ELASTIC, STATIC
+from shardq.fleet_rules import ELASTIC, STATIC
 from shardq.plan import Plan, format_plan
 from shardq.reshard import add_command as add_reshard
 from shardq.store import StoreError
@@ -42,7 +42,7 @@ _EPILOG_RUN = """examples:
   SHARDQ_BROKER_URL=sqs:// shardq run --node 1 --nodes 2
 
 Without --node the node joins the fleet: it takes its fair share of the shards
-(leases in the shardq-leases queue), hands them back when it stops, and takes over
+(ownership items in the state store), hands them back when it stops, and takes over
 those of nodes that die (within lease_seconds, default 30). With --node N --nodes M
 it serves the static plan of `shardq plan`.
 """

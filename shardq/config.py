@@ -64,11 +64,10 @@ class Config:
     prefetch: int = 2
     #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
-    #: Elastic fleet: a killed node's shards are taken by others within this (its leases
-    #: expire 3 s sooner after its last renewal, leaving time for the takeover; 10..600).
+    #: Elastic fleet: a killed node's shards are taken by others within this (its
+    #: heartbeat counter must stand still that long less a beat and 2 s; 10..600).
     lease_seconds: float = 30.0
-    #: Seconds between a node's reports to the fleet document (5..45; a node silent
-    #: for 60 s is shown as gone).
+    #: Unused since the fleet lives in the state store (5..45, still accepted).
     report_seconds: float = 45.0
     #: Publishers and nodes look at the live layout (``shardq reshard``) again when
     #: their copy is older than this (0.1..60).

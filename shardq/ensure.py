@@ -1,11 +1,11 @@
 """``shardq queues ensure``: create the queues of the live layouts, report drift.
 
 Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.layout`) and the fleet's two queues,
-each keeping messages 14 days (the SQS maximum), and the DynamoDB state table of an
-``sqs://`` app; checks the existing queues (FIFO, no content-based dedup, the
-worker's visibility timeout, the retention); moves the dead jobs of old morgue
-queues into the store and applies ``morgue_retention_days``
+during a reshard, the old one: see :mod:`shardq.layout`), each keeping messages 14
+days (the SQS maximum), and the DynamoDB state table of an ``sqs://`` app (the fleet,
+the layouts and the dead jobs live there, not in queues); checks the existing queues
+(FIFO, no content-based dedup, the worker's visibility timeout, the retention); moves
+the dead jobs of old morgue queues into the store and applies ``morgue_retention_days``
 (:mod:`shardq.morgue_migrate`); says which workers' code no longer gives the live
 number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.prune`).
 """
@@ -15,8 +15,6 @@ from __future__ import annotations
 import sys
 
 from shardq.app import App
-from shardq.fleet import leases_queue
-from shardq.fleet_store import fleet_queue
 from shardq.layout import parse_name
 from shardq.layout_view import layout_view
 from shardq.limits import MAX_RETENTION_SECONDS
@@ -74,14 +72,6 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                     f"{queue}: VisibilityTimeout is {found.visibility_timeout} s, "
                     f"{name}.visibility_timeout is {settings.visibility_timeout} s"
                 )
-    prefix = app.config.queue_prefix
-    fleet = ((fleet_queue(prefix), 10), (leases_queue(prefix), int(app.config.lease_seconds)))
-    for queue, visibility in fleet:  # the elastic fleet's own two queues
-        if broker.queue_settings(queue) is None:
-            broker.ensure_queue(queue, visibility_timeout=visibility)
-            created += 1
-        else:
-            checked += 1
     for line in drift:
         print(f"drift: {line}")
     for line in tend(app):  # the old morgue queues, morgue_retention_days

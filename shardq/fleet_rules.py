@@ -1,88 +1,171 @@
-"""The fleet's decisions, as pure functions of a fleet document and the time.
+"""The fleet's decisions: pure functions over a snapshot of the state store.
 
-* :func:`joined`: a node's periodic write: its report in, nodes it saw go and nodes
-  silent for :data:`STALE_SECONDS` moved to gone, targets recomputed;
-* :func:`left`: a node's last write when it stops;
-* :func:`retarget`: the node that should hold each shard (:func:`shardq.assign.assign`
-  over the elastic nodes, starting from who reports holding what);
-* :func:`take_lease`: whether a node keeps a shard lease it received.
+A snapshot is what one node read in one round: every heartbeat item (``node/<id>``,
+its version is the node's heartbeat counter), every ownership item
+(``shard/<key>``, ``key`` as :attr:`shardq.plan.ShardRef.key`: ``Orders:3``,
+``Orders@2:3``) and, per node, when *this* observer first saw its current counter
+(on the observer's own monotonic clock). Nothing here compares the wall clocks of
+two machines.
+
+* :func:`observe`: the first-seen times after one more read;
+* :func:`live_nodes`: the elastic nodes whose counter moved within ``expire`` seconds;
+* :func:`decide`: what one node does this round: shards to claim (a conditional
+  put on the version read), to free (drain, then a conditional put naming nobody), to stop
+  serving at once (owned by another node now) and ownership items to purge (of a
+  layout generation that ended, whose owner is not live).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
 
-from shardq.assign import assign, key_text, parse_key
-from shardq.fleet_doc import ELASTIC, FleetDoc, NodeReport
+from shardq.assign import assign, parse_key
 
-#: A lease that keeps coming back to a node this long is taken even if targeted
-#: elsewhere (its target is not picking it up).
-BOUNCE_GIVE_UP_SECONDS = 5.0
+ELASTIC, STATIC = "elastic", "static"
+#: Seconds between two rounds (two prefix queries) of an elastic node.
+ROUND_SECONDS = 1.0
+
+
+def timing(lease_seconds: float) -> tuple[float, float]:
+    """``(beat, expire)``: how often a node bumps its heartbeat counter, and how long
+    a counter must stay still, on an observer's clock, before its node counts as dead.
+    A node killed just after a beat is seen dead ``expire`` after the next round, and
+    its shards taken the round after: within ``lease_seconds`` of its death."""
+    beat = lease_seconds / 5
+    return beat, lease_seconds - beat - 2 * ROUND_SECONDS
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat item as read: its node, counter (the item's version), mode and
+    whether an observer marked it gone (its reason, else "")."""
+
+    node: str
+    counter: int
+    mode: str = ELASTIC
+    gone: str = ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """One ownership item: the shard's key, its owner and the item's version."""
+
+    key: str
+    node: str
+    version: int
+
+
+def observe(
+    seen: Mapping[str, tuple[int, float]], beats: Mapping[str, Beat], now: float
+) -> dict[str, tuple[int, float]]:
+    """Node -> (counter, when first seen) after reading ``beats`` at ``now``: a counter
+    seen before keeps its time; a new one (or a new node) is seen now; nodes whose item
+    is gone are forgotten."""
+    result = {}
+    for node, beat in beats.items():
+        old = seen.get(node)
+        result[node] = old if old is not None and old[0] == beat.counter else (beat.counter, now)
+    return result
+
+
+def live_nodes(
+    beats: Mapping[str, Beat], seen: Mapping[str, tuple[int, float]], now: float, expire: float
+) -> set[str]:
+    """The elastic nodes not marked gone whose counter moved less than ``expire``
+    seconds ago (as this observer saw it)."""
+    return {
+        node
+        for node, beat in beats.items()
+        if beat.mode == ELASTIC and not beat.gone and node in seen and now - seen[node][1] < expire
+    }
+
+
+def expired(
+    beats: Mapping[str, Beat], seen: Mapping[str, tuple[int, float]], now: float, expire: float
+) -> list[str]:
+    """Nodes not marked gone whose counter stood still ``expire`` seconds or more: an
+    observer marks them gone (a conditional write on the counter it saw)."""
+    return sorted(
+        node
+        for node, beat in beats.items()
+        if not beat.gone and node in seen and now - seen[node][1] >= expire
+    )
+
+
+@dataclass(frozen=True)
+class Moves:
+    """What one node does in one round (shard keys; versions to write on)."""
+
+    #: Free or dead-owned shards assigned to this node: key -> version read (None: no item).
+    claim: Mapping[str, int | None] = field(default_factory=dict)
+    #: Shards this node owns and should serve but does not (yet): serve them.
+    serve: tuple[str, ...] = ()
+    #: Shards this node owns that another node should hold: drain, then delete.
+    free: Mapping[str, int] = field(default_factory=dict)
+    #: Shards served here that the store says another node owns: stop at once.
+    lost: tuple[str, ...] = ()
+    #: Ownership items of ended layout generations, owned by no live node: delete.
+    purge: Mapping[str, int] = field(default_factory=dict)
 
 
 def shard_keys(shards: Mapping[str, int]) -> list[str]:
-    """``worker:n`` of every shard, ordered by worker then shard."""
+    """``name:n`` of every shard (``shards``: generation name -> count), sorted."""
     return [f"{name}:{n}" for name in sorted(shards) for n in range(shards[name])]
 
 
-def joined(
-    doc: FleetDoc,
-    report: NodeReport,
-    gone: Mapping[str, str],
-    now: float,
-    shards: Mapping[str, int],
-) -> FleetDoc:
-    """``doc`` after ``report``'s node wrote its report (``gone``: node -> reason)."""
-    doc = doc.pruned(now).with_node(report)
-    for node, reason in gone.items():
-        doc = doc.without_node(node, reason, now)
-    for node, other in list(doc.nodes.items()):
-        if node != report.node and now - other.seen > other.stale_after:
-            doc = doc.without_node(node, "not reporting", now)
-    return retarget(doc, shards)
-
-
-def left(doc: FleetDoc, node: str, now: float, shards: Mapping[str, int]) -> FleetDoc:
-    """``doc`` after ``node`` stopped gracefully."""
-    return retarget(doc.without_node(node, "stopped", now), shards)
-
-
-def retarget(doc: FleetDoc, shards: Mapping[str, int]) -> FleetDoc:
-    """Targets recomputed over the elastic nodes; every shard listed as leased."""
-    elastic = sorted(n for n, r in doc.nodes.items() if r.mode == ELASTIC)
+def targets(
+    shards: Mapping[str, int], live: Set[str], owners: Mapping[str, Owner]
+) -> dict[str, str]:
+    """Shard key -> the live node that should hold it (:func:`shardq.assign.assign`,
+    starting from the live owners)."""
     holders = {}
-    for key, node in doc.owners().items():
-        try:
-            holders[parse_key(key)] = node
-        except ValueError:
+    for key, owner in owners.items():
+        if owner.node in live:
+            try:
+                holders[parse_key(key)] = owner.node
+            except ValueError:
+                continue
+    return {f"{w}:{n}": node for (w, n), node in assign(shards, sorted(live), holders).items()}
+
+
+def decide(
+    me: str,
+    shards: Mapping[str, int],
+    live: Set[str],
+    owners: Mapping[str, Owner],
+    serving: Set[str],
+    busy: Set[str] = frozenset(),
+) -> Moves:
+    """This node's moves. ``shards``: generation name -> count of the live layout;
+    ``live``: live elastic nodes (this one included); ``serving``: keys served here;
+    ``busy``: keys not to touch this round (draining, or refused a moment ago)."""
+    live = set(live) | {me}
+    goal = targets(shards, live, owners)
+    claim: dict[str, int | None] = {}
+    serve = []
+    for key, node in goal.items():
+        if node != me or key in busy:
             continue
-    targets = {key_text(k): n for k, n in assign(shards, elastic, holders).items()}
-    leases = tuple(sorted({*_listed(doc.leases, shards), *shard_keys(shards)}))
-    return replace(doc, targets=targets, leases=leases)
-
-
-def _listed(leases: tuple[str, ...], shards: Mapping[str, int]) -> list[str]:
-    """Listed leases to keep: not those of a layout generation that ended (a worker
-    whose other generation is live); those of workers unknown here are kept."""
+        owner = owners.get(key)
+        if owner is None or owner.node not in live:
+            claim[key] = None if owner is None else owner.version
+        elif owner.node == me and key not in serving:
+            serve.append(key)
+    free = {
+        key: o.version
+        for key, o in owners.items()
+        if o.node == me and goal.get(key) != me and key not in busy
+    }
+    lost = tuple(
+        sorted(k for k in serving if k in owners and owners[k].node != me and k not in busy)
+    )
     workers = {name.partition("@")[0] for name in shards}
-    kept = []
-    for key in leases:
-        name = key.rpartition(":")[0]
-        if name in shards or name.partition("@")[0] not in workers:
-            kept.append(key)
-    return kept
-
-
-def take_lease(key: str, me: str, doc: FleetDoc, live: set[str], bounced_for: float | None) -> bool:
-    """Whether a node that received the lease of ``key`` keeps it: yes if targeted at
-    it, at nobody, at a node not live, or at the node that reported holding it (which
-    let it lapse: killed, cut off, or leaving, before the others know); else only once
-    it has bounced long enough."""
-    target = doc.targets.get(key)
-    if target is None or target == me or target not in live:
-        return True
-    holder = doc.nodes.get(target)
-    if holder is not None and key in holder.held:
-        return True
-    return bounced_for is not None and bounced_for >= BOUNCE_GIVE_UP_SECONDS
+    purge = {
+        key: o.version
+        for key, o in owners.items()
+        if key not in goal
+        and o.node not in live
+        and key.rpartition(":")[0].partition("@")[0] in workers
+    }
+    return Moves(claim, tuple(serve), free, lost, purge)

@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-from shardq.fleet_doc import STALE_SECONDS
+from collections.abc import Mapping
+
 from shardq.fleet_view import FleetView
 from shardq.tables import age, table, utc
 from shardq.terminal import plural
 
-NODES_JSON_HELP = f"""\
---json prints {{"time": T, "nodes": [NODE, ...], "gone": [NODE, ...]}}, plus
+NODES_JSON_HELP = """\
+--json prints {"time": T, "nodes": [NODE, ...], "gone": [NODE, ...], "unserved":
+["Worker:shard", ...] (shards of the live layout no live node serves), "no_live_node"
+(nodes ran before and none is live now)}, plus
 "reshards": [RESHARD, ...] while a reshard is in progress (times are Unix seconds;
 GET /api/v1/nodes on the dashboard answers the same):
-  NODE   {{"node", "host", "pid", "mode" ("elastic" or "static"), "version",
-          "threads", "started", "seen" (its last report), "shards" (how many it
+  NODE   {"node", "host", "pid", "mode" ("elastic" or "static"), "version",
+          "threads", "concurrency" (if set), "started", "seen" (its last heartbeat,
+          by its own clock), "shards" (how many it
           holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
           is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
-          "max_lag" (seconds)}}
-  RESHARD  a reshard in progress: {{"worker", "from", "to" (shards), "from_gen",
+          "retried", "failed" (jobs moved to the morgue), "max_lag" (seconds)}
+  RESHARD  a reshard in progress: {"worker", "from", "to" (shards), "from_gen",
           "to_gen", "started", "seconds" (since it began), "trust", "phase"
           ("switching" or "closing"), "old_shards_open", "old_shards", "old_jobs"
-          (waiting or in flight in the old layout), "by"}}
-  a gone NODE also has "gone_at", "reason" ("stopped", "lease expired" or
-  "not reporting") and "unserved" (shards it held that no live node reports
-  holding yet).
-Nodes report about every 45 s (report_seconds), an idle elastic node every 90 s; one
-whose last report is over {STALE_SECONDS:.0f} s old, or 15 s past when its next was due,
-is shown gone ("not reporting", since that report). Gone nodes are shown an hour.
+          (waiting or in flight in the old layout), "by"}
+  a gone NODE also has "gone_at", "reason" ("lease expired": its heartbeat stood
+  still for the lease on another node's clock; "not reporting": no live node is
+  left to judge and its last heartbeat is old) and "unserved" (shards it held that
+  no live node serves yet).
+Nodes write a heartbeat (their report) every lease_seconds/5 to the state store; a
+node that stops gracefully deletes it and is not listed. Gone nodes are shown an hour.
 """
 
 
-def nodes_text(view: FleetView) -> str:
+def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str:
     """The live nodes, then the nodes gone in the last hour, as tables."""
     now = view.time
     parts = []
@@ -64,7 +68,7 @@ def nodes_text(view: FleetView) -> str:
             )
         parts.append(table(rows, align="lllllrrrr"))
     else:
-        parts.append("no node is live")
+        parts.append("no live node at all: no shard is served")
     if view.gone:
         rows = [
             ("node", "host", "pid", "last seen (UTC)", "gone (UTC)", "reason", "shards", "unserved")
@@ -83,20 +87,37 @@ def nodes_text(view: FleetView) -> str:
                 )
             )
         parts.append("gone in the last hour:\n" + table(rows, align="llrlllrr"))
+    if view.unserved:
+        parts.append("\n".join(unserved_lines(view, backlog or {})))
     return "\n\n".join(parts)
 
 
-def fleet_lines(view: FleetView, lag_source: str | None) -> list[str]:
+def unserved_lines(view: FleetView, backlog: Mapping[str, int]) -> list[str]:
+    """The shards no live node serves, with the jobs waiting in each (if known)."""
+    if not view.unserved:
+        return []
+    jobs = [f"{k} ({backlog[k]} waiting)" if k in backlog else k for k in view.unserved]
+    return [
+        f"{plural(len(view.unserved), 'shard')} served by no live node (lag unknown): "
+        + ", ".join(jobs)
+    ]
+
+
+def fleet_lines(
+    view: FleetView, lag_source: str | None, backlog: Mapping[str, int] | None = None
+) -> list[str]:
     """What ``shardq stats`` says about the fleet under its table."""
     if not view.reported:
         lags = "; on SQS lags come from their reports" if lag_source is None else ""
         return [f"no node has reported yet: owners unknown{lags} (see `shardq nodes`)"]
-    lags = "; lags are their owners' reports, up to about 45 s old"
+    lags = "; lags are their owners' reports, a few seconds old"
     lines = [
         f"{plural(len(view.nodes), 'node')} live, {view.jobs_per_second:.1f} jobs/s together "
         f"(from their reports){lags if lag_source == 'reports' else ''}"
     ]
+    if not view.nodes:
+        lines = ["no live node at all: no shard is served"]
     lines += [
         f"  excludes {g.report.node}: {g.reason} since {utc(g.gone_at)} UTC" for g in view.gone
     ]
-    return lines
+    return lines + unserved_lines(view, backlog or {})

@@ -1,18 +1,20 @@
-"""What operators see of a fleet: the live nodes, the nodes gone in the last hour, and
-which node serves each shard with what lag.
+"""What operators see of a fleet: live nodes, nodes gone in the last hour, which node
+serves each shard with what lag, and the shards no live node serves.
 
-Pure: a :class:`~shardq.fleet_doc.FleetDoc` (or None: no node ever reported) and a
-time in, a :class:`FleetView` out. ``shardq nodes``, ``shardq stats`` and the
-dashboard all show this view.
+Built from the state store's fleet items (:mod:`shardq.fleet`): the heartbeats
+(``node/<id>``, each node's report) and the ownership items (``shard/<key>``).
+``shardq nodes``, ``shardq stats``, ``/api/v1/nodes`` and the dashboard show it.
 
-* A node listed as live whose last report is older than its ``stale_after`` (60 s,
-  or 15 s past its next report's due time) is shown gone (``not reporting``, since
-  its last report), even before another node has moved it to ``gone`` in the
-  document. Nodes report about every 45 s, idle elastic nodes every 90 s.
-* Gone nodes are shown for :data:`~shardq.fleet_doc.GONE_KEPT_SECONDS` after they went.
-* A shard's owner is the live node whose report says it holds the shard (the latest
-  report wins; None if no live node reports it), and its lag is what that owner
-  reported for it.
+* A heartbeat that a live node marked gone (its counter stood still for the lease,
+  on that node's clock) is shown gone with the reason; a node that left gracefully
+  deleted its heartbeat and is not shown.
+* When no elastic node's heartbeat is recent by this machine's clock (nobody is left
+  to mark the others gone), a heartbeat older than :func:`stale_after` is shown
+  gone, ``not reporting``: for display only; nothing decides on it.
+* A shard's owner is the live node of its ownership item (a static node: the shards
+  its report lists); ``unserved`` lists the shards of the live layout no live node
+  serves. Their lag is unknown to the fleet (never 0): ``shardq stats`` shows the
+  broker's age of their oldest job where the broker knows it, and their backlog.
 """
 
 from __future__ import annotations
@@ -22,22 +24,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.errors import ConfigError
-from shardq.fleet_doc import GONE_KEPT_SECONDS, FleetDoc, NodeReport
+from shardq.fleet_rules import ELASTIC, shard_keys
 from shardq.layout import parse_name, shard_name
+from shardq.store import Item, Store
 
-#: Why a node that stopped reporting without saying so is shown gone.
 NOT_REPORTING = "not reporting"
+GONE_KEPT_SECONDS = 3600.0
 
 
 def shard_key(worker: str, shard: int, gen: int = 0) -> str:
-    """The key of a shard in the fleet document: ``"Orders:3"`` (generation 0),
-    ``"Orders@2:3"`` (generation 2)."""
+    """``"Orders:3"`` (generation 0), ``"Orders@2:3"`` (generation 2)."""
     return f"{shard_name(worker, gen)}:{shard}"
 
 
 def key_order(key: str) -> tuple[str, int, int, str]:
-    """Sort key for shard keys: by worker, then generation, then shard number (a key
-    of another shape sorts by its text, after its worker's)."""
+    """Sort key for shard keys: by worker, generation, shard number."""
     name, _, shard = key.rpartition(":")
     try:
         worker, gen = parse_name(name)
@@ -49,9 +50,65 @@ def key_order(key: str) -> tuple[str, int, int, str]:
 
 
 @dataclass(frozen=True)
+class NodeReport:
+    """One node's heartbeat as shown. Times are Unix seconds of the node's clock."""
+
+    node: str
+    host: str = ""
+    pid: int = 0
+    started: float = 0.0
+    seen: float = 0.0
+    mode: str = ELASTIC
+    threads: int = 0
+    held: tuple[str, ...] = ()
+    lags: Mapping[str, float] = field(default_factory=dict)
+    jobs_per_second: float = 0.0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    max_lag: float = 0.0
+    version: str = ""
+    expire: float = 0.0
+    concurrency: int | None = None
+
+    @classmethod
+    def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
+        raw = v.get("lags")
+        raw = raw if isinstance(raw, dict) else {}
+        lags = {str(k): float(x) for k, x in raw.items() if isinstance(x, (int, float))}
+        held = v.get("held")
+        held = held if isinstance(held, list) else []
+        return cls(
+            node=node,
+            host=str(v.get("host", "")),
+            pid=_int(v.get("pid")),
+            started=_float(v.get("started")),
+            seen=_float(v.get("at")),
+            mode=str(v.get("mode", ELASTIC)),
+            threads=_int(v.get("threads")),
+            held=tuple(str(k) for k in held),
+            lags=lags,
+            jobs_per_second=_float(v.get("jobs_per_second")),
+            done=_int(v.get("done")),
+            retried=_int(v.get("retried")),
+            failed=_int(v.get("failed")),
+            max_lag=max(lags.values(), default=0.0),
+            version=str(v.get("version", "")),
+            expire=_float(v.get("expire")),
+            concurrency=v["concurrency"] if isinstance(v.get("concurrency"), int) else None,
+        )
+
+
+def stale_after(report: NodeReport) -> float:
+    """Seconds after its own time from which a heartbeat is shown ``not reporting``
+    when no live node judges it (three leases, at least a minute)."""
+    return max(60.0, 3 * report.expire)
+
+
+@dataclass(frozen=True)
 class GoneView:
-    """A node gone in the last hour: its last report, when and why it went, and the
-    shards it held that no live node reports holding yet (``unserved``)."""
+    """A node gone: its last report, when (the marker's clock) and why, and the shards
+    it held that no live node serves yet (``unserved``)."""
 
     report: NodeReport
     gone_at: float
@@ -61,23 +118,27 @@ class GoneView:
 
 @dataclass(frozen=True)
 class FleetView:
-    """The fleet at ``time``. ``reported`` is False when no node ever wrote a report."""
+    """The fleet at ``time``. ``reported`` is False when no node ever wrote."""
 
     time: float
     reported: bool = False
-    #: Live nodes, by node id.
     nodes: tuple[NodeReport, ...] = ()
-    #: Nodes gone in the last hour, the latest first.
     gone: tuple[GoneView, ...] = ()
-    #: Shard key -> the live node holding it.
+    #: Shard key -> the live node serving it.
     owners: Mapping[str, str] = field(default_factory=dict)
     #: Shard key -> the lag its owner reported, in seconds.
     lags: Mapping[str, float] = field(default_factory=dict)
+    #: Keys of the live layout's shards no live node serves (when the layout was given).
+    unserved: tuple[str, ...] = ()
 
     @property
     def jobs_per_second(self) -> float:
-        """The live nodes' jobs per second together, as they last reported."""
         return sum(n.jobs_per_second for n in self.nodes)
+
+    @property
+    def no_live_node(self) -> bool:
+        """Nodes reported before, and none is live now."""
+        return self.reported and not self.nodes
 
     def owner(self, worker: str, shard: int, gen: int = 0) -> str | None:
         return self.owners.get(shard_key(worker, shard, gen))
@@ -86,11 +147,10 @@ class FleetView:
         return self.lags.get(shard_key(worker, shard, gen))
 
     def gone_since(self, since: float) -> tuple[GoneView, ...]:
-        """The nodes that went at ``since`` or later."""
         return tuple(g for g in self.gone if g.gone_at >= since)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"time", "nodes": [...], "gone": [...]}``, as ``shardq nodes --json`` prints."""
+        """As ``shardq nodes --json`` prints it (and ``/api/v1/nodes`` answers)."""
         return {
             "time": self.time,
             "nodes": [_node_json(n) for n in self.nodes],
@@ -103,30 +163,63 @@ class FleetView:
                 }
                 for g in self.gone
             ],
+            "unserved": list(self.unserved),
+            "no_live_node": self.no_live_node,
         }
 
 
-def fleet_view(doc: FleetDoc | None, now: float) -> FleetView:
-    """What operators see of ``doc`` at ``now``."""
-    if doc is None:
-        return FleetView(now)
-    live = [r for r in doc.nodes.values() if now - r.seen <= r.stale_after]
-    owners: dict[str, str] = {}
-    lags: dict[str, float] = {}
-    for report in sorted(live, key=lambda r: r.seen):  # the latest report wins
-        for key in report.held:
-            owners[key] = report.node
-            if key in report.lags:
-                lags[key] = float(report.lags[key])
-            else:
-                lags.pop(key, None)
+@dataclass(frozen=True)
+class FleetItems:
+    """The fleet's items as read from the store."""
+
+    nodes: tuple[Item, ...] = ()
+    owners: tuple[Item, ...] = ()
+
+
+def read_fleet(store: Store) -> FleetItems:
+    """The ownership items, then the heartbeats (two prefix queries)."""
+    owners = store.query_all("shard/")
+    return FleetItems(tuple(store.query_all("node/")), tuple(owners))
+
+
+def fleet_view(
+    items: FleetItems | None, now: float, shards: Mapping[str, int] | None = None
+) -> FleetView:
+    """What operators see at ``now``; ``shards`` (generation name -> count of the live
+    layout) adds the shards no live node serves."""
+    if items is None or not (items.nodes or items.owners):
+        return FleetView(now, unserved=_sorted(shard_keys(shards or {})))
+    reports = [
+        (NodeReport.from_value(i.key.partition("/")[2], i.value), i.value) for i in items.nodes
+    ]
+    judged = any(  # a live elastic node marks the others gone: trust its marks
+        r.mode == ELASTIC and not v.get("gone") and now - r.seen <= stale_after(r)
+        for r, v in reports
+    )
+    live: list[NodeReport] = []
+    went: list[tuple[NodeReport, float, str]] = []
+    for report, value in reports:
+        if value.get("gone"):
+            went.append((report, _float(value.get("gone_at")), str(value["gone"])))
+        elif not judged and now - report.seen > stale_after(report):
+            went.append((report, report.seen, NOT_REPORTING))
+        else:
+            live.append(report)
     live_ids = {r.node for r in live}
-    went = [(r, r.seen, NOT_REPORTING) for r in doc.nodes.values() if r.node not in live_ids]
-    went += [(g.report, g.gone_at, g.reason) for k, g in doc.gone.items() if k not in doc.nodes]
+    owners: dict[str, str] = {}
+    for report in live:
+        if report.mode != ELASTIC:
+            owners.update((k, report.node) for k in report.held)
+    for item in items.owners:
+        owner = str(item.value.get("owner", ""))
+        if owner in live_ids:
+            owners[item.key.partition("/")[2]] = owner
+    by_id = {r.node: r for r in live}
+    lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
-        GoneView(report, at, reason, _sorted(k for k in report.held if k not in owners))
-        for report, at, reason in went
-        if now - at <= GONE_KEPT_SECONDS and report.node not in live_ids
+        GoneView(r, at, why, _sorted(k for k in r.held if k not in owners))
+        for r, at, why in went
+        if now - at <= GONE_KEPT_SECONDS
     ]
     return FleetView(
         time=now,
@@ -135,6 +228,7 @@ def fleet_view(doc: FleetDoc | None, now: float) -> FleetView:
         gone=tuple(sorted(gone, key=lambda g: (-g.gone_at, g.report.node))),
         owners=owners,
         lags=lags,
+        unserved=_sorted(k for k in shard_keys(shards or {}) if k not in owners),
     )
 
 
@@ -142,8 +236,17 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(keys), key=key_order))
 
 
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else 0.0
+
+
 def _node_json(report: NodeReport) -> dict[str, Any]:
-    return {
+    data = {
         "node": report.node,
         "host": report.host,
         "pid": report.pid,
@@ -156,5 +259,10 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
         "held": list(_sorted(report.held)),
         "jobs_per_second": report.jobs_per_second,
         "done": report.done,
+        "retried": report.retried,
+        "failed": report.failed,
         "max_lag": report.max_lag,
     }
+    if report.concurrency is not None:
+        data["concurrency"] = report.concurrency
+    return data

@@ -41,7 +41,7 @@ from shardq.early import STOP_SIGNALS
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.executor import Observer, Tally
 from shardq.fleet import Fleet, make_node_id
-from shardq.fleet_doc import ELASTIC
+from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
 from shardq.job_age import OldJobs
 from shardq.lane import Lane, Shard

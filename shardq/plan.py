@@ -32,7 +32,7 @@ class ShardRef:
 
     @property
     def key(self) -> str:
-        """The shard key of fleet documents and leases: ``Orders:3``, ``Orders@2:3``."""
+        """The shard key of the fleet's ownership items: ``Orders:3``, ``Orders@2:3``."""
         return f"{self.name}:{self.shard}"
 
     def __str__(self) -> str:

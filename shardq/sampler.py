@@ -1,7 +1,7 @@
 """The dashboard's background sample: the stats, the fleet, and throughput.
 
 Every ``refresh`` seconds one thread reads the stats (:func:`shardq.stats.collect`,
-which reads the fleet document too), and in between the fleet document alone every
+which reads the fleet items too), and in between the fleet items alone every
 second (:data:`FLEET_REFRESH`); requests only read the latest sample, so
 clients never make the broker busier. Throughput is jobs finished (succeeded or
 moved to the morgue) per minute, kept 30 minutes, from one source:
@@ -29,12 +29,12 @@ import structlog
 
 from shardq.app import App
 from shardq.fleet_view import FleetView, fleet_view
-from shardq.stats import collect, read_fleet
+from shardq.stats import collect, live_shards, read_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
 WINDOW = 1800.0  # seconds of throughput history kept
-#: Seconds between reads of the fleet document alone (one request each on SQS; the full
+#: Seconds between reads of the fleet items alone (two store queries; the full
 #: sample, every ``refresh`` s, reads every queue's counts).
 FLEET_REFRESH = 1.0
 OUTCOMES = frozenset({"succeeded", "morgued"})
@@ -60,7 +60,7 @@ class Sampler:
 
     def __init__(self, app: App, refresh: float, scrape: Sequence[str] = ()) -> None:
         self.app, self.refresh, self.scrape = app, refresh, list(scrape)
-        #: Seconds between reads of the fleet document alone.
+        #: Seconds between reads of the fleet items alone.
         self.fleet_refresh = min(refresh, FLEET_REFRESH)
         #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
         self.points: dict[str, Points] = {}
@@ -98,17 +98,17 @@ class Sampler:
             self._stop.wait(max(0.0, min(self.fleet_refresh, next_sample - time.monotonic())))
 
     def sample_fleet(self) -> None:
-        """Read the fleet document alone (one peek), between two full samples, so that a
+        """Read the fleet items alone (two store queries), between two full samples, so that a
         node gone or a shard taken over shows within about a second."""
         try:
             doc = read_fleet(self.app)
-        except Exception as exc:  # FleetError, or the broker: keep the last good fleet
+        except Exception as exc:  # the store failed: keep the last good fleet
             if not self._fleet_failing:  # once, not every second
                 log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
             self._fleet_failing = True
             return
         self._fleet_failing = False
-        fleet = fleet_view(doc, time.time())
+        fleet = fleet_view(doc, time.time(), live_shards(self.app))
         with self._lock:
             self._fleet, self._fleet_error = fleet, None
 
@@ -237,7 +237,7 @@ class Sampler:
         self._ready.wait(wait)
         with self._lock:
             if self._fleet_error is not None:
-                raise SampleUnavailable(f"cannot read the fleet document: {self._fleet_error}")
+                raise SampleUnavailable(f"cannot read the fleet items: {self._fleet_error}")
             if self._fleet is None:
                 raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
             latest = self._latest or {"by_worker": {}}

@@ -10,7 +10,7 @@
   broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
   morgue), where the broker counts them (embedded); ``None`` on SQS.
-* ``fleet_error``: why the fleet document could not be read (owners and reported
+* ``fleet_error``: why the fleet items could not be read from the state store (owners and reported
   lags are then unknown), else ``None``.
 * Shards are those of the *live* layout (:mod:`shardq.layout`): the current
   generation's first (``shards[n]`` is shard ``n`` of the layout publishers use), then,
@@ -28,28 +28,28 @@
 * ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
   "excludes"}``: the live nodes' number and reported jobs per second together, and
   the nodes gone in the last hour that this total leaves out (``{"node", "since",
-  "reason"}``).
+  "reason"}``), and ``unserved``: the shards no live node serves (their ``owner`` is
+  ``None`` and, on SQS, their ``lag`` unknown: never 0).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
-from shardq.errors import FleetError, LayoutError, QueueNotFoundError
-from shardq.fleet_doc import FleetDoc
-from shardq.fleet_store import FleetStore, fleet_queue
-from shardq.fleet_view import FleetView, fleet_view
+from shardq.errors import LayoutError, QueueNotFoundError
+from shardq.fleet_view import FleetItems, FleetView, fleet_view, shard_key
+from shardq.fleet_view import read_fleet as read_items
+from shardq.layout import parse_name
 from shardq.layout_view import LayoutView, layout_view
 from shardq.morgue import Morgue
 from shardq.store import StoreError
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
 KNOWS_AGES = frozenset({"sqlite", "memory"})
-#: How long a read of the fleet document waits out a writer's lock.
-FLEET_READ_SECONDS = 15.0
 
 if TYPE_CHECKING:
     from shardq.app import App
@@ -86,7 +86,7 @@ class Stats:
     broker: str
     workers: list[WorkerStats]
     fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
-    #: Why the fleet document could not be read (the counts are still right).
+    #: Why the fleet items could not be read (the counts are still right).
     fleet_error: str | None = None
     #: Why the layouts could not be read (the code's layouts are shown).
     layout_error: str | None = None
@@ -137,7 +137,8 @@ class Stats:
 def collect(app: App) -> Stats:
     """Read the layouts, the counts of every shard queue of the workers' live
     layouts, the morgue's size in the store (plus any old morgue queue), and the fleet
-    document for each shard's owner (and lag, where the broker cannot tell it)."""
+    items (state store) for each shard's owner (and lag, where the broker cannot tell
+    it)."""
     now = time.time()
     try:
         app.layouts.refresh()
@@ -145,10 +146,10 @@ def collect(app: App) -> Stats:
     except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
         layout_error = str(exc)
     try:
-        doc, fleet_error = read_fleet(app), None
-    except FleetError as exc:  # e.g. written by a newer shardq: the counts still help
-        doc, fleet_error = None, str(exc)
-    fleet = fleet_view(doc, now)
+        items, fleet_error = read_fleet(app), None
+    except StoreError as exc:  # the store cannot be read: the counts still help
+        items, fleet_error = None, str(exc)
+    fleet = fleet_view(items, now, live_shards(app))
     missing: set[str] = set()
     workers = [_worker_stats(app, name, fleet, now, missing) for name in app.workers]
     queues = [s.queue for w in workers for s in w.shards]
@@ -240,13 +241,30 @@ def _shard_stats(
     )
 
 
-def read_fleet(app: App) -> FleetDoc | None:
-    """The app's fleet document, or None if no node ever reported."""
-    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
-    try:
-        return store.read(timeout=FLEET_READ_SECONDS)
-    except QueueNotFoundError:  # no node ever ran: the fleet queue does not exist yet
-        return None
+def read_fleet(app: App) -> FleetItems:
+    """The app's fleet items (heartbeats and shard owners) from its state store."""
+    return read_items(app.store)
+
+
+def live_shards(app: App) -> dict[str, int]:
+    """Generation name -> shard count of every worker's live layout (the copy in hand)."""
+    return {name: n for worker in app.workers for name, n in app.live_shards(worker).items()}
+
+
+def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:
+    """Shard key -> jobs waiting in its queue (a queue never created: 0)."""
+    result = {}
+    for key in keys:
+        name, _, shard = key.rpartition(":")
+        worker, gen = parse_name(name)
+        if worker in app.workers and shard.isdigit():
+            result[key] = _counts(app, app.shard_queue(worker, int(shard), gen), set()).waiting
+    return result
+
+
+def stats_backlog(stats: Stats) -> dict[str, int]:
+    """Shard key -> jobs waiting, from the counts already collected."""
+    return {shard_key(w.name, s.shard, s.gen): s.length for w in stats.workers for s in w.shards}
 
 
 def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
@@ -258,6 +276,7 @@ def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
         "excludes": [
             {"node": g.report.node, "since": g.gone_at, "reason": g.reason} for g in fleet.gone
         ],
+        "unserved": list(fleet.unserved),
     }
 
 

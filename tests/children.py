@@ -32,6 +32,9 @@ class Env:
         }
         if kind == "sqlite":
             self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{tmp_path / 'broker.db'}"
+        elif kind == "sqlite-stale":  # another emulator's visibility behaviour (test-only)
+            path = tmp_path / "broker.db"
+            self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{path}?test_stale_visibility=1"
         elif kind == "sqlite-reopen":  # a FIFO defect some emulators have (test-only)
             path = tmp_path / "broker.db"
             self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{path}?test_reopen_groups=1"
@@ -47,10 +50,13 @@ class Env:
     def config(self) -> Config:
         return Config.load(env={k: v for k, v in self.vars.items() if k.startswith("SHARDQ_")})
 
-    def node(self, *args: str) -> subprocess.Popen[bytes]:
+    def node(self, *args: str, skew: float = 0.0) -> subprocess.Popen[bytes]:
+        """``shardq run`` with ``args`` (``skew``: its wall clock that many seconds off,
+        see :mod:`tests.skewed`)."""
         env = {**os.environ, **self.vars}
+        main = ["-m", "tests.skewed", str(skew)] if skew else ["-m", "shardq"]
         child = subprocess.Popen(
-            [sys.executable, "-m", "shardq", "run", *args],
+            [sys.executable, *main, "run", *args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

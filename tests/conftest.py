@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shardq.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
 from shardq.ensure import ensure_state_table
 from tests import emulator as emu
@@ -41,6 +42,8 @@ def make_broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Br
         return SqliteBroker(str(tmp_path / "broker.db"))
     if kind == "sqlite-reopen":  # the embedded engine with a FIFO defect some emulators have
         return SqliteBroker(str(tmp_path / "broker.db"), reopen_groups=True)
+    if kind == "sqlite-stale":  # hides a visible-again message behind an older in-flight one
+        return SqliteBroker(str(tmp_path / "broker.db"), stale_visibility=True)
     if kind == "memory":
         return MemoryBroker()
     from shardq.broker.sqs import SqsBroker
@@ -81,3 +84,13 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     yield environment
     environment.stop_all()
     ledger.app.broker.close()
+
+
+def needs_shared_store(app: App) -> None:
+    """Skip a test whose processes must share the app's state store, while its broker
+    gets a store in memory (one per process); else make sure the store's table exists."""
+    from shardq.store import MemoryStore
+
+    if isinstance(app.store, MemoryStore):
+        pytest.skip(f"the {app.broker.kind} broker's state store is in memory in each process")
+    ensure_state_table(app)

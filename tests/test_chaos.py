@@ -110,3 +110,24 @@ def test_an_elastic_fleet_loses_nothing_while_nodes_die_join_and_stop_and_takes_
     if report.problems["slow_takeover"] and TAKEOVER_DELAYS_KNOWN:
         pytest.xfail("known takeover delays (RELIABILITY.md): " + report.details())
     assert report.ok, report.summary() + "\n" + report.details()
+
+
+def test_an_elastic_fleet_keeps_every_shard_served_on_a_broker_that_hides_visible_again_messages(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given the elastic run on a broker that keeps a message whose visibility ran out
+    # hidden while an older message of its queue is in flight (as an SQS emulator
+    # many teams use in CI does); the fleet keeps no state in messages
+    env = Env("sqlite-stale", tmp_path, request)
+    ledger.app.configure(env.config())
+    try:
+        # when nodes die, join and stop while jobs flow and fail
+        report = chaos.run(ELASTIC, dict(env.vars), tmp_path / "chaos")
+    finally:
+        env.stop_all()
+        ledger.app.broker.close()
+    print(report.summary())
+    # then the dead nodes' shards were taken over in time, nothing was lost or reordered
+    assert report.kills >= 1 and report.joins >= 1 and report.stops >= 1
+    assert figures(report.takeovers, KILL).count >= 1
+    assert report.ok, report.summary() + "\n" + report.details()

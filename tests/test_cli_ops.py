@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import SendEntry
-from shardq.fleet_doc import FleetDoc, NodeReport
-from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.sharding import shard_for
 from tests.apps import ledger
 from tests.children import ROOT, Env
+from tests.conftest import needs_shared_store
+from tests.fleet_items import heartbeat
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +102,9 @@ def test_morgue_list_requeue_and_purge(env: Env) -> None:
 def test_queues_ensure_creates_then_checks_then_reports_drift(env: Env) -> None:
     first = env.cli("queues", "ensure")
     assert first.returncode == 0, first.stderr
-    assert "5 queues created, 0 checked, 0 drifted" in first.stderr
+    assert "3 queues created, 0 checked, 0 drifted" in first.stderr  # 3 shards
     second = env.cli("queues", "ensure")
-    assert "0 queues created, 5 checked, 0 drifted" in second.stderr
+    assert "0 queues created, 3 checked, 0 drifted" in second.stderr
     # given the worker now wants a longer visibility timeout than the queues have
     env.vars["SHARDQ_WORKERS__Ledgered__visibility_timeout"] = "90"
     drifted = env.cli("queues", "ensure")
@@ -214,25 +214,6 @@ def test_requeue_refuses_an_unreadable_record_and_keeps_it(env: Env) -> None:
 
 
 # -- the fleet -----------------------------------------------------------------------
-def write_fleet(change: object) -> None:
-    """Write the app's fleet document as nodes would."""
-    store = FleetStore(ledger.app.broker, fleet_queue(ledger.app.config.queue_prefix))
-    store.ensure()
-    store.update(change)  # type: ignore[arg-type]
-
-
-def node_report(node: str, seen: float, held: tuple[str, ...], **kw: object) -> NodeReport:
-    return NodeReport(
-        node=node,
-        host=f"web-{node}",
-        pid=4000 + len(node),
-        started=seen - 300,
-        seen=seen,
-        held=held,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
 def test_nodes_without_any_report_says_how_to_start_one(env: Env) -> None:
     # given the app's queues, and no node ever ran
     assert env.cli("queues", "ensure").returncode == 0
@@ -248,72 +229,62 @@ def test_nodes_without_any_report_says_how_to_start_one(env: Env) -> None:
     assert doc["nodes"] == [] and doc["gone"] == [] and doc["time"] > 0
 
 
-def test_nodes_lists_the_live_nodes_and_those_gone_in_the_last_hour(env: Env) -> None:
-    # given a live node, one silent for 90 s and one that stopped 10 minutes ago
-    now = time.time()
-    live = node_report(
-        "n-live", now - 3, ("Ledgered:0", "Ledgered:1"), jobs_per_second=12.5, max_lag=2.0
-    )
-    silent = node_report("n-silent", now - 90, ("Ledgered:2",))
-    stopped = node_report("n-stopped", now - 700, ())
-
-    def change(d: FleetDoc) -> FleetDoc:
-        d = d.with_node(live).with_node(silent).with_node(stopped)
-        return d.without_node("n-stopped", "stopped", now - 600)
-
-    write_fleet(change)
+def test_nodes_lists_the_live_nodes_those_gone_and_the_shards_nobody_serves(env: Env) -> None:
+    # given a live node, one marked gone 90 s ago holding shard 2, one gone 10 minutes ago
+    needs_shared_store(ledger.app)
+    now, store = time.time(), ledger.app.store
+    lags = {"Ledgered:0": 2.0, "Ledgered:1": 0.0}
+    heartbeat(store, "n-live", now - 3, tuple(lags), lags=lags, jobs_per_second=12.5)
+    heartbeat(store, "n-dead", now - 90, ("Ledgered:2",), gone="lease expired", gone_at=now - 80)
+    item = store.get("shard/Ledgered:2")
+    assert item is not None
+    store.put("shard/Ledgered:2", {"owner": ""}, version=item.version)  # freed
+    heartbeat(store, "n-old", now - 700, (), gone="lease expired", gone_at=now - 600)
+    env.cli("publish", "Ledgered", "e", '{"n": 0}')
+    waiting = shard_for("e", 3)
     # when the nodes are listed as a table
     table = env.cli("nodes")
     assert table.returncode == 0, table.stderr
-    live_part, gone_part = table.stdout.split("\n\n")
+    live_part, gone_part, unserved = table.stdout.strip().split("\n\n")
     # then the live node shows with its host, pid, shards, jobs/s and max lag
     header, row = live_part.splitlines()
-    assert header.split() == [
-        "node",
-        "host",
-        "pid",
-        "mode",
-        "started",
-        "(UTC)",
-        "last",
-        "seen",
-        "shards",
-        "jobs/s",
-        "max",
-        "lag",
-    ]
-    assert row.split()[:4] == ["n-live", "web-n-live", str(live.pid), "elastic"]
+    assert header.split()[:4] == ["node", "host", "pid", "mode"]
+    assert row.split()[:4] == ["n-live", "ip-10-0-1-6", "4106", "elastic"]
     assert row.split()[-5:] == ["ago", "2", "12.5", "2.0", "s"]
     # and the gone ones, the latest first, with why
     gone = gone_part.splitlines()
     assert gone[0] == "gone in the last hour:"
-    assert [line.split()[0] for line in gone[2:]] == ["n-silent", "n-stopped"]
-    assert "not reporting" in gone[2] and "stopped" in gone[3]
+    assert [line.split()[0] for line in gone[2:]] == ["n-dead", "n-old"]
+    assert "lease expired" in gone[2]
+    # and the shard nobody serves, with its backlog
+    backlog = 1 if waiting == 2 else 0
+    assert (
+        unserved == f"1 shard served by no live node (lag unknown): Ledgered:2 ({backlog} waiting)"
+    )
     # when listed as JSON, then the same in the documented shape
     listed = env.cli("nodes", "--json")
     doc = json.loads(listed.stdout)
-    assert set(doc) == {"time", "nodes", "gone"}
+    assert set(doc) == {"time", "nodes", "gone", "unserved", "no_live_node"}
     (node,) = doc["nodes"]
     assert node["node"] == "n-live" and node["held"] == ["Ledgered:0", "Ledgered:1"]
     assert (node["shards"], node["jobs_per_second"], node["max_lag"]) == (2, 12.5, 2.0)
-    assert node["seen"] == pytest.approx(now - 3)
     assert [(g["node"], g["reason"]) for g in doc["gone"]] == [
-        ("n-silent", "not reporting"),
-        ("n-stopped", "stopped"),
+        ("n-dead", "lease expired"),
+        ("n-old", "lease expired"),
     ]
-    assert doc["gone"][0]["gone_at"] == pytest.approx(now - 90)
     assert doc["gone"][0]["unserved"] == ["Ledgered:2"]
+    assert doc["unserved"] == ["Ledgered:2"] and doc["no_live_node"] is False
 
 
 def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     # given a waiting job, and a node reporting shards 0 and 1 (not 2) with their lags,
     # beside a node that went silent
+    needs_shared_store(ledger.app)
     env.cli("publish", "Ledgered", "e", '{"n": 0}')
-    now = time.time()
+    now, store = time.time(), ledger.app.store
     lags = {"Ledgered:0": 42.0, "Ledgered:1": 0.0}
-    report = node_report("n-1", now - 2, tuple(lags), lags=lags, jobs_per_second=3.25)
-    silent = node_report("n-2", now - 120, ("Ledgered:2",), jobs_per_second=9.0)
-    write_fleet(lambda d: d.with_node(report).with_node(silent))
+    heartbeat(store, "n-1", now - 2, tuple(lags), lags=lags, jobs_per_second=3.25)
+    heartbeat(store, "n-2", now - 120, (), gone="lease expired", gone_at=now - 110)
     # when stats are asked for
     result = env.cli("stats", "--json")
     assert result.returncode == 0, result.stderr
@@ -324,7 +295,8 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     # and the total of the reports leaves the silent node out, and says so
     fleet = stats["fleet"]
     assert (fleet["nodes"], fleet["jobs_per_second"]) == (1, 3.25)
-    assert [(e["node"], e["reason"]) for e in fleet["excludes"]] == [("n-2", "not reporting")]
+    assert [(e["node"], e["reason"]) for e in fleet["excludes"]] == [("n-2", "lease expired")]
+    assert fleet["unserved"] == ["Ledgered:2"]
     waiting = shard_for("e", 3)
     if env.vars["SHARDQ_BROKER_URL"] == "sqs://":
         # and on SQS the lags are the owner's reports (none for the shard nobody holds)
@@ -341,4 +313,5 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()}
     assert rows["[0]"][-1] == "n-1" and rows["[2]"][-1] == "-"
     assert "1 node live, 3.2 jobs/s together" in table.stderr
-    assert "excludes n-2: not reporting since" in table.stderr
+    assert "excludes n-2: lease expired since" in table.stderr
+    assert "1 shard served by no live node (lag unknown): Ledgered:2" in table.stderr

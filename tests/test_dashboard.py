@@ -22,7 +22,6 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,14 @@ from shardq.config import Config
 from shardq.dashboard import DashboardServer, make_server
 from shardq.ensure import ensure_state_table
 from shardq.errors import BrokerError, ConfigError
-from shardq.fleet_doc import FleetDoc, NodeReport
-from shardq.fleet_store import FleetStore, fleet_queue
 from shardq.morgue import Morgue
 from shardq.morgue_migrate import move_queue_morgue
 from shardq.node import Node
 from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
 from shardq.sharding import shard_for
+from shardq.store import StoreError
 from tests.conftest import make_broker
+from tests.fleet_items import heartbeat
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TOKEN = "s3cret-token"
@@ -265,44 +264,25 @@ def test_on_sqs_throughput_comes_from_the_nodes_metrics(
 
 
 # -- the fleet ----------------------------------------------------------------------
-def write_fleet(filled: shardq.App, change: Any) -> None:
-    """Write the app's fleet document as its nodes would."""
-    store = FleetStore(filled.broker, fleet_queue(filled.config.queue_prefix), lock_seconds=5)
-    store.ensure()
-    store.update(change)
-
-
-def node(name: str, seen: float, held: tuple[str, ...], **kw: Any) -> NodeReport:
-    return NodeReport(
-        node=name,
-        host=f"ip-10-0-1-{len(name)}",
-        pid=4100 + len(name),
-        started=seen - 900,
-        seen=seen,
-        held=held,
-        **kw,
-    )
-
-
-def two_nodes_one_silent(now: float) -> Any:
-    """Node a holds SyncOrder 0-1 (lag 42 s on 0) and runs 2.5 jobs/s; node b, silent
-    for 75 s, held SyncOrder 2-3; node c stopped 20 minutes ago."""
-    a = node(
+def write_fleet(filled: shardq.App, now: float) -> None:
+    """Node a holds SyncOrder 0-1 (lag 42 s on 0) and runs 2.5 jobs/s; node b, killed
+    75 s ago and marked gone by a, held SyncOrder 2-3; node c went 20 minutes ago."""
+    store = filled.store
+    heartbeat(
+        store,
         "node-a",
         now - 4,
         ("SyncOrder:0", "SyncOrder:1"),
         lags={"SyncOrder:0": 42.0, "SyncOrder:1": 0.0},
         jobs_per_second=2.5,
-        max_lag=42.0,
     )
-    b = node("node-b", now - 75, ("SyncOrder:2", "SyncOrder:3"), jobs_per_second=4.0)
-    c = node("node-c", now - 1300, ())
-
-    def change(doc: FleetDoc) -> FleetDoc:
-        doc = doc.with_node(a).with_node(b).with_node(c)
-        return doc.without_node("node-c", "stopped", now - 1200)
-
-    return change
+    heartbeat(store, "node-b", now - 75, (), gone="lease expired", gone_at=now - 75)
+    store.put(  # b's report listed what it held
+        "node/node-b",
+        {**store.get("node/node-b").value, "held": ["SyncOrder:2", "SyncOrder:3"]},  # type: ignore[union-attr]
+        version=store.get("node/node-b").version,  # type: ignore[union-attr]
+    )
+    heartbeat(store, "node-c", now - 1300, (), gone="lease expired", gone_at=now - 1200)
 
 
 def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> None:
@@ -316,26 +296,30 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         assert status == 200 and nodes["nodes"] == [] and nodes["gone"] == []
         # when nodes report, then requests still answer the sample, not the broker
         now = time.time()
-        write_fleet(filled, two_nodes_one_silent(now))
+        write_fleet(filled, now)
         assert call(srv, "GET", "/api/v1/nodes")[1] == nodes
         # when the next sample is taken, then it shows the live node and the gone ones
         srv.sampler.sample()
         status, nodes = call(srv, "GET", "/api/v1/nodes")
-        assert status == 200 and set(nodes) == {"time", "nodes", "gone"}
+        assert status == 200
+        assert set(nodes) == {"time", "nodes", "gone", "unserved", "no_live_node"}
+        assert {"SyncOrder:2", "SyncOrder:3"} <= set(nodes["unserved"])
+        assert not {"SyncOrder:0", "SyncOrder:1"} & set(nodes["unserved"])
         assert nodes["time"] == call(srv, "GET", "/api/v1/stats")[1]["time"]
         assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
         (a,) = nodes["nodes"]
         assert a["held"] == ["SyncOrder:0", "SyncOrder:1"] and a["jobs_per_second"] == 2.5
         assert [(g["node"], g["reason"]) for g in nodes["gone"]] == [
-            ("node-b", "not reporting"),
-            ("node-c", "stopped"),
+            ("node-b", "lease expired"),
+            ("node-c", "lease expired"),
         ]
         assert nodes["gone"][0]["unserved"] == ["SyncOrder:2", "SyncOrder:3"]
         # and it is what `shardq nodes --json` prints for the same document
         from shardq.fleet_view import fleet_view
-        from shardq.stats import read_fleet
+        from shardq.stats import live_shards, read_fleet
 
-        assert fleet_view(read_fleet(filled), nodes["time"]).to_json() == nodes
+        view = fleet_view(read_fleet(filled), nodes["time"], live_shards(filled))
+        assert view.to_json() == nodes
     finally:
         srv.stop()
 
@@ -347,7 +331,7 @@ def test_the_fleet_is_read_every_second_between_two_full_samples(filled: shardq.
         assert call(srv, "GET", "/api/v1/nodes")[1]["nodes"] == []
         stats_time = call(srv, "GET", "/api/v1/stats")[1]["time"]
         # when nodes report
-        write_fleet(filled, two_nodes_one_silent(time.time()))
+        write_fleet(filled, time.time())
         # then the nodes API shows them well before the next full sample
         deadline = time.monotonic() + 30
         while not call(srv, "GET", "/api/v1/nodes")[1]["nodes"]:
@@ -366,7 +350,7 @@ def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(
     filled: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a sample that saw a live node
-    write_fleet(filled, two_nodes_one_silent(time.time()))
+    write_fleet(filled, time.time())
     sampler = Sampler(filled, refresh=5)
     sampler.sample()
     before = sampler.nodes()
@@ -390,7 +374,7 @@ def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
 ) -> None:
     # given two nodes that reported, one since silent, and one that stopped
     now = time.time()
-    write_fleet(filled, two_nodes_one_silent(now))
+    write_fleet(filled, now)
     sampler = Sampler(filled, refresh=5)
     # when the dashboard samples twice
     sampler.sample()
@@ -409,8 +393,8 @@ def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
         assert stats["throughput_source"] == "reports" and stats["throughput"] is None
         assert [p[1] for p in stats["throughput_total"]] == [150.0, 150.0]
         assert stats["throughput_excludes"] == [
-            {"node": "node-b", "since": pytest.approx(now - 75), "reason": "not reporting"},
-            {"node": "node-c", "since": pytest.approx(now - 1200), "reason": "stopped"},
+            {"node": "node-b", "since": pytest.approx(now - 75), "reason": "lease expired"},
+            {"node": "node-c", "since": pytest.approx(now - 1200), "reason": "lease expired"},
         ]
         assert "--scrape" in stats["throughput_note"]
     else:
@@ -420,25 +404,28 @@ def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
         assert stats["throughput_total"][-1][1] == 0.0
 
 
-def test_a_fleet_document_it_cannot_read_leaves_the_counts_and_says_why() -> None:
-    # given a fleet document written by a newer shardq, and a job waiting
-    app.configure(Config(queue_prefix="newer-"), broker=MemoryBroker())
+def test_a_store_it_cannot_read_leaves_the_counts_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a job waiting, and a state store that cannot be read
+    app.configure(Config(queue_prefix="nostore-"), broker=MemoryBroker())
     SyncOrder.publish("o1", {"n": 0})
-    write_fleet(app, lambda d: d.with_node(node("node-a", time.time(), ("SyncOrder:0",))))
-    queue = fleet_queue("newer-")
-    newer = FleetDoc().to_text().replace('"format":1', '"format":99')
-    app.broker.send_batch(queue, [SendEntry("0", newer, "fleet", "newer-doc")])
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise StoreError("reading the state store failed: AccessDeniedException")
+
+    monkeypatch.setattr(app.store, "query", unreachable)
     srv = make_server(app, "127.0.0.1", 0, refresh=3600).start()
     try:
         # when the dashboard samples, then the stats still come, saying what is missing
         status, stats = call(srv, "GET", "/api/v1/stats")
         assert status == 200 and stats["total"]["length"] == 1
-        assert "upgrade shardq" in stats["fleet_error"]
+        assert "AccessDeniedException" in stats["fleet_error"]
         assert all(s["owner"] is None for s in stats["by_worker"]["SyncOrder"]["shards"])
         # and the nodes answer why they cannot be listed
         status, nodes = call(srv, "GET", "/api/v1/nodes")
-        assert status == 503 and "cannot read the fleet document" in nodes["error"]
-        assert "upgrade shardq" in nodes["error"]
+        assert status == 503 and "cannot read the fleet items" in nodes["error"]
+        assert "AccessDeniedException" in nodes["error"]
     finally:
         srv.stop()
         app.broker.close()
@@ -1034,8 +1021,8 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    # given node-a live, node-b silent for 75 s, node-c stopped 20 minutes ago
-    write_fleet(filled, two_nodes_one_silent(time.time()))
+    # given node-a live, node-b marked gone 75 s ago, node-c gone 20 minutes ago
+    write_fleet(filled, time.time())
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
         wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
@@ -1051,16 +1038,19 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             "return [...document.querySelectorAll('#nodes tr.gone')].map(r => r.innerText)"
         )
         assert [g.split()[0] for g in gone] == ["node-b", "node-c"]
-        assert re.search(r"gone \d\d:\d\d:\d\d · not reporting", gone[0]), gone[0]
-        assert "stopped" in gone[1]
+        assert re.search(r"gone \d\d:\d\d:\d\d · lease expired", gone[0]), gone[0]
+        assert "lease expired" in gone[1]
         assert "1 live · 2 gone in the last hour" in text_of(browser, "#nodes-title")
-        # and a banner says which node went away recently, not the one of 20 minutes ago
-        banner = text_of(browser, "#fleet-banner")
+        # and a banner says which node went away recently, not the one of 20 minutes ago,
+        # and which shards no live node serves
+        went, unserved = text_of(browser, "#fleet-banner").splitlines()
         assert re.fullmatch(
-            r"Node node-b stopped reporting at \d\d:\d\d:\d\d; its 2 shards are being "
-            r"taken over\.",
-            banner,
-        ), banner
+            r"Node node-b went away \(lease expired\) at \d\d:\d\d:\d\d; its 2 shards are "
+            r"being taken over\.",
+            went,
+        ), went
+        assert unserved.startswith("7 shards served by no live node (lag unknown): ")
+        assert "SyncOrder \u00d72" in unserved
         assert "stale" in (browser.find_element(By.ID, "dot").get_attribute("class") or "")
         # and each shard names its owner
         sync = '[data-worker="SyncOrder"]'
@@ -1077,8 +1067,8 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             assert text_of(browser, "#t-lag").replace(" ", "") == "42.0s"
             wait.until(lambda d: text_of(d, "#t-rate").startswith("150"))
             note = text_of(browser, "#t-rate-note")
-            assert note.startswith("excludes node-b (not reporting since ")
-            assert "node-c (stopped since " in note
+            assert note.startswith("excludes node-b (lease expired since ")
+            assert "node-c (lease expired since " in note
         # and it fits a phone and a wide screen
         for width in (1400, 1100, 420):
             set_width(browser, width)
@@ -1097,39 +1087,19 @@ def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
 
 
 # -- docs/dashboard.png and docs/dashboard-narrow.png --------------------------------
-def screenshot_fleet(now: float) -> Any:
+def screenshot_fleet(store: Any, now: float) -> None:
     """Two live nodes; node-e90b killed 80 s ago (node-7c2e took over one of its two
-    shards so far); node-51d0 stopped 25 minutes ago."""
+    shards so far); node-51d0 killed 25 minutes ago."""
     lags = {"SyncOrder:0": 316.0, "SyncOrder:1": 290.0, "SendReceipt:0": 48.0}
-    a = node(
-        "node-a1f3",
-        now - 6,
-        ("SyncOrder:0", "SyncOrder:1", "SendReceipt:0", "IndexProduct:0", "IndexProduct:1"),
-        lags=lags,
-        jobs_per_second=14.2,
-        max_lag=316.0,
-        threads=4,
-    )
-    b = node(
-        "node-7c2e",
-        now - 21,
-        ("SyncOrder:2", "SyncOrder:3", "IndexProduct:2"),
-        jobs_per_second=11.4,
-        max_lag=301.0,
-        threads=4,
-    )
-    killed = node("node-e90b", now - 80, ("SyncOrder:3", "SendReceipt:1"), jobs_per_second=9.8)
-    stopped = node("node-51d0", now - 1500, ("SyncOrder:2",))
-    a, b = replace(a, host="ip-10-0-1-17", pid=4121), replace(b, host="ip-10-0-2-45", pid=3970)
-    killed = replace(killed, host="ip-10-0-3-8", pid=4388, started=now - 5400)
-    stopped = replace(stopped, host="ip-10-0-1-90", pid=2210)
-
-    def change(doc: FleetDoc) -> FleetDoc:
-        for report in (a, b, killed, stopped):
-            doc = doc.with_node(report)
-        return doc.without_node("node-51d0", "stopped", now - 1500)
-
-    return change
+    a_held = ("SyncOrder:0", "SyncOrder:1", "SendReceipt:0", "IndexProduct:0", "IndexProduct:1")
+    heartbeat(store, "node-a1f3", now - 6, a_held, lags=lags, jobs_per_second=14.2, threads=4)
+    b_held = ("SyncOrder:2", "SyncOrder:3", "IndexProduct:2")
+    heartbeat(store, "node-7c2e", now - 2, b_held, jobs_per_second=11.4, threads=4)
+    heartbeat(store, "node-e90b", now - 80, (), gone="lease expired", gone_at=now - 70)
+    heartbeat(store, "node-51d0", now - 1500, (), gone="lease expired", gone_at=now - 1490)
+    for name, held in [("node-e90b", ["SyncOrder:3", "SendReceipt:1"]), ("node-51d0", [])]:
+        item = store.get(f"node/{name}")
+        store.put(f"node/{name}", {**item.value, "held": held}, version=item.version)
 
 
 @pytest.mark.skipif(
@@ -1194,7 +1164,7 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
             record["failed_at"] -= 1500
             new = json.dumps(record, separators=(",", ":")) + newline + rest
             db.execute("UPDATE messages SET body = ? WHERE rowid = ?", (new, rowid))
-    write_fleet(filled, screenshot_fleet(time.time()))
+    screenshot_fleet(filled.store, time.time())
     srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
     try:
         now = srv.sampler.snapshot()["time"]

@@ -18,7 +18,7 @@ import shardq
 from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
 from shardq.config import Config
-from shardq.morgue import MorgueQueue
+from shardq.morgue import Morgue
 from shardq.node import Node
 from tests.children import ROOT
 from tests.conftest import make_broker
@@ -102,7 +102,7 @@ def test_a_message_that_is_not_an_envelope_is_morgued_saying_so() -> None:
     # when a node runs
     run_until_empty()
     # then each is in the morgue, saying it is not a shardq envelope (not "upgrade")
-    records = MorgueQueue(app, "SyncOrder").list_jobs()
+    records = Morgue(app, "SyncOrder").list_jobs()
     assert [r.body for r in records] == bodies
     for record in records:
         assert "not a shardq envelope" in record.error_message, record.error_message

@@ -1,127 +1,39 @@
-"""The elastic fleet: leases, presence, balance and handover between real nodes."""
+"""The elastic fleet on the state store: heartbeats, ownership items, takeover, balance."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from shardq import App
-from shardq.broker import Message
 from shardq.config import Config
 from shardq.ensure import ensure_state_table
-from shardq.fleet import BOUNCE_SECONDS, IDLE_REPORT_SECONDS, LAPSE_MARGIN_SECONDS, lease_timing
-from shardq.fleet_doc import ELASTIC, STALE_SECONDS, FleetDoc, NodeReport
-from shardq.fleet_rules import BOUNCE_GIVE_UP_SECONDS, joined, left, take_lease
-from shardq.fleet_store import FleetStore, fleet_queue
+from shardq.fleet import Fleet
+from shardq.fleet_rules import ELASTIC, timing
+from shardq.fleet_view import fleet_view, read_fleet
 from shardq.node import Node
 from shardq.plan import Plan
 from tests.apps import ledger
-from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
 
-DOC = FleetDoc(
-    targets={"W:0": "a", "W:1": "b", "W:2": "b"},
-    nodes={"b": NodeReport(node="b", host="h", pid=1, started=0.0, seen=0.0, held=("W:2",))},
-)
+LEASE = 10.0
+ALL = {f"Ledgered:{n}" for n in range(6)}
 
 
-@pytest.mark.parametrize(
-    ("key", "me", "live", "bounced_for", "takes"),
-    [
-        ("W:0", "a", {"a", "b"}, None, True),  # targeted here
-        ("W:1", "a", {"a", "b"}, None, False),  # targeted at a live node: its turn
-        ("W:1", "a", {"a"}, None, True),  # its target is not live
-        ("W:9", "a", {"a", "b"}, None, True),  # no target yet (a new shard)
-        ("W:1", "a", {"a", "b"}, 1.0, False),  # came back once: still the target's
-        ("W:1", "a", {"a", "b"}, BOUNCE_GIVE_UP_SECONDS, True),  # target not taking it
-        ("W:2", "a", {"a", "b"}, None, True),  # its target held it and let it lapse
-        ("W:2", "b", {"a", "b"}, None, True),  # the holder itself, back from a lapse
-    ],
-)
-def test_take_lease_decides_from_the_target_and_how_long_it_bounced(
-    key: str, me: str, live: set[str], bounced_for: float | None, takes: bool
-) -> None:
-    assert take_lease(key, me, DOC, live, bounced_for) is takes
-
-
-@pytest.mark.parametrize(
-    ("lease", "hold", "renew"),
-    [
-        (30, 27, 13.5),  # the default: renewed every half hold
-        (120, 117, 58.5),
-        (10, 7, 3),  # the minimum: renewed 2 s before the node would give the lease up
-    ],
-)
-def test_a_lease_is_held_3_s_short_of_the_lease_timeout_and_renewed_in_time(
-    lease: float, hold: float, renew: float
-) -> None:
-    assert lease_timing(lease) == (hold, renew)
-    assert renew <= hold - LAPSE_MARGIN_SECONDS - 2
-
-
-def report(node: str, seen: float, held: tuple[str, ...] = (), mode: str = ELASTIC) -> NodeReport:
-    return NodeReport(node=node, host="h", pid=1, started=0.0, seen=seen, mode=mode, held=held)
-
-
-def test_a_write_moves_silent_and_seen_gone_nodes_out_and_retargets_over_the_rest() -> None:
-    # given a document with a live node, a silent one and one another node saw go
-    doc = FleetDoc(
-        nodes={
-            "a": report("a", 100.0, ("W:0", "W:1")),
-            "silent": report("silent", 100.0 - STALE_SECONDS - 1, ("W:2",)),
-            "dead": report("dead", 99.0, ("W:3",)),
-            "static": report("static", 100.0, mode="static"),
-        }
-    )
-    # when b writes its report
-    after = joined(doc, report("b", 100.0), {"dead": "lease expired"}, 100.0, {"W": 4})
-    # then only a, b and the static node stay; the others are gone with their reason
-    assert set(after.nodes) == {"a", "b", "static"}
-    assert after.gone["silent"].reason == "not reporting"
-    assert after.gone["dead"].reason == "lease expired"
-    # and the four shards are split between the elastic nodes, a keeping what it holds
-    assert sorted(after.targets.values()) == ["a", "a", "b", "b"]
-    assert after.targets["W:0"] == after.targets["W:1"] == "a"
-    assert set(after.leases) == {"W:0", "W:1", "W:2", "W:3"}
-
-
-def test_a_write_keeps_an_idle_node_that_announced_a_longer_interval() -> None:
-    # given an idle elastic node whose last report, 100 s ago, announced the next
-    # within 150 s
-    idle = replace(report("idle", 0.0, ("W:0",)), every=150.0)
-    # when another node writes 100 s later, then the idle one stays; at 166 s it goes
-    kept = joined(FleetDoc(nodes={"idle": idle}), report("b", 100.0), {}, 100.0, {"W": 2})
-    assert "idle" in kept.nodes
-    gone = joined(FleetDoc(nodes={"idle": idle}), report("b", 166.0), {}, 166.0, {"W": 2})
-    assert gone.gone["idle"].reason == "not reporting"
-
-
-def test_a_node_that_leaves_gets_no_target() -> None:
-    doc = FleetDoc(nodes={"a": report("a", 1.0, ("W:0",)), "b": report("b", 1.0, ("W:1",))})
-    after = left(doc, "a", 2.0, {"W": 2})
-    assert after.gone["a"].reason == "stopped"
-    assert after.targets == {"W:0": "b", "W:1": "b"}
-
-
-# -- real nodes on one broker ---------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
+@pytest.fixture(params=["sqlite", "sqlite-stale", pytest.param("sqs", marks=pytest.mark.sqs)])
 def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Iterator[App]:
-    """The ledger app with 6 shards, 10 s leases and 5 s reports."""
+    """The ledger app with 6 shards and 10 s leases."""
     broker = make_broker(request.param, tmp_path, request)
     config = Config(
         queue_prefix=f"f{time.monotonic_ns() % 10**9}-",
         grace_seconds=10,
         idle_wait_seconds=1,
-        lease_seconds=10,
-        report_seconds=5,
+        lease_seconds=LEASE,
         workers={"Ledgered": {"shards": 6}},
     )
     ledger.app.configure(config, broker=broker)
@@ -172,28 +84,30 @@ def running(app: App) -> Iterator[Running]:
 
 
 def keys(node: Node) -> set[str]:
-    return {f"{r.worker}:{r.shard}" for r in node.shard_refs()}
+    return {r.key for r in node.shard_refs()}
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
-    started = time.monotonic()
+def owners(app: App) -> dict[str, str]:
+    items = app.store.query_all("shard/")
+    return {i.key.partition("/")[2]: str(i.value["owner"]) for i in items if i.value["owner"]}
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return time.monotonic() - started
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
-ALL = {f"Ledgered:{n}" for n in range(6)}
-
-
-def test_a_lone_node_takes_every_shard_and_reports_them(app: App, running: Running) -> None:
+def test_a_lone_node_takes_every_shard_and_the_store_says_so(app: App, running: Running) -> None:
     # when one elastic node runs
     node = running.start()
-    # then it serves every shard, and the fleet document says so
+    # then it serves every shard, owns every ownership item and keeps one heartbeat
     wait_for(lambda: keys(node) == ALL, 15, "every shard")
-    doc = FleetStore(app.broker, fleet_queue(app.config.queue_prefix)).read()
-    assert doc is not None and node.id in doc.nodes
-    wait_for(lambda: set(node.fleet.held()) == ALL, 5, "the leases")  # type: ignore[union-attr]
+    assert owners(app) == {k: node.id for k in ALL}
+    beat = app.store.get(f"node/{node.id}")
+    assert beat is not None and beat.value["mode"] == ELASTIC
+    wait_for(lambda: set(app.store.get(f"node/{node.id}").value["held"]) == ALL, 10, "report")  # type: ignore[union-attr]
 
 
 def test_a_joining_node_gets_its_share_and_a_stopping_one_hands_back_at_once(
@@ -205,89 +119,157 @@ def test_a_joining_node_gets_its_share_and_a_stopping_one_hands_back_at_once(
     # when a second node joins
     second = running.start()
     # then within two lease periods each serves half, and no shard is served twice
-    wait_for(lambda: len(keys(second)) == 3 and len(keys(first)) == 3, 20, "a fair share")
-    assert keys(first) | keys(second) == ALL
-    assert not keys(first) & keys(second)
+    wait_for(lambda: len(keys(second)) == 3 and len(keys(first)) == 3, 2 * LEASE, "a fair share")
+    assert keys(first) | keys(second) == ALL and not keys(first) & keys(second)
+    wait_for(lambda: sorted(owners(app).values()).count(second.id) == 3, 5, "owners")
     # when the first stops gracefully
     running.stop(first)
-    # then the second serves every shard within a few seconds (not a lease timeout)
-    took = wait_for(lambda: keys(second) == ALL, 8, "the handed-back shards")
-    assert took < 8
-    doc = FleetStore(app.broker, fleet_queue(app.config.queue_prefix)).read()
-    assert doc is not None and doc.gone[first.id].reason == "stopped"
+    # then its heartbeat is gone and the second serves every shard within a few rounds
+    assert app.store.get(f"node/{first.id}") is None
+    wait_for(lambda: keys(second) == ALL, 4, "the handed-back shards")
+    assert owners(app) == {k: second.id for k in ALL}
 
 
-def test_a_node_that_stops_renewing_has_its_shards_taken_within_the_lease_timeout(
+def test_a_frozen_node_has_its_shards_taken_within_the_lease_and_is_marked_gone(
     app: App, running: Running
 ) -> None:
     # given two nodes sharing the shards
     first, second = running.start(), running.start()
-    wait_for(lambda: len(keys(first)) == 3 and len(keys(second)) == 3, 25, "a fair share")
-    lost = keys(first)
-    # when the first's membership freezes as if its process were killed (no renewal,
-    # no release; its lanes go on, as a killed node's in-flight jobs would reappear)
+    wait_for(lambda: len(keys(first)) == 3 and len(keys(second)) == 3, 3 * LEASE, "a fair share")
+    # when the first's membership freezes as if its process were killed (no beat, no
+    # release; its lanes go on, as a killed node's in-flight jobs would reappear)
     assert first.fleet is not None
     first.fleet._stop.set()
-    frozen = time.monotonic()
-    # then the second holds every shard within the lease timeout (+ a receive)
-    wait_for(lambda: keys(second) == ALL, 10 + 5, "the takeover")
-    assert time.monotonic() - frozen <= 15
-    assert lost <= keys(second)
-    # and the first is recorded as gone once its presence expired
-    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
-
-    def gone() -> bool:
-        doc = store.read()
-        return doc is not None and first.id in doc.gone
-
-    wait_for(gone, 15, "the first node recorded as gone")
+    # then the second holds every shard within the lease (plus a round of slack)
+    wait_for(lambda: keys(second) == ALL, LEASE + 2, "the takeover")
+    assert owners(app) == {k: second.id for k in ALL}
+    beat = app.store.get(f"node/{first.id}")
+    assert beat is not None and beat.value["gone"] == "lease expired"
+    view = fleet_view(read_fleet(app.store), time.time(), {"Ledgered": 6})
+    assert [n.node for n in view.nodes] == [second.id] and not view.unserved
+    assert [g.report.node for g in view.gone] == [first.id]
 
 
-def test_an_idle_node_reports_seldom_and_at_once_when_it_runs_jobs_again(
-    app: App, running: Running
-) -> None:
-    # given a lone elastic node holding every shard, with nothing to do
-    node = running.start()
-    store = FleetStore(app.broker, fleet_queue(app.config.queue_prefix))
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
 
-    def mine() -> NodeReport | None:
-        doc = store.read()
-        return doc.nodes.get(node.id) if doc else None
-
-    wait_for(lambda: keys(node) == ALL, 15, "every shard")
-    # when it has been idle for a report, then it announces its next report in 90 s
-    # (its presence on the leases queue, not its report, keeps it live)
-    wait_for(lambda: (r := mine()) is not None and r.every == IDLE_REPORT_SECONDS, 20, "idle")
-    seen = mine().seen  # type: ignore[union-attr]
-    # when it runs a job, then it reports within seconds, at the usual interval again
-    Ledgered.publish("e1", {"n": 0})
-    wait_for(lambda: (r := mine()) is not None and r.seen > seen and r.done == 1, 15, "report")
-    assert mine().every == app.config.report_seconds  # type: ignore[union-attr]
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_a_node_that_sent_its_presence_again_is_live_and_the_receiver_steps_aside(
+def stepped(app: App, clock: Clock, name: str) -> Fleet:
+    node = Node(app=app, plan=Plan(0, 0, ()), threads=2, membership=None)
+    return Fleet(node, elastic=True, node_id=name, clock=clock)
+
+
+def test_a_dead_nodes_shards_are_taken_exactly_when_its_counter_stood_still_long_enough(
     app: App,
 ) -> None:
-    # given a node (not running) and another node's presence, sent long ago, plus the
-    # copy that other node sent again because it had not received the first back yet
-    node = Node(app=app, plan=Plan(0, 0, ()), threads=1, membership=ELASTIC)
-    fleet = node.fleet
-    assert fleet is not None
-    app.broker.ensure_queue(fleet.queue, visibility_timeout=10)
-    now = time.time()
+    # given two fleets stepped by hand on one clock, balanced
+    clock = Clock()
+    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
+    for _ in range(4):
+        a.step(), b.step()
+        clock.now += 1.0
+    assert len(a.held()) == 3 and len(b.held()) == 3
+    # when b stops beating (killed) and a keeps stepping
+    _, expire = timing(LEASE)
+    dead_at = clock.now + expire
+    while clock.now < dead_at - 1.0:
+        a.step()
+        clock.now += 1.0
+        # then nothing is taken before b's counter stood still for the expiry
+        assert len(a.held()) == 3
+    clock.now = dead_at + 1.0
+    a.step()  # marks b gone
+    a.step()  # takes its shards
+    assert a.held() == sorted(ALL)
+    assert owners(app) == {k: "a" for k in ALL}
 
-    def presence(sent_at: float, n: int) -> Message:
-        return Message(fleet.queue, f"m{n}", f"r{n}", "{}", "node:other", 1, sent_at, str(n))
 
-    old, again = presence(now - 60, 1), presence(now - 1, 2)
-    # when this node's poller receives both in one receive
-    pause = fleet._received([old, again])
-    # then the other node is not taken for gone, and the poller keeps out of the next
-    # receive while the presence is handed back (so its own node gets it)
-    assert "other" not in fleet._gone
-    assert pause >= BOUNCE_SECONDS
-    # and when only the old one comes back, the other node is recorded as gone
+def test_a_node_declared_gone_gives_up_its_shards_and_rejoins(app: App) -> None:
+    # given a holds every shard, and b marked it gone while it was stalled
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    assert a.held() == sorted(ALL)
+    item = app.store.get("node/a")
+    assert item is not None
+    app.store.put("node/a", {**item.value, "gone": "lease expired"}, version=item.version)
+    # when a beats again
     with capture_logs() as logs:
-        fleet._received([presence(now - 60, 3)])
-    assert fleet._gone == {"other": "lease expired"}
-    assert [e["node"] for e in logs if e["event"] == "fleet.node_gone"] == ["other"]
+        clock.now += timing(LEASE)[0]
+        a.step()
+    # then it said so, stopped serving, and is live again with a fresh heartbeat
+    assert any(e["event"] == "fleet.declared_gone" for e in logs)
+    beat = app.store.get("node/a")
+    assert beat is not None and "gone" not in beat.value
+    clock.now += 1.0
+    a.step()  # nobody took the shards meanwhile: it serves them again
+    assert a.held() == sorted(ALL)
+
+
+def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_take(
+    app: App,
+) -> None:
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    assert len(a.node.shard_refs()) == 6
+    # when the store refuses every write for longer than the expiry less a round
+    app.store.put("node/a", {"stolen": True}, version=app.store.get("node/a").version)  # type: ignore[union-attr]
+    original = app.store.put
+
+    def failing(*args: object, **kwargs: object) -> object:
+        from shardq.store import StoreError
+
+        raise StoreError("the store is unreachable")
+
+    app.store.put = failing  # type: ignore[method-assign,assignment]
+    try:
+        clock.now += timing(LEASE)[1]
+        a.step()
+    finally:
+        app.store.put = original  # type: ignore[method-assign]
+    # then it serves nothing
+    assert a.node.shard_refs() == [] and a.held() == []
+
+
+def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) -> None:
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    broken = a.node.add_shard
+
+    def refuse(ref: object) -> None:
+        from shardq.errors import BrokerError
+
+        raise BrokerError("CreateQueue was refused: AccessDenied")
+
+    a.node.add_shard = refuse  # type: ignore[method-assign,assignment]
+    with capture_logs() as logs:
+        a.step()
+    a.node.add_shard = broken  # type: ignore[method-assign]
+    # then it warned for each shard, freed them, and leaves them a while
+    warned = [e for e in logs if e["event"] == "fleet.cannot_take"]
+    assert len(warned) == 6 and "AccessDenied" in warned[0]["error"]
+    assert owners(app) == {}
+    clock.now += 1.0
+    a.step()
+    assert a.held() == []
+
+
+def test_with_no_live_node_the_view_shows_every_shard_unserved(app: App) -> None:
+    # given a node that held shards was killed and nobody is left to mark it gone
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    item = app.store.get("node/a")
+    assert item is not None
+    app.store.put("node/a", {**item.value, "at": time.time() - 600}, version=item.version)
+    # when an operator looks
+    view = fleet_view(read_fleet(app.store), time.time(), {"Ledgered": 6})
+    # then no node is live, every shard is unserved, and no lag is shown for them
+    assert view.no_live_node and view.unserved == tuple(sorted(ALL))
+    assert view.gone[0].reason == "not reporting" and view.lag("Ledgered", 0) is None
+    assert view.to_json()["no_live_node"] is True

@@ -3,40 +3,86 @@
 from __future__ import annotations
 
 import signal
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from shardq.errors import QueueNotFoundError
-from shardq.fleet import leases_queue
 from tests.apps import ledger
 from tests.children import Env
+from tests.conftest import needs_shared_store
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_node_stopped_gracefully_leaves_every_shard_lease_receivable_at_once(env: Env) -> None:
-    # given one elastic node holding every shard lease (3 shards) and its presence
+def test_a_node_stopped_gracefully_frees_every_shard_and_deletes_its_heartbeat(env: Env) -> None:
+    # given one elastic node owning every shard (3 shards) and keeping its heartbeat
+    needs_shared_store(ledger.app)
+    store = ledger.app.store
     node = env.node("--threads", "1")
-    queue = leases_queue(env.config().queue_prefix)
-    broker = ledger.app.broker
 
-    def holding_all() -> bool:
-        try:
-            counts = broker.counts(queue)
-        except QueueNotFoundError:  # the node has not created it yet
-            return False
-        return (counts.waiting, counts.in_flight) == (0, 4)
+    def owning_all() -> bool:
+        owners = [i.value["owner"] for i in store.query_all("shard/")]
+        return len(owners) == 3 and len(set(owners)) == 1 and owners[0] != ""
 
-    env.wait_for(holding_all)
+    env.wait_for(owning_all)
+    assert len(store.query_all("node/")) == 1
     # when it gets SIGTERM and exits
     node.send_signal(signal.SIGTERM)
     assert node.wait(30) == 0
+    # then every ownership item names nobody and no heartbeat is left: another node
+    # takes the shards at its next round, nothing waits for a lease to run out
+    assert [i.value["owner"] for i in store.query_all("shard/")] == ["", "", ""]
+    assert store.query_all("node/") == []
 
-    # then every shard lease is visible again within a few seconds (a lease received
-    # while stopping is handed back after a second), none left in flight for the
-    # 30 s of a lease; its presence is deleted
-    def receivable() -> bool:
-        counts = broker.counts(queue)
-        return (counts.waiting, counts.in_flight) == (3, 0)
 
-    env.wait_for(receivable, timeout=3)
+@pytest.mark.sqs
+def test_a_node_whose_wall_clock_is_120_s_off_shares_and_takes_over_like_the_others(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # (on SQS and DynamoDB: the embedded broker's file is one machine's clock by design)
+    env = Env("sqs", tmp_path, request)
+    env.vars.update(SHARDQ_LEASE_SECONDS="10", SHARDQ_WORKERS__Ledgered__shards="6")
+    ledger.app.configure(env.config())
+    try:
+        needs_shared_store(ledger.app)
+        store = ledger.app.store
+
+        def owners() -> Counter[str]:
+            items = store.query_all("shard/")
+            return Counter(str(i.value["owner"]) for i in items if i.value["owner"])
+
+        def nodes_by_pid() -> dict[int, str]:
+            return {int(i.value["pid"]): i.key[5:] for i in store.query_all("node/")}
+
+        # given a node, and a node whose wall clock runs 120 s ahead
+        plain = env.node("--threads", "2")
+        skewed = env.node("--threads", "2", skew=120.0)
+        env.wait_for(lambda: sorted(owners().values()) == [3, 3] and len(nodes_by_pid()) == 2)
+        # when jobs flow, then every one runs, in order per entity
+        ledger.Ledgered.publish_many([(f"e{i % 12}", {"n": i // 12}) for i in range(60)])
+        env.wait_for(lambda: sum(e[0] == "end" for e in env.events()) == 60, timeout=60)
+        # when the plain node is killed, then the skewed one takes its shards within
+        # the lease (its clock is never compared with anyone's)
+        skewed_id = nodes_by_pid()[skewed.pid]
+        plain.kill()
+        plain.wait()
+        env.wait_for(lambda: owners() == Counter({skewed_id: 6}), timeout=10 + 3)
+        # when a plain node joins and the skewed one is killed, then the plain one takes all
+        late = env.node("--threads", "2")
+        env.wait_for(lambda: sorted(owners().values()) == [3, 3], timeout=30)
+        late_id = nodes_by_pid()[late.pid]
+        skewed.kill()
+        skewed.wait()
+        env.wait_for(lambda: owners() == Counter({late_id: 6}), timeout=10 + 3)
+        ledger.Ledgered.publish_many([(f"e{i % 12}", {"n": 5 + i // 12}) for i in range(24)])
+        env.wait_for(lambda: sum(e[0] == "end" for e in env.events()) >= 84, timeout=60)
+        ends: dict[str, list[int]] = {}
+        for event, entity, n in env.events():
+            if event == "end":
+                ends.setdefault(entity, []).append(n)
+        assert all(ns == sorted(ns) for ns in ends.values()), ends
+        assert sum(len(set(ns)) for ns in ends.values()) == 84
+    finally:
+        env.stop_all()
+        ledger.app.broker.close()

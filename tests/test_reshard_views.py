@@ -19,15 +19,15 @@ from shardq import layout as rules
 from shardq.admin import NO_REPORT, _nodes, _stats
 from shardq.broker import SendEntry
 from shardq.ensure import ensure, ensure_state_table
-from shardq.fleet_doc import FleetDoc, NodeReport
-from shardq.fleet_store import FleetStore, fleet_queue
-from shardq.fleet_view import fleet_view, key_order
+from shardq.fleet_view import fleet_view, key_order, read_fleet
 from shardq.layout_view import layout_view
 from shardq.prune import prune
 from shardq.sampler import Sampler
 from shardq.sharding import shard_for
 from shardq.stats import collect
+from shardq.store import MemoryStore
 from tests.conftest import make_broker
+from tests.fleet_items import heartbeat
 from tests.test_dashboard import browser  # noqa: F401 (the headless Chromium fixture)
 
 
@@ -185,10 +185,9 @@ def test_shard_keys_of_later_generations_are_owned_counted_and_sorted() -> None:
     now = 1_000_000.0
     held = ("W@10:1", "W@2:5", "W:3", "W@2:0")
     lags = {"W@2:5": 4.0, "W:3": 1.0}
-    report = NodeReport(
-        node="a", host="h", pid=1, started=now - 60, seen=now - 1, held=held, lags=lags
-    )
-    view = fleet_view(FleetDoc().with_node(report), now)
+    store = MemoryStore()
+    heartbeat(store, "a", now - 1, held, lags=lags)
+    view = fleet_view(read_fleet(store), now)
     # then each shard has its owner and lag by generation, and none is mixed up
     assert view.owner("W", 5, 2) == "a" and view.lag("W", 5, 2) == 4.0
     assert view.owner("W", 3) == "a" and view.lag("W", 3) == 1.0
@@ -204,17 +203,7 @@ def test_shard_keys_of_later_generations_are_owned_counted_and_sorted() -> None:
 def test_stats_name_the_owner_of_a_new_generations_shard(resharding: shardq.App) -> None:
     # given a node reporting it holds shard 5 of generation 1 and shard 2 of generation 0
     now = time.time()
-    report = NodeReport(
-        node="n1",
-        host="h",
-        pid=1,
-        started=now - 60,
-        seen=now,
-        held=("SyncOrder@1:5", "SyncOrder:2"),
-    )
-    store = FleetStore(resharding.broker, fleet_queue(resharding.config.queue_prefix))
-    store.ensure()
-    store.update(lambda doc: doc.with_node(report))
+    heartbeat(resharding.store, "n1", now, ("SyncOrder@1:5", "SyncOrder:2"))
     # then the stats name it on those two rows only
     data = collect(resharding).to_dict()["by_worker"]["SyncOrder"]
     owned = [(r["gen"], r["shard"]) for r in data["shards"] if r["owner"] == "n1"]
@@ -264,8 +253,9 @@ def test_queues_ensure_creates_the_live_layouts_queues_and_says_the_code_differs
     # when the queues are ensured
     assert ensure(app) == 0
     err = capsys.readouterr().err
-    # then the new generation's 6, the old one's 4, Mail's 2, 2 morgues and the fleet's 2
-    assert "16 queues created, 0 checked, 0 drifted" in err
+    # then the new generation's 6, the old one's 4, Mail's 2 and 2 morgues (the fleet
+    # has no queue: it lives in the state store)
+    assert "14 queues created, 0 checked, 0 drifted" in err
     for shard in range(6):
         assert app.broker.queue_settings(app.shard_queue("SyncOrder", shard, 1)) is not None
     assert app.broker.queue_settings(app.shard_queue("SyncOrder", 3, 0)) is not None
@@ -387,4 +377,5 @@ def test_without_a_reshard_nodes_json_keeps_its_shape(
     app.ensure_queues()
     assert _nodes(app, args(json=True)) == 0
     # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
-    assert set(json.loads(capsys.readouterr().out)) == {"time", "nodes", "gone"}
+    shape = {"time", "nodes", "gone", "unserved", "no_live_node"}
+    assert set(json.loads(capsys.readouterr().out)) == shape

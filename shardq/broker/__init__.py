@@ -35,9 +35,10 @@ URL_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db, memory:// 
 URL_PARAMETERS = {
     # allow_other_tables: share the file with other applications' tables on purpose.
     # test_reopen_groups: test-only emulation of a LocalStack FIFO defect (see
-    # shardq.broker.sqlite); never in production.
-    "sqlite": ("allow_other_tables", "test_reopen_groups"),
-    "memory": ("test_reopen_groups",),
+    # shardq.broker.sqlite); test_stale_visibility: test-only emulation of another
+    # emulator's visibility behaviour (same module); never in production.
+    "sqlite": ("allow_other_tables", "test_reopen_groups", "test_stale_visibility"),
+    "memory": ("test_reopen_groups", "test_stale_visibility"),
     "sqs": ("region", "endpoint_url"),
 }
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
@@ -49,7 +50,8 @@ def broker_from_url(
     """Make a broker from a URL. ``sqs://?region=..&endpoint_url=..`` may carry both.
 
     ``sqlite:///path.db?allow_other_tables=1`` lets the embedded broker share a file
-    that holds other tables; ``test_reopen_groups=1`` (sqlite and memory) is test-only.
+    that holds other tables; ``test_reopen_groups=1`` and
+    ``test_stale_visibility=1`` (sqlite and memory) are test-only.
     Unknown parameters are refused.
     """
     parts = urlsplit(url)
@@ -63,10 +65,14 @@ def broker_from_url(
         return SqliteBroker(
             path,
             reopen_groups=_flag(url, query, "test_reopen_groups"),
+            stale_visibility=_flag(url, query, "test_stale_visibility"),
             allow_other_tables=_flag(url, query, "allow_other_tables"),
         )
     if parts.scheme == "memory":
-        return MemoryBroker(reopen_groups=_flag(url, query, "test_reopen_groups"))
+        return MemoryBroker(
+            reopen_groups=_flag(url, query, "test_reopen_groups"),
+            stale_visibility=_flag(url, query, "test_stale_visibility"),
+        )
     from shardq.broker.sqs import SqsBroker  # boto3 is imported only when used
 
     return SqsBroker(

@@ -30,6 +30,11 @@ visibility 0) while another message of G is still in flight, G is "reopened":
 receives ignore G's in-flight messages when deciding whether G is blocked, so G's
 visible later messages can be received out of order, until a receive returns a
 message of G (which blocks it again as usual). Never use it in production.
+
+Test-only: ``stale_visibility=True`` (URL parameter ``test_stale_visibility=1``)
+emulates another emulator's behaviour: a message that was received and became
+visible again (its visibility expired or was changed) stays hidden while an older
+message of its queue is in flight. Never use it in production.
 """
 
 from __future__ import annotations
@@ -129,6 +134,28 @@ _STALE = "receipt handle is invalid or expired (the message is visible again or 
 _END = 2**63 - 1  # no seq is larger
 
 
+def _stale_hidden(
+    db: sqlite3.Connection, queue: str, now: float, rows: list[tuple[Any, ...]]
+) -> tuple[list[tuple[Any, ...]], float | None]:
+    """Test-only (``stale_visibility``): ``rows`` less the messages received before
+    that an older in-flight message of the queue keeps hidden (and their groups'
+    later messages); with when the oldest in-flight message becomes visible."""
+    oldest, until = db.execute(
+        "SELECT MIN(seq), MIN(visible_at) FROM messages"
+        " WHERE queue = ? AND visible_at > ? AND receive_count > 0",
+        (queue, now),
+    ).fetchone()
+    if oldest is None:
+        return rows, None
+    kept, stuck = [], set()
+    for row in rows:  # seq, group_id, body, message_id, sent_at, receive_count, head
+        if row[1] in stuck or (row[5] > 0 and row[0] > oldest):
+            stuck.add(row[1])
+        else:
+            kept.append(row)
+    return kept, until
+
+
 @functools.lru_cache(maxsize=MAX_BATCH_ENTRIES)
 def _group_state(count: int) -> str:
     return _GROUP_STATE.format(rows=",".join(["(?, ?, ?)"] * count))
@@ -155,10 +182,12 @@ class SqliteBroker(Broker):
         *,
         poll_interval: float = 0.025,
         reopen_groups: bool = False,
+        stale_visibility: bool = False,
         allow_other_tables: bool = False,
     ) -> None:
         self.path = path
         self.reopen_groups = reopen_groups
+        self.stale_visibility = stale_visibility
         self._poll_interval = poll_interval
         self._lock = threading.RLock()
         self._db = open_db(path, allow_other_tables=allow_other_tables)
@@ -373,6 +402,10 @@ class SqliteBroker(Broker):
         with self._tx(f"receiving from queue {queue}") as db:
             self._queue(db, queue)
             rows = self._receivable(db, queue, now, max_messages)
+            if rows and self.stale_visibility:
+                rows, hint = _stale_hidden(db, queue, now, rows)
+                if not rows:
+                    return [], hint
             if not rows:
                 return [], db.execute(_NEXT_UNBLOCKED, (queue, now)).fetchone()[0]
             token = secrets.token_hex(8)
@@ -663,8 +696,8 @@ class MemoryBroker(SqliteBroker):
 
     kind = "memory"
 
-    def __init__(self, *, reopen_groups: bool = False) -> None:
-        super().__init__(":memory:", reopen_groups=reopen_groups)
+    def __init__(self, *, reopen_groups: bool = False, stale_visibility: bool = False) -> None:
+        super().__init__(":memory:", reopen_groups=reopen_groups, stale_visibility=stale_visibility)
 
 
 def _parse_receipt(receipt: str) -> tuple[int, str] | None:
