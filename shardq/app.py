@@ -244,9 +244,10 @@ class App:
         self._ready.add(queue)
 
     def ensure_queues(self) -> list[str]:
-        """Create every shard queue of the live layouts and every morgue queue; returns
-        their names."""
+        """Create the state store's table and every shard queue of the live layouts;
+        returns the queues' names."""
         self.check()
+        self.store.ensure_table()
         self.layouts.refresh()
         names = []
         for name in self._workers:
@@ -254,7 +255,7 @@ class App:
             for gen_name, count in self.live_shards(name).items():
                 gen = int(gen_name.rpartition("@")[2]) if "@" in gen_name else 0
                 queues += [self.shard_queue(name, s, gen) for s in range(count)]
-            for queue in [*queues, self.morgue_queue(name)]:
+            for queue in queues:
                 self.ensure_queue(queue, name)
                 names.append(queue)
         return names

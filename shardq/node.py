@@ -338,8 +338,6 @@ class Node:
             if self.stopping.is_set():
                 return
             self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
-        for worker in {ref.worker for ref in self.plan.shards}:
-            self.app.ensure_queue(self.app.morgue_queue(worker), worker)
 
     def _idle(self) -> bool:
         return not self.leases.count() and all(lane.idle() for lane in self.lanes)

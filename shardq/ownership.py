@@ -84,7 +84,6 @@ class Ownership:
         shard = self._shard(ref)
         app = self._node.app
         app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
-        app.ensure_queue(app.morgue_queue(ref.worker), ref.worker)
         with self._lock:
             if key in self._served:
                 return

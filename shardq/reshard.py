@@ -74,7 +74,6 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
         )
     for shard in range(shards):  # queues first: publishers that switch find them
         app.ensure_queue(app.shard_queue(worker, shard, planned.gen), worker)
-    app.ensure_queue(app.morgue_queue(worker), worker)
     return app.layouts.update(worker, lambda now: rules.announce(now, worker, shards, trust, who))
 
 

@@ -338,7 +338,7 @@ def test_queue_names_combine_prefix_queue_name_and_shard(broker: shardq.MemoryBr
     assert app.morgue_queue("SyncOrder") == "prod-sync-order-morgue.fifo"
 
 
-def test_ensure_queues_creates_every_shard_queue_and_the_morgue(
+def test_ensure_queues_creates_every_shard_queue_and_no_morgue_queue(
     broker: shardq.MemoryBroker,
 ) -> None:
     # given two workers, one with three shards (set by config) and one with one
@@ -347,14 +347,12 @@ def test_ensure_queues_creates_every_shard_queue_and_the_morgue(
     app.register(define("HTTPPing"))
     # when the app ensures its queues
     names = app.ensure_queues()
-    # then every shard queue and each morgue queue is created
+    # then every shard queue is created (dead jobs live in the state store)
     expected = [
         "t-sync-order-0.fifo",
         "t-sync-order-1.fifo",
         "t-sync-order-2.fifo",
-        "t-sync-order-morgue.fifo",
         "t-http-ping-0.fifo",
-        "t-http-ping-morgue.fifo",
     ]
     assert names == expected
     for queue in expected:

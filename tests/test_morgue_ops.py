@@ -53,7 +53,7 @@ def numbers(records: list[shardq.morgue.MorgueRecord]) -> list[tuple[str, int]]:
 
 def queued(app: shardq.App, entity: str) -> list[int]:
     queue = app.shard_queue("Ledgered", shard_for(entity, 3))
-    got = app.broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30)
+    got = app.broker.receive(queue, max_messages=10, wait_seconds=1, visibility_timeout=30)
     return [envelope.decode(m.body).payload["n"] for m in got if m.group_id == entity]
 
 

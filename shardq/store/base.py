@@ -121,5 +121,10 @@ class Store(abc.ABC):
                 return items
             after = page[-1].key
 
+    def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
+        """Create what the store keeps its items in, unless it exists; True if it was
+        created here. (The embedded and memory stores make theirs when opened.)"""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional for implementations
         """Release connections (optional)."""
