@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     _common(run)
     _placement(run, node_default=None, nodes_default=None)
     run.add_argument(
+        "--concurrency", type=int, help="most jobs the node runs at once (default from config: 32)"
+    )
+    run.add_argument(
         "--until-empty",
         action="store_true",
         help="stop (exit 0) once every shard of the node is empty",
@@ -156,6 +159,7 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
             "broker_url",
             "queue_prefix",
             "threads",
+            "concurrency",
             "grace_seconds",
             "log_format",
             "log_level",

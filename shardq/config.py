@@ -7,6 +7,7 @@
     endpoint_url: null            # e.g. http://127.0.0.1:4566 for an emulator
     queue_prefix: prod-
     threads: 8
+    concurrency: 32
     workers:
       SyncOrder: {shards: 16, batch_size: 10}
 
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from shardq.errors import ConfigError
-from shardq.limits import MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+from shardq.limits import MAX_CONCURRENCY, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
 ENV_PREFIX = "SHARDQ_"
@@ -52,6 +53,9 @@ class Config:
     app: str = "workers"
     #: Threads per node; each shard of the node belongs to exactly one.
     threads: int = 4
+    #: Most jobs a node runs at once, over all its shards (one entity at a time in
+    #: order; 1..MAX_CONCURRENCY).
+    concurrency: int = 32
     #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
     #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
@@ -157,6 +161,15 @@ class Config:
 
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
+        if (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or not 1 <= self.concurrency <= MAX_CONCURRENCY
+        ):
+            fail(
+                "concurrency",
+                f"expected an integer from 1 to {MAX_CONCURRENCY}, got {self.concurrency!r}",
+            )
         if not 0 <= self.grace_seconds <= 3600:
             fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
@@ -217,7 +230,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
-_INTS = {"threads", "prefetch"}
+_INTS = {"threads", "prefetch", "concurrency"}
 _OPTIONAL_INTS = {"metrics_port"}
 _FLOATS = {
     "grace_seconds",

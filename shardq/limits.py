@@ -33,3 +33,6 @@ FIFO_SUFFIX = ".fifo"
 GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 #: Queue names: letters, digits, hyphens and underscores.
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+#: Most jobs one node may run at once (its ``concurrency``).
+MAX_CONCURRENCY = 1000
