@@ -80,9 +80,7 @@ def test_json_format_writes_one_object_per_line() -> None:
 def test_a_running_node_logs_its_progress_now_and_then() -> None:
     # given a node that logs progress every 0.3 s, and jobs that take 1.5 s in all
     # (one at a time)
-    app = shardq.App(
-        shardq.Config(broker_url="memory://", progress_seconds=0.3, concurrency=1)
-    )
+    app = shardq.App(shardq.Config(broker_url="memory://", progress_seconds=0.3, concurrency=1))
 
     @app.register
     class Slow(shardq.Worker):
