@@ -110,7 +110,12 @@ class Node:
         #: Fleet membership (``elastic``: leases; ``static``: reports only; None: neither).
         self.fleet = Fleet(self, elastic=membership == ELASTIC) if membership else None
         self.id = self.fleet.id if self.fleet else make_node_id()
-        self.metrics = NodeMetrics(self.lags, self.leases.count, node=self.id)
+        self.metrics = NodeMetrics(
+            self.lags,
+            self.leases.count,
+            node=self.id,
+            slots=lambda: (self.slots.in_use(), self.slots.concurrency),
+        )
         self._tally = Tally()
         self.observers: list[Observer] = [self.metrics, *observers]
         self.executor = Executor(
