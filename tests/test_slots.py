@@ -226,3 +226,18 @@ def test_a_perform_raising_a_base_exception_is_a_failed_attempt_and_the_node_ser
     assert tally.morgued == {"Exits": 1} and tally.retried == {"Exits": 1}
     (record,) = morgue_records(app, "Exits")
     assert (record.entity_id, record.error_type) == ("bad", error.__name__)
+
+
+def test_shardq_run_warns_when_threads_exceed_the_shards_they_could_serve() -> None:
+    from structlog.testing import capture_logs
+
+    from shardq import cli
+
+    # given 8 threads for 2 shards, then 2 threads for 2 shards
+    with capture_logs() as logs:
+        cli._warn_idle_threads(8, 2)
+        cli._warn_idle_threads(2, 2)
+    # then only the first warns, naming both and what to set instead
+    (warning,) = [e for e in logs if e["event"] == "node.idle_threads"]
+    assert (warning["threads"], warning["shards"], warning["log_level"]) == (8, 2, "warning")
+    assert "concurrency" in warning["detail"]
