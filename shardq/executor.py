@@ -31,14 +31,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 
 from shardq import envelope, morgue
 from shardq import layout as layouts
+from shardq.aio import EventLoop, is_async
 from shardq.broker.base import Message
 from shardq.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
@@ -170,6 +171,9 @@ class Executor:
         self._observers = list(observers)
         self._max_retry_delay = max_retry_delay
         self._local_workers = threading.local()
+        self._async: dict[type[Worker], bool] = {}
+        #: The event loop of async workers (started on first use).
+        self.loop = EventLoop()
         self._lock = threading.Lock()
         self._rules: dict[str, Rules] = {}
         # Attempt bookkeeping by message id: receives that ended without a run (hidden
@@ -398,8 +402,23 @@ class Executor:
         ]
         worker.attempt = worker.jobs[0].attempt
 
-        def call() -> None:
-            worker.perform(entity, payloads)
+        kind = type(worker)
+        if kind not in self._async:
+            self._async[kind] = is_async(kind.perform)
+        limit = settings.time_limit
+        if self._async[kind]:  # on the node's loop, the limit by cancellation there
+
+            def call() -> None:
+                self.loop.run(
+                    lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
+                    settings.time_limit,
+                )
+
+            limit = None
+        else:
+
+            def call() -> None:
+                worker.perform(entity, payloads)
 
         if self._app.middleware:
             ctx = PerformContext(
@@ -417,7 +436,7 @@ class Executor:
 
         started = time.monotonic()
         try:
-            _, overran = self._limits.run(call, settings.time_limit)
+            _, overran = self._limits.run(call, limit)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
             return exc, time.monotonic() - started
         duration = time.monotonic() - started

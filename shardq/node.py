@@ -403,6 +403,7 @@ class Node:
                 lane.join(max(0.0, deadline - time.monotonic()))
         self.slots.close()
         self.slots.join(max(0.0, deadline - time.monotonic()))
+        self.executor.loop.close()
         # Receives still in flight are not waited for: what they bring is released
         # as a straggler (see Lane._fetch).
         self.pool.shutdown(wait=False, cancel_futures=True)
