@@ -172,3 +172,28 @@ def test_a_stop_mid_await_lets_the_job_finish_and_releases_the_rest(app: shardq.
     queue = app.shard_queue("Wait", 0)
     left = app.broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30)
     assert [m.receive_count for m in left] == [2]
+
+
+def test_a_sync_middleware_wraps_the_whole_awaited_perform(app: shardq.App) -> None:
+    # given a middleware recording around perform, and an async worker recording inside
+    order: list[str] = []
+
+    class Around(shardq.Middleware):
+        def around_perform(self, call: Any, ctx: Any) -> None:
+            order.append(f"before {ctx.entity_id}")
+            call()
+            order.append(f"after {ctx.entity_id}")
+
+    app.add_middleware(Around())
+
+    @app.register
+    class Inside(shardq.Worker):
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            await asyncio.sleep(0.01)
+            order.append(f"perform {entity_id}")
+
+    Inside.publish("e", 0)
+    # when a node runs it
+    assert drain(Node(app, app.plan(threads=1), until_empty=True)) == 0
+    # then the middleware ran around the whole await
+    assert order == ["before e", "perform e", "after e"]
