@@ -21,7 +21,7 @@ soon, and every held job stays extended by the node's leases meanwhile.
 
 Jobs that take almost no time (mean ``perform`` below :data:`INLINE_BELOW_SECONDS`)
 are cheaper to run in the lane itself than to hand over; the lane does so while a
-slot is free and nothing waits (:func:`run_inline`); such a run counts as a slot.
+slot is free (:func:`run_inline`); such a run counts as a slot.
 """
 
 from __future__ import annotations
@@ -58,15 +58,12 @@ def may_take(waiting_jobs: int, concurrency: int) -> bool:
     return waiting_jobs < concurrency
 
 
-def run_inline(mean_seconds: float | None, busy: int, waiting_jobs: int, concurrency: int) -> bool:
-    """Run an entity in its lane instead of a slot? Only a worker known to be quick
-    (a hand-over costs more than its jobs), while a slot is free and nobody waits."""
-    return (
-        mean_seconds is not None
-        and mean_seconds < INLINE_BELOW_SECONDS
-        and busy < concurrency
-        and waiting_jobs == 0
-    )
+def run_inline(mean_seconds: float | None, busy: int, concurrency: int) -> bool:
+    """Run an entity in its lane instead of a slot? For a worker that is quick (a
+    hand-over costs more than its jobs) or not measured yet (its first call measures
+    it), while a slot is free."""
+    quick = mean_seconds is None or mean_seconds < INLINE_BELOW_SECONDS
+    return quick and busy < concurrency
 
 
 class Chain:
@@ -134,9 +131,7 @@ class Slots:
         key = (shard.queue, messages[0].group_id)
         mean = self._means.get(shard.ref.worker)
         with self._cond:
-            if key in self._chains or not run_inline(
-                mean, self._busy, self._waiting(), self.concurrency
-            ):
+            if key in self._chains or not run_inline(mean, self._busy, self.concurrency):
                 return None
             chain = self._chains[key] = Chain(key, shard, list(messages), RUNNING)
             self._took()
