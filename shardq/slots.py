@@ -59,10 +59,10 @@ def may_take(waiting_jobs: int, concurrency: int) -> bool:
 
 
 def run_inline(mean_seconds: float | None, busy: int, concurrency: int) -> bool:
-    """Run an entity in its lane instead of a slot? For a worker that is quick (a
-    hand-over costs more than its jobs) or not measured yet (its first call measures
-    it), while a slot is free."""
-    quick = mean_seconds is None or mean_seconds < INLINE_BELOW_SECONDS
+    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
+    hand-over costs more than its jobs), while a slot is free. A worker not measured
+    yet runs in slots: its first jobs may wait long, or on each other."""
+    quick = mean_seconds is not None and mean_seconds < INLINE_BELOW_SECONDS
     return quick and busy < concurrency
 
 
@@ -121,7 +121,8 @@ class Slots:
                 return
             chain = self._chains[key] = Chain(key, shard, list(messages), READY)
             self._ready.append(chain)
-            if self._idle_threads == 0 and len(self._threads) < self.concurrency:
+            # a thread per chain waiting (a woken thread may still count as idle)
+            if len(self._ready) > self._idle_threads and len(self._threads) < self.concurrency:
                 self._start_thread()
             self._cond.notify()
 
@@ -191,7 +192,8 @@ class Slots:
                 self._busy -= 1
                 self._wake_lanes()
                 self._end_sweep(shard)
-                self._cond.notify()
+                if self._ready:  # a slot is free for a chain waiting
+                    self._cond.notify()
 
     # -- what the node reads -------------------------------------------------------------
     def job_outcome(self, outcome: Outcome) -> None:
@@ -275,6 +277,7 @@ class Slots:
             heapq.heappush(self._deferred, (end.due, self._seq, chain))
             if self._idle_threads == 0 and len(self._threads) < self.concurrency:
                 self._start_thread()  # a slot thread runs it when due
+            self._cond.notify()  # a waiting thread looks at the new due time
         elif not chain.pending:  # DONE, nothing joined
             return self._remove(chain)
         elif end.kind == DONE and not (self._stopping.is_set() or chain.shard.dropped):
@@ -315,8 +318,8 @@ class Slots:
         thread = threading.Thread(
             target=self._slot, name=f"shardq-slot-{len(self._threads)}", daemon=True
         )
+        thread.start()  # then listed: alive() reads the list without the lock
         self._threads.append(thread)
-        thread.start()
 
     def _slot(self) -> None:
         while True:
