@@ -130,6 +130,9 @@ def measure(
                     + f"exit {res['code']}, processed {res['processed']}/{args.jobs}",
                     flush=True,
                 )
+                if extra:
+                    print(f"    publish {res['publish_requests']}", flush=True)
+                    print(f"    process {res['process_requests']}", flush=True)
 
 
 def figures(res: dict[str, Any]) -> dict[str, float]:

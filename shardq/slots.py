@@ -96,7 +96,7 @@ class Slots:
         self._stopping = stopping
         self._on_failure = on_failure
         self._clock = clock
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._chains: dict[Key, Chain] = {}
         self._ready: deque[Chain] = deque()
         self._deferred: list[tuple[float, int, Chain]] = []
