@@ -137,7 +137,13 @@ def measure(
 
 def figures(res: dict[str, Any]) -> dict[str, float]:
     jobs = max(1, res["processed"])
-    requests = sum(res["publish_requests"].values()) + sum(res["process_requests"].values())
+    # "ReceiveMessage:empty" and ":with-messages" split ReceiveMessage: not counted twice
+    requests = sum(
+        n
+        for counts in (res["publish_requests"], res["process_requests"])
+        for op, n in counts.items()
+        if ":" not in op
+    )
     return {
         "rate": res["processed"] / res["busy_s"] if res["busy_s"] > 0 else 0.0,
         "cpu": res["cpu_s"] * 1000.0 / jobs,
