@@ -267,8 +267,10 @@ class Executor:
             if stop():  # shutting down or handed over: the node releases what has not run
                 return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
             chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
-            if any(self._leases.lapsed(j.message) for j in chunk):
-                self._give_up(ref, jobs[i:])
+            if any(
+                self._leases.lapsed(j.message) or not self._leases.holds(j.message) for j in chunk
+            ):
+                self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
                 return EntityEnd(GAVE_UP)
             if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
                 if self._bury_invalid(ref, chunk[0]):

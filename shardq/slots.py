@@ -117,7 +117,7 @@ class Slots:
         with self._cond:
             chain = self._chains.get(key)
             if chain is not None:
-                chain.pending.extend(messages)  # joins the end: order holds
+                self._join(chain, messages)
                 return
             chain = self._chains[key] = Chain(key, shard, list(messages), READY)
             self._ready.append(chain)
@@ -245,6 +245,22 @@ class Slots:
             return [(c.due, list(c.pending)) for c in self._chains.values() if c.state == DEFERRED]
 
     # -- inside (the lock held) --------------------------------------------------------
+    def _join(self, chain: Chain, messages: list[Message]) -> None:
+        """Later jobs join the end of the chain (order holds). A job delivered again
+        while its first copy still waits here (that copy's visibility ran out) takes
+        the first copy's place, with its new receipt."""
+        waiting = {m.message_id: i for i, m in enumerate(chain.pending)}
+        stale = []
+        for m in messages:
+            i = waiting.get(m.message_id)
+            if i is None:
+                chain.pending.append(m)
+            else:
+                stale.append(chain.pending[i])
+                chain.pending[i] = m
+        if stale:
+            self._executor.give_up_later(stale)
+
     def _waiting(self) -> int:
         return sum(len(c.pending) for c in self._ready if c.state == READY)
 
