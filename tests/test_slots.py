@@ -12,10 +12,14 @@ import pytest
 
 import shardq
 from shardq import morgue
+from shardq.broker.base import Message
 from shardq.config import Config
 from shardq.errors import ConfigError
+from shardq.executor import DONE, EntityEnd
+from shardq.lane import Shard
 from shardq.node import Node
-from shardq.slots import INLINE_BELOW_SECONDS, may_take, run_inline
+from shardq.plan import ShardRef
+from shardq.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
 from tests.conftest import make_broker
 
 
@@ -241,3 +245,49 @@ def test_shardq_run_warns_when_threads_exceed_the_shards_they_could_serve() -> N
     (warning,) = [e for e in logs if e["event"] == "node.idle_threads"]
     assert (warning["threads"], warning["shards"], warning["log_level"]) == (8, 2, "warning")
     assert "concurrency" in warning["detail"]
+
+
+# -- entity chains, with a stand-in executor ---------------------------------------------
+class Recorder:
+    """Runs nothing: records each run of an entity's jobs, the first one held until
+    ``go`` is set, and what was given up."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.started = threading.Event()
+        self.runs: list[list[str]] = []
+        self.given_up: list[list[str]] = []
+
+    def run_entity(self, ref: Any, messages: list[Message], stop: Any = None) -> EntityEnd:
+        self.runs.append([m.receipt for m in messages])
+        self.started.set()
+        assert self.go.wait(30)
+        return EntityEnd(DONE)
+
+    def give_up_later(self, messages: list[Message]) -> None:
+        self.given_up.append([m.receipt for m in messages])
+
+
+def message(message_id: str, receipt: str, sequence: str) -> Message:
+    return Message("q", message_id, receipt, "{}", "e", 1, 0.0, sequence)
+
+
+def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> None:
+    # given slots running job A of entity e, and job B of e waiting behind it
+    recorder = Recorder()
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("a", "a-1", "1")])
+    assert recorder.started.wait(30)
+    slots.submit(shard, [message("b", "b-1", "2")])
+    # when B is received again (its first copy's visibility ran out), with job C after it
+    slots.submit(shard, [message("b", "b-2", "2"), message("c", "c-1", "3")])
+    recorder.go.set()
+    deadline = time.monotonic() + 30
+    while not slots.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # then B runs once, with its new receipt, in its place before C; its first copy is
+    # given up (not run, not extended)
+    assert recorder.runs == [["a-1"], ["b-2", "c-1"]]
+    assert recorder.given_up == [["b-1"]]
+    slots.close()
