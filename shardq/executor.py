@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -45,6 +45,16 @@ from shardq.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.leases import Leases
 from shardq.middleware import PerformContext, run_around
+from shardq.outcome import DONE as DONE
+from shardq.outcome import GAVE_UP as GAVE_UP
+from shardq.outcome import HIDDEN as HIDDEN
+from shardq.outcome import LATER as LATER
+from shardq.outcome import STOPPED as STOPPED
+from shardq.outcome import Deferred as Deferred
+from shardq.outcome import EntityEnd as EntityEnd
+from shardq.outcome import Observer as Observer
+from shardq.outcome import Outcome as Outcome
+from shardq.outcome import Tally as Tally
 from shardq.plan import ShardRef
 from shardq.relay import relay
 from shardq.timelimit import TimeLimitExceeded, TimeLimits
@@ -65,77 +75,6 @@ GATE_SECONDS = 1.0
 
 #: Decides what to do with an entity's jobs from a shard: run, wait or relay.
 Router = Callable[[ShardRef, str], str]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What became of one ``perform`` call's jobs (or of one invalid message)."""
-
-    kind: str  # "succeeded", "retried" or "morgued"
-    worker: str
-    shard: int
-    entity: str
-    messages: list[Message]
-    payloads: list[Any]
-    duration: float
-    error: BaseException | None = None
-
-
-class Observer(Protocol):
-    """Told of every outcome and broker error: the node's tally, its metrics, the
-    test helpers."""
-
-    def job_outcome(self, outcome: Outcome) -> None: ...
-
-    def broker_error(self, operation: str) -> None: ...
-
-
-@dataclass
-class Tally:
-    """Job outcomes counted by a node, per worker."""
-
-    succeeded: dict[str, int] = field(default_factory=dict)
-    retried: dict[str, int] = field(default_factory=dict)
-    morgued: dict[str, int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, kind: str, worker: str, n: int = 1) -> None:
-        counter: dict[str, int] = getattr(self, kind)
-        with self._lock:  # the node's slots add at once
-            counter[worker] = counter.get(worker, 0) + n
-
-    def job_outcome(self, outcome: Outcome) -> None:
-        self.add(outcome.kind, outcome.worker, len(outcome.messages))
-
-    def broker_error(self, operation: str) -> None:
-        """Broker errors are logged; a tally does not count them."""
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """Jobs of one entity held for a retry due at ``due`` (monotonic)."""
-
-    due: float
-    ref: ShardRef
-    messages: list[Message]
-
-
-#: How a run of one entity's jobs ended (:attr:`EntityEnd.kind`).
-DONE = "done"  # every job ran to an end (succeeded, morgued or relayed)
-LATER = "later"  # held here for a local retry (``messages``, due at ``due``)
-HIDDEN = "hidden"  # hidden at the broker until ``due``, the failed job first
-GAVE_UP = "gave_up"  # a job's visibility lapsed: none of the rest runs here
-STOPPED = "stopped"  # asked to stop: ``messages`` did not start (still held)
-
-
-@dataclass(frozen=True)
-class EntityEnd:
-    """The end of a run of one entity's jobs; what the jobs that join the entity
-    afterwards must follow (a retry takes them along)."""
-
-    kind: str
-    messages: list[Message] = field(default_factory=list)
-    due: float = 0.0
 
 
 @dataclass

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
-from shardq.executor import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd, Executor, Outcome
+from shardq.executor import Executor
+from shardq.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd, Outcome
 
 if TYPE_CHECKING:
     from shardq.lane import Shard
