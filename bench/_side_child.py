@@ -13,7 +13,9 @@ Commands (``spec["cmd"]``):
 
 * ``sqs``: publish then run a node on SQS (scenario ``blank`` or ``failing``);
 * ``publish``: only publish ledger jobs with a config file (for ``shutdown_times``);
-* ``embedded``: raw broker drain (1 and T threads) and a node, on SQLite files.
+* ``embedded``: raw broker drain (1 and T threads) and a node, on SQLite files;
+* ``io``: I/O-bound jobs (``lane_worker.Sleep`` or ``SleepAsync``) published then run
+  by a node, on a SQLite file or on SQS (``bench/io_bound.py``).
 """
 
 from __future__ import annotations
@@ -306,10 +308,55 @@ def cmd_embedded(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def cmd_io(spec: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    import lane_worker
+
+    import shardq
+    import shardq.logs
+
+    os.environ["LANE_SLEEP_MS"] = str(spec["sleep_ms"])
+    shardq.logs.configure(fmt="json", level="warning")
+    if spec["kind"] == "async":
+        app, worker = lane_worker.io_async_app, lane_worker.SleepAsync
+    else:
+        app, worker = lane_worker.io_app, lane_worker.Sleep
+    settings: dict[str, Any] = {
+        "queue_prefix": spec["prefix"],
+        "threads": spec["threads"],
+        "idle_wait_seconds": 1,
+        "progress_seconds": 0,
+        "workers": {worker.__name__: {"shards": spec["shards"]}},
+    }
+    if "concurrency" in {f.name for f in dataclasses.fields(shardq.Config)}:  # not before it
+        settings["concurrency"] = spec["concurrency"]
+    if spec["broker"] == "sqs":
+        settings.update(broker_url="sqs://", region="us-east-1", endpoint_url=spec["endpoint"])
+    else:
+        settings["broker_url"] = f"sqlite:///{os.path.join(spec['dir'], 'io.db')}"
+    app.configure(shardq.Config(**settings))
+    app.ensure_queues()
+    port = spec.get("port")
+    c0 = proxy_counts(port) if port else {}
+    report = worker.publish_many(make_jobs(spec["jobs"], spec["entities"]))
+    c1 = proxy_counts(port) if port else {}
+    out = run_node(app, spec["threads"])
+    c2 = proxy_counts(port) if port else {}
+    return {
+        **out,
+        "published": len(report.message_ids),
+        "peak": lane_worker.PEAK.most,
+        "publish_requests": diff(c0, c1),
+        "process_requests": diff(c1, c2),
+        "concurrency": settings.get("concurrency"),
+    }
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     origin = check_origin()
-    commands = {"sqs": cmd_sqs, "publish": cmd_publish, "embedded": cmd_embedded}
+    commands = {"sqs": cmd_sqs, "publish": cmd_publish, "embedded": cmd_embedded, "io": cmd_io}
     result = commands[spec["cmd"]](spec)
     result["shardq"] = origin
     print("RESULT " + json.dumps(result), flush=True)

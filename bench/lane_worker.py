@@ -11,6 +11,9 @@ imports it the same way.
 
 * ``Blank`` (in ``blank_app``): ``perform`` does nothing but count the jobs and note the
   time of the last one (:data:`PROGRESS`).
+* ``Sleep`` and ``SleepAsync`` (in ``io_app``, ``io_async_app``, for ``io_bound``):
+  I/O-bound jobs that wait ``$LANE_SLEEP_MS`` per payload, with ``time.sleep`` or
+  ``await asyncio.sleep`` (:data:`PEAK` counts the calls running at once).
 * ``Ledger`` (in ``ledger_app``): each payload is ``{"seq": n}`` (n = the job's number
   within its entity, in publish order). An attempt fails when
   ``crc32("entity:seq:try") % 100 < LANE_FAIL_PERCENT`` (try counted in this process,
@@ -111,3 +114,64 @@ class Ledger(shardq.Worker):
 
     def retry_in(self, attempt: int) -> float:
         return 1.0
+
+
+io_app = shardq.App()
+io_async_app = shardq.App()
+
+
+class Peak:
+    """Most ``perform`` calls running at once in this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+PEAK = Peak()
+
+
+def _sleep_seconds() -> float:
+    return int(os.environ.get("LANE_SLEEP_MS", "50")) / 1000
+
+
+@io_app.register
+class Sleep(shardq.Worker):
+    """An I/O-bound job: waits ``$LANE_SLEEP_MS`` (blocking, as a sync HTTP call does)."""
+
+    shards = 8
+
+    def perform(self, entity_id: str, payloads: list[Any]) -> None:
+        PEAK.enter()
+        try:
+            time.sleep(_sleep_seconds() * len(payloads))
+        finally:
+            PEAK.leave()
+        PROGRESS.add(len(payloads))
+
+
+@io_async_app.register
+class SleepAsync(shardq.Worker):
+    """The same job written ``async def`` (awaits ``asyncio.sleep``)."""
+
+    shards = 8
+
+    async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+        import asyncio
+
+        PEAK.enter()
+        try:
+            await asyncio.sleep(_sleep_seconds() * len(payloads))
+        finally:
+            PEAK.leave()
+        PROGRESS.add(len(payloads))

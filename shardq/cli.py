@@ -115,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     _common(run)
     _placement(run, node_default=None, nodes_default=None)
     run.add_argument(
+        "--concurrency", type=int, help="most jobs the node runs at once (default from config: 32)"
+    )
+    run.add_argument(
         "--until-empty",
         action="store_true",
         help="stop (exit 0) once every shard of the node is empty",
@@ -171,6 +174,7 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
             "broker_url",
             "queue_prefix",
             "threads",
+            "concurrency",
             "grace_seconds",
             "log_format",
             "log_level",
@@ -225,6 +229,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.node is None and args.nodes is not None:
         raise ConfigError("--nodes needs --node (a static plan); leave both out to join the fleet")
     if args.node is None:
+        shards = sum(app.settings(w).shards for w in app.workers)
+        _warn_idle_threads(config.threads, shards)
         node = Node(
             app,
             Plan(0, 0, ()),
@@ -238,6 +244,7 @@ def _run(args: argparse.Namespace) -> int:
         app.plan(node=args.node, nodes=nodes)  # bad flags are refused before any request
         app.layouts.refresh()  # the plan covers the live layout
         plan = app.plan(node=args.node, nodes=nodes)
+        _warn_idle_threads(config.threads, len(plan.shards))
         node = Node(app, plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.signals:
         print("shardq: stopped before the node started", file=sys.stderr)
@@ -246,6 +253,22 @@ def _run(args: argparse.Namespace) -> int:
     code = node.run(lambda: early.signals)
     _print_summary(node, time.monotonic() - started)
     return code
+
+
+def _warn_idle_threads(threads: int, shards: int) -> None:
+    """A thread serves whole shards: threads beyond the shards a node could serve idle
+    (concurrency, not threads, sets how many jobs run at once)."""
+    if shards and threads > shards:
+        import structlog
+
+        structlog.get_logger("shardq.node").warning(
+            "node.idle_threads",
+            threads=threads,
+            shards=shards,
+            detail=f"{threads - shards} of the {threads} threads have no shard to serve; "
+            "threads only receive, jobs run in the node's execution slots: set threads "
+            "to at most the shards, and concurrency for jobs at once",
+        )
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@
     store_url: null               # e.g. dynamodb://?region=eu-west-2&table=prod-state
     queue_prefix: prod-
     threads: 8
+    concurrency: 32
     workers:
       SyncOrder: {shards: 16, batch_size: 10}
 
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from shardq.errors import ConfigError
-from shardq.limits import MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+from shardq.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
 ENV_PREFIX = "SHARDQ_"
@@ -56,6 +57,9 @@ class Config:
     app: str = "workers"
     #: Threads per node; each shard of the node belongs to exactly one (1..256).
     threads: int = 4
+    #: Most jobs a node runs at once, over all its shards (one entity at a time in
+    #: order; 1..MAX_CONCURRENCY).
+    concurrency: int = 32
     #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
     #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
@@ -168,6 +172,15 @@ class Config:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
         if self.threads > MAX_THREADS:
             fail("threads", f"expected an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
+        if (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or not 1 <= self.concurrency <= MAX_CONCURRENCY
+        ):
+            fail(
+                "concurrency",
+                f"expected an integer from 1 to {MAX_CONCURRENCY}, got {self.concurrency!r}",
+            )
         if not 0 <= self.grace_seconds <= 3600:
             fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
@@ -240,7 +253,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
-_INTS = {"threads", "prefetch"}
+_INTS = {"threads", "prefetch", "concurrency"}
 _OPTIONAL_INTS = {"metrics_port", "morgue_retention_days"}
 _FLOATS = {
     "grace_seconds",

@@ -31,19 +31,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
 from shardq import envelope, morgue
 from shardq import layout as layouts
+from shardq.aio import EventLoop, is_async
 from shardq.broker.base import Message
 from shardq.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
 from shardq.leases import Leases
 from shardq.middleware import PerformContext, run_around
+from shardq.outcome import DONE as DONE
+from shardq.outcome import GAVE_UP as GAVE_UP
+from shardq.outcome import HIDDEN as HIDDEN
+from shardq.outcome import LATER as LATER
+from shardq.outcome import STOPPED as STOPPED
+from shardq.outcome import Deferred as Deferred
+from shardq.outcome import EntityEnd as EntityEnd
+from shardq.outcome import Observer as Observer
+from shardq.outcome import Outcome as Outcome
+from shardq.outcome import Tally as Tally
 from shardq.plan import ShardRef
 from shardq.relay import relay
 from shardq.timelimit import TimeLimitExceeded, TimeLimits
@@ -66,57 +77,6 @@ GATE_SECONDS = 1.0
 Router = Callable[[ShardRef, str], str]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What became of one ``perform`` call's jobs (or of one invalid message)."""
-
-    kind: str  # "succeeded", "retried" or "morgued"
-    worker: str
-    shard: int
-    entity: str
-    messages: list[Message]
-    payloads: list[Any]
-    duration: float
-    error: BaseException | None = None
-
-
-class Observer(Protocol):
-    """Told of every outcome and broker error: the node's tally, its metrics, the
-    test helpers."""
-
-    def job_outcome(self, outcome: Outcome) -> None: ...
-
-    def broker_error(self, operation: str) -> None: ...
-
-
-@dataclass
-class Tally:
-    """Job outcomes counted by a node, per worker."""
-
-    succeeded: dict[str, int] = field(default_factory=dict)
-    retried: dict[str, int] = field(default_factory=dict)
-    morgued: dict[str, int] = field(default_factory=dict)
-
-    def add(self, kind: str, worker: str, n: int = 1) -> None:
-        counter: dict[str, int] = getattr(self, kind)
-        counter[worker] = counter.get(worker, 0) + n
-
-    def job_outcome(self, outcome: Outcome) -> None:
-        self.add(outcome.kind, outcome.worker, len(outcome.messages))
-
-    def broker_error(self, operation: str) -> None:
-        """Broker errors are logged; a tally does not count them."""
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """Jobs of one entity held for a retry due at ``due`` (monotonic)."""
-
-    due: float
-    ref: ShardRef
-    messages: list[Message]
-
-
 @dataclass
 class _Job:
     message: Message
@@ -128,7 +88,8 @@ class _Job:
 
 
 class Executor:
-    """Runs batches for one node thread. Not shared between threads."""
+    """Runs entities' jobs for a node. Shared by the node's threads: the attempt
+    bookkeeping is locked, each thread has its own worker instances."""
 
     def __init__(
         self,
@@ -148,7 +109,11 @@ class Executor:
         self._stopping = stopping
         self._observers = list(observers)
         self._max_retry_delay = max_retry_delay
-        self._workers: dict[str, Worker] = {}
+        self._local_workers = threading.local()
+        self._async: dict[type[Worker], bool] = {}
+        #: The event loop of async workers (started on first use).
+        self.loop = EventLoop()
+        self._lock = threading.Lock()
         self._rules: dict[str, Rules] = {}
         # Attempt bookkeeping by message id: receives that ended without a run (hidden
         # with an earlier failed job), and runs that did not count as a receive (local
@@ -158,31 +123,76 @@ class Executor:
         self._key = app.signing_key
         self._debug = False
 
+    def observe(self, observers: Sequence[Observer]) -> None:
+        """Tell these observers too of every outcome (before the executor is used)."""
+        self._observers.extend(observers)
+
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
-        """Run a received batch of shard ``ref``; returns the retries held here."""
+        """Run a received batch of shard ``ref`` entity by entity; returns the retries
+        held here."""
         deferred: list[Deferred] = []
+        for group in by_entity(messages):
+            end = self.run_entity(ref, group)
+            if end.kind == LATER:
+                deferred.append(Deferred(end.due, ref, end.messages))
+        return deferred
+
+    def run_entity(
+        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool] | None = None
+    ) -> EntityEnd:
+        """Run one entity's jobs of shard ``ref`` in order (see the module doc).
+        ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
         self._debug = _enabled(logging.DEBUG)
         settings = self._app.settings(ref.worker)
         worker = self._worker(ref.worker)
-        for _, group in _by_entity(messages):
-            later = self._run_entity(ref, settings, worker, group)
-            if later is not None:
-                deferred.append(later)
+        end = self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
         if len(self._unstarted) + len(self._local) > 100_000:  # ids finished elsewhere
-            self._unstarted.clear()
-            self._local.clear()
-        return deferred
+            with self._lock:
+                self._unstarted.clear()
+                self._local.clear()
+        return end
 
     def attempt(self, message: Message) -> int:
         """The 1-based attempt the next run of this message is."""
         key = message.message_id
-        count = message.receive_count - self._unstarted.get(key, 0) + self._local.get(key, 0)
+        with self._lock:
+            count = message.receive_count - self._unstarted.get(key, 0) + self._local.get(key, 0)
         return max(1, count)
+
+    def release(self, messages: list[Message]) -> None:
+        """Jobs that did not start, visible again at once (in the order given)."""
+        if messages:
+            self._leases.hide(messages, 0.0)
+
+    def hide(self, messages: list[Message], seconds: float) -> None:
+        """Jobs held for a retry, hidden for what is left of its delay."""
+        self._leases.hide(messages, seconds)
+
+    def hide_later(self, messages: list[Message], seconds: float) -> None:
+        """Jobs that joined an entity after its failed job was hidden: hidden with it
+        (they did not start, so their next receive is not an attempt)."""
+        self._count_unstarted(messages)
+        self._leases.hide(messages, seconds)
+
+    def give_up_later(self, messages: list[Message]) -> None:
+        """Jobs that joined an entity whose earlier job lapsed: not run here either."""
+        self._count_unstarted(messages)
+        self._leases.forget(messages)
+
+    def _count_unstarted(self, messages: list[Message]) -> None:
+        with self._lock:
+            for m in messages:
+                self._unstarted[m.message_id] = self._unstarted.get(m.message_id, 0) + 1
 
     # -- one entity ----------------------------------------------------------------
     def _run_entity(
-        self, ref: ShardRef, settings: WorkerSettings, worker: Worker, messages: list[Message]
-    ) -> Deferred | None:
+        self,
+        ref: ShardRef,
+        settings: WorkerSettings,
+        worker: Worker,
+        messages: list[Message],
+        stop: Callable[[], bool],
+    ) -> EntityEnd:
         jobs = [self._decode(ref, m) for m in messages]
         action = self._router(ref, messages[0].group_id)
         if action == layouts.RELAY and not self._relayed(ref, messages):
@@ -190,15 +200,17 @@ class Executor:
         if action == layouts.WAIT:  # held, in order, without counting an attempt
             return self._retry(ref, [], jobs, GATE_SECONDS)
         if action == layouts.RELAY:
-            return None
+            return EntityEnd(DONE)
         i, isolate_until = 0, 0
         while i < len(jobs):
-            if self._stopping.is_set():  # shutting down: the node releases what has not run
-                return None
+            if stop():  # shutting down or handed over: the node releases what has not run
+                return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
             chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
-            if any(self._leases.lapsed(j.message) for j in chunk):
-                self._give_up(ref, jobs[i:])
-                return None
+            if any(
+                self._leases.lapsed(j.message) or not self._leases.holds(j.message) for j in chunk
+            ):
+                self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
+                return EntityEnd(GAVE_UP)
             if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
                 if self._bury_invalid(ref, chunk[0]):
                     i += 1
@@ -227,7 +239,7 @@ class Executor:
                 )
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
-        return None
+        return EntityEnd(DONE)
 
     def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
         """Send an entity's jobs on to the current layout, then delete them here."""
@@ -259,24 +271,26 @@ class Executor:
         self._forget_attempts(chunk)
 
     def _forget_attempts(self, chunk: list[_Job]) -> None:
-        for j in chunk:
-            self._local.pop(j.message.message_id, None)
-            self._unstarted.pop(j.message.message_id, None)
+        with self._lock:
+            for j in chunk:
+                self._local.pop(j.message.message_id, None)
+                self._unstarted.pop(j.message.message_id, None)
 
     def _retry(
         self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
-    ) -> Deferred | None:
+    ) -> EntityEnd:
         """Keep the failed jobs and the entity's later ones together until the retry."""
         messages = [j.message for j in failed + later]
+        due = time.monotonic() + delay
         if delay <= LOCAL_RETRY_SECONDS:
-            for j in failed:
-                self._local[j.message.message_id] = self._local.get(j.message.message_id, 0) + 1
-            return Deferred(time.monotonic() + delay, ref, messages)
-        for j in later:
-            key = j.message.message_id
-            self._unstarted[key] = self._unstarted.get(key, 0) + 1
+            with self._lock:
+                for j in failed:
+                    key = j.message.message_id
+                    self._local[key] = self._local.get(key, 0) + 1
+            return EntityEnd(LATER, messages, due)
+        self._count_unstarted([j.message for j in later])
         self._leases.hide(messages, delay)
-        return None
+        return EntityEnd(HIDDEN, [], due)
 
     def _give_up(self, ref: ShardRef, jobs: list[_Job]) -> None:
         """Run none of these jobs: the first one's message lapsed (see the module doc)."""
@@ -291,10 +305,8 @@ class Executor:
                     detail="its visibility ran out before it started; not run here, it is "
                     "delivered again",
                 )
-        for job in jobs:  # delivered again without having run here
-            key = job.message.message_id
-            self._unstarted[key] = self._unstarted.get(key, 0) + 1
-        self._leases.forget([j.message for j in jobs])
+        # delivered again without having run here
+        self.give_up_later([j.message for j in jobs])
 
     def _decode(self, ref: ShardRef, message: Message) -> _Job:
         reason = morgue.REASON_INVALID
@@ -331,8 +343,23 @@ class Executor:
         ]
         worker.attempt = worker.jobs[0].attempt
 
-        def call() -> None:
-            worker.perform(entity, payloads)
+        kind = type(worker)
+        if kind not in self._async:
+            self._async[kind] = is_async(kind.perform)
+        limit = settings.time_limit
+        if self._async[kind]:  # on the node's loop, the limit by cancellation there
+
+            def call() -> None:
+                self.loop.run(
+                    lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
+                    settings.time_limit,
+                )
+
+            limit = None
+        else:
+
+            def call() -> None:
+                worker.perform(entity, payloads)
 
         if self._app.middleware:
             ctx = PerformContext(
@@ -350,8 +377,8 @@ class Executor:
 
         started = time.monotonic()
         try:
-            _, overran = self._limits.run(call, settings.time_limit)
-        except Exception as exc:
+            _, overran = self._limits.run(call, limit)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
             return exc, time.monotonic() - started
         duration = time.monotonic() - started
         if overran:
@@ -436,9 +463,13 @@ class Executor:
             observer.broker_error(operation)
 
     def _worker(self, name: str) -> Worker:
-        worker = self._workers.get(name)
+        """This thread's instance of the worker (``jobs`` and ``attempt`` are per call)."""
+        workers: dict[str, Worker] | None = getattr(self._local_workers, "workers", None)
+        if workers is None:
+            workers = self._local_workers.workers = {}
+        worker = workers.get(name)
         if worker is None:
-            worker = self._workers[name] = self._app.worker(name)()
+            worker = workers[name] = self._app.worker(name)()
         return worker
 
     def _rules_for(self, worker: Worker) -> Rules:
@@ -478,8 +509,9 @@ def _enabled(level: int) -> bool:
     return True if check is None else bool(check(level))
 
 
-def _by_entity(messages: list[Message]) -> Iterator[tuple[str, list[Message]]]:
+def by_entity(messages: list[Message]) -> Iterator[list[Message]]:
+    """A batch's messages by entity, each entity's in receive order."""
     groups: dict[str, list[Message]] = {}
     for m in messages:
         groups.setdefault(m.group_id, []).append(m)
-    return iter(groups.items())
+    return iter(groups.values())

@@ -1,13 +1,16 @@
 """A lane: one node thread serving its own shards, with its receives overlapped.
 
 A lane keeps up to ``prefetch`` receives in flight (in the node's I/O pool) for the
-shards that may have work, chosen by the scheduler, while it runs the batch in
-hand. Settles go to the node's :class:`~shardq.leases.Leases` and are sent in the
-background. So a lane waits on a round trip only when it has nothing else to run.
+shards that may have work, chosen by the scheduler (lottery across priorities, lag
+inside one), and hands each batch's entities to the node's execution slots
+(:mod:`shardq.slots`) while there is room: fewer jobs wait for a slot than the node's
+``concurrency``. Settles go to the node's :class:`~shardq.leases.Leases` and are
+sent in the background. So a lane waits on a round trip only when it has nothing
+else to hand over.
 
 Per-entity order does not depend on this: a receive never returns a job of an
-entity while an earlier job of that entity is held (in flight), and the lane runs
-each batch's entities in order (:class:`~shardq.executor.Executor`).
+entity while an earlier job of that entity is held (in flight), and the slots run
+each entity's jobs in order, one run at a time (entity chains, :mod:`shardq.slots`).
 
 A shard whose receive returned fewer than 10 messages may be empty: it goes to the
 node's idle watch (:mod:`shardq.idle`) and comes back when a job arrives.
@@ -19,7 +22,6 @@ thread changes its ``shards``, and never in place: other threads read a snapshot
 
 from __future__ import annotations
 
-import heapq
 import queue
 import random
 import threading
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shardq.broker.base import Message
-from shardq.executor import Deferred, Executor, Tally
+from shardq.executor import by_entity
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.plan import ShardRef
 from shardq.scheduler import Scheduler, ShardView
@@ -58,11 +60,14 @@ class Shard:
     last_served: int = 0
     dropped: bool = False  # no longer served: no receive or batch of it starts
     leave: Leave | None = None  # dropped, swept, waiting for its receives in flight
+    sweeping: bool = False  # dropped: its slots still run or hand back its jobs
 
 
 #: What reaches a lane's inbox: a shard and what a receive found (None: "may have
 #: work", from the embedded watcher), and whether the receive came back full.
 Found = tuple[Shard, "list[Message] | None", bool]
+#: Reaches a lane's inbox when the slots have room again.
+WAKE = "wake"
 
 
 @dataclass(frozen=True)
@@ -81,8 +86,15 @@ class Leave:
     swept: Callable[[], None]
 
 
+@dataclass(frozen=True)
+class Swept:
+    """The slots handed back every job of a dropped shard."""
+
+    shard: Shard
+
+
 class Lane(threading.Thread):
-    """One node thread: runs its shards' batches one at a time, receives overlapped."""
+    """One node thread: hands its shards' batches to the slots, receives overlapped."""
 
     def __init__(self, node: Node, index: int, shards: list[Shard], rng: random.Random) -> None:
         super().__init__(name=f"shardq-lane-{index}", daemon=True)
@@ -91,20 +103,9 @@ class Lane(threading.Thread):
         self.shards: list[Shard] = []
         self._by_ref: dict[ShardRef, Shard] = {}
         self.set_shards(shards)
-        self.inbox: queue.SimpleQueue[Found | Join | Leave] = queue.SimpleQueue()
-        self.tally = Tally()
-        self.current: list[Message] = []
+        self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
         self.failed = False
-        self.deferred: list[tuple[float, int, Deferred]] = []
         self._scheduler = Scheduler(rng)
-        self._executor = Executor(
-            node.app,
-            node.leases,
-            node.limits,
-            node.stopping,
-            [self.tally, *node.observers],
-            router=node.route,
-        )
         self._picks = 0
         self._in_flight = 0
         self._in_hand = 0  # received batches not started, over all the lane's shards
@@ -124,11 +125,16 @@ class Lane(threading.Thread):
     def _serve(self) -> None:
         for shard in self.shards:  # the idle watch finds out which shards have work
             self.node.idle.watch(shard, self)
+        slots = self.node.slots
         while not self.node.stopping.is_set():
-            self._collect(self._next_due())
+            ready = [s for s in self.shards if s.batches and not s.dropped]
+            can = bool(ready) and slots.room(self._wake)
+            self._collect(0.0 if can else 0.5)
             if self.node.stopping.is_set():
                 return
             self._prefetch()
+            if not can:
+                continue
             picked = self._pick([s for s in self.shards if s.batches and not s.dropped])
             if picked is None:
                 continue
@@ -137,13 +143,21 @@ class Lane(threading.Thread):
             self._in_hand -= 1
             shard.head_sent_at = shard.batches[0][0].sent_at if shard.batches else None
             self._prefetch()
-            self.current = batch
-            try:
-                for item in self._executor.run_batch(shard.ref, batch):
-                    self._defer(item)
-            finally:
-                self.current = []
+            self._dispatch(shard, batch)
             self._settle_idle(shard)
+
+    def _dispatch(self, shard: Shard, batch: list[Message]) -> None:
+        """Each entity's jobs to a slot (or run here, when that is cheaper)."""
+        slots = self.node.slots
+        for group in by_entity(batch):
+            chain = slots.try_inline(shard, group)
+            if chain is not None:
+                slots.run(chain)
+            else:
+                slots.submit(shard, group)
+
+    def _wake(self) -> None:
+        self.inbox.put(WAKE)
 
     # -- which shards ----------------------------------------------------------------
     def set_shards(self, shards: list[Shard]) -> None:
@@ -157,37 +171,29 @@ class Lane(threading.Thread):
             self.node.idle.watch(shard, self)
 
     def _leave(self, leave: Leave) -> None:
-        """Serve a shard no more (none of its batches runs now): its held retries are
-        hidden for what is left of their delay, never less; then its unstarted messages
-        are released, in order. The lane's receives still in flight are released when
-        they return, before ``swept`` is called."""
-        shard, leases, now = leave.shard, self.node.leases, time.monotonic()
+        """Serve a shard no more: its running slots finish; its held retries are hidden
+        for what is left of their delay, never less; its unstarted messages are
+        released, in order (:meth:`shardq.slots.Slots.sweep`). The lane's receives
+        still in flight are released when they return, before ``swept`` is called."""
+        shard = leave.shard
         self.set_shards([s for s in self.shards if s is not shard])
         self.node.idle.unwatch(shard)
-        retries = [d for d in self.deferred if d[2].ref == shard.ref]
-        self.deferred = [d for d in self.deferred if d[2].ref != shard.ref]
-        heapq.heapify(self.deferred)
-        for _, _, item in sorted(retries, key=lambda d: d[0]):
-            leases.hide(item.messages, max(0.0, item.due - now))
         unstarted = [m for batch in shard.batches for m in batch]
         self._in_hand -= len(shard.batches)
         shard.batches.clear()
-        leases.hide(sorted(unstarted, key=lambda m: m.sequence), 0.0)
-        shard.leave = leave
-        self._swept(shard)
+        shard.leave, shard.sweeping = leave, True
+        self.node.slots.sweep(shard, unstarted, lambda: self.inbox.put(Swept(shard)))
 
     @staticmethod
     def _swept(shard: Shard) -> None:
-        if shard.leave is not None and not shard.fetching:
+        if shard.leave is not None and not shard.fetching and not shard.sweeping:
             shard.leave.swept()
             shard.leave = None
 
     # -- what the lane holds ------------------------------------------------------
     def idle(self) -> bool:
         return (
-            not self.current
-            and not self.deferred
-            and self._in_flight == 0
+            self._in_flight == 0
             and self.inbox.empty()
             and all(s.watched and not s.batches for s in self.shards)
         )
@@ -225,15 +231,19 @@ class Lane(threading.Thread):
             self.inbox.put((shard, found, len(found) == MAX_BATCH_ENTRIES))
 
     def _collect(self, timeout: float) -> None:
-        """Take what receives and the idle watch found; wait up to ``timeout`` for the
-        first if there is nothing to run."""
-        block = not any(s.batches for s in self.shards) and timeout > 0
+        """Take what receives, the idle watch and the slots sent; wait up to ``timeout``
+        for the first (0: do not wait)."""
         try:
-            item = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
-            if isinstance(item, Join):
+            if isinstance(item, str):  # WAKE: there is room again
+                pass
+            elif isinstance(item, Swept):
+                item.shard.sweeping = False
+                self._swept(item.shard)
+            elif isinstance(item, Join):
                 self._join(item.shard)
             elif isinstance(item, Leave):
                 self._leave(item)
@@ -292,25 +302,3 @@ class Lane(threading.Thread):
         self._picks += 1
         picked.key.last_served = self._picks
         return picked.key
-
-    # -- local retries ----------------------------------------------------------------
-    def _defer(self, item: Deferred) -> None:
-        heapq.heappush(self.deferred, (item.due, id(item), item))
-
-    def _next_due(self) -> float:
-        """Run the deferred retries that are due; seconds until the next one (<= 0.5)."""
-        while self.deferred and self.deferred[0][0] <= time.monotonic():
-            _, _, item = heapq.heappop(self.deferred)
-            shard = self._by_ref.get(item.ref)
-            if self.node.stopping.is_set() or (shard is not None and shard.dropped):
-                self._defer(item)  # the shutdown sweep, or the Leave on its way, takes it
-                return 0.0
-            self.current = item.messages
-            try:
-                for again in self._executor.run_batch(item.ref, item.messages):
-                    self._defer(again)
-            finally:
-                self.current = []
-        if not self.deferred:
-            return 0.5
-        return max(0.0, min(0.5, self.deferred[0][0] - time.monotonic()))

@@ -159,6 +159,13 @@ class Leases:
                 return False
             return lease.lost or lease.expires - START_MARGIN_SECONDS <= time.monotonic()
 
+    def holds(self, message: Message) -> bool:
+        """True while this message is held here and not being settled (a job waiting
+        for its turn must still be held to start)."""
+        with self._cond:
+            lease = self._held.get(message.receipt)
+            return lease is not None and lease.state == HELD
+
     def count(self) -> int:
         with self._cond:
             return len(self._held)

@@ -41,6 +41,7 @@ class NodeMetrics:
         lags: Callable[[], Iterable[tuple[str, int, float]]],
         in_flight: Callable[[], int],
         node: str = "",
+        slots: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.node = node
         self.registry = CollectorRegistry()
@@ -63,7 +64,7 @@ class NodeMetrics:
             ["operation", "node"],
             registry=self.registry,
         )
-        self.registry.register(_Gauges(lags, in_flight, node))
+        self.registry.register(_Gauges(lags, in_flight, node, slots))
         self._jobs: dict[tuple[str, str], Any] = {}  # labelled children, by labels
         self._durations: dict[str, Any] = {}
         self._server: Any = None
@@ -119,8 +120,10 @@ class _Gauges(Collector):
         lags: Callable[[], Iterable[tuple[str, int, float]]],
         in_flight: Callable[[], int],
         node: str,
+        slots: Callable[[], tuple[int, int]] | None,
     ) -> None:
         self._lags, self._in_flight, self._node = lags, in_flight, node
+        self._slots = slots
 
     def collect(self) -> Iterable[Any]:
         lag = GaugeMetricFamily(
@@ -136,3 +139,15 @@ class _Gauges(Collector):
         )
         in_flight.add_metric([self._node], self._in_flight())
         yield in_flight
+        if self._slots is not None:
+            in_use, concurrency = self._slots()
+            busy = GaugeMetricFamily(
+                "shardq_slots_in_use", "Jobs running now (execution slots busy)", labels=["node"]
+            )
+            busy.add_metric([self._node], in_use)
+            yield busy
+            most = GaugeMetricFamily(
+                "shardq_concurrency", "Most jobs the node runs at once", labels=["node"]
+            )
+            most.add_metric([self._node], concurrency)
+            yield most

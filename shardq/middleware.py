@@ -18,6 +18,12 @@ raises is logged with its context and never kills a node: if it failed before
 calling ``call``, the job (or publish) runs without it; if it failed after, the
 outcome of the job stands. A job's own exception passes through middleware as the
 job's failure, even if a middleware swallows it.
+
+Middleware stay synchronous, also for ``async def perform``: ``around_perform`` runs in
+the execution slot's thread and its ``call()`` runs the whole awaited ``perform`` on
+the node's event loop and returns when it ended (:mod:`shardq.aio`). So a middleware
+works unchanged for both kinds of worker; one that needs the loop's context (a
+``contextvars`` value seen inside ``perform``) sets it in ``perform`` instead.
 """
 
 from __future__ import annotations

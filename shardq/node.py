@@ -1,8 +1,10 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
 
 Each **lane** (:mod:`shardq.lane`) owns its shards alone: its scheduler picks the
-next shard, it runs that shard's batch while its next receives are in flight, and
-hands shards that look empty to the node's idle watch. Every received message is
+next shard, it hands that shard's batch, entity by entity, to the node's execution
+slots (:mod:`shardq.slots`: up to ``concurrency`` jobs at once, one entity in one
+slot at a time, in order) while its next receives are in flight, and hands shards
+that look empty to the node's idle watch. Every received message is
 held by the node's :class:`~shardq.leases.Leases` until it is settled. An elastic
 node runs ``threads`` lanes and takes shards on and hands them back while it runs
 (:meth:`Node.add_shard`, :meth:`Node.drop_shard`, :mod:`shardq.ownership`).
@@ -12,7 +14,7 @@ is alive (a part that died stops the node with exit code 1: a node never keeps
 running with a dead thread), logs ``node.progress`` now and then, runs the broker's
 housekeeping, and notices when ``--until-empty`` has nothing left.
 
-Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): no new batches start; the
+Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): no new jobs start; the
 running ``perform`` calls finish within ``grace_seconds``; every message received
 but not started is released (visible again at once), held retries are hidden for
 what is left of their delay, pending deletes are sent, and the process exits 0. A
@@ -39,7 +41,7 @@ import structlog
 from shardq.broker.base import Message
 from shardq.early import STOP_SIGNALS
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
-from shardq.executor import Observer, Tally
+from shardq.executor import Executor, Observer, Tally
 from shardq.fleet import Fleet, make_node_id
 from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
@@ -54,6 +56,7 @@ from shardq.middleware import notify
 from shardq.ownership import Ownership
 from shardq.plan import Plan, ShardRef, format_plan
 from shardq.progress import Progress
+from shardq.slots import Slots
 from shardq.timelimit import TimeLimits
 
 if TYPE_CHECKING:
@@ -85,6 +88,7 @@ class Node:
         seed: int | None = None,
         observers: Sequence[Observer] = (),
         membership: str | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.app = app
         self.plan = plan
@@ -109,8 +113,25 @@ class Node:
         #: Fleet membership (``elastic``: leases; ``static``: reports only; None: neither).
         self.fleet = Fleet(self, elastic=membership == ELASTIC) if membership else None
         self.id = self.fleet.id if self.fleet else make_node_id()
-        self.metrics = NodeMetrics(self.lags, self.leases.count, node=self.id)
+        self.metrics = NodeMetrics(
+            self.lags,
+            self.leases.count,
+            node=self.id,
+            slots=lambda: (self.slots.in_use(), self.slots.concurrency),
+        )
+        self._tally = Tally()
         self.observers: list[Observer] = [self.metrics, *observers]
+        self.executor = Executor(
+            app, self.leases, self.limits, self.stopping, [self._tally], router=self.route
+        )
+        #: The execution slots: up to ``concurrency`` jobs at once.
+        self.slots = Slots(
+            self.config.concurrency if concurrency is None else concurrency,
+            self.executor,
+            self.stopping,
+            self.fail,
+        )
+        self.executor.observe([self.slots, *self.observers])
         self.metrics_port: int | None = None
         rng = random.Random(seed)
         refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
@@ -286,10 +307,9 @@ class Node:
 
     def tally(self) -> Tally:
         total = Tally()
-        for lane in self.lanes:
-            for kind in ("succeeded", "retried", "morgued"):
-                for worker, n in list(getattr(lane.tally, kind).items()):
-                    total.add(kind, worker, n)
+        for kind in ("succeeded", "retried", "morgued"):
+            for worker, n in list(getattr(self._tally, kind).items()):
+                total.add(kind, worker, n)
         return total
 
     def _broker_error(self, operation: str) -> None:
@@ -316,6 +336,8 @@ class Node:
         dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
         if not self.leases.alive():
             dead.append("the lease keeper")
+        if not self.slots.alive():
+            dead.append("an execution slot")
         if not self.idle.alive():
             dead.append("the idle watch")
         if self.fleet is not None and not self.fleet.alive():
@@ -340,7 +362,11 @@ class Node:
             self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
 
     def _idle(self) -> bool:
-        return not self.leases.count() and all(lane.idle() for lane in self.lanes)
+        return (
+            not self.leases.count()
+            and self.slots.idle()
+            and all(lane.idle() for lane in self.lanes)
+        )
 
     def _drained(self) -> bool:
         broker = self.app.broker
@@ -378,18 +404,24 @@ class Node:
         for lane in self.lanes:
             if lane.ident is not None:
                 lane.join(max(0.0, deadline - time.monotonic()))
-        stuck = [lane for lane in self.lanes if lane.is_alive()]
+        self.slots.close()
+        self.slots.join(max(0.0, deadline - time.monotonic()))
+        self.executor.loop.close()
         # Receives still in flight are not waited for: what they bring is released
         # as a straggler (see Lane._fetch).
         self.pool.shutdown(wait=False, cancel_futures=True)
-        running = {m.receipt for lane in stuck for m in lane.current}
-        for lane in self.lanes:
-            for _, _, item in sorted(list(lane.deferred), key=lambda d: d[0]):
-                if not any(m.receipt in running for m in item.messages):
-                    self.leases.hide(item.messages, max(0.0, item.due - time.monotonic()))
+        # A job still running keeps its entity's later jobs (they reappear after it).
+        running = {m.receipt for m in self.slots.running()}
+        retry_due: dict[tuple[str, str], float] = {}
+        for due, messages in sorted(self.slots.retries(), key=lambda r: r[0]):
+            self.leases.hide(messages, max(0.0, due - time.monotonic()))
+            retry_due[(messages[0].queue, messages[0].group_id)] = due
         unstarted = [m for m in self.leases.held(HELD) if m.receipt not in running]
         unstarted.sort(key=lambda m: (m.queue, m.sequence))
-        self.leases.hide(unstarted, 0.0)
+        behind = [m for m in unstarted if (m.queue, m.group_id) in retry_due]
+        for m in behind:  # an entity's later jobs stay behind its held retry
+            self.leases.hide([m], max(0.0, retry_due[(m.queue, m.group_id)] - time.monotonic()))
+        self.leases.hide([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0)
         flushed = self.leases.close(FLUSH_SECONDS)
         if self.fleet is not None:
             self.fleet.leave()  # after every job message is settled: hand the shards back
@@ -414,7 +446,7 @@ class Node:
                 detail="the broker did not confirm every delete or release in time; those "
                 "jobs reappear after their visibility timeout",
             )
-        if stuck:
+        if running:
             log.warning(
                 "node.grace_expired",
                 running_jobs=len(running),

@@ -41,5 +41,7 @@ class Progress:
             done=sum(done.values()),
             max_lag=round(max(lags, default=0.0), 3),
             held=self._node.leases.count(),
+            slots_in_use=self._node.slots.in_use(),
+            concurrency=self._node.slots.concurrency,
         )
         self._last, self._done = now, done

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -213,8 +213,9 @@ class Worker:
         return settings
 
     # -- what users write ------------------------------------------------------
-    def perform(self, entity_id: str, payloads: list[Any]) -> None:
-        """Process the payloads of one entity, oldest first. Raise to fail them."""
+    def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:
+        """Process the payloads of one entity, oldest first. Raise to fail them.
+        May be ``async def``: it then runs on the node's event loop (:mod:`shardq.aio`)."""
         raise NotImplementedError
 
     def retries_exhausted(self, entity_id: str, payloads: list[Any], error: BaseException) -> None:

@@ -134,6 +134,9 @@ class Settings:
     nodes: int = 3
     layout: str = "mixed"
     threads: int = 2
+    #: Each node's ``concurrency`` (jobs at once, over its shards): above 1, so entities
+    #: of one shard run at once and order rests on the entity chains.
+    concurrency: int = 8
     shards: int = 4
     entities: int = 150
     jobs: int = 10
@@ -287,6 +290,7 @@ class Report:
         s = self.settings
         lines = [
             f"broker={self.broker} nodes={s.nodes} ({s.layout}) threads={s.threads} "
+            f"concurrency={s.concurrency} "
             f"shards={s.shards} entities={s.entities} jobs/entity={s.jobs} "
             f"fail_rate={s.fail_rate} permanent={s.permanent} duration={s.duration:g}s "
             + ("" if s.elastic else f"kill_every={s.kill_every} ")
@@ -655,6 +659,7 @@ def run(
         f"SHARDQ_WORKERS__{WORKER}__shards": str(settings.shards),
         f"SHARDQ_WORKERS__{WORKER}__visibility_timeout": str(settings.visibility_timeout),
         "SHARDQ_GRACE_SECONDS": "20",
+        "SHARDQ_CONCURRENCY": str(settings.concurrency),
     }
     env.setdefault("SHARDQ_IDLE_WAIT_SECONDS", "1")
     if settings.elastic:

@@ -29,6 +29,7 @@ class Env:
             "SHARDQ_IDLE_WAIT_SECONDS": "1",
             "SHARDQ_APP": "tests.apps.ledger",
             "SHARDQ_LOG_FORMAT": "json",
+            "SHARDQ_CONCURRENCY": "8",  # entities of one shard at once
         }
         if kind == "sqlite":
             self.vars["SHARDQ_BROKER_URL"] = f"sqlite:///{tmp_path / 'broker.db'}"

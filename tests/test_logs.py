@@ -79,7 +79,8 @@ def test_json_format_writes_one_object_per_line() -> None:
 
 def test_a_running_node_logs_its_progress_now_and_then() -> None:
     # given a node that logs progress every 0.3 s, and jobs that take 1.5 s in all
-    app = shardq.App(shardq.Config(broker_url="memory://", progress_seconds=0.3))
+    # (one at a time)
+    app = shardq.App(shardq.Config(broker_url="memory://", progress_seconds=0.3, concurrency=1))
 
     @app.register
     class Slow(shardq.Worker):
@@ -96,6 +97,8 @@ def test_a_running_node_logs_its_progress_now_and_then() -> None:
     assert all(e["log_level"] == "info" for e in progress)
     assert any(e["jobs_per_second"].get("Slow", 0) > 0 for e in progress)
     assert {"done", "max_lag", "held"} <= set(progress[0])
+    # and the slots in use out of its concurrency (one job at a time here)
+    assert all(e["concurrency"] == 1 and e["slots_in_use"] in (0, 1) for e in progress)
 
 
 def test_a_node_that_owns_no_shard_warns_and_says_why(app: shardq.App) -> None:

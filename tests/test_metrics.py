@@ -87,6 +87,7 @@ def test_the_metrics_endpoint_shows_the_counters_moving(
         lags = [k for k in after if k[0] == "shardq_shard_lag_seconds"]
         assert len(lags) == 3
         assert ("shardq_in_flight_jobs", (("node", node.id),)) in after
+        assert after[("shardq_concurrency", (("node", node.id),))] == 32
     finally:
         node.stop()
         runner.join(30)
@@ -113,7 +114,9 @@ def test_a_port_already_in_use_is_a_clear_error() -> None:
 
 def test_every_metric_carries_the_node_label() -> None:
     # given the metrics of node n-7 holding one shard, after a success and a broker error
-    metrics = NodeMetrics(lambda: [("Ledgered", 2, 1.5)], lambda: 3, node="n-7")
+    metrics = NodeMetrics(
+        lambda: [("Ledgered", 2, 1.5)], lambda: 3, node="n-7", slots=lambda: (5, 32)
+    )
     metrics.job_outcome(Outcome("succeeded", "Ledgered", 2, "e", [], [], 0.25))
     metrics.broker_error("receive")
     # when they are exposed
@@ -126,11 +129,16 @@ def test_every_metric_carries_the_node_label() -> None:
         "shardq_shard_lag_seconds",
         "shardq_in_flight_jobs",
         "shardq_broker_errors_total",
+        "shardq_slots_in_use",
+        "shardq_concurrency",
     } <= names
     for name, labels in samples:
         if name.startswith("shardq_") and not name.endswith("_created"):
             assert ("node", "n-7") in labels, (name, labels)
     assert samples[("shardq_in_flight_jobs", (("node", "n-7"),))] == 3
+    # and the slots in use out of the node's concurrency
+    assert samples[("shardq_slots_in_use", (("node", "n-7"),))] == 5
+    assert samples[("shardq_concurrency", (("node", "n-7"),))] == 32
     lag = (("node", "n-7"), ("shard", "2"), ("worker", "Ledgered"))
     assert samples[("shardq_shard_lag_seconds", lag)] == 1.5
     # and a node made without an id still works, with an empty label

@@ -61,7 +61,11 @@ def maybe_fail(entity: str, seq: int) -> None:
 
 
 def job(entity: str, seq: int) -> None:
-    """The blank job: maybe fail, else record the success."""
+    """The blank job (or one waiting ``$PEERS_SLEEP_MS`` first, as I/O would): maybe
+    fail, else record the success."""
+    wait = float(os.environ.get("PEERS_SLEEP_MS", "0") or 0)
+    if wait:
+        time.sleep(wait / 1000)
     maybe_fail(entity, seq)
     record(entity, seq)
 

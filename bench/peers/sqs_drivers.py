@@ -69,7 +69,9 @@ def shardq_app(args: argparse.Namespace):
     from shardq.broker.sqs import SqsBroker
 
     shardq.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
-    config = shardq.Config(threads=args.concurrency, queue_prefix=args.prefix)
+    # a thread per shard at most receives; concurrency runs the jobs
+    threads = min(args.concurrency, args.shards)
+    config = shardq.Config(threads=threads, concurrency=args.concurrency, queue_prefix=args.prefix)
     app = shardq.App(config, broker=SqsBroker(region=REGION, endpoint_url=args.endpoint))
 
     class Blank(shardq.Worker):
@@ -94,7 +96,7 @@ def shardq_publish(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> Non
 
 
 def shardq_work(args: argparse.Namespace) -> None:
-    work_shardq(shardq_app(args)[0], args.concurrency, args.ready_file)
+    work_shardq(shardq_app(args)[0], min(args.concurrency, args.shards), args.ready_file)
 
 
 # -- celery ----------------------------------------------------------------------------

@@ -1,0 +1,293 @@
+"""A node's execution slots: many entities at once, each in order, bounded by
+``concurrency``; back-pressure; a perform raising any BaseException is a failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardq
+from shardq import morgue
+from shardq.broker.base import Message
+from shardq.config import Config
+from shardq.errors import ConfigError
+from shardq.executor import DONE, EntityEnd
+from shardq.lane import Shard
+from shardq.node import Node
+from shardq.plan import ShardRef
+from shardq.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
+from tests.conftest import make_broker
+
+
+# -- the decisions, on plain data -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("waiting", "concurrency", "expected"),
+    [(0, 1, True), (0, 4, True), (3, 4, True), (4, 4, False), (13, 4, False)],
+)
+def test_a_lane_takes_more_only_while_fewer_jobs_than_slots_wait(
+    waiting: int, concurrency: int, expected: bool
+) -> None:
+    assert may_take(waiting, concurrency) is expected
+
+
+@pytest.mark.parametrize(
+    ("mean", "busy", "expected"),
+    [
+        (None, 0, False),  # nothing known yet: a slot (it may wait long)
+        (INLINE_BELOW_SECONDS / 10, 0, True),  # quick jobs, a free slot
+        (INLINE_BELOW_SECONDS / 10, 3, True),
+        (INLINE_BELOW_SECONDS * 2, 0, False),  # slower jobs: a slot
+        (INLINE_BELOW_SECONDS / 10, 4, False),  # every slot busy: wait for one
+    ],
+)
+def test_quick_jobs_run_in_their_lane_only_while_a_slot_is_free(
+    mean: float | None, busy: int, expected: bool
+) -> None:
+    assert run_inline(mean, busy, 4) is expected
+
+
+def test_concurrency_out_of_bounds_is_refused_with_its_name() -> None:
+    with pytest.raises(ConfigError, match="concurrency: expected an integer from 1 to 1000"):
+        Config(concurrency=0)
+    with pytest.raises(ConfigError, match="concurrency"):
+        Config.load(env={"SHARDQ_CONCURRENCY": "1001"})
+    assert Config.load(env={"SHARDQ_CONCURRENCY": "64"}).concurrency == 64
+
+
+# -- a node ---------------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", "sqlite-reopen", pytest.param("sqs", marks=pytest.mark.sqs)])
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def make_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest, **config: Any) -> Any:
+    broker = make_broker(kind, tmp_path, request)
+    prefix = f"s{time.monotonic_ns() % 10**9}-"
+    app = shardq.App(
+        Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1, **config),
+        broker=broker,
+    )
+    return app
+
+
+class Watch:
+    """What the workers count: running at once, per entity, in order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.peak = 0
+        self.entities: set[str] = set()
+        self.overlaps = 0
+        self.seen: dict[str, list[int]] = {}
+
+    def enter(self, entity: str, n: int) -> None:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            if entity in self.entities:
+                self.overlaps += 1
+            self.entities.add(entity)
+            self.seen.setdefault(entity, []).append(n)
+
+    def leave(self, entity: str) -> None:
+        with self.lock:
+            self.running -= 1
+            self.entities.discard(entity)
+
+
+def morgue_records(app: shardq.App, worker: str) -> list[morgue.MorgueRecord]:
+    broker, queue = app.broker, app.morgue_queue(worker)
+    records = []
+    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
+        records += [morgue.decode(m.body) for m in batch]
+    return records
+
+
+def run_until_empty(node: Node, timeout: float = 90) -> int:
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(node.run()))
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive(), "the node did not drain in time"
+    return codes[0]
+
+
+def test_a_node_runs_up_to_concurrency_entities_at_once_each_in_order(
+    broker_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a worker with 2 shards, 50 entities x 4 jobs, and a node with concurrency 10
+    # whose first 10 jobs wait for each other (they can only all pass if 10 run at once)
+    app = make_app(broker_kind, tmp_path, request, concurrency=10)
+    watch, meet = Watch(), threading.Barrier(10, timeout=60)
+    started = iter(range(10**6))
+
+    @app.register
+    class Io(shardq.Worker):
+        shards = 2
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            watch.enter(entity_id, payloads[0])
+            try:
+                if next(started) < 10:
+                    meet.wait()
+                else:
+                    time.sleep(0.002)
+            finally:
+                watch.leave(entity_id)
+
+    Io.publish_many([(f"e{e}", n) for n in range(4) for e in range(50)])
+    # when the node drains them with 2 threads
+    node = Node(app, app.plan(threads=2), until_empty=True, seed=3)
+    code = run_until_empty(node)
+    # then 10 jobs ran at once (never more), no entity ran twice at once, each in order
+    assert code == 0 and not meet.broken
+    assert watch.peak == 10 and node.slots.peak <= 10
+    assert watch.overlaps == 0
+    assert watch.seen == {f"e{e}": [0, 1, 2, 3] for e in range(50)}
+    assert sum(node.tally().succeeded.values()) == 200
+
+
+def test_a_node_holds_no_more_jobs_than_its_slots_can_start_soon(
+    broker_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given 300 entities with one job each, every job blocked until released, and a
+    # node with concurrency 4 and one thread (prefetch 2)
+    app = make_app(broker_kind, tmp_path, request, concurrency=4)
+    release, watch = threading.Event(), Watch()
+
+    @app.register
+    class Blocked(shardq.Worker):
+        shards = 2
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            watch.enter(entity_id, payloads[0])
+            try:
+                release.wait(60)
+            finally:
+                watch.leave(entity_id)
+
+    Blocked.publish_many([(f"e{e}", e) for e in range(300)])
+    node = Node(app, app.plan(threads=1), until_empty=True, seed=1)
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    try:
+        # when its 4 slots are busy, for a second of receives
+        deadline = time.monotonic() + 30
+        while watch.running < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = []
+        for _ in range(50):
+            held.append(node.leases.count())
+            time.sleep(0.02)
+    finally:
+        release.set()
+    runner.join(90)
+    # then it ran 4 at once, and held at most the 4 running jobs, fewer than 4 + one
+    # receive waiting for a slot, and what its thread received ahead (3 receives)
+    assert not runner.is_alive()
+    assert watch.peak == 4
+    assert max(held) <= 4 + (4 - 1 + 10) + 3 * 10 < 300
+    # and every job ran once it could
+    assert sum(node.tally().succeeded.values()) == 300
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_perform_raising_a_base_exception_is_a_failed_attempt_and_the_node_serves_on(
+    error: type[BaseException], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a worker whose perform raises SystemExit (or another BaseException) for
+    # entity "bad", one retry allowed, and other entities' jobs
+    app = make_app("sqlite", tmp_path, request)
+    runs: list[tuple[str, int]] = []
+
+    @app.register
+    class Exits(shardq.Worker):
+        max_retries = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            runs.append((entity_id, payloads[0]))
+            if entity_id == "bad" and payloads[0] == 0:
+                raise error("user code exited")
+
+        def retry_in(self, attempt: int) -> float:
+            return 0.0
+
+    Exits.publish_many([("bad", 0), ("bad", 1), *[(f"ok{n}", n) for n in range(20)]])
+    # when a node drains them
+    node = Node(app, app.plan(threads=1), until_empty=True)
+    code = run_until_empty(node)
+    # then the node stayed up and exited 0; the job ran twice, then went to the morgue,
+    # and the entity's next job ran after it; every other job ran
+    assert code == 0
+    assert [r for r in runs if r[0] == "bad"] == [("bad", 0), ("bad", 0), ("bad", 1)]
+    assert sum(1 for r in runs if r[0] != "bad") == 20
+    tally = node.tally()
+    assert tally.morgued == {"Exits": 1} and tally.retried == {"Exits": 1}
+    (record,) = morgue_records(app, "Exits")
+    assert (record.entity_id, record.error_type) == ("bad", error.__name__)
+
+
+def test_shardq_run_warns_when_threads_exceed_the_shards_they_could_serve() -> None:
+    from structlog.testing import capture_logs
+
+    from shardq import cli
+
+    # given 8 threads for 2 shards, then 2 threads for 2 shards
+    with capture_logs() as logs:
+        cli._warn_idle_threads(8, 2)
+        cli._warn_idle_threads(2, 2)
+    # then only the first warns, naming both and what to set instead
+    (warning,) = [e for e in logs if e["event"] == "node.idle_threads"]
+    assert (warning["threads"], warning["shards"], warning["log_level"]) == (8, 2, "warning")
+    assert "concurrency" in warning["detail"]
+
+
+# -- entity chains, with a stand-in executor ---------------------------------------------
+class Recorder:
+    """Runs nothing: records each run of an entity's jobs, the first one held until
+    ``go`` is set, and what was given up."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.started = threading.Event()
+        self.runs: list[list[str]] = []
+        self.given_up: list[list[str]] = []
+
+    def run_entity(self, ref: Any, messages: list[Message], stop: Any = None) -> EntityEnd:
+        self.runs.append([m.receipt for m in messages])
+        self.started.set()
+        assert self.go.wait(30)
+        return EntityEnd(DONE)
+
+    def give_up_later(self, messages: list[Message]) -> None:
+        self.given_up.append([m.receipt for m in messages])
+
+
+def message(message_id: str, receipt: str, sequence: str) -> Message:
+    return Message("q", message_id, receipt, "{}", "e", 1, 0.0, sequence)
+
+
+def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> None:
+    # given slots running job A of entity e, and job B of e waiting behind it
+    recorder = Recorder()
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("a", "a-1", "1")])
+    assert recorder.started.wait(30)
+    slots.submit(shard, [message("b", "b-1", "2")])
+    # when B is received again (its first copy's visibility ran out), with job C after it
+    slots.submit(shard, [message("b", "b-2", "2"), message("c", "c-1", "3")])
+    recorder.go.set()
+    deadline = time.monotonic() + 30
+    while not slots.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # then B runs once, with its new receipt, in its place before C; its first copy is
+    # given up (not run, not extended)
+    assert recorder.runs == [["a-1"], ["b-2", "c-1"]]
+    assert recorder.given_up == [["b-1"]]
+    slots.close()
