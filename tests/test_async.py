@@ -22,18 +22,17 @@ from tests.conftest import make_broker
 def app(request: pytest.FixtureRequest, tmp_path: Path) -> shardq.App:
     broker = make_broker(str(request.param), tmp_path, request)
     prefix = f"a{time.monotonic_ns() % 10**9}-"
-    return shardq.App(
+    app = shardq.App(
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1, concurrency=8),
         broker=broker,
     )
+    app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
+    return app
 
 
 def morgue_records(app: shardq.App, worker: str) -> list[morgue.MorgueRecord]:
-    broker, queue = app.broker, app.morgue_queue(worker)
-    records = []
-    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
-        records += [morgue.decode(m.body) for m in batch]
-    return records
+    """Every dead job of ``worker``, from the app's state store, in death order."""
+    return morgue.Morgue(app, worker).list_jobs(limit=10_000)
 
 
 def drain(node: Node, timeout: float = 90) -> int:

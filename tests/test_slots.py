@@ -71,6 +71,7 @@ def make_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest, **config
         Config(queue_prefix=prefix, grace_seconds=10, idle_wait_seconds=1, **config),
         broker=broker,
     )
+    app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
     return app
 
 
@@ -101,11 +102,8 @@ class Watch:
 
 
 def morgue_records(app: shardq.App, worker: str) -> list[morgue.MorgueRecord]:
-    broker, queue = app.broker, app.morgue_queue(worker)
-    records = []
-    while batch := broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60):
-        records += [morgue.decode(m.body) for m in batch]
-    return records
+    """Every dead job of ``worker``, from the app's state store, in death order."""
+    return morgue.Morgue(app, worker).list_jobs(limit=10_000)
 
 
 def run_until_empty(node: Node, timeout: float = 90) -> int:

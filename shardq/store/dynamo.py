@@ -16,7 +16,13 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from shardq.broker.sqs_client import CALL_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT
+from shardq.broker.sqs_client import (
+    CALL_ATTEMPTS,
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    TIMEOUTS,
+    worst_call_seconds,
+)
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -51,7 +57,9 @@ class DynamoStore(Store):
         try:
             yield
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            response: Any = getattr(exc, "response", {})  # ClientError: the service's answer
+            response: Any = (
+                getattr(exc, "response", None) or {}
+            )  # ClientError: the service's answer
             code = response.get("Error", {}).get("Code", "")
             if code == "ConditionalCheckFailedException":
                 old = response.get("Item")
@@ -61,6 +69,13 @@ class DynamoStore(Store):
                 raise StoreError(
                     f"DynamoDB {call}: no AWS credentials found; configure them for boto3 "
                     "(environment, ~/.aws/credentials or an instance role), never in shardq.yaml"
+                ) from None
+            if isinstance(exc, TIMEOUTS):
+                raise StoreError(
+                    f"DynamoDB {call}: the state table's endpoint did not answer within "
+                    f"{worst_call_seconds():.0f} s ({CALL_ATTEMPTS} attempts, "
+                    f"{CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to answer each); "
+                    "check the endpoint and the network, then retry"
                 ) from None
             if code == "ResourceNotFoundException":
                 raise StoreError(
