@@ -241,6 +241,7 @@ def test_on_sqs_throughput_comes_from_the_nodes_metrics(
     broker = make_broker("sqs", tmp_path, request)
     try:
         app.configure(Config(queue_prefix=f"x{time.monotonic_ns() % 10**9}-"), broker=broker)
+        app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
         url = f"http://127.0.0.1:{metrics.server_address[1]}/metrics"
         sampler = Sampler(app, refresh=5, scrape=[url, "http://127.0.0.1:9/metrics"])
         jobs.labels("SyncOrder", "succeeded").inc(100)
@@ -407,12 +408,16 @@ def test_stats_name_each_shard_owner_and_on_sqs_take_lag_and_total_from_reports(
 def test_a_store_it_cannot_read_leaves_the_counts_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # given a job waiting, and a state store that cannot be read
+    # given a job waiting, and a state store whose fleet items cannot be read
     app.configure(Config(queue_prefix="nostore-"), broker=MemoryBroker())
     SyncOrder.publish("o1", {"n": 0})
 
-    def unreachable(*args: object, **kwargs: object) -> None:
-        raise StoreError("reading the state store failed: AccessDeniedException")
+    query = app.store.query
+
+    def unreachable(prefix: str, **kwargs: Any) -> Any:  # the fleet's items only
+        if prefix.startswith(("node/", "shard/")):
+            raise StoreError("reading the state store failed: AccessDeniedException")
+        return query(prefix, **kwargs)
 
     monkeypatch.setattr(app.store, "query", unreachable)
     srv = make_server(app, "127.0.0.1", 0, refresh=3600).start()
@@ -463,6 +468,7 @@ def test_with_scrape_a_node_that_stops_answering_is_left_out_and_named(
     broker = make_broker("sqs", tmp_path, request)
     try:
         app.configure(Config(queue_prefix=f"s{time.monotonic_ns() % 10**9}-"), broker=broker)
+        app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
         sampler = Sampler(app, refresh=5, scrape=[url_one, url_two])
         jobs_two.labels("SyncOrder", "succeeded", "two").inc(25)
         sampler.sample()

@@ -53,6 +53,7 @@ def test_a_dead_scrape_target_is_logged_once_per_state_change(
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         app.configure(Config(queue_prefix=f"w{time.monotonic_ns() % 10**9}-"), broker=broker)
+        app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
         sampler = Sampler(app, refresh=5, scrape=[url])
         with capture_logs() as logs:
             sampler.sample()
