@@ -8,7 +8,7 @@ operation, so benchmarks and metrics can report what a workload costs.
 boto3 is used as documented: one client shared by the node's threads (and one for
 long polls), botocore's adaptive retry mode (its retry quota and client-side rate
 limiting apply to every call) and explicit connect and read timeouts, short enough
-that an endpoint that never answers fails a call within 18 s
+that an endpoint that never answers fails a call within 17 s
 (:mod:`shardq.broker.sqs_client`). Every receive carries a
 ``ReceiveRequestAttemptId``: a receive whose answer was lost (a connection reset or
 a read timeout) is sent again with the same id, so SQS returns the same messages

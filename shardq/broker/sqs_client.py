@@ -25,15 +25,15 @@ TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTim
 #: not a long poll (SQS answers those in milliseconds; an endpoint that accepts and
 #: never answers must not hold a command or a web request for minutes).
 CONNECT_TIMEOUT = 2
-READ_TIMEOUT = 3
+READ_TIMEOUT = 6
 #: Attempts per call, the first included (botocore's adaptive retry mode).
-CALL_ATTEMPTS = 3
+CALL_ATTEMPTS = 2
 #: A long poll's wait for its answer: the longest poll plus a margin.
 POLL_READ_TIMEOUT = MAX_WAIT_SECONDS + 5
 
 
 def worst_call_seconds() -> float:
-    """The longest one call that is not a long poll can take before it fails (18 s):
+    """The longest one call that is not a long poll can take before it fails (17 s):
     every attempt may take both timeouts in full, and botocore backs off at most
     2^(n-1) s after attempt n."""
     backoff = sum(2 ** (n - 1) for n in range(1, CALL_ATTEMPTS))
