@@ -343,9 +343,8 @@ class Fleet:
             "beat": self.beat_seconds,
             "expire": self.expire_seconds,
         }
-        concurrency = getattr(node, "concurrency", None)
-        if isinstance(concurrency, int):
-            report["concurrency"] = concurrency
+        report["concurrency"] = node.slots.concurrency
+        report["slots_in_use"] = node.slots.in_use()
         return report
 
     # -- helpers --------------------------------------------------------------------

@@ -15,7 +15,8 @@ NODES_JSON_HELP = """\
 "reshards": [RESHARD, ...] while a reshard is in progress (times are Unix seconds;
 GET /api/v1/nodes on the dashboard answers the same):
   NODE   {"node", "host", "pid", "mode" ("elastic" or "static"), "version",
-          "threads", "concurrency" (if set), "started", "seen" (its last heartbeat,
+          "threads", "concurrency" (execution slots), "slots_in_use" (jobs
+          running now), "started", "seen" (its last heartbeat,
           by its own clock), "shards" (how many it
           holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
           is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
@@ -48,7 +49,11 @@ def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str
                 "started (UTC)",
                 "last seen",
                 "shards",
+                "slots",
                 "jobs/s",
+                "done",
+                "retried",
+                "failed",
                 "max lag",
             )
         ]
@@ -62,11 +67,15 @@ def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str
                     utc(n.started),
                     f"{age(max(0.0, now - n.seen))} ago",
                     str(len(set(n.held))),
+                    slots_text(n.slots_in_use, n.concurrency),
                     f"{n.jobs_per_second:.1f}",
+                    str(n.done),
+                    str(n.retried),
+                    str(n.failed),
                     age(n.max_lag),
                 )
             )
-        parts.append(table(rows, align="lllllrrrr"))
+        parts.append(table(rows, align="lllllrrrrrrrr"))
     else:
         parts.append("no live node at all: no shard is served")
     if view.gone:
@@ -92,6 +101,13 @@ def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str
     return "\n\n".join(parts)
 
 
+def slots_text(in_use: int | None, concurrency: int | None) -> str:
+    """``"12/32"``: execution slots in use out of the node's ``concurrency``."""
+    if concurrency is None:
+        return "-"
+    return f"{'?' if in_use is None else in_use}/{concurrency}"
+
+
 def unserved_lines(view: FleetView, backlog: Mapping[str, int]) -> list[str]:
     """The shards no live node serves, with the jobs waiting in each (if known)."""
     if not view.unserved:
@@ -115,6 +131,12 @@ def fleet_lines(
         f"{plural(len(view.nodes), 'node')} live, {view.jobs_per_second:.1f} jobs/s together "
         f"(from their reports){lags if lag_source == 'reports' else ''}"
     ]
+    if view.nodes and lag_source != "broker":  # SQS counts no jobs done: the nodes do
+        c = view.counts()
+        lines.append(
+            f"  since they started: {c['done']} done, {c['retried']} retried, "
+            f"{c['failed']} failed (from their reports)"
+        )
     if not view.nodes:
         lines = ["no live node at all: no shard is served"]
     lines += [

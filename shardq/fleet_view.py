@@ -70,6 +70,8 @@ class NodeReport:
     version: str = ""
     expire: float = 0.0
     concurrency: int | None = None
+    #: Jobs running now (execution slots busy), out of ``concurrency``.
+    slots_in_use: int | None = None
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
@@ -95,7 +97,8 @@ class NodeReport:
             max_lag=max(lags.values(), default=0.0),
             version=str(v.get("version", "")),
             expire=_float(v.get("expire")),
-            concurrency=v["concurrency"] if isinstance(v.get("concurrency"), int) else None,
+            concurrency=_opt_int(v.get("concurrency")),
+            slots_in_use=_opt_int(v.get("slots_in_use")),
         )
 
 
@@ -134,6 +137,15 @@ class FleetView:
     @property
     def jobs_per_second(self) -> float:
         return sum(n.jobs_per_second for n in self.nodes)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs done, retried and failed (morgued) since the live nodes started, from
+        their reports (what SQS cannot count)."""
+        return {
+            "done": sum(n.done for n in self.nodes),
+            "retried": sum(n.retried for n in self.nodes),
+            "failed": sum(n.failed for n in self.nodes),
+        }
 
     @property
     def no_live_node(self) -> bool:
@@ -240,6 +252,10 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _float(value: Any) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if ok else 0.0
@@ -265,4 +281,6 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
     }
     if report.concurrency is not None:
         data["concurrency"] = report.concurrency
+    if report.slots_in_use is not None:
+        data["slots_in_use"] = report.slots_in_use
     return data

@@ -26,7 +26,8 @@
   mistyped ``queue_prefix``, or nothing published or ensured yet), a message saying
   so, else ``None``: the zeros then mean "nothing there", not "nothing waiting".
 * ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
-  "excludes"}``: the live nodes' number and reported jobs per second together, and
+  "done", "retried", "failed", "excludes"}``: the live nodes' number, reported jobs
+  per second and jobs done/retried/failed since they started together, and
   the nodes gone in the last hour that this total leaves out (``{"node", "since",
   "reason"}``), and ``unserved``: the shards no live node serves (their ``owner`` is
   ``None`` and, on SQS, their ``lag`` unknown: never 0).
@@ -273,6 +274,7 @@ def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
     return {
         "nodes": len(fleet.nodes),
         "jobs_per_second": round(fleet.jobs_per_second, 3),
+        **fleet.counts(),
         "excludes": [
             {"node": g.report.node, "since": g.gone_at, "reason": g.reason} for g in fleet.gone
         ],

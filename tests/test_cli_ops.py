@@ -250,7 +250,7 @@ def test_nodes_lists_the_live_nodes_those_gone_and_the_shards_nobody_serves(env:
     header, row = live_part.splitlines()
     assert header.split()[:4] == ["node", "host", "pid", "mode"]
     assert row.split()[:4] == ["n-live", "ip-10-0-1-6", "4106", "elastic"]
-    assert row.split()[-5:] == ["ago", "2", "12.5", "2.0", "s"]
+    assert row.split()[-9:] == ["ago", "2", "-", "12.5", "0", "0", "0", "2.0", "s"]
     # and the gone ones, the latest first, with why
     gone = gone_part.splitlines()
     assert gone[0] == "gone in the last hour:"
@@ -283,8 +283,8 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     env.cli("publish", "Ledgered", "e", '{"n": 0}')
     now, store = time.time(), ledger.app.store
     lags = {"Ledgered:0": 42.0, "Ledgered:1": 0.0}
-    heartbeat(store, "n-1", now - 2, tuple(lags), lags=lags, jobs_per_second=3.25)
-    heartbeat(store, "n-2", now - 120, (), gone="lease expired", gone_at=now - 110)
+    heartbeat(store, "n-1", now - 2, tuple(lags), lags=lags, jobs_per_second=3.25, done=40)
+    heartbeat(store, "n-2", now - 120, (), gone="lease expired", gone_at=now - 110, done=9)
     # when stats are asked for
     result = env.cli("stats", "--json")
     assert result.returncode == 0, result.stderr
@@ -295,6 +295,7 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     # and the total of the reports leaves the silent node out, and says so
     fleet = stats["fleet"]
     assert (fleet["nodes"], fleet["jobs_per_second"]) == (1, 3.25)
+    assert (fleet["done"], fleet["retried"], fleet["failed"]) == (40, 0, 0)
     assert [(e["node"], e["reason"]) for e in fleet["excludes"]] == [("n-2", "lease expired")]
     assert fleet["unserved"] == ["Ledgered:2"]
     waiting = shard_for("e", 3)
@@ -315,3 +316,6 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     assert "1 node live, 3.2 jobs/s together" in table.stderr
     assert "excludes n-2: lease expired since" in table.stderr
     assert "1 shard served by no live node (lag unknown): Ledgered:2" in table.stderr
+    # and on SQS, which counts no jobs done, the live node's reported counts
+    counted = "since they started: 40 done, 0 retried, 0 failed" in table.stderr
+    assert counted == (env.vars["SHARDQ_BROKER_URL"] == "sqs://"), table.stderr

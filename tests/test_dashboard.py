@@ -276,6 +276,11 @@ def write_fleet(filled: shardq.App, now: float) -> None:
         ("SyncOrder:0", "SyncOrder:1"),
         lags={"SyncOrder:0": 42.0, "SyncOrder:1": 0.0},
         jobs_per_second=2.5,
+        concurrency=32,
+        slots_in_use=12,
+        done=640,
+        retried=7,
+        failed=3,
     )
     heartbeat(store, "node-b", now - 75, (), gone="lease expired", gone_at=now - 75)
     store.put(  # b's report listed what it held
@@ -310,6 +315,8 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
         (a,) = nodes["nodes"]
         assert a["held"] == ["SyncOrder:0", "SyncOrder:1"] and a["jobs_per_second"] == 2.5
+        assert (a["slots_in_use"], a["concurrency"]) == (12, 32)
+        assert (a["done"], a["retried"], a["failed"]) == (640, 7, 3)
         assert [(g["node"], g["reason"]) for g in nodes["gone"]] == [
             ("node-b", "lease expired"),
             ("node-c", "lease expired"),
@@ -1039,6 +1046,8 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
         live = text_of(browser, '#nodes tr[data-node="node-a"]')
         for part in ("node-a", "ip-10-0-1-6", "4106", "SyncOrder \u00d72", "2.5", "42.0 s", "live"):
             assert part in live, (part, live)
+        # with its execution slots in use out of its concurrency, and its jobs done
+        assert "12/32" in live and "640" in live, live
         # and the gone ones are shown as such, with when and why
         gone = browser.execute_script(
             "return [...document.querySelectorAll('#nodes tr.gone')].map(r => r.innerText)"
@@ -1071,6 +1080,10 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             # node's, and the total says it leaves the gone nodes out
             assert rows[0].split()[3:5] == ["42.0", "s"]
             assert text_of(browser, "#t-lag").replace(" ", "") == "42.0s"
+            # and the jobs done are the live node's reported count (SQS counts none)
+            assert text_of(browser, "#t-done") == "640"
+            title = browser.find_element(By.ID, "t-done").get_attribute("title") or ""
+            assert "7 retried, 3 failed" in title, title
             wait.until(lambda d: text_of(d, "#t-rate").startswith("150"))
             note = text_of(browser, "#t-rate-note")
             assert note.startswith("excludes node-b (lease expired since ")

@@ -273,3 +273,33 @@ def test_with_no_live_node_the_view_shows_every_shard_unserved(app: App) -> None
     assert view.no_live_node and view.unserved == tuple(sorted(ALL))
     assert view.gone[0].reason == "not reporting" and view.lag("Ledgered", 0) is None
     assert view.to_json()["no_live_node"] is True
+
+
+def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(app: App) -> None:
+    # given a node with 4 execution slots, and 12 entities whose jobs take 3 s each,
+    # one job that fails once and one that can never succeed
+    for entity in range(12):
+        ledger.Ledgered.publish(f"s{entity}", {"n": 0, "sleep": 3})
+    ledger.Ledgered.publish("r", {"n": 0, "fail": 1})
+    ledger.Ledgered.publish("p", {"n": 0, "permanent": True})
+    node = Node(app=app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC, concurrency=4)
+    runner = threading.Thread(target=node.run, daemon=True)
+    runner.start()
+
+    def nodes() -> list[dict[str, object]]:  # what `shardq nodes --json` prints
+        return fleet_view(read_fleet(app.store), time.time()).to_json()["nodes"]  # type: ignore[no-any-return]
+
+    try:
+        # when its heartbeats are read while the slow jobs run, then its report shows
+        # every slot in use out of its concurrency
+        wait_for(
+            lambda: [(n["slots_in_use"], n["concurrency"]) for n in nodes()] == [(4, 4)], 20, "4/4"
+        )
+        # and once every job is done, no slot in use, with what was done, retried, failed
+        counts = ("slots_in_use", "done", "retried", "failed")
+        wait_for(
+            lambda: [tuple(n[k] for k in counts) for n in nodes()] == [(0, 14, 1, 1)], 60, "counts"
+        )
+    finally:
+        node.stop()
+        runner.join(30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardq.fleet_text import fleet_lines, nodes_text
 from shardq.fleet_view import NOT_REPORTING, fleet_view, key_order, read_fleet
 from shardq.store import MemoryStore
 from tests.fleet_items import heartbeat
@@ -77,3 +78,30 @@ def test_gone_nodes_are_kept_an_hour_the_latest_first() -> None:
 def test_shard_keys_sort_by_worker_generation_then_number() -> None:
     keys = ["W:10", "V:1", "W@2:0", "W:2"]
     assert sorted(keys, key=key_order) == ["V:1", "W:2", "W:10", "W@2:0"]
+
+
+def test_each_live_node_shows_its_slots_in_use_and_its_counts() -> None:
+    # given a node running 12 jobs of its 32 slots, another that reported no slots
+    store = MemoryStore()
+    counts = {"done": 500, "retried": 9, "failed": 2}
+    heartbeat(store, "a", NOW - 2, ("W:0",), concurrency=32, slots_in_use=12, **counts)
+    heartbeat(store, "b", NOW - 1, ("W:1",), done=100, retried=1, failed=0)
+    # when the fleet is viewed
+    view = fleet_view(read_fleet(store), NOW, SHARDS)
+    # then the JSON carries the slots and the counts of each node
+    a, b = view.to_json()["nodes"]
+    assert (a["slots_in_use"], a["concurrency"]) == (12, 32)
+    assert (a["done"], a["retried"], a["failed"]) == (500, 9, 2)
+    assert "slots_in_use" not in b and "concurrency" not in b
+    # and `shardq nodes` prints "12/32" for a, "-" for b, with the counts
+    header, row_a, row_b = nodes_text(view).splitlines()[:3]
+    assert header.split()[-7:-2] == ["slots", "jobs/s", "done", "retried", "failed"]
+    assert row_a.split()[-7:-2] == ["12/32", "0.0", "500", "9", "2"]
+    assert row_b.split()[-7:-2] == ["-", "0.0", "100", "1", "0"]
+    # and on SQS `shardq stats` adds up the live nodes' counts
+    assert view.counts() == {"done": 600, "retried": 10, "failed": 2}
+    assert "since they started: 600 done, 10 retried, 2 failed" in "\n".join(
+        fleet_lines(view, "reports")
+    )
+    # but not where the broker counts the jobs done itself
+    assert not any("since they started" in line for line in fleet_lines(view, "broker"))
