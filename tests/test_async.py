@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq import morgue
 from shardq.config import Config
 from shardq.node import Node
 from tests.conftest import make_broker
+from tests.test_slots import morgue_records
+from tests.test_slots import run_until_empty as drain
 
 
 @pytest.fixture(params=["sqlite", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -28,20 +29,6 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> shardq.App:
     )
     app.store.ensure_table()  # DynamoDB's, as `shardq queues ensure` makes it
     return app
-
-
-def morgue_records(app: shardq.App, worker: str) -> list[morgue.MorgueRecord]:
-    """Every dead job of ``worker``, from the app's state store, in death order."""
-    return morgue.Morgue(app, worker).list_jobs(limit=10_000)
-
-
-def drain(node: Node, timeout: float = 90) -> int:
-    codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(node.run()))
-    runner.start()
-    runner.join(timeout)
-    assert not runner.is_alive(), "the node did not drain in time"
-    return codes[0]
 
 
 def test_async_and_sync_workers_run_in_one_node_in_order_with_retries_and_the_morgue(
