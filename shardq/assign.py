@@ -1,20 +1,11 @@
 """Which live node should hold each shard: a pure function of a fleet snapshot.
 
-``assign(shards, nodes, holders)`` gives every shard of every worker one live node, and
-with N live nodes it guarantees:
-
-* per worker, every node gets floor(S/N) or ceil(S/N) of the worker's S shards;
-* in total, every node gets floor(T/N) or ceil(T/N) of all T shards;
-* as few shards as possible change hands: no assignment balanced as above leaves more
-  shards with their live holders. A holder over its quota of a worker keeps its lowest
-  shard numbers; free shards (no holder, a holder not live, an excess) go by rendezvous
-  hashing to the nodes with room;
-* the same snapshot gives the same answer in every process, whatever the order of
-  ``nodes`` and of ``holders``; a holding that is already balanced is returned as it is.
-
-After one node joins or leaves a balanced fleet, the shards that move are the
-newcomer's share or the leaver's shards, plus the rare few that keeping the totals
-within one forces (``tests/test_assign.py``).
+With N live nodes, :func:`assign` gives every node floor or ceil of each worker's
+shards and of all shards; no assignment so balanced leaves more shards with their
+live holders (a holder over its quota of a worker keeps its lowest shard numbers;
+free shards go by rendezvous hashing to the nodes with room); the same snapshot gives
+the same answer in every process, and a balanced holding is returned as it is.
+``tests/test_assign.py`` checks each of these.
 """
 
 from __future__ import annotations
@@ -22,45 +13,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
-from shardq.errors import ShardqError
-
+#: A shard as the balancer sees it: (worker or generation name, shard number).
 ShardKey = tuple[str, int]
 
 _MASK32 = 0xFFFFFFFF
 #: Odd multiplier (2**32 / golden ratio): spreads CRC values, which are XOR-linear.
 _SPREAD = 0x9E3779B1
-
-
-class AssignInputError(ShardqError, ValueError):
-    """A shard key, node id or shard count cannot be used; the message names it."""
-
-
-def key_text(key: ShardKey) -> str:
-    """``("Orders", 3)`` as ``"Orders:3"``, the form keys take in JSON."""
-    worker, shard = key
-    _check_worker(worker)
-    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
-        raise AssignInputError(f"shard {shard!r} of worker {worker!r} is not an int >= 0")
-    return f"{worker}:{shard}"
-
-
-def parse_key(text: str) -> ShardKey:
-    """``"Orders:3"`` as ``("Orders", 3)``; the worker may itself contain colons."""
-    if not isinstance(text, str):
-        raise AssignInputError(f"shard key {text!r} is a {type(text).__name__}, not a str")
-    worker, colon, number = text.rpartition(":")
-    if not colon or not worker:
-        problem = "has no worker name before the last ':'"
-    elif not (number.isascii() and number.isdigit()):
-        problem = "does not end with a shard number"
-    elif number != str(int(number)):
-        problem = "has a shard number with leading zeros"
-    else:
-        return worker, int(number)
-    raise AssignInputError(
-        f"shard key {text!r} {problem}; a key is 'worker:shard', e.g. 'Orders:3': "
-        "the stored assignment is damaged, delete it and it will be computed again"
-    )
 
 
 def assign(
@@ -71,8 +29,8 @@ def assign(
     """The node that should hold each shard of ``shards`` (worker -> number of shards),
     over the live ``nodes``, given who holds what now (``holders``; entries for unknown
     workers, shards out of range or nodes not live are ignored). No nodes: ``{}``."""
-    counts = _checked_counts(shards)
-    live = _checked_nodes(nodes)
+    counts = sorted((w, c) for w, c in shards.items() if c)
+    live = sorted(set(nodes))
     if not live:
         return {}
     held = {worker: _holdings(worker, count, set(live), holders) for worker, count in counts}
@@ -84,30 +42,6 @@ def assign(
             quota[node] += 1
         targets.update(_place(worker, count, live, quota, held[worker]))
     return targets
-
-
-def _check_worker(worker: object) -> None:
-    if not isinstance(worker, str) or not worker:
-        raise AssignInputError(f"worker name {worker!r} is not a non-empty str")
-
-
-def _checked_counts(shards: Mapping[str, int]) -> list[tuple[str, int]]:
-    """``(worker, count)`` sorted by worker, without the workers with no shards."""
-    for worker, count in shards.items():
-        _check_worker(worker)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise AssignInputError(f"worker {worker!r} has {count!r} shards; give an int >= 0")
-    return sorted((w, c) for w, c in shards.items() if c)
-
-
-def _checked_nodes(nodes: Sequence[str]) -> list[str]:
-    """The distinct node ids, sorted (the order given does not matter)."""
-    if isinstance(nodes, str):
-        raise AssignInputError(f"nodes must be a sequence of node ids, not the str {nodes!r}")
-    for node in nodes:
-        if not isinstance(node, str) or not node:
-            raise AssignInputError(f"node id {node!r} is not a non-empty str")
-    return sorted(set(nodes))
 
 
 def _holdings(
@@ -149,7 +83,7 @@ def _extras(
     picks: list[set[int]] = []
     for i, (worker, _) in enumerate(workers):
         ties = [_score(f"{worker}:{node}") for node in live]
-        picked = _choose(rows[i], wants[i], ties, used, rows[i + 1 :], lo, k)
+        picked = _choose(rows[i], wants[i], ties, used, lo, k)
         for j in picked:
             used[j] += 1
         picks.append(set(picked))
@@ -158,24 +92,13 @@ def _extras(
 
 
 def _choose(
-    r: int, wants: list[bool], ties: list[int], used: list[int], later: list[int], lo: int, k: int
+    r: int, wants: list[bool], ties: list[int], used: list[int], lo: int, k: int
 ) -> list[int]:
-    """``r`` node indexes for one worker's extra places: the wanted nodes first if the
-    ``later`` workers can still be served after that, else Ryser's rule (the nodes with
-    the most places left, wanted ones first among equals), which always can."""
-    n = len(used)
-
-    def fits(picked: list[int]) -> bool:
-        after = used[:]
-        for j in picked:
-            after[j] += 1
-        return _shareable(after, later, lo, k)
-
-    order = sorted(range(n), key=lambda j: (not wants[j], used[j], -ties[j]))
-    if fits(order[:r]):
-        return order[:r]
+    """``r`` node indexes for one worker's extra places by Ryser's rule (the nodes with
+    the most places left, wanted ones first among equals): the workers after it can
+    always be served. :func:`_improve` then makes as many places wanted as can be."""
     left = _places_left(used, lo, k, wants, ties)
-    return sorted(range(n), key=lambda j: (-left[j], not wants[j], -ties[j]))[:r]
+    return sorted(range(len(used)), key=lambda j: (-left[j], not wants[j], -ties[j]))[:r]
 
 
 def _places_left(used: list[int], lo: int, k: int, wants: list[bool], ties: list[int]) -> list[int]:
@@ -193,30 +116,6 @@ def _places_left(used: list[int], lo: int, k: int, wants: list[bool], ties: list
     for j in order[:spare]:
         left[j] += 1
     return left
-
-
-def _shareable(used: list[int], later: list[int], lo: int, k: int) -> bool:
-    """Whether the ``later`` workers' extra places (each worker at most one per node) can
-    bring every node from ``used`` to lo or lo + 1, exactly k of them to lo + 1: the
-    Gale-Ryser condition, with the lo + 1 where they make the needs most even."""
-    over = sum(1 for u in used if u > lo)
-    if over > k or any(u > lo + 1 for u in used):
-        return False
-    ranked = sorted(lo - u for u in used if u <= lo)
-    spare = k - over
-    columns = sorted([c + 1 for c in ranked[:spare]] + ranked[spare:], reverse=True)
-    if sum(columns) != sum(later):
-        return False
-    rows = sorted(later)
-    supply = demand = i = 0
-    for t, column in enumerate(columns, start=1):
-        while i < len(rows) and rows[i] < t:
-            i += 1
-        supply += len(rows) - i  # now the sum of min(row, t) over the later workers
-        demand += column
-        if demand > supply:
-            return False
-    return True
 
 
 def _improve(picks: list[set[int]], wants: list[list[bool]], n: int, lo: int) -> None:

@@ -1,30 +1,12 @@
-"""A node's membership of its app's fleet, kept in the app's state store.
+"""A node's membership of its app's fleet, kept in the state store.
 
-Two kinds of items (see :mod:`shardq.store.base`), after the lease table of the
-Kinesis Client Library but with one write per node, not per shard, per renewal:
-
-* ``node/<id>``: the node's **heartbeat**. The node rewrites it every *beat*
-  (``lease_seconds / 5``) with a conditional put on its version, and that version is
-  its heartbeat counter. The value is the node's report: what it holds, the lag of
-  each of those shards, jobs per second, done/retried/failed counts, threads, mode,
-  start time, shardq version (the views show it). At a graceful leave it is deleted.
-* ``shard/<key>`` (``shard/Orders:3``, ``shard/Orders@2:3``): a shard's **owner**,
-  written only when ownership changes: taken by a conditional put on the version
-  read (or "must not exist"), freed by a conditional put naming nobody (``""``), so
-  versions only grow and a stale version never touches a later owner's item.
-
-Every ``ROUND_SECONDS`` an elastic node reads the ownership items, then the
-heartbeats (two prefix queries; in that order, so an owner seen always has its
-heartbeat seen). A node is dead when its counter has not moved for *expire*
-(``lease_seconds`` less a beat and two rounds) on this node's own monotonic clock:
-the observer marks its heartbeat gone, and its shards are free. The decisions are
-:func:`shardq.fleet_rules.decide`; this thread applies them: claim, serve, drain
-and free (:meth:`Node.drop_shard`: running jobs finish, held jobs are released in
-order, then the ownership item is freed), stop serving a shard another node owns.
-
-A node that cannot write its heartbeat for *expire* less a round stops serving its
-shards before any other node may take them. Safety of jobs does not rest on this:
-a job's message stays in flight while a node holds it (FIFO group locks).
+Items: ``node/<id>``, the node's heartbeat (its version is the heartbeat counter, its
+value the node's report), rewritten every beat by a conditional put and deleted at a
+graceful leave; ``shard/<key>``, a shard's owner, written only when ownership changes
+(taken on the version read, freed by naming nobody, so versions only grow). Each
+round an elastic node reads both and applies :func:`shardq.fleet_rules.decide`. A
+node that cannot beat for nearly the expiry stops serving its shards first. The whole
+protocol: docs/deployment.md, "Running an elastic fleet".
 """
 
 from __future__ import annotations
@@ -39,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shardq.assign import parse_key
 from shardq.errors import ShardqError
 from shardq.fleet_rules import (
     ELASTIC,
@@ -51,6 +32,7 @@ from shardq.fleet_rules import (
     expired,
     live_nodes,
     observe,
+    parse_key,
     timing,
 )
 from shardq.layout import parse_name
@@ -325,7 +307,7 @@ class Fleet:
             self._done_before, self._rate_at = done, now
         lags = {f"{w}:{s}": round(lag, 3) for w, s, lag in node.lags()}
         held = self.held() if self.elastic else sorted(lags)
-        report: dict[str, Any] = {
+        return {
             "node": self.id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -342,10 +324,9 @@ class Fleet:
             "version": _version(),
             "beat": self.beat_seconds,
             "expire": self.expire_seconds,
+            "concurrency": node.slots.concurrency,
+            "slots_in_use": node.slots.in_use(),
         }
-        report["concurrency"] = node.slots.concurrency
-        report["slots_in_use"] = node.slots.in_use()
-        return report
 
     # -- helpers --------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:

@@ -1,26 +1,18 @@
-"""The fleet's decisions: pure functions over a snapshot of the state store.
+"""The fleet's decisions: pure functions over one node's snapshot of the state store.
 
-A snapshot is what one node read in one round: every heartbeat item (``node/<id>``,
-its version is the node's heartbeat counter), every ownership item
-(``shard/<key>``, ``key`` as :attr:`shardq.plan.ShardRef.key`: ``Orders:3``,
-``Orders@2:3``) and, per node, when *this* observer first saw its current counter
-(on the observer's own monotonic clock). Nothing here compares the wall clocks of
-two machines.
-
-* :func:`observe`: the first-seen times after one more read;
-* :func:`live_nodes`: the elastic nodes whose counter moved within ``expire`` seconds;
-* :func:`decide`: what one node does this round: shards to claim (a conditional
-  put on the version read), to free (drain, then a conditional put naming nobody), to stop
-  serving at once (owned by another node now) and ownership items to purge (of a
-  layout generation that ended, whose owner is not live).
+A snapshot: every heartbeat (``Beat``; its counter is the item's version), every
+ownership item (``Owner``, keyed as :attr:`shardq.plan.ShardRef.key`) and, per node,
+when this observer first saw its counter on its own monotonic clock. Nothing here
+compares the wall clocks of two machines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
+from contextlib import suppress
 from dataclasses import dataclass, field
 
-from shardq.assign import assign, parse_key
+from shardq.assign import ShardKey, assign
 
 ELASTIC, STATIC = "elastic", "static"
 #: Seconds between two rounds (two prefix queries) of an elastic node.
@@ -114,18 +106,25 @@ def shard_keys(shards: Mapping[str, int]) -> list[str]:
     return [f"{name}:{n}" for name in sorted(shards) for n in range(shards[name])]
 
 
+def parse_key(key: str) -> ShardKey:
+    """``"Orders@2:3"`` as ``("Orders@2", 3)`` (the name may contain colons); a key
+    no :attr:`~shardq.plan.ShardRef.key` writes raises ValueError naming it."""
+    name, _, number = key.rpartition(":")
+    if not name or not (number.isascii() and number.isdigit()) or number != str(int(number)):
+        raise ValueError(f"shard key {key!r} is not 'name:shard', e.g. 'Orders:3'")
+    return name, int(number)
+
+
 def targets(
     shards: Mapping[str, int], live: Set[str], owners: Mapping[str, Owner]
 ) -> dict[str, str]:
     """Shard key -> the live node that should hold it (:func:`shardq.assign.assign`,
-    starting from the live owners)."""
+    starting from the live owners; damaged keys are ignored)."""
     holders = {}
     for key, owner in owners.items():
-        if owner.node in live:
-            try:
+        with suppress(ValueError):
+            if owner.node in live:
                 holders[parse_key(key)] = owner.node
-            except ValueError:
-                continue
     return {f"{w}:{n}": node for (w, n), node in assign(shards, sorted(live), holders).items()}
 
 

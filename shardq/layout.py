@@ -1,36 +1,18 @@
-"""The live layout: how many shards each worker has now, and a reshard in progress.
+"""The live layout of each worker and its reshard transitions (pure).
 
-Each worker's layout is one versioned item in the app's state store
-(``layout/<Worker>``, see :mod:`shardq.layouts`). The first publisher or node of an
-app records it (generation 0 with the class's ``shards``); from then on the item,
-not the code, says where an entity's jobs go. Queues of generation 0 keep their names
-(``Orders-3.fifo``); generation ``g`` > 0 adds ``-g{g}`` (``Orders-g1-3.fifo``); in
-shard keys a shard of generation ``g`` is ``Orders@g:3``.
-
-A reshard from ``A`` (old) to ``B`` (new) moves in one direction; every step is a
-conditional write of the item, and every wait is measured on the waiting process's
-own monotonic clock from when it *observed* a state (never by comparing clocks):
-
-1. **Announced.** Publishers send to ``A``. A publisher trusts its copy of the item
-   for ``trust`` seconds after reading it, so once ``trust`` has passed since the
-   announce was observed (by ``shardq reshard`` or any node), every copy that
-   predates it has expired: that process writes **switched**.
-2. **Switched.** Publishers send to ``B``; nodes run ``A`` as before. A job in ``B``
-   runs only once its entity's ``A`` shard is *closed*; until then it is held.
-3. **Closing.** The node serving an ``A`` shard closes it once ``trust`` +
-   :data:`SWITCH_MARGIN_SECONDS` have passed since it observed *switched* (every
-   copy still saying *announced* has expired), nothing of the shard is held or hidden
-   for a retry on this node, and a receive finds it empty. What still reaches a
-   closed shard is relayed to ``B`` (:mod:`shardq.relay`).
-4. **Retired.** The last close ends the move: ``A`` is retired. Its queues are
-   swept (late jobs relayed) and deleted once empty, ``2 * trust`` after a node
-   observed the retirement; each deletion is recorded.
+Each worker's layout is one versioned item, ``layout/<Worker>`` (see
+:mod:`shardq.layouts`): generation ``gen`` with ``shards`` shards, a move in progress
+from an old generation (announced, switched, its old shards closing) and retired
+generations whose queues are not all deleted. Every transition is written by a
+conditional put; every wait is measured on the waiting process's own monotonic clock
+from when it observed a state. Procedure and guarantees: docs/operations.md,
+"Resharding a live worker".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from shardq.errors import ConfigError, LayoutError
@@ -97,24 +79,7 @@ class WorkerLayout:
         return "switched" if self.moving.switched else "announced"
 
     def to_value(self) -> dict[str, Any]:
-        m = self.moving
-        return {
-            "gen": self.gen,
-            "shards": self.shards,
-            "trust": self.trust,
-            "moving": None
-            if m is None
-            else {
-                "gen": m.gen,
-                "shards": m.shards,
-                "switched": m.switched,
-                "closed": list(m.closed),
-                "by": m.by,
-            },
-            "retired": [
-                {"gen": r.gen, "shards": r.shards, "deleted": list(r.deleted)} for r in self.retired
-            ],
-        }
+        return asdict(self)
 
     @classmethod
     def from_value(cls, name: str, value: Mapping[str, Any]) -> WorkerLayout:

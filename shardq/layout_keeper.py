@@ -1,19 +1,10 @@
-"""A node's part in a reshard (see :mod:`shardq.layout` for the whole procedure).
+"""A node's part in a reshard (the procedure: :mod:`shardq.layout`).
 
-One thread per node, ``shardq-layout``, ticking on the monotonic clock of the app's
-layouts (``app.layouts.clock``, which stamps when each state was observed):
-
-* reads every layout (one store query) every :data:`~shardq.layout.NODE_REFRESH_SECONDS`
-  while a reshard is under way, else every ``layout_refresh_seconds``;
-* writes **switched** once ``trust`` has passed since it observed an announce (so a
-  reshard whose command was killed, or run with ``--no-wait``, goes on);
-* a static node serves its plan over the live layouts (an elastic node's fleet takes
-  the shards of :meth:`~shardq.app.App.live_shards` on its own);
-* **closes** an old shard it serves once allowed, settled here and found empty by a
-  receive: from then on nothing of it runs here (it relays), and once it holds none
-  of its jobs the close is written;
-* **sweeps** retired queues (those whose number maps to a shard it serves of the
-  current generation): relays late jobs, deletes each once empty after the grace.
+The ``shardq-layout`` thread reads every layout (more often while a reshard is under
+way), writes the switch once the trust window passed since it observed the announce,
+moves a static node's plan to the live layouts, closes the old shards it serves once
+allowed, settled and found empty (it relays from then on), and sweeps retired queues
+mapped to the shards it serves (relays late jobs, deletes each once empty).
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ from shardq import layout as rules
 from shardq.errors import BrokerError, QueueNotFoundError, ShardqError
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.plan import ShardRef
-from shardq.relay import relay
+from shardq.relay import holding, relay
 
 if TYPE_CHECKING:
     from shardq.node import Node
@@ -168,17 +159,11 @@ class LayoutKeeper:
 
     def _empty(self, queue: str) -> bool:
         """Whether ``queue`` holds nothing: no retry hidden by this node, and a receive
-        finds nothing (the broker's counts, only approximate on SQS, may veto)."""
+        finds nothing (:func:`shardq.relay.holding`)."""
         if self.node.leases.hidden(queue)[1]:
             return False
-        broker = self.app.broker
         try:
-            counts = broker.counts(queue)
-            if counts.waiting or counts.in_flight:
-                return False
-            return not broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=0)
-        except QueueNotFoundError:
-            return True
+            return not holding(self.app.broker, queue)
         except BrokerError as exc:
             self.node.broker_trouble("counts", queue, exc)
             return False

@@ -1,8 +1,7 @@
 """An app's copies of its layouts (``layout/<Worker>`` items in the state store).
 
-Each copy remembers when it was read and when each state was first observed, on
-this process's monotonic clock (``clock``): the reshard's waits are measured from
-there (see :mod:`shardq.layout`). A copy older than its layout's ``trust`` is never
+Each copy remembers, on this process's monotonic clock, when it was read and when
+each state was first observed. A copy older than its layout's ``trust`` is never
 used to publish: :meth:`Layouts.get` reads again, and refuses if it cannot.
 """
 

@@ -1,29 +1,14 @@
 """Which shards a node serves, and taking one on or handing one back while it runs.
 
-A node starts with the shards of its plan (static mode, ``--node N --nodes M``). An
-elastic node also takes shards on (:meth:`Ownership.add`) and hands them back
-(:meth:`Ownership.drop`) at run time. Each shard is served by one lane, and only
-that lane's thread changes the lane's list: once the lanes run, a shard reaches its
-lane, or leaves it, through the lane's inbox (:class:`~shardq.lane.Join`,
-:class:`~shardq.lane.Leave`), between two batches.
-
-Dropping a shard is a handover: once the returned event is set, another node may
-receive the shard's queue. Per-entity order and "never two runs of one entity at
-once" rest on the broker's message groups: a message this node holds (or hid)
-keeps its group blocked. So a drop:
-
-1. marks the shard dropped at once: no receive or batch of it starts any more (a
-   batch of it that runs finishes first: the lane takes the Leave between batches);
-2. in the lane's thread, hides the shard's held retries for what is left of their
-   delay (never released early), then releases its unstarted messages (visible at
-   once, in order); the idle watch lets it go; the lane's read-ahead receives still
-   in flight (at most ``prefetch_wait``) are released when they return;
-3. sets the event once every release, retry hide and pending delete of the queue
-   asked for until then was answered by the broker (or given up by the leases).
-
-An idle shard's SQS long poll (up to 20 s) is not waited for: what it brings after
-the event is released when it returns. That is safe: a receive only returns messages
-whose group no one else holds, and none of them runs here.
+Each shard is served by one lane; once the lanes run, a shard reaches or leaves its
+lane through the lane's inbox (:class:`~shardq.lane.Join`, :class:`~shardq.lane.Leave`),
+between two batches. A drop is a handover: the shard is marked dropped at once (no
+new receive or batch), then in the lane's thread its held retries are hidden for what
+is left of their delay and its unstarted messages released in order; the returned
+event is set once every release and pending delete of its queue was answered. Order
+and "never two runs of one entity" rest on the broker's message groups: a message
+this node holds keeps its group blocked, so what a late long poll brings after the
+event is released unrun.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""``shardq queues ensure --prune``: delete the retired queues of a reshard.
+"""``shardq queues ensure --prune``: delete the empty retired queues of a reshard.
 
-A retired generation's queues (see :mod:`shardq.layout`) are deleted by the nodes
-once empty, twice the trust window after a node saw the move end. This does it from
-the command line, for when no node runs: each queue of a retired generation recorded
-in the worker's layout item is deleted if a receive finds it empty (and the broker
-counts nothing in it), and the deletion is recorded in the item. A publisher whose
-send finds a deleted queue reads the layout again and sends to the live one. A queue
-of the current or moving generation is never touched.
-
-The brokers cannot list queues, so queues no layout item names (a generation created
-by a ``shardq reshard`` killed before it announced the move) are not found here:
-delete those by hand once empty.
+For when no node runs (nodes do the same once the grace has passed): each queue of
+a retired generation named in a layout item is deleted if a receive finds it empty,
+and the deletion recorded in the item. Queues no item names (a reshard killed before
+it announced) are not found: delete those by hand once empty.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +16,7 @@ import structlog
 
 from shardq import layout as rules
 from shardq.errors import QueueNotFoundError
+from shardq.relay import holding
 
 if TYPE_CHECKING:
     from shardq.app import App
@@ -52,24 +47,13 @@ def prune(app: App) -> Pruned:
 
 def _prune_one(app: App, worker: str, gen: int, shard: int, done: Pruned) -> None:
     queue = app.shard_queue(worker, shard, gen)
-    try:
-        counts = app.broker.counts(queue)
-        if (
-            counts.waiting
-            or counts.in_flight
-            or app.broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=0)
-        ):
-            done.kept.append(
-                (
-                    queue,
-                    f"not empty ({counts.waiting} waiting, {counts.in_flight} in flight): a "
-                    "running node relays them to the current layout; run this again once empty",
-                )
-            )
-            return
+    held = holding(app.broker, queue)
+    if held:
+        why = f"not empty ({held}): a running node relays them to the current layout"
+        done.kept.append((queue, f"{why}; run this again once empty"))
+        return
+    with suppress(QueueNotFoundError):  # deleted already (by a node, or by hand): record it
         app.broker.delete_queue(queue)
-    except QueueNotFoundError:
-        pass  # deleted already (by a node, or by hand): record it
     app.layouts.update(worker, lambda w: rules.deleted(w, gen, shard))
     log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
     done.deleted.append(queue)

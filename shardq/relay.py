@@ -1,10 +1,8 @@
 """Relaying: jobs that reached a closed or retired shard go on to the current layout.
 
-A relayed job is sent, body unchanged, to its entity's shard of the worker's current
-generation, then deleted where it was. Its deduplication id is derived from its
-message id, so a relay cut short (a kill between the send and the delete) and done
-again within SQS's 5-minute window does not publish it twice. The messages of one
-entity go in one batch, in order, behind the entity's jobs already there.
+A relayed job is sent, body unchanged, to its entity's shard of the current
+generation, then deleted where it was; its deduplication id comes from its message
+id, so a relay cut short and done again within SQS's 5 minutes is not sent twice.
 """
 
 from __future__ import annotations
@@ -14,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shardq.broker.base import Message, SendEntry, batches
-from shardq.errors import BrokerError
+from shardq.broker.base import Broker, Message, SendEntry, batches
+from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.sharding import shard_for
 
 if TYPE_CHECKING:
@@ -50,3 +48,16 @@ def relay(app: App, worker: str, messages: Sequence[Message]) -> None:
         to_gen=layout.gen,
         detail="jobs that reached a closed shard of an old layout went to the current one",
     )
+
+
+def holding(broker: Broker, queue: str) -> str:
+    """What ``queue`` still holds, "" if a receive finds it empty (the broker's counts,
+    approximate on SQS, may only veto). A queue that does not exist holds nothing."""
+    try:
+        counts = broker.counts(queue)
+        if counts.waiting or counts.in_flight:
+            return f"{counts.waiting} waiting, {counts.in_flight} in flight"
+        found = broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=0)
+    except QueueNotFoundError:
+        return ""
+    return "a receive found a job" if found else ""

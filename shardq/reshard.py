@@ -1,11 +1,9 @@
 """``shardq reshard WORKER --shards N``: change a live worker's number of shards.
 
-The command creates the new generation's queues, announces the move in the worker's
-layout item and (unless ``--no-wait``) follows it until it ends, writing the switch
-once the trust window has passed on its own clock. The nodes do the rest
-(:mod:`shardq.layout_keeper`, which also writes the switch), so killing this command,
-or every node, leaves nothing half done: the move goes on when nodes run. See
-:mod:`shardq.layout` for the procedure and its guarantees, docs/operations.md for its use.
+Creates the new generation's queues, announces the move and (unless ``--no-wait``)
+follows it, writing the switch once the trust window has passed on its own clock.
+The nodes do the rest, so killing this command leaves nothing half done. See
+:mod:`shardq.layout` and docs/operations.md.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from shardq import layout as rules
 from shardq.app import App
 from shardq.errors import LayoutError, ShardqError
 from shardq.layout import WorkerLayout
-from shardq.layout_view import ReshardView
+from shardq.layout_view import ReshardView, layout_view
 from shardq.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.stats import collect
 from shardq.worker import MAX_SHARDS
@@ -44,12 +42,11 @@ twice the trust window later. `shardq stats` shows a reshard in progress.
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a reshard stands: old shards still open and the jobs still in them."""
+    """Where a reshard stands: the layout read, and the move as `shardq stats` shows
+    it (old shards open, jobs in them, who serves them) while there is one."""
 
     worker: str
     layout: WorkerLayout
-    old_jobs: int | None  # None: the counts could not be read
-    #: The move as `shardq stats` shows it (who serves its old shards), if it was read.
     view: ReshardView | None = None
 
     @property
@@ -87,36 +84,17 @@ def progress(app: App, worker: str) -> Progress:
     try:
         views = [w.layout for w in collect(app).workers if w.name == worker and w.layout]
     except ShardqError:  # the counts or the fleet could not be read: the item alone
-        return Progress(worker, layout, None)
+        views = []
     view = views[0].reshard if views else None
-    return Progress(worker, layout, view.old_jobs if view else 0, view)
+    if view is None:  # no view read, or it read the layout at another moment
+        view = layout_view(worker, layout, app.settings(worker).shards, None).reshard
+    return Progress(worker, layout, view)
 
 
 def describe(p: Progress) -> str:
-    move = p.layout.moving
-    if move is None:
+    if p.view is None:
         return f"{p.worker}: {p.layout.shards} shards (generation {p.layout.gen}); no reshard"
-    if p.view is not None:
-        return p.view.text()
-    jobs = "?" if p.old_jobs is None else str(p.old_jobs)
-    if not move.switched:
-        phase = (
-            f"announced: publishers switch to the new layout once every copy of the old "
-            f"one has expired ({p.layout.trust:.0f} s after the announce)"
-        )
-    else:
-        name = rules.shard_name(p.worker, move.gen)
-        left = ", ".join(f"{name}:{s}" for s in move.left[:8])
-        more = f" and {len(move.left) - 8} more" if len(move.left) > 8 else ""
-        phase = (
-            f"switched; {len(move.left)} of {move.shards} old shards still open ({left}{more}): "
-            "each closes once the node serving it finds it empty; an old shard served by no "
-            "node never closes (shardq nodes shows who holds it)"
-        )
-    return (
-        f"{p.worker}: {move.shards} -> {p.layout.shards} shards; {phase}; "
-        f"{jobs} jobs still in the old layout"
-    )
+    return p.view.text()
 
 
 def follow(

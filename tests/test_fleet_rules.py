@@ -13,6 +13,7 @@ from shardq.fleet_rules import (
     expired,
     live_nodes,
     observe,
+    parse_key,
     timing,
 )
 
@@ -144,3 +145,45 @@ def test_a_freed_shard_names_nobody_and_is_claimed_on_its_version() -> None:
     freed = {"W:0": Owner("W:0", "", 7)}
     # then the node it is meant for claims it on version 7, never as a new item
     assert decide("a", {"W": 1}, {"a"}, freed, set()).claim == {"W:0": 7}
+
+
+@pytest.mark.parametrize(
+    ("key", "parsed"),
+    [
+        ("Orders:3", ("Orders", 3)),
+        ("Orders@2:0", ("Orders@2", 0)),
+        ("ns:Orders:12", ("ns:Orders", 12)),
+    ],
+)
+def test_a_shard_key_is_read_as_its_name_and_number(key: str, parsed: tuple[str, int]) -> None:
+    # given a key as ShardRef.key writes it, when it is parsed, then name and number come back
+    assert parse_key(key) == parsed
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "Orders",
+        ":3",
+        "Orders:",
+        "Orders:-1",
+        "Orders:+1",
+        "Orders: 3",
+        "Orders:\u0663",
+        "Orders:03",
+    ],
+)
+def test_a_damaged_shard_key_is_refused_naming_it(key: str) -> None:
+    # given a key no shard ref writes, when it is parsed, then the error names it
+    with pytest.raises(ValueError, match="is not 'name:shard'") as raised:
+        parse_key(key)
+    assert repr(key) in str(raised.value)
+
+
+def test_a_damaged_ownership_item_is_ignored_by_the_balancer() -> None:
+    # given an ownership item whose key is damaged, next to a sound one
+    owners = {"Orders:x": Owner("Orders:x", "a", 1), "Orders:0": Owner("Orders:0", "a", 1)}
+    # when this node decides, then it claims the shards of the layout and nothing else
+    moves = decide("b", {"Orders": 2}, {"b"}, owners, set())
+    assert set(moves.claim) == {"Orders:0", "Orders:1"}

@@ -1,18 +1,10 @@
 """The state store: a few versioned items with compare-and-set.
 
-State a fleet shares (node heartbeats, shard ownership, layouts, dead jobs) lives
-here, never in a message: SQS deletes every message older than its queue's
-retention, and emulators differ in visibility details. Implementations: memory
-(tests), a table in the embedded broker's SQLite file, and DynamoDB for ``sqs://``
-apps. One contract suite (``tests/test_store_contract.py``) runs on all of them.
-
-Keys are ``<namespace>/<rest>`` (``node/ab12``, ``shard/Orders@0:3``,
-``layout/Orders``, ``morgue/Orders/…``); :meth:`Store.query` takes a prefix that
-starts with a namespace and its slash. Values are JSON objects. Every write of an
-item bumps its ``version`` (1 for a new item); :meth:`Store.put` with ``version``
-writes only if the item is still at that version (compare-and-set), and with
-``version=None`` only if it does not exist. A failed condition raises
-:class:`StoreConflict`; a store that cannot be reached raises :class:`StoreError`.
+Fleet and layout state lives here, never in a message (SQS deletes messages older
+than the retention). Keys are ``<namespace>/<rest>``; values are JSON objects.
+Every write bumps an item's ``version`` (1 when new); :meth:`Store.put` writes only
+if the item is at ``version`` (None: absent), else :class:`StoreConflict`. One
+contract suite (``tests/test_store_contract.py``) runs on every implementation.
 """
 
 from __future__ import annotations
