@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shardq.layout")
 
+#: A transition of one shard: :func:`shardq.layout.close` or :func:`shardq.layout.deleted`.
+Step = Callable[[rules.WorkerLayout, int, int], rules.WorkerLayout]
 #: Visibility of jobs received by the retired-queue sweep while it relays them.
 SWEEP_VISIBILITY_SECONDS = 30
 #: Each retired queue is looked at this often.
@@ -57,10 +59,6 @@ class LayoutKeeper:
     def clock(self) -> float:
         """The app's layouts clock: the one their observations are stamped with."""
         return self.app.layouts.clock()
-
-    def poke(self) -> None:
-        """Read the layouts at the next tick."""
-        self._next_read = 0.0
 
     def route(self, ref: ShardRef, entity: str) -> str:
         """The executor's router: the layout's decision, or relay for a shard found empty."""
@@ -94,23 +92,15 @@ class LayoutKeeper:
         if not layouts.moving():
             return
         for worker in self.app.workers:
-            layout = layouts.cached(worker)
-            self._switch(worker, layout, now)
+            try:
+                layout = layouts.switch_if_due(worker)
+            except ShardqError as exc:
+                log.warning("layout.switch_failed", worker=worker, error=str(exc))
+                layout = layouts.cached(worker)
             if layout.moving is not None:
                 self._close_old(worker, layout, now)
             if layout.retired:
                 self._sweep(worker, layout, now)
-
-    def _switch(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
-        seen = self.app.layouts.seen(worker, layout.gen, "announced")
-        if seen is None or not rules.may_switch(layout, seen, now):
-            return
-        try:
-            self.app.layouts.update(worker, lambda w: rules.switch(w, layout.gen))
-        except ShardqError as exc:
-            log.warning("layout.switch_failed", worker=worker, error=str(exc))
-            return
-        log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
 
     # -- static nodes: the plan over the live layout -----------------------------------
     def _sync_plan(self) -> None:
@@ -155,7 +145,7 @@ class LayoutKeeper:
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
         if done:
-            self._record(worker, lambda w: _close_all(w, move.gen, done), "closed", done)
+            self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
 
     def _empty(self, queue: str) -> bool:
         """Whether ``queue`` holds nothing: no retry hidden by this node, and a receive
@@ -185,7 +175,7 @@ class LayoutKeeper:
                 if self._sweep_one(worker, queue, ripe):
                     gone.append((old.gen, shard))
         if gone:
-            self._record(worker, lambda w: _delete_all(w, gone), "queues_deleted", gone)
+            self._record(worker, "queues_deleted", rules.deleted, gone)
 
     def _sweep_one(self, worker: str, queue: str, ripe: bool) -> bool:
         """Relay what reached retired ``queue``; delete it if ``ripe`` and empty."""
@@ -211,8 +201,14 @@ class LayoutKeeper:
         log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
         return True
 
-    def _record(self, worker: str, change: Callable[[rules.WorkerLayout], rules.WorkerLayout],
-                what: str, shards: object) -> None:  # fmt: skip
+    def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
+        """Write ``step`` (a transition) for each ``(gen, shard)`` in one conditional put."""
+
+        def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:
+            for gen, shard in shards:
+                layout = step(layout, gen, shard)
+            return layout
+
         try:
             after = self.app.layouts.update(worker, change)
         except ShardqError as exc:
@@ -221,15 +217,3 @@ class LayoutKeeper:
         log.info(f"layout.{what}", worker=worker, shards=shards)
         if what == "closed" and after.moving is None:
             log.info("layout.reshard_done", worker=worker, shards=after.shards, gen=after.gen)
-
-
-def _close_all(layout: rules.WorkerLayout, gen: int, shards: list[int]) -> rules.WorkerLayout:
-    for shard in shards:
-        layout = rules.close(layout, gen, shard)
-    return layout
-
-
-def _delete_all(layout: rules.WorkerLayout, gone: list[tuple[int, int]]) -> rules.WorkerLayout:
-    for gen, shard in gone:
-        layout = rules.deleted(layout, gen, shard)
-    return layout

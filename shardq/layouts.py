@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shardq.errors import LayoutError, ShardqError
-from shardq.layout import WorkerLayout
+from shardq.layout import WorkerLayout, may_switch, switch
 from shardq.store import StoreConflict
 
 if TYPE_CHECKING:
@@ -152,6 +152,17 @@ class Layouts:
                 continue
             return self._keep(worker, after, item.version)
         raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
+
+    def switch_if_due(self, worker: str) -> WorkerLayout:
+        """Write the switch of ``worker``'s announced move once its trust window has
+        passed since this process observed the announce; the layout in hand."""
+        layout = self.cached(worker)
+        seen = self.seen(worker, layout.gen, "announced")
+        if seen is None or not may_switch(layout, seen, self.clock()):
+            return layout
+        layout = self.update(worker, lambda w: switch(w, layout.gen))
+        log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
+        return layout
 
     def _keep(self, worker: str, layout: WorkerLayout, version: int) -> WorkerLayout:
         now = self.clock()

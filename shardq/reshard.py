@@ -77,10 +77,8 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
 def progress(app: App, worker: str) -> Progress:
     """A fresh look at ``worker``'s reshard (one request per old queue); writes the
     switch once ``trust`` has passed since this process observed the announce."""
-    layout = app.layouts.read(worker)
-    seen = app.layouts.seen(worker, layout.gen, "announced")
-    if seen is not None and rules.may_switch(layout, seen, app.layouts.clock()):
-        layout = app.layouts.update(worker, lambda w: rules.switch(w, layout.gen))
+    app.layouts.read(worker)
+    layout = app.layouts.switch_if_due(worker)
     try:
         views = [w.layout for w in collect(app).workers if w.name == worker and w.layout]
     except ShardqError:  # the counts or the fleet could not be read: the item alone
