@@ -102,7 +102,6 @@ class Fleet:
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
-        self._gone_seen: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -287,13 +286,10 @@ class Fleet:
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
 
     def _sweep_gone(self, beats: Mapping[str, Beat], now: float) -> None:
-        gone = {n: b for n, b in beats.items() if b.gone}
-        self._gone_seen = observe(
-            {n: s for n, s in self._gone_seen.items() if n in gone}, gone, now
-        )
-        for node, (version, since) in list(self._gone_seen.items()):
-            if now - since >= GONE_KEPT_SECONDS:
-                self._delete(NODE_PREFIX + node, version)
+        """Delete the heartbeats marked gone that stood still for GONE_KEPT_SECONDS."""
+        for node, beat in beats.items():
+            if beat.gone and now - self._seen[node][1] >= GONE_KEPT_SECONDS:
+                self._delete(NODE_PREFIX + node, beat.counter)
 
     # -- the report -----------------------------------------------------------------
     def report(self) -> dict[str, Any]:

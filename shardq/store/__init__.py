@@ -7,8 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from shardq.errors import ConfigError
 from shardq.store.base import Item, Store, StoreConflict, StoreError
-from shardq.store.memory import MemoryStore
-from shardq.store.sqlite import SqliteStore
+from shardq.store.sqlite import MemoryStore, SqliteStore
 
 if TYPE_CHECKING:
     from shardq.broker.base import Broker

@@ -1,4 +1,5 @@
-"""The state store as one table (``shardq_state``) in the embedded broker's file.
+"""The state store as one table (``shardq_state``) in the embedded broker's file, or
+in memory (tests, ``memory://`` apps).
 
 Safe for several threads (one connection behind a lock) and several processes (WAL
 journal, a 30 s busy timeout, every write one ``BEGIN IMMEDIATE`` transaction).
@@ -117,6 +118,15 @@ class SqliteStore(Store):
             if not self._closed:
                 self._closed = True
                 self._db.close()
+
+
+class MemoryStore(SqliteStore):
+    """The same engine on an in-memory database: no file, nothing shared."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        super().__init__(":memory:")
 
 
 def _version(db: sqlite3.Connection, key: str) -> int | None:
