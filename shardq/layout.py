@@ -39,9 +39,6 @@ class Move:
     closed: tuple[int, ...] = ()
     by: str = ""
 
-    def open_for(self, shard: int) -> bool:
-        return shard not in self.closed
-
     @property
     def left(self) -> list[int]:
         """Old shards not closed yet."""
@@ -195,11 +192,11 @@ def route(layout: WorkerLayout, gen: int, shard: int, entity: str) -> str:
     again) or :data:`RELAY` it to the current generation."""
     move = layout.moving
     if gen == layout.gen:
-        if move is not None and move.open_for(shard_for(entity, move.shards)):
+        if move is not None and shard_for(entity, move.shards) not in move.closed:
             return WAIT  # its entity may still have jobs in the old layout
         return RUN
     if move is not None and gen == move.gen:
-        return RUN if move.open_for(shard) else RELAY
+        return RUN if shard not in move.closed else RELAY
     if gen < layout.gen:
         return RELAY  # retired
     return WAIT  # a generation newer than this copy: look again

@@ -37,14 +37,12 @@ class Layouts:
         self._seen: dict[tuple[str, int, str], float] = {}  # (worker, gen, state) -> first seen
 
     # -- reading -----------------------------------------------------------------------
-    def get(self, worker: str, *, max_age: float | None = None) -> WorkerLayout:
-        """``worker``'s layout from a copy at most ``max_age`` seconds old (default: the
-        config's ``layout_refresh_seconds``). If it cannot be read, a copy younger than
-        its ``trust`` is used; an older one never: :class:`LayoutError`."""
-        if max_age is None:
-            max_age = self._app.config.layout_refresh_seconds
+    def get(self, worker: str) -> WorkerLayout:
+        """``worker``'s layout from a copy at most ``layout_refresh_seconds`` old. If it
+        cannot be read, a copy younger than its ``trust`` is used; an older one never:
+        :class:`LayoutError`."""
         copy = self._copies.get(worker)
-        if copy is not None and self.clock() - copy[2] <= max_age:
+        if copy is not None and self.clock() - copy[2] <= self._app.config.layout_refresh_seconds:
             return copy[0]
         try:
             return self.read(worker)
