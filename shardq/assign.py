@@ -55,11 +55,6 @@ def _holdings(
     return held
 
 
-def _score(text: str) -> int:
-    """A stable 32-bit pseudo-random score of ``text`` (same in every process)."""
-    return (zlib.crc32(text.encode("utf-8")) * _SPREAD) & _MASK32
-
-
 def _extras(
     counts: list[tuple[str, int]], live: list[str], held: dict[str, dict[str | None, list[int]]]
 ) -> dict[str, list[str]]:
@@ -68,54 +63,24 @@ def _extras(
     Each worker with S % N != 0 has that many extra places; over all workers every node
     gets lo or lo + 1 of them (lo, k = divmod(sum, N); exactly k nodes get lo + 1), which
     is what keeps the totals within one. A place is *wanted* by a node already holding
-    more than the floor: giving it there moves one shard less. Workers choose in turn
-    (``_choose``), then places move along negative cycles (``_improve``) until the number
-    of wanted places given is the largest possible.
+    more than the floor: giving it there moves one shard less. The places are first dealt
+    round the nodes in turn, then moved along negative cycles (``_improve``) until the
+    number of wanted places given is the largest possible.
     """
     n = len(live)
     workers = [(worker, count) for worker, count in counts if count % n]
     rows = [count % n for _, count in workers]
-    lo, k = divmod(sum(rows), n)
+    lo = sum(rows) // n
     wants = [
         [len(held[worker].get(node, ())) > count // n for node in live] for worker, count in workers
     ]
-    used = [0] * n
     picks: list[set[int]] = []
-    for i, (worker, _) in enumerate(workers):
-        ties = [_score(f"{worker}:{node}") for node in live]
-        picked = _choose(rows[i], wants[i], ties, used, lo, k)
-        for j in picked:
-            used[j] += 1
-        picks.append(set(picked))
+    start = 0  # deal the places round the nodes: each node gets lo or lo + 1 of them
+    for r in rows:
+        picks.append({(start + j) % n for j in range(r)})
+        start = (start + r) % n
     _improve(picks, wants, n, lo)
     return {worker: [live[j] for j in sorted(picks[i])] for i, (worker, _) in enumerate(workers)}
-
-
-def _choose(
-    r: int, wants: list[bool], ties: list[int], used: list[int], lo: int, k: int
-) -> list[int]:
-    """``r`` node indexes for one worker's extra places by Ryser's rule (the nodes with
-    the most places left, wanted ones first among equals): the workers after it can
-    always be served. :func:`_improve` then makes as many places wanted as can be."""
-    left = _places_left(used, lo, k, wants, ties)
-    return sorted(range(len(used)), key=lambda j: (-left[j], not wants[j], -ties[j]))[:r]
-
-
-def _places_left(used: list[int], lo: int, k: int, wants: list[bool], ties: list[int]) -> list[int]:
-    """Per node, the extra places it can still take: lo or lo + 1 minus ``used``, the
-    lo + 1 going to the nodes with the fewest places left (the most even sharing)."""
-    left = [lo - u for u in used]
-    spare = k - sum(1 for u in used if u > lo)
-    order = sorted(
-        (j for j in range(len(used)) if used[j] <= lo),
-        key=lambda j: (left[j], not wants[j], -ties[j]),
-    )
-    for j in range(len(used)):
-        if used[j] > lo:
-            left[j] += 1
-    for j in order[:spare]:
-        left[j] += 1
-    return left
 
 
 def _improve(picks: list[set[int]], wants: list[list[bool]], n: int, lo: int) -> None:

@@ -93,12 +93,10 @@ class Fleet:
         self.lease_seconds = node.app.config.lease_seconds
         self.beat_seconds, self.expire_seconds = timing(self.lease_seconds)
         self.started = time.time()
-        self.failed = False
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
-        self._live: set[str] = set()
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
@@ -141,10 +139,6 @@ class Fleet:
         with self._lock:
             return sorted({*self._owned, *self._draining})
 
-    def live_nodes(self) -> set[str]:
-        """The live elastic nodes as this node saw them at its last round."""
-        return set(self._live)
-
     # -- the thread -----------------------------------------------------------------
     def _guard(self) -> None:
         try:
@@ -152,7 +146,6 @@ class Fleet:
                 self.step()
                 self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
         except BaseException as exc:
-            self.failed = True
             self.node.fail("the fleet membership", exc)
 
     def step(self) -> None:
@@ -203,7 +196,7 @@ class Fleet:
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
-        self._live = live_nodes(beats, self._seen, now, self.expire_seconds) | {self.id}
+        live = live_nodes(beats, self._seen, now, self.expire_seconds) | {self.id}
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         for node in expired(beats, self._seen, now, self.expire_seconds):
             if node != self.id:
@@ -213,7 +206,7 @@ class Fleet:
         with self._lock:
             busy = {*self._draining, *self._refused}
         serving = {ref.key for ref in self.node.shard_refs()}
-        moves = decide(self.id, self._shards(), self._live, owners, serving, busy)
+        moves = decide(self.id, self._shards(), live, owners, serving, busy)
         for key in moves.lost:
             owner = owners[key].node if key in owners else None
             log.warning("fleet.shard_lost", shard=key, owner=owner)
