@@ -81,17 +81,15 @@ class Fleet:
         *,
         elastic: bool,
         node_id: str | None = None,
-        store: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
         self.app = node.app
-        self.store = store if store is not None else node.app.store
+        self.store: Store = node.app.store
         self.id = node_id or make_node_id()
         self.elastic = elastic
         self.clock = clock
-        self.lease_seconds = node.app.config.lease_seconds
-        self.beat_seconds, self.expire_seconds = timing(self.lease_seconds)
+        self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
         self.started = time.time()
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded

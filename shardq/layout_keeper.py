@@ -56,10 +56,6 @@ class LayoutKeeper:
     def alive(self) -> bool:
         return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
 
-    def clock(self) -> float:
-        """The app's layouts clock: the one their observations are stamped with."""
-        return self.app.layouts.clock()
-
     def route(self, ref: ShardRef, entity: str) -> str:
         """The executor's router: the layout's decision, or relay for a shard found empty."""
         if ref.key in self.relaying:
@@ -76,7 +72,8 @@ class LayoutKeeper:
             self.node.fail("the layout keeper", exc)
 
     def tick(self) -> None:
-        layouts, now = self.app.layouts, self.clock()
+        layouts = self.app.layouts
+        now = layouts.clock()  # the clock the layouts' observations are stamped with
         if now >= self._next_read:
             busy = layouts.moving()
             every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
