@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shardq import __version__
 from shardq.errors import ShardqError
 from shardq.fleet_rules import (
     ELASTIC,
@@ -308,7 +309,7 @@ class Fleet:
             "done": done,
             "retried": sum(tally.retried.values()),
             "failed": sum(tally.morgued.values()),
-            "version": _version(),
+            "version": __version__,
             "beat": self.beat_seconds,
             "expire": self.expire_seconds,
             "concurrency": node.slots.concurrency,
@@ -346,9 +347,3 @@ class Fleet:
             pass  # changed since read: the next round reads it again
         except StoreError as exc:
             log.warning("fleet.store_failed", error=str(exc))
-
-
-def _version() -> str:
-    from shardq import __version__
-
-    return __version__
