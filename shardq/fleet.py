@@ -6,8 +6,9 @@ Kinesis Client Library but with one write per node, not per shard, per renewal:
 * ``node/<id>``: the node's **heartbeat**. The node rewrites it every *beat*
   (``lease_seconds / 5``) with a conditional put on its version, and that version is
   its heartbeat counter. The value is the node's report: what it holds, the lag of
-  each of those shards, jobs per second, done/retried/failed counts, threads, mode,
-  start time, shardq version (the views show it). At a graceful leave it is deleted.
+  each of those shards, jobs per second, done/retried/failed counts (in all and per
+  worker), threads, mode, start time, shardq version (the views show it). At a
+  graceful leave it is deleted.
 * ``shard/<key>`` (``shard/Orders:3``, ``shard/Orders@2:3``): a shard's **owner**,
   written only when ownership changes: taken by a conditional put on the version
   read (or "must not exist"), freed by a conditional put naming nobody (``""``), so
@@ -339,6 +340,14 @@ class Fleet:
             "done": done,
             "retried": sum(tally.retried.values()),
             "failed": sum(tally.morgued.values()),
+            "by_worker": {
+                w: {
+                    "done": tally.succeeded.get(w, 0) + tally.morgued.get(w, 0),
+                    "retried": tally.retried.get(w, 0),
+                    "failed": tally.morgued.get(w, 0),
+                }
+                for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
+            },
             "version": _version(),
             "beat": self.beat_seconds,
             "expire": self.expire_seconds,

@@ -20,7 +20,8 @@ GET /api/v1/nodes on the dashboard answers the same):
           by its own clock), "shards" (how many it
           holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
           is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
-          "retried", "failed" (jobs moved to the morgue), "max_lag" (seconds)}
+          "retried", "failed" (jobs moved to the morgue), "by_worker" ({worker:
+          {"done", "retried", "failed"}}, since it started), "max_lag" (seconds)}
   RESHARD  a reshard in progress: {"worker", "from", "to" (shards), "from_gen",
           "to_gen", "started", "seconds" (since it began), "trust", "phase"
           ("switching" or "closing"), "old_shards_open", "old_shards", "old_jobs"
@@ -137,6 +138,11 @@ def fleet_lines(
             f"  since they started: {c['done']} done, {c['retried']} retried, "
             f"{c['failed']} failed (from their reports)"
         )
+        for worker in view.counted_workers:
+            c = view.counts(worker)
+            lines.append(
+                f"    {worker}: {c['done']} done, {c['retried']} retried, {c['failed']} failed"
+            )
     if not view.nodes:
         lines = ["no live node at all: no shard is served"]
     lines += [

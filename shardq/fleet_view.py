@@ -29,6 +29,7 @@ from shardq.layout import parse_name, shard_name
 from shardq.store import Item, Store
 
 NOT_REPORTING = "not reporting"
+COUNTS = ("done", "retried", "failed")
 GONE_KEPT_SECONDS = 3600.0
 
 
@@ -72,6 +73,8 @@ class NodeReport:
     concurrency: int | None = None
     #: Jobs running now (execution slots busy), out of ``concurrency``.
     slots_in_use: int | None = None
+    #: Worker -> ``{"done", "retried", "failed"}`` since the node started.
+    by_worker: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
@@ -99,6 +102,7 @@ class NodeReport:
             expire=_float(v.get("expire")),
             concurrency=_opt_int(v.get("concurrency")),
             slots_in_use=_opt_int(v.get("slots_in_use")),
+            by_worker=_worker_counts(v.get("by_worker")),
         )
 
 
@@ -138,14 +142,19 @@ class FleetView:
     def jobs_per_second(self) -> float:
         return sum(n.jobs_per_second for n in self.nodes)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, worker: str | None = None) -> dict[str, int]:
         """Jobs done, retried and failed (morgued) since the live nodes started, from
-        their reports (what SQS cannot count)."""
-        return {
-            "done": sum(n.done for n in self.nodes),
-            "retried": sum(n.retried for n in self.nodes),
-            "failed": sum(n.failed for n in self.nodes),
-        }
+        their reports (what SQS cannot count): in all, or of one ``worker``."""
+        if worker is None:
+            per = [{"done": n.done, "retried": n.retried, "failed": n.failed} for n in self.nodes]
+        else:
+            per = [dict(n.by_worker.get(worker, {})) for n in self.nodes]
+        return {k: sum(c.get(k, 0) for c in per) for k in COUNTS}
+
+    @property
+    def counted_workers(self) -> tuple[str, ...]:
+        """The workers the live nodes' reports count jobs of."""
+        return tuple(sorted({w for n in self.nodes for w in n.by_worker}))
 
     @property
     def no_live_node(self) -> bool:
@@ -252,6 +261,15 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _worker_counts(value: Any) -> dict[str, dict[str, int]]:
+    """A report's ``by_worker``; anything malformed in it counts 0."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(w): {k: _int(c.get(k)) for k in COUNTS} for w, c in value.items() if isinstance(c, dict)
+    }
+
+
 def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -277,6 +295,7 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
         "done": report.done,
         "retried": report.retried,
         "failed": report.failed,
+        "by_worker": {w: dict(c) for w, c in sorted(report.by_worker.items())},
         "max_lag": report.max_lag,
     }
     if report.concurrency is not None:

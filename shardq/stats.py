@@ -10,6 +10,9 @@
   broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
   morgue), where the broker counts them (embedded); ``None`` on SQS.
+* ``reported`` (per worker): ``{"done", "retried", "failed"}``, the worker's jobs
+  done, retried and failed (morgued) since each live node started, summed over the
+  live nodes' reports (what SQS cannot count); ``None`` when no node ever reported.
 * ``fleet_error``: why the fleet items could not be read from the state store (owners and reported
   lags are then unknown), else ``None``.
 * Shards are those of the *live* layout (:mod:`shardq.layout`): the current
@@ -79,6 +82,8 @@ class WorkerStats:
     done: int | None
     shards: list[ShardStats]
     layout: LayoutView | None = None
+    #: Done/retried/failed since each live node started, from their reports.
+    reported: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,7 @@ def _worker_stats(
         done=_sum(s.done for s in shards),
         shards=shards,
         layout=layout_view(name, layout, settings.shards, old_jobs, owners),
+        reported=fleet.counts(name) if fleet.reported else None,
     )
 
 
