@@ -201,7 +201,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
     view = fleet_view(read_fleet(app), now, live_shards(app))
-    moves = reshards(app)
+    moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
         return EXIT_USAGE

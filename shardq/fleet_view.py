@@ -137,6 +137,9 @@ class FleetView:
     lags: Mapping[str, float] = field(default_factory=dict)
     #: Keys of the live layout's shards no live node serves (when the layout was given).
     unserved: tuple[str, ...] = ()
+    #: Shard key -> the node not live (gone, or no longer reporting) that held it last,
+    #: for shards no live node serves.
+    last_held: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def jobs_per_second(self) -> float:
@@ -166,6 +169,10 @@ class FleetView:
 
     def lag(self, worker: str, shard: int, gen: int = 0) -> float | None:
         return self.lags.get(shard_key(worker, shard, gen))
+
+    def last_holder(self, worker: str, shard: int, gen: int = 0) -> str | None:
+        """The node, not live now, that held a shard no live node serves."""
+        return self.last_held.get(shard_key(worker, shard, gen))
 
     def gone_since(self, since: float) -> tuple[GoneView, ...]:
         return tuple(g for g in self.gone if g.gone_at >= since)
@@ -235,6 +242,13 @@ def fleet_view(
         owner = str(item.value.get("owner", ""))
         if owner in live_ids:
             owners[item.key.partition("/")[2]] = owner
+    last_held: dict[str, str] = {}
+    for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
+        last_held.update((k, report.node) for k in report.held if k not in owners)
+    for item in items.owners:  # an ownership item still naming a node not live
+        owner, key = str(item.value.get("owner", "")), item.key.partition("/")[2]
+        if owner and owner not in live_ids and key not in owners:
+            last_held[key] = owner
     by_id = {r.node: r for r in live}
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
@@ -250,6 +264,7 @@ def fleet_view(
         owners=owners,
         lags=lags,
         unserved=_sorted(k for k in shard_keys(shards or {}) if k not in owners),
+        last_held=last_held,
     )
 
 

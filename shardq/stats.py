@@ -204,11 +204,12 @@ def _worker_stats(
         for gen, count in gens
         for shard in range(count)
     ]
-    old_jobs, owners = None, None
+    old_jobs, owners, last = None, None, None
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
         owners = {s.shard: s.owner for s in old}  # none at all: no node is running
+        last = {s.shard: n for s in old if (n := fleet.last_holder(name, s.shard, s.gen))}
     old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
     dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
@@ -220,7 +221,7 @@ def _worker_stats(
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,
-        layout=layout_view(name, layout, settings.shards, old_jobs, owners),
+        layout=layout_view(name, layout, settings.shards, old_jobs, owners, last),
         reported=fleet.counts(name) if fleet.reported else None,
     )
 
