@@ -23,9 +23,11 @@ GET /api/v1/nodes on the dashboard answers the same):
           "retried", "failed" (jobs moved to the morgue), "by_worker" ({worker:
           {"done", "retried", "failed"}}, since it started), "max_lag" (seconds)}
   RESHARD  a reshard in progress: {"worker", "from", "to" (shards), "from_gen",
-          "to_gen", "started", "seconds" (since it began), "trust", "phase"
-          ("switching" or "closing"), "old_shards_open", "old_shards", "old_jobs"
-          (waiting or in flight in the old layout), "by"}
+          "to_gen", "trust", "phase" ("announced" or "switched"),
+          "old_shards_open", "old_shards", "open", "old_jobs" (waiting or in
+          flight in the old layout), "by", "unserved" (open old shards no live
+          node holds), "last_held" ({"shard": node gone that held it last}),
+          "stuck" (why it cannot end, or null)}
   a gone NODE also has "gone_at", "reason" ("lease expired": its heartbeat stood
   still for the lease on another node's clock; "not reporting": no live node is
   left to judge and its last heartbeat is old) and "unserved" (shards it held that

@@ -5,7 +5,8 @@
 * ``lag``: seconds since the oldest job still in the queue was published. The
   embedded broker knows it exactly (``lag_source`` ``"broker"``); SQS exposes no
   message ages, so there it is what the shard's owner last reported (``"reports"``,
-  at most about 45 s old), or ``None`` when no live node reports holding the shard.
+  a heartbeat old: ``lease_seconds / 5``, 6 s by default), or ``None`` when no live
+  node reports holding the shard (its lag is then unknown, never 0).
 * ``owner``: the live node holding the shard, from the nodes' reports (every
   broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
@@ -20,9 +21,11 @@
   during a reshard, the old generation's; each row says its ``gen``. A worker's
   ``layout`` is :meth:`shardq.layout_view.LayoutView.to_json`: its ``gen`` and
   ``shards``, the code's ``code_shards`` and a ``note`` when they differ, and
-  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "started", "seconds", "trust",
-  "phase", "old_shards_open", "old_shards", "old_jobs", "by"}``, or ``None``):
-  ``old_jobs`` is the jobs waiting or in flight in the old generation's queues.
+  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "trust", "phase",
+  "old_shards_open", "old_shards", "open", "old_jobs", "by", "unserved",
+  "last_held", "stuck"}``, or ``None``): ``old_jobs`` is the jobs waiting or in
+  flight in the old generation's queues, ``last_held`` the node not live that held
+  each unserved old shard last, ``stuck`` why the reshard cannot end.
 * ``layout_error``: why the layouts could not be read (the code's layouts
   are then shown), else ``None``.
 * ``no_queues``: when none of the workers' shard and morgue queues exists (a
