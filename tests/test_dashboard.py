@@ -1108,7 +1108,8 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             # and on SQS the lag comes from the owner's report, the total from the live
             # node's, and the total says it leaves the gone nodes out
             assert rows[0].split()[3:5] == ["42.0", "s"]
-            assert text_of(browser, "#t-lag").replace(" ", "") == "42.0s"
+            # (a lower bound: shards with jobs nobody serves have no known lag)
+            assert text_of(browser, "#t-lag").replace(" ", "") == "\u226542.0s"
             # and the jobs done are the live node's reported count (SQS counts none)
             assert text_of(browser, "#t-done") == "640"
             title = browser.find_element(By.ID, "t-done").get_attribute("title") or ""

@@ -4,6 +4,7 @@ node at all."""
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 from collections.abc import Iterator
@@ -14,8 +15,9 @@ import pytest
 
 import shardq
 from shardq.config import Config
-from shardq.dashboard import make_server
+from shardq.dashboard import DashboardServer, make_server
 from shardq.ensure import ensure_state_table
+from shardq.sampler import Sampler
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
 from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width, text_of  # noqa: F401
@@ -110,5 +112,57 @@ def test_with_no_live_node_the_page_says_so_with_the_backlog(
             alert,
         ), alert
         assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+    finally:
+        srv.stop()
+
+
+class Blind(Sampler):
+    """The broker's sample, with the lags of shards with jobs unknown as on SQS for
+    shards no live node serves: Billing's shard 1 (``blind`` 1), or both (2)."""
+
+    blind = 1
+
+    def snapshot(self, wait: float = 10.0) -> dict[str, Any]:
+        doc = copy.deepcopy(super().snapshot(wait))
+        worker = doc["by_worker"]["Billing"]
+        for shard in worker["shards"][2 - self.blind :]:
+            shard["lag"] = None
+        known = [s["lag"] for s in worker["shards"] if s["lag"] is not None]
+        worker["lag"] = doc["total"]["lag"] = max(known, default=None)
+        return doc
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_a_lag_that_leaves_out_shards_of_unknown_age_is_shown_as_a_lower_bound(
+    browser: Any,  # noqa: F811 (the headless Chromium fixture)
+    billing: shardq.App,
+    width: int,
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given Billing's shard 1 holding jobs whose age nobody knows (SQS, nobody serves it)
+    assert served(billing, 0) and served(billing, 1)
+    sampler = Blind(billing, 0.5)
+    srv = DashboardServer(billing, "127.0.0.1", 0, None, sampler).start()
+    card = '[data-worker="Billing"] [data-k="lag"]'
+    try:
+        # when the page is shown
+        set_width(browser, width)
+        browser.get(srv.url)
+        wait = WebDriverWait(browser, 15)
+        wait.until(lambda d: text_of(d, "#t-lag") != "—")
+        # then the total's and the worker's lags are "at least" the known one
+        assert re.fullmatch(r"≥ \d+\.\d\s*s", text_of(browser, "#t-lag")), text_of(
+            browser, "#t-lag"
+        )
+        assert text_of(browser, card).startswith("≥ ")
+        title = browser.find_element(By.CSS_SELECTOR, card).get_attribute("title") or ""
+        assert title.startswith("at least: 1 shard with jobs waiting has no known lag"), title
+        assert browser.execute_script(LAYOUT_PROBLEMS) == [], width
+        # when no shard with jobs has a known age, then the lag is unknown, never 0
+        sampler.blind = 2
+        wait.until(lambda d: text_of(d, "#t-lag") == "unknown")
+        assert text_of(browser, card) == "unknown"
     finally:
         srv.stop()

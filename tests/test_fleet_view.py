@@ -135,3 +135,17 @@ def test_a_malformed_per_worker_report_counts_nothing() -> None:
     heartbeat(store, "a", NOW, (), by_worker={"Billing": "lots", "Mailing": {"done": "x"}})
     view = fleet_view(read_fleet(store), NOW, SHARDS)
     assert view.counts("Billing")["done"] == 0 and view.counts("Mailing")["done"] == 0
+
+
+def test_with_no_live_node_nodes_and_stats_say_no_shard_is_served() -> None:
+    # given the only node silent for 10 minutes, with jobs waiting in shard 1
+    store = MemoryStore()
+    heartbeat(store, "a", NOW - 600, ("W:0", "W:1"))
+    view = fleet_view(read_fleet(store), NOW, SHARDS)
+    # when `shardq nodes` and `shardq stats` print the fleet
+    nodes = nodes_text(view, {"W:1": 7})
+    stats = fleet_lines(view, "reports", {"W:1": 7})
+    # then both say no live node serves anything, and which shards wait with what
+    assert nodes.startswith("no live node at all: no shard is served\n")
+    assert stats[0] == "no live node at all: no shard is served"
+    assert "W:1 (7 waiting)" in stats[-1] and stats[-1].startswith("4 shards served by no")
