@@ -190,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         ):
             raise HttpError(403, f"cross-origin request refused (Origin {origin})")
 
-    # -- the morgue's actions ---------------------------------------------------------
+    # -- request bodies -----------------------------------------------------------------
     def _body(self) -> Any:
         """The JSON body; refused unless its length is given and it is all there."""
         if self.headers.get("Transfer-Encoding") is not None:
