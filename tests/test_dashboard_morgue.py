@@ -63,8 +63,9 @@ def test_a_listing_answered_late_does_not_overwrite_a_newer_search(
     srv.start()
     dead = "#m-table tr[data-message-id]"
 
-    def rows(d: Any) -> list[str | None]:
-        return [r.get_attribute("data-entity") for r in d.find_elements(By.CSS_SELECTOR, dead)]
+    def rows(d: Any) -> list[str]:  # read in one script: a redraw cannot cut it short
+        script = "return [...document.querySelectorAll(arguments[0])].map(r => r.dataset.entity)"
+        return list(d.execute_script(script, dead))
 
     try:
         wait = WebDriverWait(browser, 15)
