@@ -88,6 +88,12 @@ class WorkerStats:
     #: Done/retried/failed since each live node started, from their reports.
     reported: dict[str, int] | None = None
 
+    @property
+    def unknown_lags(self) -> int:
+        """Shards with jobs waiting whose lag nobody knows (on SQS, shards no live node
+        serves): ``lag`` leaves them out, so it is then a lower bound."""
+        return sum(1 for s in self.shards if s.lag is None and s.length > 0)
+
 
 @dataclass(frozen=True)
 class Stats:
