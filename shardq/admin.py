@@ -160,7 +160,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
                 str(w.length),
                 str(w.in_flight),
                 str(w.morgue_length),
-                age(w.lag),
+                lag_cell(w.lag, w.unknown_lags),
                 optional(w.done),
                 "",
             )
@@ -172,7 +172,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
                     str(s.length),
                     str(s.in_flight),
                     "",
-                    age(s.lag),
+                    lag_cell(s.lag, int(s.lag is None and s.length > 0)),
                     optional(s.done),
                     s.owner or "-",
                 )
@@ -184,7 +184,7 @@ def _stats(app: App, args: argparse.Namespace) -> int:
             str(total["length"]),
             str(total["in_flight"]),
             str(total["morgue_length"]),
-            age(total["lag"]),
+            lag_cell(total["lag"], sum(w.unknown_lags for w in stats.workers)),
             optional(total["done"]),
             "",
         )
@@ -198,10 +198,18 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def lag_cell(lag: float | None, unknown: int) -> str:
+    """A lag as ``shardq stats`` prints it: ``>=42.0 s`` when ``unknown`` shards with
+    jobs are left out of it (a lower bound), ``unknown`` when nothing else is known."""
+    if not unknown:
+        return age(lag)
+    return "unknown" if lag is None else f">={age(lag)}"
+
+
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
     view = fleet_view(read_fleet(app), now, live_shards(app))
-    moves = reshards(app)
+    moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
         return EXIT_USAGE

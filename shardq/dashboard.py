@@ -36,23 +36,19 @@ import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import structlog
 
 from shardq.app import App
+from shardq.dashboard_morgue import ACTIONS, HttpError, morgue_act, morgue_page
 from shardq.errors import ConfigError, ShardqError, UnknownWorkerError
-from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
 from shardq.sampler import Sampler, SampleUnavailable
-from shardq.selection import Selection, SelectionError, act, parse_time
 
 log = structlog.get_logger("shardq.dashboard")
-T = TypeVar("T")
 
 MAX_BODY = 1 << 20
-MAX_RAW = 4000  # characters of an unreadable record shown
-MAX_LIMIT = 1000
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -61,12 +57,6 @@ HEADERS = {
     "'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri "
     "'none'; form-action 'none'",
 }
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.allow = status, allow
 
 
 # -- HTTP -------------------------------------------------------------------------------
@@ -152,8 +142,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(200, self.server.sampler.nodes())
             if parts[:3] == ["api", "v1", "morgue"] and len(parts) in (4, 5):
                 action = parts[4] if len(parts) == 5 else "list"
-                if (method, action) in {("GET", "list"), ("POST", "requeue"), ("POST", "purge")}:
-                    return self._morgue(parts[3], action, parse_qs(url.query))
+                app, worker = self.server.app, parts[3]
+                if (method, action) == ("GET", "list"):
+                    return self._json(200, morgue_page(app, worker, parse_qs(url.query)))
+                if (method, action) in ACTIONS:
+                    lock = self.server.morgue_lock
+                    return self._json(200, morgue_act(app, worker, action, self._body, lock))
                 allow = _allowed(parts)
                 raise HttpError(405, f"{method} is not allowed on {url.path}; use {allow}", allow)
             if method == "POST" and _allowed(parts) == "GET":
@@ -196,30 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         ):
             raise HttpError(403, f"cross-origin request refused (Origin {origin})")
 
-    # -- morgue -----------------------------------------------------------------------
-    def _morgue(self, worker: str, action: str, query: dict[str, list[str]]) -> None:
-        app = self.server.app
-        morgue = Morgue(app, worker)
-        if action == "list":
-            page = morgue.page(
-                _filter(query), _int_param(query, "limit", 100), _param(query, "after")
-            )
-            jobs = _records_json([_record_dict(r, app.signing_key) for r in page.records])
-            return self._json(200, {"jobs": jobs, "next": page.next, "size": morgue.size()})
-        try:
-            selection = Selection.from_body(self._body())
-        except SelectionError as exc:
-            raise HttpError(400, str(exc)) from None
-        with self.server.morgue_lock:
-            n = act(app, morgue.worker, action, selection)
-        log.info(
-            f"dashboard.morgue_{action}",
-            worker=morgue.worker,
-            scope=selection.scope(),
-            count=n,
-        )
-        self._json(200, {"requeued" if action == "requeue" else "purged": n})
-
+    # -- request bodies -----------------------------------------------------------------
     def _body(self) -> Any:
         """The JSON body; refused unless its length is given and it is all there."""
         if self.headers.get("Transfer-Encoding") is not None:
@@ -277,31 +248,6 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("dashboard.request", client=self.client_address[0], line=format % args)
 
 
-def _record_dict(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
-    """A dead job as the API shows it. A record that is not a shardq morgue record, or
-    whose job body cannot be read, is ``unreadable`` and shows its ``raw`` text."""
-    payload = payload_of(record, key)
-    unreadable = record.reason == REASON_UNREADABLE or payload is None
-    raw = record.body[:MAX_RAW] if unreadable else None
-    return {**record.__dict__, "payload": payload, "unreadable": unreadable, "raw": raw}
-
-
-def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``docs``, with any job whose payload JSON cannot carry (NaN, nested too deeply)
-    shown as unreadable instead."""
-    try:
-        json.dumps(docs, allow_nan=False)
-        return docs
-    except (ValueError, RecursionError):
-        pass
-    for doc in docs:
-        try:
-            json.dumps(doc["payload"], allow_nan=False)
-        except (ValueError, RecursionError):
-            doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
-    return docs
-
-
 def _allowed(parts: list[str]) -> str:
     """The methods served at a path (split on ``/``), for a 405's ``Allow``."""
     if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
@@ -311,35 +257,6 @@ def _allowed(parts: list[str]) -> str:
     if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 5:
         return "POST" if parts[4] in ("requeue", "purge") else "GET, POST"
     return "GET, POST"
-
-
-def _param(query: dict[str, list[str]], name: str) -> str | None:
-    return query.get(name, [""])[-1] or None
-
-
-def _filter(query: dict[str, list[str]]) -> Filter:
-    """The morgue listing's search: entity, error type, time range."""
-    try:
-        since, until = _param(query, "since"), _param(query, "until")
-        return Filter(
-            entity=_param(query, "entity"),
-            error_type=_param(query, "error_type"),
-            since=None if since is None else parse_time("since", since),
-            until=None if until is None else parse_time("until", until),
-        )
-    except SelectionError as exc:
-        raise HttpError(400, str(exc)) from None
-
-
-def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
-    text = query.get(name, [str(default)])[-1]
-    try:
-        value = int(text)
-    except ValueError:
-        raise HttpError(400, f"{name} must be an integer, got {text!r}") from None
-    if not 1 <= value <= MAX_LIMIT:
-        raise HttpError(400, f"{name} must be between 1 and {MAX_LIMIT}, got {value}")
-    return value
 
 
 def _is_loopback_name(host: str) -> bool:

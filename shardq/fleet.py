@@ -309,6 +309,14 @@ class Fleet:
             "done": done,
             "retried": sum(tally.retried.values()),
             "failed": sum(tally.morgued.values()),
+            "by_worker": {
+                w: {
+                    "done": tally.succeeded.get(w, 0) + tally.morgued.get(w, 0),
+                    "retried": tally.retried.get(w, 0),
+                    "failed": tally.morgued.get(w, 0),
+                }
+                for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
+            },
             "version": __version__,
             "beat": self.beat_seconds,
             "expire": self.expire_seconds,

@@ -20,11 +20,14 @@ GET /api/v1/nodes on the dashboard answers the same):
           by its own clock), "shards" (how many it
           holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
           is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
-          "retried", "failed" (jobs moved to the morgue), "max_lag" (seconds)}
+          "retried", "failed" (jobs moved to the morgue), "by_worker" ({worker:
+          {"done", "retried", "failed"}}, since it started), "max_lag" (seconds)}
   RESHARD  a reshard in progress: {"worker", "from", "to" (shards), "from_gen",
-          "to_gen", "started", "seconds" (since it began), "trust", "phase"
-          ("switching" or "closing"), "old_shards_open", "old_shards", "old_jobs"
-          (waiting or in flight in the old layout), "by"}
+          "to_gen", "trust", "phase" ("announced" or "switched"),
+          "old_shards_open", "old_shards", "open", "old_jobs" (waiting or in
+          flight in the old layout), "by", "unserved" (open old shards no live
+          node holds), "last_held" ({"shard": node gone that held it last}),
+          "stuck" (why it cannot end, or null)}
   a gone NODE also has "gone_at", "reason" ("lease expired": its heartbeat stood
   still for the lease on another node's clock; "not reporting": no live node is
   left to judge and its last heartbeat is old) and "unserved" (shards it held that
@@ -137,6 +140,11 @@ def fleet_lines(
             f"  since they started: {c['done']} done, {c['retried']} retried, "
             f"{c['failed']} failed (from their reports)"
         )
+        for worker in view.counted_workers:
+            c = view.counts(worker)
+            lines.append(
+                f"    {worker}: {c['done']} done, {c['retried']} retried, {c['failed']} failed"
+            )
     if not view.nodes:
         lines = ["no live node at all: no shard is served"]
     lines += [

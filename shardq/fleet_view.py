@@ -29,6 +29,7 @@ from shardq.layout import parse_name, shard_name
 from shardq.store import Item, Store
 
 NOT_REPORTING = "not reporting"
+COUNTS = ("done", "retried", "failed")
 GONE_KEPT_SECONDS = 3600.0
 
 
@@ -72,6 +73,8 @@ class NodeReport:
     concurrency: int | None = None
     #: Jobs running now (execution slots busy), out of ``concurrency``.
     slots_in_use: int | None = None
+    #: Worker -> ``{"done", "retried", "failed"}`` since the node started.
+    by_worker: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
@@ -99,6 +102,7 @@ class NodeReport:
             expire=_float(v.get("expire")),
             concurrency=_opt_int(v.get("concurrency")),
             slots_in_use=_opt_int(v.get("slots_in_use")),
+            by_worker=_worker_counts(v.get("by_worker")),
         )
 
 
@@ -133,19 +137,27 @@ class FleetView:
     lags: Mapping[str, float] = field(default_factory=dict)
     #: Keys of the live layout's shards no live node serves (when the layout was given).
     unserved: tuple[str, ...] = ()
+    #: Shard key -> the node not live (gone, or no longer reporting) that held it last,
+    #: for shards no live node serves.
+    last_held: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def jobs_per_second(self) -> float:
         return sum(n.jobs_per_second for n in self.nodes)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, worker: str | None = None) -> dict[str, int]:
         """Jobs done, retried and failed (morgued) since the live nodes started, from
-        their reports (what SQS cannot count)."""
-        return {
-            "done": sum(n.done for n in self.nodes),
-            "retried": sum(n.retried for n in self.nodes),
-            "failed": sum(n.failed for n in self.nodes),
-        }
+        their reports (what SQS cannot count): in all, or of one ``worker``."""
+        if worker is None:
+            per = [{"done": n.done, "retried": n.retried, "failed": n.failed} for n in self.nodes]
+        else:
+            per = [dict(n.by_worker.get(worker, {})) for n in self.nodes]
+        return {k: sum(c.get(k, 0) for c in per) for k in COUNTS}
+
+    @property
+    def counted_workers(self) -> tuple[str, ...]:
+        """The workers the live nodes' reports count jobs of."""
+        return tuple(sorted({w for n in self.nodes for w in n.by_worker}))
 
     @property
     def no_live_node(self) -> bool:
@@ -157,6 +169,10 @@ class FleetView:
 
     def lag(self, worker: str, shard: int, gen: int = 0) -> float | None:
         return self.lags.get(shard_key(worker, shard, gen))
+
+    def last_holder(self, worker: str, shard: int, gen: int = 0) -> str | None:
+        """The node, not live now, that held a shard no live node serves."""
+        return self.last_held.get(shard_key(worker, shard, gen))
 
     def gone_since(self, since: float) -> tuple[GoneView, ...]:
         return tuple(g for g in self.gone if g.gone_at >= since)
@@ -226,6 +242,13 @@ def fleet_view(
         owner = str(item.value.get("owner", ""))
         if owner in live_ids:
             owners[item.key.partition("/")[2]] = owner
+    last_held: dict[str, str] = {}
+    for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
+        last_held.update((k, report.node) for k in report.held if k not in owners)
+    for item in items.owners:  # an ownership item still naming a node not live
+        owner, key = str(item.value.get("owner", "")), item.key.partition("/")[2]
+        if owner and owner not in live_ids and key not in owners:
+            last_held[key] = owner
     by_id = {r.node: r for r in live}
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
@@ -241,6 +264,7 @@ def fleet_view(
         owners=owners,
         lags=lags,
         unserved=_sorted(k for k in shard_keys(shards or {}) if k not in owners),
+        last_held=last_held,
     )
 
 
@@ -250,6 +274,15 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _worker_counts(value: Any) -> dict[str, dict[str, int]]:
+    """A report's ``by_worker``; anything malformed in it counts 0."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(w): {k: _int(c.get(k)) for k in COUNTS} for w, c in value.items() if isinstance(c, dict)
+    }
 
 
 def _opt_int(value: Any) -> int | None:
@@ -277,6 +310,7 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
         "done": report.done,
         "retried": report.retried,
         "failed": report.failed,
+        "by_worker": {w: dict(c) for w, c in sorted(report.by_worker.items())},
         "max_lag": report.max_lag,
     }
     if report.concurrency is not None:

@@ -10,7 +10,7 @@ rest reads them (:func:`reshards`: one request per old queue of a worker reshard
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.errors import BrokerError, QueueNotFoundError
@@ -19,6 +19,7 @@ from shardq.terminal import plural
 
 if TYPE_CHECKING:
     from shardq.app import App
+    from shardq.fleet_view import FleetView
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,17 @@ class ReshardView:
     old_jobs: int | None
     by: str = ""
     unserved: tuple[int, ...] | None = None
+    #: Old shard -> the node, not live now, that held it last (of ``unserved`` ones).
+    last_held: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def stuck(self) -> str | None:
-        """Why the reshard cannot end now, if it cannot."""
+        """Why the reshard cannot end now, if it cannot, and which nodes held the old
+        shards nobody serves."""
         if self.unserved and len(self.unserved) == len(self.open):
             return (
                 "no node serves the old shards (is any node running? shardq nodes): the "
-                "reshard does not progress until one does"
+                "reshard does not progress until one does" + self._last_held_text()
             )
         if self.phase == "switched" and self.unserved:
             name = shard_name(self.worker, self.from_gen)
@@ -53,8 +57,21 @@ class ReshardView:
             return (
                 f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
                 "the reshard cannot end until a node serves them (start one: shardq run)"
+                + self._last_held_text()
             )
         return None
+
+    def _last_held_text(self) -> str:
+        """``"; last held by node-e90b (Orders:1, Orders:3)"``, one group per node."""
+        name = shard_name(self.worker, self.from_gen)
+        by_node: dict[str, list[str]] = {}
+        for shard in self.unserved or ():
+            if shard in self.last_held:
+                by_node.setdefault(self.last_held[shard], []).append(f"{name}:{shard}")
+        return "".join(
+            f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
+            for node, keys in sorted(by_node.items())
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +88,7 @@ class ReshardView:
             "old_jobs": self.old_jobs,
             "by": self.by,
             "unserved": None if self.unserved is None else list(self.unserved),
+            "last_held": {str(k): v for k, v in sorted(self.last_held.items())},
             "stuck": self.stuck,
         }
 
@@ -132,19 +150,22 @@ def layout_view(
     code_shards: int,
     old_jobs: int | None,
     owners: Mapping[int, str | None] | None = None,
+    last_held: Mapping[int, str] | None = None,
 ) -> LayoutView:
     """The view of ``worker``'s ``layout``; ``old_jobs`` counts the jobs in the old
     generation's queues during a move; ``owners`` gives the node holding each old shard
-    (None: held by nobody), if known."""
+    (None: held by nobody), if known, and ``last_held`` the node not live now that held
+    an old shard nobody holds."""
     move = layout.moving
     reshard = None
     if move is not None:
         unserved = None
         if owners is not None:
             unserved = tuple(s for s in move.left if owners.get(s) is None)
+        last = {s: n for s, n in (last_held or {}).items() if s in (unserved or ())}
         reshard = ReshardView(
             worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
-            layout.trust, tuple(move.left), old_jobs, move.by, unserved,
+            layout.trust, tuple(move.left), old_jobs, move.by, unserved, last,
         )  # fmt: skip
     retired = tuple((r.gen, r.shards, len(r.left)) for r in layout.retired if r.left)
     return LayoutView(worker, layout.gen, layout.shards, code_shards, reshard, retired)
@@ -166,9 +187,10 @@ def old_jobs(app: App, worker: str, layout: WorkerLayout) -> int:
     return total
 
 
-def reshards(app: App) -> list[ReshardView]:
+def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
     """Every reshard in progress among the app's workers, from a fresh read of the
-    layouts (a worker's old-layout jobs are None if they cannot be counted)."""
+    layouts (a worker's old-layout jobs are None if they cannot be counted); with the
+    ``fleet``, who holds (or last held) each old shard."""
     app.layouts.refresh()
     found = []
     for name in app.workers:
@@ -177,7 +199,12 @@ def reshards(app: App) -> list[ReshardView]:
             jobs: int | None = old_jobs(app, name, layout)
         except BrokerError:
             jobs = None
-        view = layout_view(name, layout, app.settings(name).shards, jobs)
+        owners, last = None, None
+        if fleet is not None and layout.moving is not None:
+            gen, old = layout.moving.gen, range(layout.moving.shards)
+            owners = {s: fleet.owner(name, s, gen) for s in old}
+            last = {s: n for s in old if (n := fleet.last_holder(name, s, gen))}
+        view = layout_view(name, layout, app.settings(name).shards, jobs, owners, last)
         if view.reshard is not None:
             found.append(view.reshard)
     return found

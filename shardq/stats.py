@@ -5,11 +5,15 @@
 * ``lag``: seconds since the oldest job still in the queue was published. The
   embedded broker knows it exactly (``lag_source`` ``"broker"``); SQS exposes no
   message ages, so there it is what the shard's owner last reported (``"reports"``,
-  at most about 45 s old), or ``None`` when no live node reports holding the shard.
+  a heartbeat old: ``lease_seconds / 5``, 6 s by default), or ``None`` when no live
+  node reports holding the shard (its lag is then unknown, never 0).
 * ``owner``: the live node holding the shard, from the nodes' reports (every
   broker), or ``None``.
 * ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
   morgue), where the broker counts them (embedded); ``None`` on SQS.
+* ``reported`` (per worker): ``{"done", "retried", "failed"}``, the worker's jobs
+  done, retried and failed (morgued) since each live node started, summed over the
+  live nodes' reports (what SQS cannot count); ``None`` when no node ever reported.
 * ``fleet_error``: why the fleet items could not be read from the state store (owners and reported
   lags are then unknown), else ``None``.
 * Shards are those of the *live* layout (:mod:`shardq.layout`): the current
@@ -17,9 +21,11 @@
   during a reshard, the old generation's; each row says its ``gen``. A worker's
   ``layout`` is :meth:`shardq.layout_view.LayoutView.to_json`: its ``gen`` and
   ``shards``, the code's ``code_shards`` and a ``note`` when they differ, and
-  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "started", "seconds", "trust",
-  "phase", "old_shards_open", "old_shards", "old_jobs", "by"}``, or ``None``):
-  ``old_jobs`` is the jobs waiting or in flight in the old generation's queues.
+  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "trust", "phase",
+  "old_shards_open", "old_shards", "open", "old_jobs", "by", "unserved",
+  "last_held", "stuck"}``, or ``None``): ``old_jobs`` is the jobs waiting or in
+  flight in the old generation's queues, ``last_held`` the node not live that held
+  each unserved old shard last, ``stuck`` why the reshard cannot end.
 * ``layout_error``: why the layouts could not be read (the code's layouts
   are then shown), else ``None``.
 * ``no_queues``: when none of the workers' shard and morgue queues exists (a
@@ -79,6 +85,14 @@ class WorkerStats:
     done: int | None
     shards: list[ShardStats]
     layout: LayoutView | None = None
+    #: Done/retried/failed since each live node started, from their reports.
+    reported: dict[str, int] | None = None
+
+    @property
+    def unknown_lags(self) -> int:
+        """Shards with jobs waiting whose lag nobody knows (on SQS, shards no live node
+        serves): ``lag`` leaves them out, so it is then a lower bound."""
+        return sum(1 for s in self.shards if s.lag is None and s.length > 0)
 
 
 @dataclass(frozen=True)
@@ -199,11 +213,12 @@ def _worker_stats(
         for gen, count in gens
         for shard in range(count)
     ]
-    old_jobs, owners = None, None
+    old_jobs, owners, last = None, None, None
     if layout.moving is not None:
         old = [s for s in shards if s.gen == layout.moving.gen]
         old_jobs = sum(s.length + s.in_flight for s in old)
         owners = {s.shard: s.owner for s in old}  # none at all: no node is running
+        last = {s.shard: n for s in old if (n := fleet.last_holder(name, s.shard, s.gen))}
     old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
     dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
@@ -215,7 +230,8 @@ def _worker_stats(
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,
-        layout=layout_view(name, layout, settings.shards, old_jobs, owners),
+        layout=layout_view(name, layout, settings.shards, old_jobs, owners, last),
+        reported=fleet.counts(name) if fleet.reported else None,
     )
 
 

@@ -105,3 +105,47 @@ def test_each_live_node_shows_its_slots_in_use_and_its_counts() -> None:
     )
     # but not where the broker counts the jobs done itself
     assert not any("since they started" in line for line in fleet_lines(view, "broker"))
+
+
+def test_the_live_nodes_counts_add_up_per_worker_and_stats_print_them() -> None:
+    # given two live nodes counting Billing's jobs, one Mailing's too, and a gone node
+    store = MemoryStore()
+    a = {"Billing": {"done": 120, "retried": 4, "failed": 1}}
+    b = {"Billing": {"done": 30, "retried": 0, "failed": 2}, "Mailing": {"done": 7}}
+    heartbeat(store, "a", NOW - 2, ("W:0",), by_worker=a)
+    heartbeat(store, "b", NOW - 1, ("W:1",), by_worker=b)
+    gone = {"Billing": {"done": 999, "retried": 9, "failed": 9}}
+    heartbeat(store, "c", NOW - 90, (), gone="lease expired", gone_at=NOW - 60, by_worker=gone)
+    # when the fleet is viewed
+    view = fleet_view(read_fleet(store), NOW, SHARDS)
+    # then each worker's counts are the sum over the live nodes only (a missing count is 0)
+    assert view.counts("Billing") == {"done": 150, "retried": 4, "failed": 3}
+    assert view.counts("Mailing") == {"done": 7, "retried": 0, "failed": 0}
+    assert view.counts("Other") == {"done": 0, "retried": 0, "failed": 0}
+    assert view.counted_workers == ("Billing", "Mailing")
+    assert view.to_json()["nodes"][1]["by_worker"]["Mailing"]["done"] == 7
+    # and on SQS `shardq stats` prints them under the fleet's totals
+    lines = fleet_lines(view, "reports")
+    assert "    Billing: 150 done, 4 retried, 3 failed" in lines
+    assert "    Mailing: 7 done, 0 retried, 0 failed" in lines
+
+
+def test_a_malformed_per_worker_report_counts_nothing() -> None:
+    store = MemoryStore()
+    heartbeat(store, "a", NOW, (), by_worker={"Billing": "lots", "Mailing": {"done": "x"}})
+    view = fleet_view(read_fleet(store), NOW, SHARDS)
+    assert view.counts("Billing")["done"] == 0 and view.counts("Mailing")["done"] == 0
+
+
+def test_with_no_live_node_nodes_and_stats_say_no_shard_is_served() -> None:
+    # given the only node silent for 10 minutes, with jobs waiting in shard 1
+    store = MemoryStore()
+    heartbeat(store, "a", NOW - 600, ("W:0", "W:1"))
+    view = fleet_view(read_fleet(store), NOW, SHARDS)
+    # when `shardq nodes` and `shardq stats` print the fleet
+    nodes = nodes_text(view, {"W:1": 7})
+    stats = fleet_lines(view, "reports", {"W:1": 7})
+    # then both say no live node serves anything, and which shards wait with what
+    assert nodes.startswith("no live node at all: no shard is served\n")
+    assert stats[0] == "no live node at all: no shard is served"
+    assert "W:1 (7 waiting)" in stats[-1] and stats[-1].startswith("4 shards served by no")

@@ -379,3 +379,73 @@ def test_without_a_reshard_nodes_json_keeps_its_shape(
     # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
     shape = {"time", "nodes", "gone", "unserved", "no_live_node"}
     assert set(json.loads(capsys.readouterr().out)) == shape
+
+
+# -- a stuck reshard names the node that last held its old shards ---------------------------
+def test_a_stuck_reshard_names_the_node_that_last_held_each_old_shard() -> None:
+    # given a switched move of W from 4 to 6 shards; old shards 1 and 3 held by no node,
+    # node-e90b (gone) held shard 1 last, nobody is known to have held shard 3
+    layout = rules.switch(rules.announce(rules.WorkerLayout(0, 4), "W", 6, 60.0), 1)
+    owners = {0: "n1", 1: None, 2: "n1", 3: None}
+    view = layout_view("W", layout, 4, 5, owners, {1: "node-e90b", 0: "n0"})
+    # then the reshard says it is stuck behind those two, and which node held shard 1
+    assert view.reshard is not None
+    assert view.reshard.stuck == (
+        "2 old shards (W:1, W:3) held by no node: the reshard cannot end until a node "
+        "serves them (start one: shardq run); last held by node-e90b (W:1)"
+    )
+    assert view.reshard.to_json()["last_held"] == {"1": "node-e90b"}  # served ones left out
+    # and with no node serving any old shard, every last holder is named
+    none = layout_view("W", layout, 4, 5, dict.fromkeys(range(4)), {0: "a", 1: "b", 3: "a"})
+    assert none.reshard is not None and none.reshard.stuck is not None
+    assert none.reshard.stuck.endswith(
+        "the reshard does not progress until one does; last held by a (W:0, W:3); "
+        "last held by b (W:1)"
+    )
+
+
+def test_the_last_holder_of_a_shard_nobody_serves_is_read_from_the_fleet() -> None:
+    # given node a live holding W:0; node b gone holding W:1 and W:2, W:2 since taken
+    # by a; an ownership item of W:3 still naming node c, which is gone too
+    now, store = 1_000_000.0, MemoryStore()
+    heartbeat(store, "a", now - 1, ("W:0", "W:2"))
+    heartbeat(store, "b", now - 90, (), gone="lease expired", gone_at=now - 60)
+    item = store.get("node/b")
+    assert item is not None
+    store.put("node/b", {**item.value, "held": ["W:1", "W:2"]}, version=item.version)
+    heartbeat(store, "c", now - 900, ("W:3",))
+    item = store.get("node/c")
+    assert item is not None
+    store.put(
+        "node/c",
+        {**item.value, "gone": "lease expired", "gone_at": now - 800},
+        version=item.version,
+    )
+    view = fleet_view(read_fleet(store), now, {"W": 4})
+    # then the shards nobody serves name the node that held them last, the others none
+    assert view.unserved == ("W:1", "W:3")
+    assert view.last_holder("W", 1) == "b" and view.last_holder("W", 3) == "c"
+    assert view.last_holder("W", 0) is None and view.last_holder("W", 2) is None
+
+
+def test_stats_and_nodes_name_the_gone_node_a_stuck_reshard_waits_for(
+    resharding: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given n1 live holding SyncOrder's old shards 0, 2 and 3, and n2 gone that held shard 1
+    now, store = time.time(), resharding.store
+    heartbeat(store, "n1", now, ("SyncOrder:0", "SyncOrder:2", "SyncOrder:3"))
+    heartbeat(store, "n2", now - 40, ("SyncOrder:1",))
+    item = store.get("node/n2")
+    assert item is not None
+    gone = {**item.value, "gone": "lease expired", "gone_at": now - 20}
+    store.put("node/n2", gone, version=item.version)
+    # when the stats are read, then the move is stuck behind shard 1, last held by n2
+    move = collect(resharding).to_dict()["by_worker"]["SyncOrder"]["layout"]["reshard"]
+    assert move["unserved"] == [1] and move["last_held"] == {"1": "n2"}
+    assert move["stuck"].startswith("1 old shard (SyncOrder:1) held by no node: ")
+    assert move["stuck"].endswith("; last held by n2 (SyncOrder:1)")
+    # and `shardq nodes` says the same
+    assert _nodes(resharding, args(json=False)) == 0
+    out = capsys.readouterr().out
+    assert "STUCK: 1 old shard (SyncOrder:1) held by no node" in out, out
+    assert out.rstrip().endswith("; last held by n2 (SyncOrder:1)"), out
