@@ -1,7 +1,7 @@
 """The embedded broker: SQS FIFO semantics on a local SQLite file.
 
 * Durable across ``kill -9`` (WAL journal, every call is one transaction: a call
-  that fails stored nothing).
+  that fails stored nothing; see :class:`~shardq.broker.sqlite_store.BrokerFile`).
 * Safe for several node processes on one machine (``BEGIN IMMEDIATE`` plus a busy
   timeout serialise writers).
 * Every SQLite error becomes a :class:`~shardq.errors.BrokerError` naming the file
@@ -23,28 +23,16 @@
 :class:`MemoryBroker` is the same engine on an in-memory database: no file, for
 unit tests.
 
-Test-only: ``reopen_groups=True`` (URL parameter ``test_reopen_groups=1``) emulates
-a known defect of LocalStack's SQS FIFO emulation, so ordering tests can check that
-shardq copes with it. When a visibility change releases a message of group G (to
-visibility 0) while another message of G is still in flight, G is "reopened":
-receives ignore G's in-flight messages when deciding whether G is blocked, so G's
-visible later messages can be received out of order, until a receive returns a
-message of G (which blocks it again as usual). Never use it in production.
-
-Test-only: ``stale_visibility=True`` (URL parameter ``test_stale_visibility=1``)
-emulates another emulator's behaviour: a message that was received and became
-visible again (its visibility expired or was changed) stays hidden while an older
-message of its queue is in flight. Never use it in production.
+Test-only modes that emulate other emulators (``reopen_groups``,
+``stale_visibility``): see :mod:`shardq.broker.sqlite_fifo`. Never use them in production.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 
 from shardq.broker import sqlite_fifo as fifo
 from shardq.broker.base import (
@@ -60,7 +48,7 @@ from shardq.broker.base import (
     entry_problem,
 )
 from shardq.broker.sqlite_dedup import DedupIds
-from shardq.broker.sqlite_store import VACUUM_CHUNK, checkpoint, compact, error, open_db
+from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
 from shardq.broker.sqlite_wait import OtherProcesses, Waiters
 from shardq.errors import BrokerError, QueueNotFoundError
 from shardq.limits import (
@@ -81,8 +69,8 @@ class SqliteBroker(Broker):
 
     ``allow_other_tables`` lets it share a file that holds other applications'
     tables (refused by default, so a mistyped ``broker_url`` cannot quietly add
-    shardq's tables to an application database). ``reopen_groups`` is test-only
-    (see the module docstring).
+    shardq's tables to an application database). ``reopen_groups`` and
+    ``stale_visibility`` are test-only (see :mod:`shardq.broker.sqlite_fifo`).
     """
 
     kind = "sqlite"
@@ -100,52 +88,11 @@ class SqliteBroker(Broker):
         self.reopen_groups = reopen_groups
         self.stale_visibility = stale_visibility
         self._poll_interval = poll_interval
-        self._lock = threading.RLock()
-        self._db = open_db(path, allow_other_tables=allow_other_tables)
+        self._file = BrokerFile(path, allow_other_tables=allow_other_tables)
         self._queue_cache: dict[str, tuple[float, int]] = {}
         self._dedup = DedupIds()
         self._waiters = Waiters()
-        self._closed = False
         self._watcher: OtherProcesses | None = None
-
-    # -- transactions -------------------------------------------------------
-    @contextmanager
-    def _tx(self, doing: str) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; any SQLite error rolls it back whole."""
-        with self._lock:
-            db = self._open_db()
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise error(self.path, exc, doing) from exc
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException as exc:
-                self._rollback()
-                if isinstance(exc, sqlite3.Error):
-                    raise error(self.path, exc, doing) from exc
-                raise
-
-    @contextmanager
-    def _read(self, doing: str) -> Iterator[sqlite3.Connection]:
-        """The connection for reads outside a write transaction."""
-        with self._lock:
-            db = self._open_db()
-            try:
-                yield db
-            except sqlite3.Error as exc:
-                raise error(self.path, exc, doing) from exc
-
-    def _open_db(self) -> sqlite3.Connection:
-        if self._closed:
-            raise BrokerError(f"the embedded broker on {self.path} is closed; make a new one")
-        return self._db
-
-    def _rollback(self) -> None:
-        # SQLite may have rolled back already (it may, e.g. when the disk is full)
-        with suppress(sqlite3.Error):
-            self._db.execute("ROLLBACK")
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -157,7 +104,7 @@ class SqliteBroker(Broker):
                 f"max_message_bytes {size} for queue {name} is outside "
                 f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}"
             )
-        with self._tx(f"creating queue {name}") as db:
+        with self._file.write(f"creating queue {name}") as db:
             db.execute(
                 "INSERT OR IGNORE INTO queues (name, visibility_timeout, max_message_bytes, salt)"
                 " VALUES (?, ?, ?, randomblob(16))",
@@ -180,19 +127,19 @@ class SqliteBroker(Broker):
         return self._queue_cache[name]
 
     def delete_queue(self, queue: str) -> None:
-        with self._tx(f"deleting queue {queue}") as db:
+        with self._file.write(f"deleting queue {queue}") as db:
             db.execute("DELETE FROM messages WHERE queue = ?", (queue,))
             db.execute("DELETE FROM groups WHERE queue = ?", (queue,))
             db.execute("DELETE FROM queues WHERE name = ?", (queue,))
         self._queue_cache.pop(queue, None)
 
     def max_message_bytes(self, queue: str) -> int:
-        with self._read(f"reading queue {queue}") as db:
+        with self._file.read(f"reading queue {queue}") as db:
             return self._queue(db, queue)[1]
 
     def counts(self, queue: str) -> QueueCounts:
         now = time.time()
-        with self._read(f"counting queue {queue}") as db:
+        with self._file.read(f"counting queue {queue}") as db:
             self._queue(db, queue)
             waiting, in_flight = db.execute(
                 "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0)"
@@ -211,7 +158,7 @@ class SqliteBroker(Broker):
         return QueueCounts(int(waiting), int(in_flight), oldest, int(row[0]))
 
     def queue_settings(self, queue: str) -> QueueSettings | None:
-        with self._read(f"reading queue {queue}") as db:
+        with self._file.read(f"reading queue {queue}") as db:
             row = db.execute(
                 "SELECT visibility_timeout, max_message_bytes FROM queues WHERE name = ?", (queue,)
             ).fetchone()
@@ -225,7 +172,7 @@ class SqliteBroker(Broker):
         result = SendResult()
         now = time.time()
         version = None
-        with self._tx(f"sending to queue {queue}") as db:
+        with self._file.write(f"sending to queue {queue}") as db:
             _, max_bytes = self._queue(db, queue)
             fresh = []
             for entry in entries:
@@ -291,7 +238,7 @@ class SqliteBroker(Broker):
         self, queue: str, max_messages: int, visibility_timeout: float
     ) -> tuple[list[Message], float | None]:
         now = time.time()
-        with self._tx(f"receiving from queue {queue}") as db:
+        with self._file.write(f"receiving from queue {queue}") as db:
             self._queue(db, queue)
             return fifo.take(
                 db,
@@ -307,7 +254,7 @@ class SqliteBroker(Broker):
         check_batch(receipts, list(receipts))
         result = BatchResult()
         now = time.time()
-        with self._tx(f"deleting from queue {queue}") as db:
+        with self._file.write(f"deleting from queue {queue}") as db:
             self._queue(db, queue)
             deleted, unblocked = fifo.delete(
                 db, queue, receipts, now, result, reopen_groups=self.reopen_groups
@@ -326,7 +273,7 @@ class SqliteBroker(Broker):
         check_batch(changes, [r for r, _ in changes])
         result = BatchResult()
         now = time.time()
-        with self._tx(f"changing visibility in queue {queue}") as db:
+        with self._file.write(f"changing visibility in queue {queue}") as db:
             self._queue(db, queue)
             earlier = fifo.change_visibility(
                 db, queue, changes, now, result, reopen_groups=self.reopen_groups
@@ -384,7 +331,7 @@ class SqliteBroker(Broker):
         next_at: float | None = None
         for start in range(0, len(queues), _WATCH_CHUNK):
             chunk, now = json.dumps(queues[start : start + _WATCH_CHUNK]), time.time()
-            with self._read("watching queues") as db:
+            with self._file.read("watching queues") as db:
                 ready.update(fifo.ready(db, chunk, now))
                 if not ready:
                     at = fifo.next_ready(db, chunk, now)
@@ -396,11 +343,11 @@ class SqliteBroker(Broker):
         self._waiters.wake_all()
 
     def _start_watcher(self) -> None:
-        if self.path == ":memory:" or self._closed:
+        if self.path == ":memory:" or self._file.closed:
             return
         if self._watcher and self._watcher.is_alive():
             return
-        with self._lock:
+        with self._file.lock:
             if self._watcher is None or not self._watcher.is_alive():
                 try:
                     self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
@@ -415,17 +362,15 @@ class SqliteBroker(Broker):
         Works in short transactions so other calls are not held up for long.
         """
         while True:
-            with self._tx("dropping expired deduplication ids") as db:
+            with self._file.write("dropping expired deduplication ids") as db:
                 if not self._dedup.purge(db, limit=1):
                     break
         if self.path == ":memory:":
             return
         while True:
-            with self._tx("giving free pages back to the disk") as db:
-                incremental = db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-                if not incremental or not db.execute("PRAGMA freelist_count").fetchone()[0]:
+            with self._file.write("giving free pages back to the disk") as db:
+                if not give_back_pages(db):
                     break
-                db.execute(f"PRAGMA incremental_vacuum({VACUUM_CHUNK})").fetchall()
         try:
             checkpoint(self.path)
         except sqlite3.Error as exc:
@@ -433,10 +378,7 @@ class SqliteBroker(Broker):
 
     def close(self) -> None:
         self._waiters.wake_all(closing=True)
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._db.close()
+        self._file.close()
 
 
 class MemoryBroker(SqliteBroker):

@@ -1,7 +1,7 @@
 """The FIFO semantics of the embedded broker, as statements on its tables.
 
-Each function runs inside the caller's transaction (see :mod:`shardq.broker.sqlite`,
-which holds the lock, opens the transactions, and wakes waiters after commits):
+Each function runs inside the caller's transaction (the broker in
+:mod:`shardq.broker.sqlite` opens them, and wakes waiters after commits):
 storing sent messages with their groups, choosing and hiding the messages a
 receive returns, deleting by receipt, changing visibility, and keeping each
 group's row (its head, how long it is blocked) up to date.
@@ -9,8 +9,19 @@ group's row (its head, how long it is blocked) up to date.
 A receive returns the oldest receivable messages, in send order: it walks the
 receivable groups in head order, then reads only the messages that can be among
 the oldest. Short indexed queries, however long the backlog behind any group.
-The test-only modes ``reopen_groups`` and ``stale_visibility`` are described in
-:mod:`shardq.broker.sqlite`.
+
+Test-only: ``reopen_groups=True`` (URL parameter ``test_reopen_groups=1``) emulates
+a known defect of LocalStack's SQS FIFO emulation, so ordering tests can check that
+shardq copes with it. When a visibility change releases a message of group G (to
+visibility 0) while another message of G is still in flight, G is "reopened":
+receives ignore G's in-flight messages when deciding whether G is blocked, so G's
+visible later messages can be received out of order, until a receive returns a
+message of G (which blocks it again as usual). Never use it in production.
+
+Test-only: ``stale_visibility=True`` (URL parameter ``test_stale_visibility=1``)
+emulates another emulator's behaviour: a message that was received and became
+visible again (its visibility expired or was changed) stays hidden while an older
+message of its queue is in flight. Never use it in production.
 """
 
 from __future__ import annotations
