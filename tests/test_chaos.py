@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 #: 3 processes (2 splitting the shards + 1 owning them all), 150 entities x 10 jobs,
 #: 10 % of attempts failing, 2 % of jobs failing for good, a kill every 1-3 s for 16 s.
-SMALL = chaos.Settings(duration=16.0, sleep=0.02)
+#: Jobs are hidden 5 s per receive (not 2): on a loaded machine a node process can stall
+#: for seconds, and then the run would be about lapsed extensions, not about kills.
+SMALL = chaos.Settings(duration=16.0, sleep=0.02, visibility_timeout=5)
 
 #: shardq's fleet still lets a dead node's shard wait longer than lease_seconds + 10 s
 #: in some interleavings (RELIABILITY.md, "Elastic fleet"): such a run is reported as
@@ -42,6 +44,7 @@ ELASTIC = chaos.Settings(
     publish_share=0.9,
     lease_seconds=10,
     report_seconds=5,
+    visibility_timeout=5,  # as SMALL's
 )
 
 
