@@ -33,10 +33,14 @@ def app(
     """The ledger app with 3 dead jobs of e1 and 2 of e2 in its morgue."""
     monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
     broker = make_broker(request.param, tmp_path, request)
-    ledger.app.configure(
-        Config(queue_prefix=f"m{tmp_path.name[-8:].replace('_', '')}-", idle_wait_seconds=1),
-        broker=broker,
+    # jobs hidden 10 s per receive: a node stalled on a loaded machine must not see its
+    # dead job again (and bury it twice) because its delete came after a 2 s visibility
+    config = Config(
+        queue_prefix=f"m{tmp_path.name[-8:].replace('_', '')}-",
+        idle_wait_seconds=1,
+        workers={"Ledgered": {"visibility_timeout": 10}},
     )
+    ledger.app.configure(config, broker=broker)
     ensure_state_table(ledger.app)  # DynamoDB's table, as `shardq queues ensure` makes it
     Ledgered.publish_many(
         [("e1", {"n": n, "permanent": True}) for n in range(3)]
