@@ -237,10 +237,12 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     # given 3 dead jobs on SQS, and the shard (and old morgue) queues holding a canary job
     monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
     broker = make_broker("sqs", tmp_path, request)
-    ledger.app.configure(
-        Config(queue_prefix=f"ret{time.monotonic_ns() % 10**9}-", idle_wait_seconds=1),
-        broker=broker,
+    config = Config(
+        queue_prefix=f"ret{time.monotonic_ns() % 10**9}-",
+        idle_wait_seconds=1,
+        workers={"Ledgered": {"visibility_timeout": 10}},  # as in the fixture above
     )
+    ledger.app.configure(config, broker=broker)
     ensure_state_table(ledger.app)
     Ledgered.publish_many([("e", {"n": n, "permanent": True}) for n in range(3)])
     Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
