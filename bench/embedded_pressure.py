@@ -216,8 +216,8 @@ def size_mib(path: str) -> float:
 def largest_tables(broker: SqliteBroker) -> str:
     """The largest tables and indexes of the broker's file (by SQLite's dbstat) and
     its free pages."""
-    with broker._lock:
-        db = broker._db
+    db = sqlite3.connect(broker.path)  # its own connection: sees what the broker committed
+    try:
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         free *= db.execute("PRAGMA page_size").fetchone()[0]
         try:
@@ -226,6 +226,8 @@ def largest_tables(broker: SqliteBroker) -> str:
             ).fetchall()
         except sqlite3.Error:  # SQLite built without dbstat
             found = []
+    finally:
+        db.close()
     return ", ".join(f"{name} {size / 2**20:.2f} MiB" for name, size in [*found, ("free", free)])
 
 

@@ -103,6 +103,8 @@ MIN_AGE = 5.0
 BUSY_SECONDS = 2.0
 #: Seconds around a broker outage within which a job's first success may repeat.
 OUTAGE_MARGIN = 5.0
+#: Seconds past ``outage_at`` the outage waits at most for every node to serve.
+OUTAGE_READY_SECONDS = 30.0
 #: Events a node logs when a broker call failed (after boto3's own retries).
 BROKER_TROUBLE = {
     "node.receive_failed",
@@ -466,6 +468,11 @@ class _Nodes:
             if (child := self.slots[slot]) is not None
             and now - self._last_start.get(child.pid, -math.inf) <= within
         ]
+
+    def serving(self) -> bool:
+        """Whether every running node process has started a job (is up and serving)."""
+        self._read_ledger()
+        return all(c is None or c.pid in self._last_start for c in self.slots)
 
     def _read_ledger(self) -> None:
         """Read what the nodes appended to the ledger since the last call."""
@@ -839,9 +846,12 @@ def _chaos_phase(
     end = began + settings.duration
     next_kill = began + (rng.uniform(*settings.kill_every) if settings.kill_every else math.inf)
     outage_due = began + settings.outage_at if settings.outage_at is not None else math.inf
-    while (now := time.monotonic()) < end:
+    # the outage waits (up to OUTAGE_READY_SECONDS) for every node to serve: on a loaded
+    # machine a node may still be starting, and one that meets the outage then exits
+    while (now := time.monotonic()) < end or (outage is not None and outage_due < math.inf):
         nodes.reap_exited()
-        if outage is not None and now >= outage_due:
+        ready = now >= outage_due + OUTAGE_READY_SECONDS or (now >= outage_due and nodes.serving())
+        if outage is not None and ready:
             outage_due = math.inf
             say(f"chaos: broker outage for {settings.outage_seconds:g} s")
             down, down_wall = time.monotonic() - began, time.time()

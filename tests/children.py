@@ -66,6 +66,22 @@ class Env:
         self.children.append(child)
         return child
 
+    def wait_until_catching(self, child: subprocess.Popen[bytes], signum: int) -> None:
+        """Wait until ``child`` has a handler for ``signum`` (Linux: its SigCgt mask):
+        before that, it is still the bare interpreter starting, which any signal kills."""
+        status = Path(f"/proc/{child.pid}/status")
+        deadline = time.monotonic() + 30
+        while status.exists() and time.monotonic() < deadline and child.poll() is None:
+            caught = next(
+                (line for line in status.read_text().splitlines() if line.startswith("SigCgt:")),
+                "SigCgt:\t0",
+            )
+            if int(caught.split()[1], 16) >> (signum - 1) & 1:
+                return
+            time.sleep(0.01)
+        if status.exists() and child.poll() is None and time.monotonic() >= deadline:
+            raise AssertionError(f"process {child.pid} installed no handler for {signum} in 30 s")
+
     def events(self) -> list[tuple[str, str, int]]:
         if not Path(self.ledger).exists():
             return []

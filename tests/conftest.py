@@ -14,6 +14,25 @@ from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
 
+#: Modules whose tests run the longest scenarios (tens of seconds each): started first.
+LONGEST = ("test_chaos.py", "test_reshard.py", "test_outage.py", "test_reshard_skew.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: the chaos and reshard scenarios, then tests that start node
+    processes (``slow``), then those on the emulator (``sqs``), then the rest, each in
+    collection order. With ``--maxschedchunk 1`` (pyproject), xdist hands the tests
+    out one by one in this order, so no long test starts near the end of the run."""
+
+    def cost(item: pytest.Item) -> int:
+        if item.path.name in LONGEST:
+            return 0
+        if item.get_closest_marker("slow"):
+            return 1
+        return 2 if item.get_closest_marker("sqs") else 3
+
+    items.sort(key=cost)  # stable: collection order within each class
+
 
 @pytest.fixture(scope="session")
 def sqs_emulator() -> Iterator[emu.Emulator]:

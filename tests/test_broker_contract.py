@@ -124,10 +124,9 @@ def test_visibility_expiry_redelivers_the_whole_batch_in_order(broker: Broker, q
     # given five messages of one group received together with a 1 s visibility
     send(broker, queue, "g", *[f"m{i}" for i in range(5)])
     assert len(receive(broker, queue, vt=1)) == 5
-    # when their visibility runs out together
-    time.sleep(1.5)
+    # when their visibility runs out together (a receive waits for that)
+    again = receive(broker, queue, vt=30, wait=5)
     # then all five come back, in order, with a receive count of 2
-    again = receive(broker, queue, vt=30)
     assert bodies(again) == [f"m{i}" for i in range(5)]
     assert [m.receive_count for m in again] == [2] * 5
 
@@ -143,10 +142,12 @@ def test_change_visibility_to_zero_releases_at_once(broker: Broker, queue: str) 
 def test_change_visibility_to_n_seconds_hides_until_then(broker: Broker, queue: str) -> None:
     send(broker, queue, "g", "x")
     (message,) = receive(broker, queue, vt=30)
+    changed = time.monotonic()
     assert not broker.change_visibility_batch(queue, [(message.receipt, 2)]).failed
     assert receive(broker, queue) == []
-    time.sleep(2.5)
-    assert bodies(receive(broker, queue)) == ["x"]
+    # a receive waiting up to 5 s gets it once the 2 s are over, not before
+    assert bodies(receive(broker, queue, wait=5)) == ["x"]
+    assert time.monotonic() - changed >= 1.0  # SQS counts whole seconds, rounding down
 
 
 def test_receive_count_counts_every_receive(broker: Broker, queue: str) -> None:

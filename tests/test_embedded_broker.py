@@ -36,8 +36,7 @@ def entries(prefix: str, count: int = 10, size: int = 50) -> list[SendEntry]:
 
 def limit_file(broker: SqliteBroker, pages: int | None) -> None:
     """Let the file grow by ``pages`` more pages at most (None: no limit)."""
-    with broker._lock:
-        db = broker._db
+    with broker._file.read("inspecting it") as db:
         current = db.execute("PRAGMA page_count").fetchone()[0]
         limit = 2**30 if pages is None else current + pages
         db.execute(f"PRAGMA max_page_count = {limit}")
@@ -57,9 +56,9 @@ def expire_dedup_ids(broker: SqliteBroker) -> None:
 
 
 def dedup_tables(broker: SqliteBroker) -> int:
-    with broker._lock:
+    with broker._file.read("inspecting it") as db:
         return int(
-            broker._db.execute(
+            db.execute(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE 'shardq_dedup_%'"
             ).fetchone()[0]
         )

@@ -65,10 +65,10 @@ def drain(broker: SqliteBroker) -> list[str]:
 
 
 def bucket_tables(broker: SqliteBroker) -> list[str]:
-    with broker._lock:
+    with broker._file.read("inspecting it") as db:
         return [
             row[0]
-            for row in broker._db.execute(
+            for row in db.execute(
                 "SELECT name FROM sqlite_master WHERE name LIKE 'shardq_dedup_%' ORDER BY name"
             )
         ]
@@ -200,8 +200,8 @@ def test_a_file_of_an_earlier_version_keeps_the_ids_in_their_window(tmp_path: Pa
     assert expired.message_ids["0"] != "gone"
     assert drain(broker) == ["expired-again"]
     # and the old table is gone
-    with broker._lock:
-        names = {row[0] for row in broker._db.execute("SELECT name FROM sqlite_master")}
+    with broker._file.read("inspecting it") as db:
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "dedup" not in names and "dedup_by_expiry" not in names
     broker.close()
 
@@ -210,14 +210,14 @@ def test_a_queue_an_earlier_version_created_alongside_gets_its_salt_on_first_sen
     broker: SqliteBroker,
 ) -> None:
     # given a queue without a salt (as an earlier version running on the file makes one)
-    with broker._lock:
-        broker._db.execute("UPDATE queues SET salt = NULL")
+    with broker._file.read("inspecting it") as db:
+        db.execute("UPDATE queues SET salt = NULL")
     fresh = SqliteBroker(broker.path)
     # when an id is sent to it twice
     first = fresh.send_batch(QUEUE, [SendEntry("0", "x", "g", "once")])
     again = fresh.send_batch(QUEUE, [SendEntry("0", "x", "g", "once")])
     # then the copy gets the first message's id, and the queue has a salt now
     assert again.message_ids == first.message_ids
-    with broker._lock:
-        assert broker._db.execute("SELECT salt FROM queues").fetchone()[0] is not None
+    with broker._file.read("inspecting it") as db:
+        assert db.execute("SELECT salt FROM queues").fetchone()[0] is not None
     fresh.close()

@@ -42,7 +42,13 @@ def test_a_node_whose_wall_clock_is_120_s_off_shares_and_takes_over_like_the_oth
 ) -> None:
     # (on SQS and DynamoDB: the embedded broker's file is one machine's clock by design)
     env = Env("sqs", tmp_path, request)
-    env.vars.update(SHARDQ_LEASE_SECONDS="10", SHARDQ_WORKERS__Ledgered__shards="6")
+    # jobs hidden 10 s per receive: a node stalled on a loaded machine must not have a
+    # running job received again by the other (this test is about clocks, not lapses)
+    env.vars.update(
+        SHARDQ_LEASE_SECONDS="10",
+        SHARDQ_WORKERS__Ledgered__shards="6",
+        SHARDQ_WORKERS__Ledgered__visibility_timeout="10",
+    )
     ledger.app.configure(env.config())
     try:
         needs_shared_store(ledger.app)

@@ -134,8 +134,11 @@ def test_a_sigterm_at_any_moment_of_start_up_exits_0_and_loses_nothing(
 ) -> None:
     # given three queued jobs of an entity
     Ledgered.publish_many([("e", {"n": n}) for n in range(3)])
-    # when a node gets SIGTERM while it starts up (or just after)
+    # when a node gets SIGTERM while it starts up (or just after): ``delay`` s after
+    # shardq's first lines ran (before them, Python itself is starting, which a
+    # signal kills whatever shardq does; on a loaded machine that alone can take 0.5 s)
     node = env.node("--threads", "1")
+    env.wait_until_catching(node, signal.SIGTERM)
     time.sleep(delay)
     node.send_signal(signal.SIGTERM)
     # then it exits 0 without a traceback

@@ -140,6 +140,7 @@ def test_nodes_ride_out_a_broker_outage_and_lose_nothing(
         outage_at=5.0,
         outage_seconds=10.0,
         publish_share=0.9,
+        visibility_timeout=5,  # a stalled node on a loaded machine keeps its jobs
     )
     env = {
         "SHARDQ_BROKER_URL": "sqs://",

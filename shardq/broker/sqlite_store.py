@@ -1,4 +1,5 @@
-"""The embedded broker's file: schema, opening checks, error messages, housekeeping.
+"""The embedded broker's file: schema, opening checks, the connection and its
+transactions, error messages, housekeeping.
 
 Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
 ``allow_other_tables``):
@@ -22,6 +23,9 @@ Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.errors import BrokerError
@@ -105,6 +109,62 @@ def open_db(path: str, *, allow_other_tables: bool) -> sqlite3.Connection:
             raise error(path, exc, "opening it") from exc
         raise
     return db
+
+
+class BrokerFile:
+    """The broker's one connection to its file, shared by its threads under ``lock``.
+
+    Every write is one ``BEGIN IMMEDIATE`` transaction, rolled back whole on any error
+    (a call that fails stored nothing); every SQLite error becomes a
+    :class:`~shardq.errors.BrokerError` naming the file and what was being done.
+    """
+
+    def __init__(self, path: str, *, allow_other_tables: bool) -> None:
+        self.path = path
+        self.lock = threading.RLock()
+        self.closed = False
+        self._db = open_db(path, allow_other_tables=allow_other_tables)
+
+    @contextmanager
+    def write(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; any SQLite error rolls it back whole."""
+        with self.lock:
+            db = self._open()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise error(self.path, exc, doing) from exc
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                # SQLite may have rolled back already (it may, e.g. when the disk is full)
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise error(self.path, exc, doing) from exc
+                raise
+
+    @contextmanager
+    def read(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection for reads outside a write transaction."""
+        with self.lock:
+            db = self._open()
+            try:
+                yield db
+            except sqlite3.Error as exc:
+                raise error(self.path, exc, doing) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        if self.closed:
+            raise BrokerError(f"the embedded broker on {self.path} is closed; make a new one")
+        return self._db
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self._db.close()
 
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
@@ -220,6 +280,16 @@ def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:
             "and permissions, then retry"
         )
     return BrokerError(f"{where} failed ({exc}) while {doing}; retry or check the file")
+
+
+def give_back_pages(db: sqlite3.Connection) -> bool:
+    """Return up to :data:`VACUUM_CHUNK` free pages to the file system, inside the
+    caller's transaction; False if there were none (or the file cannot)."""
+    incremental = db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+    if not incremental or not db.execute("PRAGMA freelist_count").fetchone()[0]:
+        return False
+    db.execute(f"PRAGMA incremental_vacuum({VACUUM_CHUNK})").fetchall()
+    return True
 
 
 def checkpoint(path: str) -> None:
