@@ -159,12 +159,14 @@ class Leases:
                 return False
             return lease.lost or lease.expires - START_MARGIN_SECONDS <= time.monotonic()
 
-    def holds(self, message: Message) -> bool:
-        """True while this message is held here and not being settled (a job waiting
-        for its turn must still be held to start)."""
+    def may_start(self, message: Message) -> bool:
+        """True while this message is held here, not being settled and not
+        :meth:`lapsed`: a job waiting for its turn must be so to start."""
         with self._cond:
             lease = self._held.get(message.receipt)
-            return lease is not None and lease.state == HELD
+            if lease is None or lease.state != HELD or lease.lost:
+                return False
+            return lease.expires - START_MARGIN_SECONDS > time.monotonic()
 
     def count(self) -> int:
         with self._cond:

@@ -41,7 +41,7 @@ import structlog
 from shardq.broker.base import Message
 from shardq.early import STOP_SIGNALS
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
-from shardq.executor import Executor, Observer, Tally
+from shardq.executor import Executor
 from shardq.fleet import Fleet, make_node_id
 from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
@@ -53,6 +53,7 @@ from shardq.leases import HELD, Leases, release_now
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
 from shardq.middleware import notify
+from shardq.outcome import Observer, Tally
 from shardq.ownership import Ownership
 from shardq.plan import Plan, ShardRef, format_plan
 from shardq.progress import Progress
@@ -131,7 +132,7 @@ class Node:
             self.stopping,
             self.fail,
         )
-        self.executor.observe([self.slots, *self.observers])
+        self.executor.observe(self.observers)
         self.metrics_port: int | None = None
         rng = random.Random(seed)
         refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
@@ -406,7 +407,7 @@ class Node:
                 lane.join(max(0.0, deadline - time.monotonic()))
         self.slots.close()
         self.slots.join(max(0.0, deadline - time.monotonic()))
-        self.executor.loop.close()
+        self.executor.perform.loop.close()
         # Receives still in flight are not waited for: what they bring is released
         # as a straggler (see Lane._fetch).
         self.pool.shutdown(wait=False, cancel_futures=True)
