@@ -181,7 +181,7 @@ class Executor:
             return self._retry(ref, [], jobs, GATE_SECONDS)
         if action == layouts.RELAY:
             return EntityEnd(DONE)
-        i, isolate_until = 0, 0
+        i, isolate_until, performed = 0, 0, 0.0
         while i < len(jobs):
             if stop():  # shutting down or handed over: the node releases what has not run
                 return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
@@ -194,18 +194,9 @@ class Executor:
                     i += 1
                     continue
                 return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
-            error, duration = self.perform(
-                worker,
-                settings,
-                chunk[0].message.group_id,
-                [j.payload for j in chunk],
-                [
-                    JobInfo(
-                        j.message.message_id, self.attempt(j.message), j.message.sent_at, j.meta
-                    )
-                    for j in chunk
-                ],
-            )
+            payloads, infos = [j.payload for j in chunk], [self._info(j) for j in chunk]
+            error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
+            performed += duration
             if error is None:
                 self._succeeded(ref, chunk, duration)
                 i += len(chunk)
@@ -228,7 +219,7 @@ class Executor:
                 )
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
-        return EntityEnd(DONE)
+        return EntityEnd(DONE, performed=performed)
 
     def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
         """Send an entity's jobs on to the current layout, then delete them here."""
@@ -253,6 +244,10 @@ class Executor:
                     break
                 chunk.append(job)
         return chunk
+
+    def _info(self, job: _Job) -> JobInfo:
+        m = job.message
+        return JobInfo(m.message_id, self.attempt(m), m.sent_at, job.meta)
 
     def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
         self._leases.delete([j.message for j in chunk])

@@ -43,7 +43,7 @@ class Lease:
         return self.lost or self.expires - START_MARGIN_SECONDS <= now
 
     def may_start(self, now: float) -> bool:
-        return not self.lapsed(now)
+        return not self.lost and self.expires - START_MARGIN_SECONDS > now
 
     def extension(self, wall: float) -> float | None:
         """Seconds to extend it by: a full timeout, within 12 h of the receive (Unix

@@ -91,6 +91,7 @@ class EntityEnd:
     kind: str
     messages: list[Message] = field(default_factory=list)
     due: float = 0.0
+    performed: float = 0.0  # DONE: seconds its jobs' ``perform`` calls took
 
 
 class Reporter:

@@ -152,7 +152,6 @@ class Slots:
         them meanwhile) in this thread, one after the other, settled together at the
         end; one that a job joined meanwhile waits for a slot again."""
         ends: list[EntityEnd] = []
-        jobs, started = sum(len(c.running) for c in chains), self._clock()
 
         def stop() -> bool:
             return self._stopping.is_set() or shard.dropped
@@ -164,15 +163,18 @@ class Slots:
             self._on_failure(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._cond:
-                if all(end.kind == DONE for end in ends):  # every job ran: time them
-                    self._timed(shard.ref.worker, (self._clock() - started) / max(1, jobs))
+                jobs, performed, ran = 0, 0.0, True  # every job ran: time them
                 for chain, end in zip(chains, ends, strict=False):
+                    jobs, performed = jobs + len(chain.running), performed + end.performed
+                    ran = ran and end.kind == DONE
                     if chain.again:
                         end = self._settle_again(chain, end)
                     chain.running = []
                     if self._after(chain, end):  # a job joined it meanwhile
                         chain.state = READY
                         self._queue(chain)
+                if ran and jobs:
+                    self._timed(shard.ref.worker, performed / jobs)
                 for chain in chains[len(ends) :]:  # not run: the node is failing
                     end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
                     chain.pending, chain.running = [*end.messages, *chain.pending], []
