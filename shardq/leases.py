@@ -129,10 +129,7 @@ class Leases:
             self._extend_at = min(self._extend_at, due)
 
     def lapsed(self, message: Message) -> bool:
-        """True if this message is no longer this node's to run (see the module doc),
-        or has less than :data:`START_MARGIN_SECONDS` of visibility left (the local
-        clock starts when the receive returns, a little after the broker's). A message
-        not held here is not lapsed."""
+        """:meth:`shardq.lease.Lease.lapsed`; a message not held here is not lapsed."""
         with self._cond:
             lease = self._held.get(message.receipt)
             return lease is not None and lease.lapsed(time.monotonic())
