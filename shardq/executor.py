@@ -28,36 +28,37 @@ Jobs of other entities in the batch are not affected.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from shardq import envelope, morgue
 from shardq import layout as layouts
-from shardq.aio import EventLoop, is_async
+from shardq.attempts import Attempts
 from shardq.broker.base import Message
 from shardq.decide import MORGUE, Decision, Rules, backoff, decide
-from shardq.errors import BrokerError, EnvelopeError, Retry, UnknownWorkerError
+from shardq.errors import BrokerError, EnvelopeError, UnknownWorkerError
 from shardq.leases import Leases
-from shardq.middleware import PerformContext, run_around
-from shardq.outcome import DONE as DONE
-from shardq.outcome import GAVE_UP as GAVE_UP
-from shardq.outcome import HIDDEN as HIDDEN
-from shardq.outcome import LATER as LATER
-from shardq.outcome import STOPPED as STOPPED
-from shardq.outcome import Deferred as Deferred
-from shardq.outcome import EntityEnd as EntityEnd
-from shardq.outcome import Observer as Observer
+from shardq.outcome import (
+    DONE,
+    GAVE_UP,
+    HIDDEN,
+    LATER,
+    STOPPED,
+    Deferred,
+    EntityEnd,
+    Observer,
+    Reporter,
+)
 from shardq.outcome import Outcome as Outcome
-from shardq.outcome import Tally as Tally
+from shardq.perform import Performer
 from shardq.plan import ShardRef
 from shardq.relay import relay
-from shardq.timelimit import TimeLimitExceeded, TimeLimits
+from shardq.timelimit import TimeLimits
 from shardq.worker import JobInfo, Worker, WorkerSettings
 
 if TYPE_CHECKING:
@@ -107,25 +108,18 @@ class Executor:
         self._leases = leases
         self._limits = limits
         self._stopping = stopping
-        self._observers = list(observers)
+        self._report = Reporter(observers)
         self._max_retry_delay = max_retry_delay
         self._local_workers = threading.local()
-        self._async: dict[type[Worker], bool] = {}
-        #: The event loop of async workers (started on first use).
-        self.loop = EventLoop()
-        self._lock = threading.Lock()
+        self.perform = Performer(limits, app.middleware)
         self._rules: dict[str, Rules] = {}
-        # Attempt bookkeeping by message id: receives that ended without a run (hidden
-        # with an earlier failed job), and runs that did not count as a receive (local
-        # retries), so attempt = receive count - unstarted + local.
-        self._unstarted: dict[str, int] = {}
-        self._local: dict[str, int] = {}
+        self._attempts = Attempts()
+        self.attempt = self._attempts.of
         self._key = app.signing_key
-        self._debug = False
 
     def observe(self, observers: Sequence[Observer]) -> None:
         """Tell these observers too of every outcome (before the executor is used)."""
-        self._observers.extend(observers)
+        self._report.observers.extend(observers)
 
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
         """Run a received batch of shard ``ref`` entity by entity; returns the retries
@@ -142,27 +136,18 @@ class Executor:
     ) -> EntityEnd:
         """Run one entity's jobs of shard ``ref`` in order (see the module doc).
         ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
-        self._debug = _enabled(logging.DEBUG)
         settings = self._app.settings(ref.worker)
         worker = self._worker(ref.worker)
-        end = self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
-        if len(self._unstarted) + len(self._local) > 100_000:  # ids finished elsewhere
-            with self._lock:
-                self._unstarted.clear()
-                self._local.clear()
-        return end
-
-    def attempt(self, message: Message) -> int:
-        """The 1-based attempt the next run of this message is."""
-        key = message.message_id
-        with self._lock:
-            count = message.receive_count - self._unstarted.get(key, 0) + self._local.get(key, 0)
-        return max(1, count)
+        return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
 
     def release(self, messages: list[Message]) -> None:
         """Jobs that did not start, visible again at once (in the order given)."""
         if messages:
             self._leases.hide(messages, 0.0)
+
+    def delete(self, messages: list[Message]) -> None:
+        """Copies of jobs that ran to an end here, delivered again meanwhile."""
+        self._leases.delete(messages)
 
     def hide(self, messages: list[Message], seconds: float) -> None:
         """Jobs held for a retry, hidden for what is left of its delay."""
@@ -171,18 +156,13 @@ class Executor:
     def hide_later(self, messages: list[Message], seconds: float) -> None:
         """Jobs that joined an entity after its failed job was hidden: hidden with it
         (they did not start, so their next receive is not an attempt)."""
-        self._count_unstarted(messages)
+        self._attempts.unstarted(messages)
         self._leases.hide(messages, seconds)
 
     def give_up_later(self, messages: list[Message]) -> None:
         """Jobs that joined an entity whose earlier job lapsed: not run here either."""
-        self._count_unstarted(messages)
+        self._attempts.unstarted(messages)
         self._leases.forget(messages)
-
-    def _count_unstarted(self, messages: list[Message]) -> None:
-        with self._lock:
-            for m in messages:
-                self._unstarted[m.message_id] = self._unstarted.get(m.message_id, 0) + 1
 
     # -- one entity ----------------------------------------------------------------
     def _run_entity(
@@ -201,22 +181,22 @@ class Executor:
             return self._retry(ref, [], jobs, GATE_SECONDS)
         if action == layouts.RELAY:
             return EntityEnd(DONE)
-        i, isolate_until = 0, 0
+        i, isolate_until, performed = 0, 0, 0.0
         while i < len(jobs):
             if stop():  # shutting down or handed over: the node releases what has not run
                 return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
             chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
-            if any(
-                self._leases.lapsed(j.message) or not self._leases.holds(j.message) for j in chunk
-            ):
+            if not all([self._leases.may_start(j.message) for j in chunk]):
                 self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
-                return EntityEnd(GAVE_UP)
+                return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
             if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
                 if self._bury_invalid(ref, chunk[0]):
                     i += 1
                     continue
                 return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
-            error, duration = self._perform(worker, settings, chunk)
+            payloads, infos = [j.payload for j in chunk], [self._info(j) for j in chunk]
+            error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
+            performed += duration
             if error is None:
                 self._succeeded(ref, chunk, duration)
                 i += len(chunk)
@@ -229,7 +209,7 @@ class Executor:
             if decision.action == MORGUE:
                 if self._bury(ref, worker, chunk, decision.reason, error):
                     self._outcome("morgued", ref, chunk, duration, error, reason=decision.reason)
-                    self._forget_attempts(chunk)
+                    self._attempts.forget(j.message for j in chunk)
                     i += len(chunk)
                     continue
                 decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
@@ -239,7 +219,7 @@ class Executor:
                 )
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
-        return EntityEnd(DONE)
+        return EntityEnd(DONE, performed=performed)
 
     def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
         """Send an entity's jobs on to the current layout, then delete them here."""
@@ -265,16 +245,14 @@ class Executor:
                 chunk.append(job)
         return chunk
 
+    def _info(self, job: _Job) -> JobInfo:
+        m = job.message
+        return JobInfo(m.message_id, self.attempt(m), m.sent_at, job.meta)
+
     def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
         self._leases.delete([j.message for j in chunk])
         self._outcome("succeeded", ref, chunk, duration)
-        self._forget_attempts(chunk)
-
-    def _forget_attempts(self, chunk: list[_Job]) -> None:
-        with self._lock:
-            for j in chunk:
-                self._local.pop(j.message.message_id, None)
-                self._unstarted.pop(j.message.message_id, None)
+        self._attempts.forget(j.message for j in chunk)
 
     def _retry(
         self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
@@ -283,14 +261,11 @@ class Executor:
         messages = [j.message for j in failed + later]
         due = time.monotonic() + delay
         if delay <= LOCAL_RETRY_SECONDS:
-            with self._lock:
-                for j in failed:
-                    key = j.message.message_id
-                    self._local[key] = self._local.get(key, 0) + 1
+            self._attempts.local(j.message for j in failed)
             return EntityEnd(LATER, messages, due)
-        self._count_unstarted([j.message for j in later])
+        self._attempts.unstarted(j.message for j in later)
         self._leases.hide(messages, delay)
-        return EntityEnd(HIDDEN, [], due)
+        return EntityEnd(HIDDEN, messages, due)
 
     def _give_up(self, ref: ShardRef, jobs: list[_Job]) -> None:
         """Run none of these jobs: the first one's message lapsed (see the module doc)."""
@@ -329,61 +304,8 @@ class Executor:
         if not self._bury(ref, None, [job], job.reason, job.invalid):
             return False
         self._outcome("morgued", ref, [job], 0.0, job.invalid, reason=job.reason)
-        self._forget_attempts([job])
+        self._attempts.forget([job.message])
         return True
-
-    def _perform(
-        self, worker: Worker, settings: WorkerSettings, chunk: list[_Job]
-    ) -> tuple[BaseException | None, float]:
-        entity = chunk[0].message.group_id
-        payloads = [j.payload for j in chunk]
-        worker.jobs = [
-            JobInfo(j.message.message_id, self.attempt(j.message), j.message.sent_at, j.meta)
-            for j in chunk
-        ]
-        worker.attempt = worker.jobs[0].attempt
-
-        kind = type(worker)
-        if kind not in self._async:
-            self._async[kind] = is_async(kind.perform)
-        limit = settings.time_limit
-        if self._async[kind]:  # on the node's loop, the limit by cancellation there
-
-            def call() -> None:
-                self.loop.run(
-                    lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
-                    settings.time_limit,
-                )
-
-            limit = None
-        else:
-
-            def call() -> None:
-                worker.perform(entity, payloads)
-
-        if self._app.middleware:
-            ctx = PerformContext(
-                settings.name,
-                entity,
-                payloads,
-                worker.attempt,
-                [j.message.message_id for j in chunk],
-                [j.meta for j in chunk],
-            )
-            perform = call
-
-            def call() -> None:
-                run_around(self._app.middleware, "around_perform", perform, ctx)
-
-        started = time.monotonic()
-        try:
-            _, overran = self._limits.run(call, limit)
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
-            return exc, time.monotonic() - started
-        duration = time.monotonic() - started
-        if overran:
-            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s"), duration
-        return None, duration
 
     def _bury(
         self,
@@ -426,41 +348,11 @@ class Executor:
         error: BaseException | None = None,
         **extra: Any,
     ) -> None:
-        level = _level(kind, error)
-        if level > logging.DEBUG or self._debug:
-            if error is not None:
-                extra["error"] = f"{type(error).__name__}: {error}"
-            for job in chunk:
-                log.log(
-                    level,
-                    f"job.{kind}",
-                    worker=ref.worker,
-                    shard=ref.shard,
-                    entity=job.message.group_id,
-                    message_id=job.message.message_id,
-                    attempt=self.attempt(job.message),
-                    duration=round(duration, 6),
-                    **extra,
-                )
-        outcome = Outcome(
-            kind,
-            ref.worker,
-            ref.shard,
-            chunk[0].message.group_id,
-            [j.message for j in chunk],
-            [j.payload for j in chunk],
-            duration,
-            error,
-        )
-        for observer in self._observers:
-            try:
-                observer.job_outcome(outcome)
-            except Exception:
-                log.exception("observer.failed", observer=type(observer).__name__)
+        messages, payloads = [j.message for j in chunk], [j.payload for j in chunk]
+        self._report.outcome(kind, ref, messages, payloads, self.attempt, duration, error, **extra)
 
     def _broker_error(self, operation: str) -> None:
-        for observer in self._observers:
-            observer.broker_error(operation)
+        self._report.broker_error(operation)
 
     def _worker(self, name: str) -> Worker:
         """This thread's instance of the worker (``jobs`` and ``attempt`` are per call)."""
@@ -492,21 +384,6 @@ def app_router(app: App) -> Router:
         return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
 
     return route
-
-
-def _level(kind: str, error: BaseException | None) -> int:
-    """One level per outcome: success at debug, an asked-for retry at info, any other
-    failure (retried or morgued) at warning."""
-    if kind == "succeeded":
-        return logging.DEBUG
-    if kind == "retried" and isinstance(error, Retry):
-        return logging.INFO
-    return logging.WARNING
-
-
-def _enabled(level: int) -> bool:
-    check = getattr(log.bind(), "is_enabled_for", None)
-    return True if check is None else bool(check(level))
 
 
 def by_entity(messages: list[Message]) -> Iterator[list[Message]]:

@@ -148,13 +148,7 @@ class Lane(threading.Thread):
 
     def _dispatch(self, shard: Shard, batch: list[Message]) -> None:
         """Each entity's jobs to a slot (or run here, when that is cheaper)."""
-        slots = self.node.slots
-        for group in by_entity(batch):
-            chain = slots.try_inline(shard, group)
-            if chain is not None:
-                slots.run(chain)
-            else:
-                slots.submit(shard, group)
+        self.node.slots.hand(shard, list(by_entity(batch)))
 
     def _wake(self) -> None:
         self.inbox.put(WAKE)

@@ -40,31 +40,11 @@ import structlog
 
 from shardq.broker.base import BatchResult, Broker, Message
 from shardq.errors import BrokerError
+from shardq.lease import CHANGE, DELETE, HELD, Lease
 from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.shutdown import release_now as release_now  # its old home
 
 log = structlog.get_logger("shardq.leases")
-
-HELD, DELETE, CHANGE = "held", "delete", "change"
-#: A job is not started with less visibility left than this.
-START_MARGIN_SECONDS = 0.25
-#: Longest wait between tries of a failed request.
-MAX_BACKOFF_SECONDS = 5.0
-
-
-@dataclass(eq=False)
-class Lease:
-    """One held message."""
-
-    message: Message
-    visibility_timeout: float
-    expires: float  # monotonic time at which the message becomes visible again
-    state: str = HELD
-    seconds: float = 0.0  # for CHANGE: visible again after this many seconds
-    asked: float = 0.0  # monotonic time the settle was asked for
-    not_before: float = 0.0  # backoff after a failed request
-    tries: int = 0
-    busy: bool = False  # a request about it is in flight
-    lost: bool = False
 
 
 @dataclass
@@ -149,22 +129,15 @@ class Leases:
             self._extend_at = min(self._extend_at, due)
 
     def lapsed(self, message: Message) -> bool:
-        """True if this message is no longer this node's to run (see the module doc),
-        or has less than :data:`START_MARGIN_SECONDS` of visibility left (the local
-        clock starts when the receive returns, a little after the broker's). A message
-        not held here is not lapsed."""
-        with self._cond:
-            lease = self._held.get(message.receipt)
-            if lease is None:
-                return False
-            return lease.lost or lease.expires - START_MARGIN_SECONDS <= time.monotonic()
+        """:meth:`shardq.lease.Lease.lapsed`; a message not held here is not lapsed."""
+        lease = self._held.get(message.receipt)  # no lock: one read of each field
+        return lease is not None and lease.lapsed(time.monotonic())
 
-    def holds(self, message: Message) -> bool:
-        """True while this message is held here and not being settled (a job waiting
-        for its turn must still be held to start)."""
-        with self._cond:
-            lease = self._held.get(message.receipt)
-            return lease is not None and lease.state == HELD
+    def may_start(self, message: Message) -> bool:
+        """True while this message is held here, not being settled and not
+        :meth:`lapsed`: a job waiting for its turn must be so to start."""
+        lease = self._held.get(message.receipt)  # no lock: one read of each field
+        return lease is not None and lease.state == HELD and lease.may_start(time.monotonic())
 
     def count(self) -> int:
         with self._cond:
@@ -320,18 +293,9 @@ class Leases:
             if due > now:
                 next_at = min(next_at, due)
                 continue
-            room = lease.message.received_at + MAX_VISIBILITY_SECONDS - time.time() - 1
-            if room <= 0:
-                lease.lost = True
-                log.warning(
-                    "lease.cap_reached",
-                    queue=lease.message.queue,
-                    message_id=lease.message.message_id,
-                    detail="12 h since the receive; the broker will deliver this job again",
-                )
-                continue
-            request = self._add(requests, lease, CHANGE, min(lease.visibility_timeout, room), True)
-            request.urgent = True
+            seconds = lease.extension(time.time())
+            if seconds is not None:
+                self._add(requests, lease, CHANGE, seconds, True).urgent = True
         return next_at
 
     def _margin(self, visibility_timeout: float) -> float:
@@ -396,80 +360,18 @@ class Leases:
             )
         entries = zip(request.leases, request.seconds, request.extends, strict=True)
         for lease, seconds, extension in entries:
-            lease.busy = False
-            receipt = lease.message.receipt
-            if extension:
-                if error is None and receipt in result.failed:
-                    lease.lost = True
-                    log.warning(
-                        "lease.lost",
-                        queue=request.queue,
-                        message_id=lease.message.message_id,
-                        reason=result.failed[receipt],
-                    )
-                elif error is None:
-                    lease.expires = sent + seconds  # counted from when it was sent
-                continue  # a failed extension: the next round tries again
-            if error is not None:
-                if lease.expires > now:
-                    lease.tries += 1
-                    lease.not_before = now + min(MAX_BACKOFF_SECONDS, 0.2 * 2**lease.tries)
-                    continue
-                self._gave_up(lease, "the broker was unreachable until its visibility ran out")
-            elif receipt in result.failed:
-                self._gave_up(lease, result.failed[receipt])
-            else:
-                if request.kind == CHANGE and seconds > 0:
-                    m = lease.message
-                    self._hidden[m.message_id] = (m.queue, m.group_id, time.time() + seconds)
-                    if len(self._hidden) > 10_000:  # forget those long visible again
-                        old = time.time() - 3600
-                        self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
-                self._drop(lease)
-
-    def _gave_up(self, lease: Lease, reason: str) -> None:
-        m = lease.message
-        log.warning(
-            "job.delete_failed" if lease.state == DELETE else "lease.change_failed",
-            queue=m.queue,
-            entity=m.group_id,
-            message_id=m.message_id,
-            reason=reason,
-            detail="the job ran but may be delivered again"
-            if lease.state == DELETE
-            else "it becomes visible when its current visibility ends",
-        )
-        self._drop(lease)
+            refused = result.failed.get(lease.message.receipt)
+            if not lease.answered(seconds, extension, sent, now, error, refused):
+                continue
+            if request.kind == CHANGE and seconds > 0 and error is None and refused is None:
+                m = lease.message
+                self._hidden[m.message_id] = (m.queue, m.group_id, time.time() + seconds)
+                if len(self._hidden) > 10_000:  # forget those long visible again
+                    old = time.time() - 3600
+                    self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
+            self._drop(lease)
 
     def _drop(self, lease: Lease) -> None:
         self._held.pop(lease.message.receipt, None)
         if lease in self._settling:
             self._settling.remove(lease)
-
-
-def release_now(broker: Broker, messages: Sequence[Message]) -> int:
-    """Make held messages visible again at once, in this thread, in order (for callers
-    without a node: admin operations, and long polls that answered after shutdown).
-    Failures are logged, never raised: a message not released reappears after its
-    visibility timeout. Returns how many were released."""
-    released = 0
-    by_queue: dict[str, list[Message]] = {}
-    for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
-    for queue, items in by_queue.items():
-        items.sort(key=lambda m: m.sequence)
-        for start in range(0, len(items), MAX_BATCH_ENTRIES):
-            chunk = items[start : start + MAX_BATCH_ENTRIES]
-            try:
-                result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])
-            except BrokerError as exc:
-                log.warning(
-                    "lease.release_failed",
-                    queue=queue,
-                    messages=len(chunk),
-                    error=str(exc),
-                    detail="they reappear after their visibility timeout",
-                )
-                continue
-            released += len(chunk) - len(result.failed)
-    return released

@@ -14,34 +14,23 @@ is alive (a part that died stops the node with exit code 1: a node never keeps
 running with a dead thread), logs ``node.progress`` now and then, runs the broker's
 housekeeping, and notices when ``--until-empty`` has nothing left.
 
-Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): no new jobs start; the
-running ``perform`` calls finish within ``grace_seconds``; every message received
-but not started is released (visible again at once), held retries are hidden for
-what is left of their delay, pending deletes are sent, and the process exits 0. A
-second signal exits at once. A message whose job is still running is never
-released: if the grace period runs out it becomes visible when its visibility
-timeout ends. Long polls still waiting on SQS are abandoned, not waited for: a job
-one of them receives afterwards is not run; it is released if the process still
-runs, or reappears after its visibility timeout.
+Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): see :mod:`shardq.shutdown`.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from shardq.broker.base import Message
-from shardq.early import STOP_SIGNALS
 from shardq.errors import BrokerError, ConfigError, QueueNotFoundError
-from shardq.executor import Executor, Observer, Tally
+from shardq.executor import Executor
 from shardq.fleet import Fleet, make_node_id
 from shardq.fleet_rules import ELASTIC
 from shardq.idle import Pollers, Watcher
@@ -49,13 +38,15 @@ from shardq.job_age import OldJobs
 from shardq.lane import Lane, Shard
 from shardq.layout import parse_name
 from shardq.layout_keeper import LayoutKeeper
-from shardq.leases import HELD, Leases, release_now
+from shardq.leases import Leases
 from shardq.limits import MAX_BATCH_ENTRIES
 from shardq.metrics import NodeMetrics
 from shardq.middleware import notify
+from shardq.outcome import Observer, Tally
 from shardq.ownership import Ownership
 from shardq.plan import Plan, ShardRef, format_plan
 from shardq.progress import Progress
+from shardq.shutdown import StopSignals, release_now, shut_down
 from shardq.slots import Slots
 from shardq.timelimit import TimeLimits
 
@@ -66,8 +57,6 @@ log = structlog.get_logger("shardq.node")
 
 #: Seconds between calls of the broker's housekeeping (``Broker.maintain``).
 MAINTAIN_EVERY_SECONDS = 30.0
-#: Longest wait for pending deletes and releases at shutdown.
-FLUSH_SECONDS = 5.0
 
 
 class Node:
@@ -101,10 +90,10 @@ class Node:
         # A broker that watches many queues at once is local (embedded).
         self.local = local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
-        self._lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
+        self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
         self.leases = Leases(
             app.broker,
-            self._lease_pool,
+            self.lease_pool,
             interval=_lease_interval(app, plan, every_worker=self.elastic),
             on_broker_error=self._broker_error,
         )
@@ -131,7 +120,7 @@ class Node:
             self.stopping,
             self.fail,
         )
-        self.executor.observe([self.slots, *self.observers])
+        self.executor.observe(self.observers)
         self.metrics_port: int | None = None
         rng = random.Random(seed)
         refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
@@ -144,8 +133,7 @@ class Node:
         self.layout = LayoutKeeper(self)
         self.idle: Pollers | Watcher = Pollers(self)
         self.failed = False
-        self._signals = 0
-        self._signal_name: str | None = None
+        self.signals = StopSignals(self.stopping)
         self._progress = Progress(self)
 
     def route(self, ref: ShardRef, entity: str) -> str:
@@ -178,9 +166,8 @@ class Node:
         """Run until stopped (or drained with ``until_empty``); returns the exit code.
         ``signals_before`` tells how many stop signals came before the node's own
         handlers were installed (the CLI's start-up handlers count them)."""
-        self._install_signal_handlers()
-        self._signals = signals_before() if signals_before else 0
-        if self._signals:
+        self.signals.install(signals_before() if signals_before else 0)
+        if self.signals.count:
             self.stop()
         try:
             self._start()  # a broker or config error here ends the run (the CLI says why)
@@ -193,7 +180,7 @@ class Node:
             self._watch()
         except Exception as exc:  # a bug here must still stop the lanes and release jobs
             self.fail("the node's own thread", exc)
-        return self._shutdown()
+        return shut_down(self)
 
     def _watch(self) -> None:
         """The node's own loop: health, progress, housekeeping, until-empty."""
@@ -390,86 +377,6 @@ class Node:
         except BrokerError:
             return False
         return True
-
-    def _shutdown(self) -> int:
-        if self._signal_name:
-            log.info(
-                "node.signal",
-                signal=self._signal_name,
-                detail="finishing running jobs; send it again to exit at once",
-            )
-        self.app.broker.wake_waiters()
-        log.info("node.stopping", grace_seconds=self.config.grace_seconds)
-        deadline = time.monotonic() + self.config.grace_seconds
-        for lane in self.lanes:
-            if lane.ident is not None:
-                lane.join(max(0.0, deadline - time.monotonic()))
-        self.slots.close()
-        self.slots.join(max(0.0, deadline - time.monotonic()))
-        self.executor.loop.close()
-        # Receives still in flight are not waited for: what they bring is released
-        # as a straggler (see Lane._fetch).
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        # A job still running keeps its entity's later jobs (they reappear after it).
-        running = {m.receipt for m in self.slots.running()}
-        retry_due: dict[tuple[str, str], float] = {}
-        for due, messages in sorted(self.slots.retries(), key=lambda r: r[0]):
-            self.leases.hide(messages, max(0.0, due - time.monotonic()))
-            retry_due[(messages[0].queue, messages[0].group_id)] = due
-        unstarted = [m for m in self.leases.held(HELD) if m.receipt not in running]
-        unstarted.sort(key=lambda m: (m.queue, m.sequence))
-        behind = [m for m in unstarted if (m.queue, m.group_id) in retry_due]
-        for m in behind:  # an entity's later jobs stay behind its held retry
-            self.leases.hide([m], max(0.0, retry_due[(m.queue, m.group_id)] - time.monotonic()))
-        self.leases.hide([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0)
-        flushed = self.leases.close(FLUSH_SECONDS)
-        if self.fleet is not None:
-            self.fleet.leave()  # after every job message is settled: hand the shards back
-        self._lease_pool.shutdown(wait=False)
-        self.limits.close()
-        self.metrics.close()
-        notify(self.app.middleware, "on_node_stop", self)
-        self.ownership.finish()
-        tally = self.tally()
-        log.info(
-            "node.stopped",
-            succeeded=sum(tally.succeeded.values()),
-            retried=sum(tally.retried.values()),
-            morgued=sum(tally.morgued.values()),
-            released=len(unstarted),
-            abandoned_running=len(running),
-        )
-        if not flushed:
-            log.warning(
-                "node.unsettled",
-                messages=self.leases.count(),
-                detail="the broker did not confirm every delete or release in time; those "
-                "jobs reappear after their visibility timeout",
-            )
-        if running:
-            log.warning(
-                "node.grace_expired",
-                running_jobs=len(running),
-                detail="their messages reappear after their visibility timeout",
-            )
-            return 3
-        failed = self.failed or not self.leases.alive() or any(lane.failed for lane in self.lanes)
-        return 1 if failed else 0
-
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in STOP_SIGNALS:  # SIGTERM, SIGINT and SIGHUP
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        # Only flags here: a handler that logged or took a lock could deadlock with
-        # the interrupted code. The node's loop logs it and wakes the waiters.
-        self._signals += 1
-        if self._signals > 1:
-            os._exit(128 + signum)
-        self._signal_name = signal.Signals(signum).name
-        self.stopping.set()
 
 
 def _lane_count(plan: Plan, threads: int | None) -> int:

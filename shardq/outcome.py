@@ -1,16 +1,25 @@
-"""What became of jobs: a ``perform`` call's :class:`Outcome` (told to each
-:class:`Observer`: the node's :class:`Tally`, its metrics, test helpers), and how a
-run of one entity's jobs ended (:class:`EntityEnd`), which the execution slots act on.
+"""What became of jobs: a ``perform`` call's :class:`Outcome` (logged and told to each
+:class:`Observer` by the :class:`Reporter`: the node's :class:`Tally`, its metrics, test
+helpers), and how a run of one entity's jobs ended (:class:`EntityEnd`), which the
+execution slots act on.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
+
 from shardq.broker.base import Message
+from shardq.errors import Retry
 from shardq.plan import ShardRef
+
+log = structlog.get_logger("shardq.job")
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,8 @@ class Deferred:
 #: How a run of one entity's jobs ended (:attr:`EntityEnd.kind`).
 DONE = "done"  # every job ran to an end (succeeded, morgued or relayed)
 LATER = "later"  # held here for a local retry (``messages``, due at ``due``)
-HIDDEN = "hidden"  # hidden at the broker until ``due``, the failed job first
-GAVE_UP = "gave_up"  # a job's visibility lapsed: none of the rest runs here
+HIDDEN = "hidden"  # ``messages`` hidden at the broker until ``due``, the failed job first
+GAVE_UP = "gave_up"  # a job's visibility lapsed: none of the rest (``messages``) runs here
 STOPPED = "stopped"  # asked to stop: ``messages`` did not start (still held)
 
 
@@ -82,3 +91,71 @@ class EntityEnd:
     kind: str
     messages: list[Message] = field(default_factory=list)
     due: float = 0.0
+    performed: float = 0.0  # DONE: seconds its jobs' ``perform`` calls took
+
+
+class Reporter:
+    """Logs each job's outcome (one ``job.<kind>`` event per job: success at debug, an
+    asked-for retry at info, any other failure at warning) and tells every observer."""
+
+    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+        self.observers = list(observers)
+        self._debug = False
+        self._debug_until = float("-inf")  # when to ask the log's level again
+
+    def outcome(
+        self,
+        kind: str,
+        ref: ShardRef,
+        messages: list[Message],
+        payloads: list[Any],
+        attempt: Callable[[Message], int],
+        duration: float,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> None:
+        level = _level(kind, error)
+        if level == logging.DEBUG:
+            now = time.monotonic()
+            if now >= self._debug_until:  # asked once a second, not once per job
+                self._debug, self._debug_until = _enabled(logging.DEBUG), now + 1.0
+        if level > logging.DEBUG or self._debug:
+            if error is not None:
+                extra["error"] = f"{type(error).__name__}: {error}"
+            for m in messages:
+                log.log(
+                    level,
+                    f"job.{kind}",
+                    worker=ref.worker,
+                    shard=ref.shard,
+                    entity=m.group_id,
+                    message_id=m.message_id,
+                    attempt=attempt(m),
+                    duration=round(duration, 6),
+                    **extra,
+                )
+        outcome = Outcome(
+            kind, ref.worker, ref.shard, messages[0].group_id, messages, payloads, duration, error
+        )
+        for observer in self.observers:
+            try:
+                observer.job_outcome(outcome)
+            except Exception:
+                log.exception("observer.failed", observer=type(observer).__name__)
+
+    def broker_error(self, operation: str) -> None:
+        for observer in self.observers:
+            observer.broker_error(operation)
+
+
+def _level(kind: str, error: BaseException | None) -> int:
+    if kind == "succeeded":
+        return logging.DEBUG
+    if kind == "retried" and isinstance(error, Retry):
+        return logging.INFO
+    return logging.WARNING
+
+
+def _enabled(level: int) -> bool:
+    check = getattr(log.bind(), "is_enabled_for", None)
+    return True if check is None else bool(check(level))

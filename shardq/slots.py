@@ -4,13 +4,14 @@ A lane (:mod:`shardq.lane`) receives and schedules its shards' batches; it hands
 entity's consecutive jobs of a batch to the node's :class:`Slots`, which run them
 in a pool of up to ``concurrency`` threads. Order and exclusion rest on **entity
 chains**: the node keeps one chain per entity (``(queue, entity)``) that has jobs
-running, waiting for a slot, held for a local retry, or not started at a stop.
-Jobs of an entity that has a chain join its end (so order holds even on a broker
-that would hand out a later job of a group too early), and a chain runs in one slot
-at a time, its jobs in order (:meth:`shardq.executor.Executor.run_entity`).
+running, waiting for a slot, held for a local retry, or not started at a stop
+(:mod:`shardq.chain`). Jobs of an entity that has a chain join its end (so order
+holds even on a broker that would hand out a later job of a group too early; a copy
+of a running job delivered again waits for that run's end), and a chain runs in one
+slot at a time, its jobs in order (:meth:`shardq.executor.Executor.run_entity`).
 
 How a run ends decides what the jobs that joined meanwhile do
-(:class:`~shardq.executor.EntityEnd`): a local retry holds them behind the failed
+(:class:`~shardq.outcome.EntityEnd`): a local retry holds them behind the failed
 job (the chain waits until the retry is due, then takes a slot again); a retry
 hidden at the broker hides them for what is left of the delay; a lapse gives them
 up; a stop leaves them held, for the node's shutdown sweep or a handover to release.
@@ -19,9 +20,10 @@ Back-pressure: a lane starts another batch only while fewer than ``concurrency``
 jobs wait for a slot (:func:`may_take`), so a node holds no more than it can start
 soon, and every held job stays extended by the node's leases meanwhile.
 
-Jobs that take almost no time (mean ``perform`` below :data:`INLINE_BELOW_SECONDS`)
-are cheaper to run in the lane itself than to hand over; the lane does so while a
-slot is free (:func:`run_inline`); such a run counts as a slot.
+Jobs that take almost no time (a mean ``perform`` below :data:`INLINE_BELOW_SECONDS`)
+are cheaper to run in the lane itself than to hand over: while a slot is free
+(:func:`run_inline`), a lane runs the entities of its batch that have no chain one
+after the other itself, in one slot (:meth:`Slots.hand`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
+from shardq.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.executor import Executor
-from shardq.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd, Outcome
+from shardq.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
 
 if TYPE_CHECKING:
     from shardq.lane import Shard
@@ -44,14 +47,6 @@ if TYPE_CHECKING:
 INLINE_BELOW_SECONDS = 0.0005
 #: Weight of the newest duration in a worker's mean.
 _ALPHA = 0.1
-
-READY = "ready"  # waiting for a slot
-RUNNING = "running"  # in a slot (or in its lane, inline)
-DEFERRED = "deferred"  # held for a local retry, due at ``due``
-PARKED = "parked"  # not started at a stop or a handover: released by the sweep
-GONE = "gone"  # no longer the entity's chain
-
-Key = tuple[str, str]
 
 
 def may_take(waiting_jobs: int, concurrency: int) -> bool:
@@ -65,20 +60,6 @@ def run_inline(mean_seconds: float | None, busy: int, concurrency: int) -> bool:
     yet runs in slots: its first jobs may wait long, or on each other."""
     quick = mean_seconds is not None and mean_seconds < INLINE_BELOW_SECONDS
     return quick and busy < concurrency
-
-
-class Chain:
-    """One entity's jobs held by the node, in order."""
-
-    __slots__ = ("due", "key", "pending", "running", "shard", "state")
-
-    def __init__(self, key: Key, shard: Shard, pending: list[Message], state: str) -> None:
-        self.key = key
-        self.shard = shard
-        self.pending = pending  # not started, in order
-        self.running: list[Message] = []  # handed to the executor now
-        self.state = state
-        self.due = 0.0
 
 
 class Slots:
@@ -114,30 +95,29 @@ class Slots:
     # -- what lanes call ---------------------------------------------------------------
     def submit(self, shard: Shard, messages: list[Message]) -> None:
         """Run one entity's jobs (in order) in a slot, after any it has here already."""
-        key = (shard.queue, messages[0].group_id)
         with self._cond:
-            chain = self._chains.get(key)
-            if chain is not None:
-                self._join(chain, messages)
-                return
-            chain = self._chains[key] = Chain(key, shard, list(messages), READY)
-            self._ready.append(chain)
-            # a thread per chain waiting (a woken thread may still count as idle)
-            if len(self._ready) > self._idle_threads and len(self._threads) < self.concurrency:
-                self._start_thread()
-            self._cond.notify()
+            self._submit(shard, messages)
 
-    def try_inline(self, shard: Shard, messages: list[Message]) -> Chain | None:
-        """A chain for the caller to :meth:`run` itself, if :func:`run_inline` says so
-        for the worker and the entity has no chain yet."""
-        key = (shard.queue, messages[0].group_id)
+    def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
+        """Each entity's jobs of a batch to a slot (:meth:`submit`); or, when
+        :func:`run_inline` says so for the worker, those of entities without a chain
+        are run here, one after the other, in one slot."""
         mean = self._means.get(shard.ref.worker)
+        here: list[Chain] = []
         with self._cond:
-            if key in self._chains or not run_inline(mean, self._busy, self.concurrency):
-                return None
-            chain = self._chains[key] = Chain(key, shard, list(messages), RUNNING)
-            self._took()
-        return chain
+            inline = run_inline(mean, self._busy, self.concurrency)
+            for messages in groups:
+                key = (shard.queue, messages[0].group_id)
+                if not inline or key in self._chains:
+                    self._submit(shard, messages)
+                    continue
+                chain = self._chains[key] = Chain(key, shard, [], RUNNING)
+                chain.running = messages
+                here.append(chain)
+            if here:
+                self._took()
+        if here:
+            self._run(shard, here)
 
     def room(self, wake: Callable[[], None]) -> bool:
         """May a lane start another batch (:func:`may_take`)? If not, ``wake`` is
@@ -169,43 +149,41 @@ class Slots:
                 return
         done()
 
-    def run(self, chain: Chain) -> None:
-        """Run a chain taken by :meth:`try_inline` (or by a slot) until it ends here."""
-        shard = chain.shard
+    def _run(self, shard: Shard, chains: list[Chain]) -> None:
+        """Run chains taken by a slot or by :meth:`hand` (only the shard's lane joins
+        them meanwhile) in this thread, one after the other, settled together at the
+        end; one that a job joined meanwhile waits for a slot again."""
+        ends: list[EntityEnd] = []
+
+        def stop() -> bool:
+            return self._stopping.is_set() or shard.dropped
+
         try:
-            while True:
-                with self._cond:
-                    chain.running, chain.pending = chain.pending, []
-                end = self._executor.run_entity(
-                    shard.ref, chain.running, stop=lambda: self._stopping.is_set() or shard.dropped
-                )
-                with self._cond:
-                    chain.running = []
-                    if not self._after(chain, end):
-                        return
+            for chain in chains:
+                ends.append(self._executor.run_entity(shard.ref, chain.running, stop=stop))
         except BaseException as exc:
-            with self._cond:
-                chain.pending, chain.running = chain.running + chain.pending, []
-                chain.state = PARKED
-            self._on_failure(f"the slot running {chain.key[1]!r} of {shard.ref}", exc)
+            self._on_failure(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._cond:
-                self._busy -= 1
-                self._wake_lanes()
-                self._end_sweep(shard)
-                if self._ready:  # a slot is free for a chain waiting
-                    self._cond.notify()
+                jobs, performed, ran = 0, 0.0, True  # every job ran: time them
+                for chain, end in zip(chains, ends, strict=False):
+                    jobs, performed = jobs + len(chain.running), performed + end.performed
+                    ran = ran and end.kind == DONE
+                    if chain.again:
+                        end = self._settle_again(chain, end)
+                    chain.running = []
+                    if self._after(chain, end):  # a job joined it meanwhile
+                        chain.state = READY
+                        self._queue(chain)
+                if ran and jobs:
+                    self._timed(shard.ref.worker, performed / jobs)
+                for chain in chains[len(ends) :]:  # not run: the node is failing
+                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
+                    chain.pending, chain.running = [*end.messages, *chain.pending], []
+                    chain.state = PARKED
+                self._free(shard)
 
     # -- what the node reads -------------------------------------------------------------
-    def job_outcome(self, outcome: Outcome) -> None:
-        """An observer: each worker's mean ``perform`` duration per job."""
-        each = outcome.duration / max(1, len(outcome.messages))
-        mean = self._means.get(outcome.worker)
-        self._means[outcome.worker] = each if mean is None else mean + _ALPHA * (each - mean)
-
-    def broker_error(self, operation: str) -> None:
-        """Not counted here."""
-
     def in_use(self) -> int:
         return self._busy
 
@@ -237,7 +215,7 @@ class Slots:
                 m
                 for c in self._chains.values()
                 if c.state == RUNNING
-                for m in [*c.running, *c.pending]
+                for m in [*c.running, *c.again.values(), *c.pending]
             ]
 
     def retries(self) -> list[tuple[float, list[Message]]]:
@@ -246,24 +224,47 @@ class Slots:
             return [(c.due, list(c.pending)) for c in self._chains.values() if c.state == DEFERRED]
 
     # -- inside (the lock held) --------------------------------------------------------
-    def _join(self, chain: Chain, messages: list[Message]) -> None:
-        """Later jobs join the end of the chain (order holds). A job delivered again
-        while its first copy still waits here (that copy's visibility ran out) takes
-        the first copy's place, with its new receipt."""
-        waiting = {m.message_id: i for i, m in enumerate(chain.pending)}
-        stale = []
-        for m in messages:
-            i = waiting.get(m.message_id)
-            if i is None:
-                chain.pending.append(m)
-            else:
-                stale.append(chain.pending[i])
-                chain.pending[i] = m
+    def _submit(self, shard: Shard, messages: list[Message]) -> None:
+        key = (shard.queue, messages[0].group_id)
+        chain = self._chains.get(key)
+        if chain is not None:
+            stale = join(chain, messages)
+            if stale:
+                self._executor.give_up_later(stale)
+            return
+        self._queue(self._chains.setdefault(key, Chain(key, shard, list(messages), READY)))
+
+    def _queue(self, chain: Chain) -> None:
+        """A chain waits for a slot."""
+        self._ready.append(chain)
+        # a thread per chain waiting (a woken thread may still count as idle)
+        if len(self._ready) > self._idle_threads and len(self._threads) < self.concurrency:
+            self._start_thread()
+        self._cond.notify()
+
+    def _settle_again(self, chain: Chain, end: EntityEnd) -> EntityEnd:
+        end, ended, stale = settle_again(chain, end)
+        if ended:
+            self._executor.delete(ended)
         if stale:
             self._executor.give_up_later(stale)
+        return end
 
     def _waiting(self) -> int:
         return sum(len(c.pending) for c in self._ready if c.state == READY)
+
+    def _free(self, shard: Shard) -> None:
+        """A run ended: its slot is free."""
+        self._busy -= 1
+        self._wake_lanes()
+        self._end_sweep(shard)
+        if self._ready:  # a slot is free for a chain waiting
+            self._cond.notify()
+
+    def _timed(self, worker: str, each: float) -> None:
+        """A worker's mean time per job run (for :func:`run_inline`)."""
+        mean = self._means.get(worker)
+        self._means[worker] = each if mean is None else mean + _ALPHA * (each - mean)
 
     def _took(self) -> None:
         self._busy += 1
@@ -277,10 +278,9 @@ class Slots:
 
     def _after(self, chain: Chain, end: EntityEnd) -> bool:
         """Settle a run's end; True if the chain runs on in this slot."""
-        now = self._clock()
         if end.kind == HIDDEN:
             if chain.pending:
-                self._executor.hide_later(chain.pending, max(0.0, end.due - now))
+                self._executor.hide_later(chain.pending, max(0.0, end.due - self._clock()))
             return self._remove(chain)
         if end.kind == GAVE_UP:
             if chain.pending:
@@ -302,7 +302,7 @@ class Slots:
         else:
             chain.state = PARKED
         if id(chain.shard) in self._sweeps:
-            self._dispose(chain, now)
+            self._dispose(chain, self._clock())
         return False
 
     def _remove(self, chain: Chain) -> bool:
@@ -344,7 +344,7 @@ class Slots:
                 chain = self._take()
             if chain is None:
                 return
-            self.run(chain)
+            self._run(chain.shard, [chain])
 
     def _take(self) -> Chain | None:
         """The next chain to run (the lock held); None once closed."""
@@ -366,6 +366,7 @@ class Slots:
                         chain.state = PARKED
                         continue
                     chain.state = RUNNING
+                    chain.running, chain.pending = chain.pending, []
                     self._took()
                     self._wake_lanes()
                     return chain

@@ -13,11 +13,12 @@ import pytest
 import shardq
 from shardq import morgue
 from shardq.broker.base import Message
+from shardq.chain import RUNNING, Chain, join, settle_again
 from shardq.config import Config
 from shardq.errors import ConfigError
-from shardq.executor import DONE, EntityEnd
 from shardq.lane import Shard
 from shardq.node import Node
+from shardq.outcome import DONE, HIDDEN, LATER, EntityEnd
 from shardq.plan import ShardRef
 from shardq.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
 from tests.conftest import make_broker
@@ -250,20 +251,34 @@ class Recorder:
     """Runs nothing: records each run of an entity's jobs, the first one held until
     ``go`` is set, and what was given up."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_fails: bool = False) -> None:
         self.go = threading.Event()
         self.started = threading.Event()
+        self.first_fails = first_fails  # the first run ends in a local retry, due at once
         self.runs: list[list[str]] = []
         self.given_up: list[list[str]] = []
+        self.deleted: list[list[str]] = []
 
     def run_entity(self, ref: Any, messages: list[Message], stop: Any = None) -> EntityEnd:
         self.runs.append([m.receipt for m in messages])
         self.started.set()
         assert self.go.wait(30)
+        if self.first_fails and len(self.runs) == 1:
+            return EntityEnd(LATER, messages, 0.0)
         return EntityEnd(DONE)
 
     def give_up_later(self, messages: list[Message]) -> None:
         self.given_up.append([m.receipt for m in messages])
+
+    def delete(self, messages: list[Message]) -> None:
+        self.deleted.append([m.receipt for m in messages])
+
+
+def settle(slots: Slots) -> None:
+    deadline = time.monotonic() + 30
+    while not slots.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    slots.close()
 
 
 def message(message_id: str, receipt: str, sequence: str) -> Message:
@@ -289,3 +304,79 @@ def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> N
     assert recorder.runs == [["a-1"], ["b-2", "c-1"]]
     assert recorder.given_up == [["b-1"]]
     slots.close()
+
+
+def test_a_job_delivered_again_while_it_runs_runs_once_and_its_new_copy_is_deleted() -> None:
+    # given slots running job M of entity e
+    recorder = Recorder()
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("m", "m-1", "1")])
+    assert recorder.started.wait(30)
+    # when M is received again (its first copy's visibility ran out), with job N after it
+    slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
+    recorder.go.set()
+    settle(slots)
+    # then M runs once; once it succeeded its new copy is deleted with its own receipt
+    assert recorder.runs == [["m-1"], ["n-1"]]
+    assert recorder.deleted == [["m-2"]]
+    assert recorder.given_up == []
+
+
+def test_a_job_delivered_again_while_its_run_fails_is_retried_with_its_new_copy() -> None:
+    # given slots running job M of entity e, whose run fails (a local retry)
+    recorder = Recorder(first_fails=True)
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("m", "m-1", "1")])
+    assert recorder.started.wait(30)
+    # when M is received again while it runs, with job N after it
+    slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
+    recorder.go.set()
+    settle(slots)
+    # then the retry runs the new copy before N; the first copy is given up, none deleted
+    assert recorder.runs == [["m-1"], ["m-2", "n-1"]]
+    assert recorder.given_up == [["m-1"]]
+    assert recorder.deleted == []
+
+
+# -- copies delivered again, on plain data -------------------------------------------------
+def running_chain(*receipts: str) -> Chain:
+    chain = Chain(("q", "e"), Shard(ShardRef("W", 0, 1), "q", 30), [], RUNNING)
+    chain.running = [message(r.split("-")[0], r, r.split("-")[0]) for r in receipts]
+    return chain
+
+
+def test_a_copy_of_a_job_that_ran_to_an_end_is_to_be_deleted() -> None:
+    # given a chain running M and N, and M delivered again meanwhile
+    chain = running_chain("m-1", "n-1")
+    assert join(chain, [message("m", "m-2", "m")]) == []
+    # when the run ends with both done
+    end, ended, stale = settle_again(chain, EntityEnd(DONE))
+    # then the new copy of M is to be deleted, nothing given up, nothing to run
+    assert ([m.receipt for m in ended], stale, end.kind) == (["m-2"], [], DONE)
+    assert chain.pending == [] and chain.again == {}
+
+
+def test_a_copy_of_a_job_held_for_a_retry_takes_the_first_copys_place() -> None:
+    # given a chain running M and N, M and N delivered again meanwhile
+    chain = running_chain("m-1", "n-1")
+    join(chain, [message("m", "m-2", "m"), message("n", "n-2", "n")])
+    # when M succeeded and N failed, held for a local retry
+    first = chain.running
+    end, ended, stale = settle_again(chain, EntityEnd(LATER, [first[1]], 5.0))
+    # then M's new copy is to be deleted, N's retry runs its new copy, the first is given up
+    assert [m.receipt for m in ended] == ["m-2"]
+    assert ([m.receipt for m in end.messages], end.due) == (["n-2"], 5.0)
+    assert [m.receipt for m in stale] == ["n-1"]
+
+
+def test_a_copy_of_a_job_hidden_for_a_retry_goes_first_among_the_jobs_to_hide() -> None:
+    # given a chain running M, delivered again, and job P that joined after it
+    chain = running_chain("m-1")
+    join(chain, [message("m", "m-2", "m"), message("p", "p-1", "p")])
+    # when M failed and was hidden at the broker
+    end, ended, stale = settle_again(chain, EntityEnd(HIDDEN, list(chain.running), 60.0))
+    # then the new copy goes before P, to be hidden with it; nothing deleted or given up
+    assert [m.receipt for m in chain.pending] == ["m-2", "p-1"]
+    assert (ended, stale, end.kind) == ([], [], HIDDEN)
