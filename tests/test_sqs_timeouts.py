@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from shardq.broker.sqs_client import (
     CALL_ATTEMPTS,
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
+    Unanswered,
     worst_call_seconds,
 )
 from shardq.config import Config
@@ -110,8 +112,10 @@ def test_the_broker_client_uses_the_timeouts_and_adaptive_retries() -> None:
 def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(
     mute: Mute, args: tuple[str, ...]
 ) -> None:
-    # when a command talks to an SQS endpoint that never answers
+    # when a command talks to an SQS endpoint that never answers (its state table too)
+    started = time.monotonic()
     result = cli(mute, *args, timeout=90)  # was ~145 s: the run would time out here
+    elapsed = time.monotonic() - started
     # then it exits 1 saying the endpoint (SQS, or the state table on it) did not answer in
     # time, with no traceback
     assert result.returncode == 1, result.stderr
@@ -119,6 +123,29 @@ def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(
     assert "did not answer within" in result.stderr
     assert "Traceback" not in result.stderr
     assert mute.accepted  # it did connect: the hang was in the answer
+    # and within the bound of one call, although it needs the table and then SQS (each
+    # call after the first that timed out fails at once), Python's start included
+    assert elapsed < BUDGET, f"{elapsed:.1f} s"
+
+
+def test_an_endpoint_that_timed_out_is_not_asked_again_for_one_calls_bound() -> None:
+    # given the memory of hung endpoints of a one-shot command, on a clock of our own
+    now = [100.0]
+    unanswered = Unanswered(clock=lambda: now[0])
+    unanswered.record("http://a", "SQS did not answer")
+    # then it is off until a command turns it on
+    assert unanswered.earlier("http://a") is None
+    # when a one-shot command turns it on
+    unanswered.fail_fast()
+    # then a call to that endpoint within one call's bound gets the first error at once,
+    # another endpoint is asked as usual, and after the bound the endpoint is asked again
+    now[0] += 5
+    assert unanswered.earlier("http://a") == (
+        "SQS did not answer (not asked again: that endpoint timed out 5 s ago)"
+    )
+    assert unanswered.earlier("http://b") is None
+    now[0] += worst_call_seconds()
+    assert unanswered.earlier("http://a") is None
 
 
 def test_app_publish_from_code_fails_with_a_clear_error(
@@ -136,5 +163,7 @@ def test_app_publish_from_code_fails_with_a_clear_error(
     app.configure(Config(broker_url="sqs://", endpoint_url=mute.url, region="us-east-1"))
     # when a web request publishes, then it gets a clear error (the state table, read
     # first for the worker's layout, is on the same endpoint), not a hang
+    started = time.monotonic()
     with pytest.raises((BrokerError, StoreError), match="did not answer within"):
         Job.publish("e", {"n": 1})
+    assert time.monotonic() - started < BUDGET

@@ -45,6 +45,7 @@ from shardq.broker.sqs_client import (
     POLL_READ_TIMEOUT,
     READ_TIMEOUT,
     TIMEOUTS,
+    Unanswered,
     make_client,
     timed_out,
 )
@@ -93,6 +94,8 @@ class SqsBroker(Broker):
             poll_client = make_client(region, endpoint_url, max_connections, POLL_READ_TIMEOUT)
         self.client = client
         self.endpoint_url = endpoint_url
+        #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
+        self.unanswered = Unanswered()
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self._poll_client = poll_client
@@ -111,6 +114,10 @@ class SqsBroker(Broker):
 
     # -- plumbing -------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., _T], **kwargs: Any) -> _T:
+        endpoint = self.client.meta.endpoint_url
+        earlier = self.unanswered.earlier(endpoint)
+        if earlier is not None:
+            raise BrokerError(f"{what}: not sent: {earlier}")
         try:
             return fn(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -123,7 +130,9 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise _no_credentials(what) from exc
         except TIMEOUTS as exc:
-            raise timed_out(what, exc, _SAFE.get(what.split()[0], "")) from exc
+            error = timed_out(what, exc, _SAFE.get(what.split()[0], ""))
+            self.unanswered.record(endpoint, str(error))
+            raise error from exc
         except botocore.exceptions.BotoCoreError as exc:
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc

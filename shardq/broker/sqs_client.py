@@ -9,6 +9,9 @@ covers the longest poll; every other call gets :data:`READ_TIMEOUT`.
 from __future__ import annotations
 
 import platform
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -38,6 +41,39 @@ def worst_call_seconds() -> float:
     2^(n-1) s after attempt n."""
     backoff = sum(2 ** (n - 1) for n in range(1, CALL_ATTEMPTS))
     return float(CALL_ATTEMPTS * (CONNECT_TIMEOUT + READ_TIMEOUT) + backoff)
+
+
+class Unanswered:
+    """An endpoint that let a whole call time out, remembered for ``hold`` seconds on
+    this process's monotonic clock: a call to it within that time fails at once with the
+    first error instead of waiting out its own timeouts, so a command that makes several
+    calls (the state table, then SQS, on one endpoint) fails within one call's bound.
+
+    ``hold`` is 0 (off) unless a one-shot command turns it on: a node's threads keep
+    asking on their own terms."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hold = 0.0
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._errors: dict[str, tuple[float, str]] = {}
+
+    def fail_fast(self) -> None:
+        """Turn it on: for the bound of one call."""
+        self.hold = worst_call_seconds()
+
+    def record(self, endpoint: str, error: str) -> None:
+        with self._lock:
+            self._errors[endpoint] = (self._clock(), error)
+
+    def earlier(self, endpoint: str) -> str | None:
+        """The error of a call to ``endpoint`` that timed out less than ``hold`` ago."""
+        with self._lock:
+            seen = self._errors.get(endpoint)
+        if seen is None or self._clock() - seen[0] >= self.hold:
+            return None
+        ago = self._clock() - seen[0]
+        return f"{seen[1]} (not asked again: that endpoint timed out {ago:.0f} s ago)"
 
 
 def make_client(region: str | None, endpoint_url: str | None, connections: int, read: float) -> Any:

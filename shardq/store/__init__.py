@@ -61,16 +61,18 @@ def store_for(config: Config, broker: Broker) -> Store:
         from shardq.store.dynamo import TABLE_SUFFIX, DynamoStore  # imports boto3
 
         query = store_parameters(config.store_url or "dynamodb://", config.source)
-        region, endpoint = config.region, config.endpoint_url
+        region, endpoint, unanswered = config.region, config.endpoint_url, None
         if broker.kind == "sqs":  # where the broker's SQS is (it may be given in code)
             from shardq.broker.sqs import SqsBroker
 
             if isinstance(broker, SqsBroker):
                 region, endpoint = broker.client.meta.region_name, broker.endpoint_url
+                unanswered = broker.unanswered  # one memory of hung endpoints
         return DynamoStore(
             query.get("table", config.queue_prefix + TABLE_SUFFIX),
             region=query.get("region", region),
             endpoint_url=query.get("endpoint_url", endpoint),
+            unanswered=unanswered,
         )
     if broker.kind == "sqlite" and isinstance(broker, SqliteBroker):
         return SqliteStore(broker.path)

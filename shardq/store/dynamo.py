@@ -21,6 +21,7 @@ from shardq.broker.sqs_client import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
     TIMEOUTS,
+    Unanswered,
     worst_call_seconds,
 )
 from shardq.store import base
@@ -36,8 +37,16 @@ class DynamoStore(Store):
 
     kind = "dynamodb"
 
-    def __init__(self, table: str, *, region: str | None, endpoint_url: str | None) -> None:
+    def __init__(
+        self,
+        table: str,
+        *,
+        region: str | None,
+        endpoint_url: str | None,
+        unanswered: Unanswered | None = None,
+    ) -> None:
         self.table = table
+        self.unanswered = unanswered or Unanswered()
         # The SQS calls' bounds: a table that never answers fails a call within 18 s.
         config = botocore.config.Config(
             connect_timeout=CONNECT_TIMEOUT,
@@ -54,6 +63,10 @@ class DynamoStore(Store):
 
     @contextmanager
     def _call(self, call: str, key: str = "", expected: int | None = None) -> Iterator[None]:
+        endpoint = self.client.meta.endpoint_url
+        earlier = self.unanswered.earlier(endpoint)
+        if earlier is not None:
+            raise StoreError(f"DynamoDB {call}: not sent: {earlier}")
         try:
             yield
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
@@ -71,12 +84,14 @@ class DynamoStore(Store):
                     "(environment, ~/.aws/credentials or an instance role), never in shardq.yaml"
                 ) from None
             if isinstance(exc, TIMEOUTS):
-                raise StoreError(
+                error = (
                     f"DynamoDB {call}: the state table's endpoint did not answer within "
                     f"{worst_call_seconds():.0f} s ({CALL_ATTEMPTS} attempts, "
                     f"{CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to answer each); "
                     "check the endpoint and the network, then retry"
-                ) from None
+                )
+                self.unanswered.record(endpoint, error)
+                raise StoreError(error) from None
             if code == "ResourceNotFoundException":
                 raise StoreError(
                     f"DynamoDB {call}: the state table {self.table!r} does not exist (or is "
