@@ -15,7 +15,7 @@ at the end), with jobs of every shard published every ``--publish-every`` s:
    SIGTERM (it must exit 0). Timed the same way;
 4. publishing stops; the last node drains the queues; the ledger is checked (every
    job ran, first successes in publish order, no entity run twice at once; a job
-   replayed after the kill is allowed).
+   replayed after the kill is allowed, and counted).
 
 Per run, a departure's figure is the time until *all* its shards were served again
 (the slowest shard). It prints p50 and max over the runs with the lease settings.
@@ -234,6 +234,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         wait(drained, 120, "the last node to drain the queues")
         problems = ledger.check(ledger.read(str(path)), expected, killed={victim.pid: killed_at})
         out["jobs"] = len(entities) * publisher.rounds
+        out["duplicates"] = len(problems.pop("duplicates"))  # a replay after the kill: allowed
         out["problems"] = {k: len(v) for k, v in problems.items() if v}
     finally:
         publisher.halt.set()
@@ -288,7 +289,9 @@ def main() -> int:
                 f"{got['kill_held']}: served {got['kill_served']:.2f} s (owned "
                 f"{got['kill_owned']:.2f} s); SIGTERM of a node holding {got['leave_held']}: "
                 f"served {got['leave_served']:.2f} s (owned {got['leave_owned']:.2f} s), exit "
-                f"{got['leave_exit']}; {got['jobs']} jobs, problems {got['problems'] or 'none'}; "
+                f"{got['leave_exit']}; {got['jobs']} jobs, {got['duplicates']} replayed after "
+                "the kill, "
+                f"problems {got['problems'] or 'none'}; "
                 f"load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
@@ -308,8 +311,12 @@ def main() -> int:
         got = [r[key] for r in results]
         print(f"  {name}: p50 {statistics.median(got):.2f} s, max {max(got):.2f} s")
     bad = [r["problems"] for r in results if r["problems"]]
+    replays = [r["duplicates"] for r in results]
     exits = [r["leave_exit"] for r in results]
-    print(f"  ledger problems: {bad or 'none'}; exit codes after SIGTERM: {exits}")
+    print(
+        f"  ledger problems: {bad or 'none'} (jobs replayed after the kill: {replays}); "
+        f"exit codes after SIGTERM: {exits}"
+    )
     if not args.keep and not bad:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     else:
