@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def main() -> int:
     entities = [f"r{i}" for i in range(ENTITIES)]
     began, n, resharded, ended = time.monotonic(), 0, None, None
     watch = Unserved()
+    clean = False
     try:
         while time.monotonic() - began < args.seconds:
             if args.elastic:
@@ -183,6 +185,9 @@ def main() -> int:
         ok = ended is not None and not any(problems.values()) and not any(left.values())
         ok = ok and (watch.served or not args.elastic)
         print("OK" if ok else "FAILED")
+        clean = ok
+        if not ok:
+            print(f"kept the ledger and the node logs: {tmp}")
         return 0 if ok else 1
     finally:
         for node in nodes:
@@ -193,6 +198,8 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 node.kill()
         emulator.stop(server)
+        if clean:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
