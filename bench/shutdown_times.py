@@ -141,6 +141,20 @@ def write_config(args: argparse.Namespace, up: Upstream, work: str) -> str:
     return path
 
 
+def ensure(side: Side, config: str, work: str) -> None:
+    """``shardq queues ensure``: the queues and, on versions that keep one, the state
+    table a node needs before it starts (exit 4, settings drifted, is fine here)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardq", "queues", "ensure", "--config", config],
+        cwd=work,
+        env=side.env(),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode not in (0, 4):
+        raise RuntimeError(f"{side.name}: queues ensure exited {proc.returncode}: {proc.stderr}")
+
+
 def start_node(side: Side, config: str, work: str, *flags: str) -> subprocess.Popen[bytes]:
     env = side.env(LANE_LEDGER=os.path.join(work, "ledger"), LANE_FAIL_PERCENT="0")
     with open(os.path.join(work, "node.log"), "wb") as log:
@@ -167,6 +181,7 @@ def wait_exit(proc: subprocess.Popen[bytes]) -> tuple[float, int | str]:
 
 def idle(args: argparse.Namespace, side: Side, up: Upstream, work: str) -> dict[str, Any]:
     config = write_config(args, up, work)
+    ensure(side, config, work)
     log = os.path.join(work, "node.log")
     proc = start_node(side, config, work)
     try:
@@ -188,6 +203,7 @@ def idle(args: argparse.Namespace, side: Side, up: Upstream, work: str) -> dict[
 
 def until_empty(args: argparse.Namespace, side: Side, up: Upstream, work: str) -> dict[str, Any]:
     config = write_config(args, up, work)
+    ensure(side, config, work)
     spec = {"cmd": "publish", "config": config, "jobs": args.jobs, "entities": args.entities}
     published = run_child(side, spec, os.path.join(work, "publish.log"))["published"]
     proc = start_node(side, config, work, "--until-empty")

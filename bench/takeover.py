@@ -1,0 +1,328 @@
+"""Takeover, leave and join times of an elastic fleet of real ``shardq run`` processes.
+
+Each run, on a fresh app (new queue prefix; on ``--broker sqlite`` a new broker file,
+on ``--broker sqs`` one ministack on 127.0.0.1 shared by the runs, stopped by its pid
+at the end), with jobs of every shard published every ``--publish-every`` s:
+
+1. **join**: two elastic nodes (``shardq run`` without ``--node``) of the ledger app
+   (``tests/apps/ledger.py``) start; once they share the shards, a third one starts.
+   Timed from its start (``Popen``) and from its heartbeat's first appearance in the
+   state store until every node holds within one of the fair share of ``--shards``;
+2. **kill**: the node holding the most shards gets SIGKILL. Timed until every shard
+   it held has a job *started* by another process (the ledger), and until the store
+   names another owner for each;
+3. **leave**: once the two survivors are balanced, the one holding the most gets
+   SIGTERM (it must exit 0). Timed the same way;
+4. publishing stops; the last node drains the queues; the ledger is checked (every
+   job ran, first successes in publish order, no entity run twice at once; a job
+   replayed after the kill is allowed, and counted).
+
+Per run, a departure's figure is the time until *all* its shards were served again
+(the slowest shard). It prints p50 and max over the runs with the lease settings.
+
+    python bench/takeover.py --broker sqlite --runs 5
+    python bench/takeover.py --broker sqs --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, git_head, machine
+
+from shardq.config import Config
+from shardq.sharding import shard_for
+from tests import emulator as emu
+from tests.apps import ledger
+
+WORKER = "Ledgered"
+
+
+class Publisher(threading.Thread):
+    """Publishes job ``n`` of every entity, ``n`` = 0, 1, ..., every ``every`` s."""
+
+    def __init__(self, entities: list[str], every: float) -> None:
+        super().__init__(daemon=True)
+        self.entities, self.every = entities, every
+        self.rounds = 0
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                ledger.Ledgered.publish_many(
+                    [(e, {"n": self.rounds, "sleep": 0.005}) for e in self.entities]
+                )
+                self.rounds += 1
+                self.halt.wait(self.every)
+        except BaseException as exc:  # reported by the driver
+            self.error = exc
+
+
+def entities_for(shards: int, per_shard: int) -> list[str]:
+    """``per_shard`` entity names in each shard."""
+    found: dict[int, list[str]] = {s: [] for s in range(shards)}
+    i = 0
+    while any(len(v) < per_shard for v in found.values()):
+        name = f"e{i}"
+        bucket = found[shard_for(name, shards)]
+        if len(bucket) < per_shard:
+            bucket.append(name)
+        i += 1
+    return [name for names in found.values() for name in names]
+
+
+def pid_of(node_id: str) -> int:
+    """The pid inside a node id ``host-pid-xxxx``."""
+    return int(node_id.rsplit("-", 2)[1])
+
+
+def owners() -> dict[int, int]:
+    """shard -> pid of its owner, for the shards someone owns."""
+    out = {}
+    for item in ledger.app.store.query_all("shard/"):
+        owner = str(item.value.get("owner", "") or "")
+        key = item.key.partition("/")[2]
+        if owner and key.startswith(f"{WORKER}:"):
+            out[int(key.rpartition(":")[2])] = pid_of(owner)
+    return out
+
+
+def beating() -> set[int]:
+    """Pids of the nodes with a heartbeat item not marked gone."""
+    return {
+        pid_of(item.key.partition("/")[2])
+        for item in ledger.app.store.query_all("node/")
+        if not item.value.get("gone")
+    }
+
+
+def balanced(pids: set[int], shards: int) -> bool:
+    held = owners()
+    counts = Counter(held.values())
+    fair = shards / len(pids)
+    return (
+        len(held) == shards
+        and set(counts) == pids
+        and all(fair - 1 < n < fair + 1 for n in counts.values())
+    )
+
+
+def wait(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Polls ``check`` every 50 ms; returns ``time.time()`` when it first held."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+    return time.time()
+
+
+def first_starts(path: Path, shards: int, since: float, other_than: int) -> dict[int, float]:
+    """shard -> first ledger start after ``since`` by a process other than ``other_than``."""
+    found: dict[int, float] = {}
+    for e in ledger.read(str(path)) if path.exists() else []:
+        if e["event"] == "start" and e["t"] > since and e["pid"] != other_than:
+            shard = shard_for(e["entity"], shards)
+            found[shard] = min(found.get(shard, e["t"]), e["t"])
+    return found
+
+
+def departure(
+    node: subprocess.Popen[bytes], sig: int, shards: int, path: Path
+) -> tuple[float, float, int]:
+    """Send ``sig`` to ``node``; (seconds until every shard it held was served by
+    another process, seconds until another node owned each, shards it held)."""
+    held = {s for s, pid in owners().items() if pid == node.pid}
+    os.kill(node.pid, sig)
+    t0 = time.time()
+    owned_at = wait(
+        lambda: all(owners().get(s, node.pid) != node.pid for s in held), 120, "new owners"
+    )
+    served: dict[int, float] = {}
+
+    def all_served() -> bool:
+        served.update(first_starts(path, shards, t0, node.pid))
+        return held <= set(served)
+
+    wait(all_served, 120, "the shards to be served")
+    slowest = max((served[s] for s in held), default=t0)
+    return slowest - t0, owned_at - t0, len(held)
+
+
+def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[str, Any]:
+    env = {
+        **env,
+        "SHARDQ_QUEUE_PREFIX": f"tk{uuid.uuid4().hex[:6]}-",
+        "SHARDQ_APP": "tests.apps.ledger",
+        "SHARDQ_LEASE_SECONDS": str(args.lease_seconds),
+        "SHARDQ_IDLE_WAIT_SECONDS": "1",
+        "SHARDQ_GRACE_SECONDS": "20",
+        "SHARDQ_LOG_FORMAT": "json",
+        f"SHARDQ_WORKERS__{WORKER}__shards": str(args.shards),
+        "LEDGER_PATH": str(work / "ledger.jsonl"),
+    }
+    ledger.app.configure(Config.load(env={k: v for k, v in env.items() if "SHARDQ_" in k}))
+    ledger.app.ensure_queues()
+    child_env = {**os.environ, **env}
+    nodes: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        log = open(work / f"node{len(nodes)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardq", "run"],
+            cwd=ROOT,
+            env=child_env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        nodes.append(proc)
+        return proc
+
+    entities = entities_for(args.shards, 4)
+    publisher = Publisher(entities, args.publish_every)
+    out: dict[str, Any] = {}
+    try:
+        first = {start().pid, start().pid}
+        publisher.start()
+        wait(lambda: balanced(first, args.shards), 120, "two nodes to share the shards")
+        spawned = time.time()
+        third = start()
+        joined = wait(lambda: third.pid in beating(), 120, "the third node's heartbeat")
+        done = wait(lambda: balanced(first | {third.pid}, args.shards), 120, "balance")
+        out["join_from_start"], out["join_from_beat"] = done - spawned, done - joined
+        path = Path(env["LEDGER_PATH"])
+        by_count = Counter(owners().values())
+        victim = next(p for p in nodes if p.pid == by_count.most_common(1)[0][0])
+        out["kill_served"], out["kill_owned"], out["kill_held"] = departure(
+            victim, signal.SIGKILL, args.shards, path
+        )
+        killed_at = time.time() - out["kill_served"]
+        victim.wait()
+        alive = {p.pid for p in nodes if p.poll() is None}
+        wait(lambda: balanced(alive, args.shards), 120, "the survivors to balance")
+        by_count = Counter(owners().values())
+        leaver = next(p for p in nodes if p.pid == by_count.most_common(1)[0][0])
+        out["leave_served"], out["leave_owned"], out["leave_held"] = departure(
+            leaver, signal.SIGTERM, args.shards, path
+        )
+        out["leave_exit"] = leaver.wait(30)
+        publisher.halt.set()
+        publisher.join(30)
+        if publisher.error is not None:
+            raise publisher.error
+        expected = dict.fromkeys(entities, publisher.rounds)
+
+        def drained() -> bool:
+            ended = {(e["entity"], e["n"]) for e in ledger.read(str(path)) if e["event"] == "end"}
+            return len(ended) >= len(entities) * publisher.rounds
+
+        wait(drained, 120, "the last node to drain the queues")
+        problems = ledger.check(ledger.read(str(path)), expected, killed={victim.pid: killed_at})
+        out["jobs"] = len(entities) * publisher.rounds
+        out["duplicates"] = len(problems.pop("duplicates"))  # a replay after the kill: allowed
+        out["problems"] = {k: len(v) for k, v in problems.items() if v}
+    finally:
+        publisher.halt.set()
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in nodes:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", choices=("sqlite", "sqs"), default="sqlite")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--shards", type=int, default=8, help="shards of the worker (8)")
+    parser.add_argument("--lease-seconds", type=int, default=10, help="(10, the least)")
+    parser.add_argument("--publish-every", type=float, default=0.2)
+    parser.add_argument("--keep", action="store_true", help="keep the logs and ledgers")
+    args = parser.parse_args()
+    print(f"# {machine()}  git={git_head()}", flush=True)
+    print(f"# python bench/takeover.py {' '.join(sys.argv[1:])}", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="shardq-takeover-"))
+    server = None
+    results = []
+    try:
+        env: dict[str, str] = {}
+        if args.broker == "sqs":
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                os.environ.setdefault(key, "test")  # ministack takes any
+            os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+            server = emu.start()
+            env = {
+                "SHARDQ_BROKER_URL": "sqs://",
+                "SHARDQ_ENDPOINT_URL": server.endpoint_url,
+                "SHARDQ_REGION": "us-east-1",
+            }
+        for run in range(args.runs):
+            work = root / f"run{run + 1}"
+            work.mkdir()
+            if args.broker == "sqlite":
+                env = {"SHARDQ_BROKER_URL": f"sqlite:///{work / 'broker.db'}"}
+            got = one_run(args, env, work)
+            results.append(got)
+            print(
+                f"run {run + 1}: join {got['join_from_beat']:.2f} s after its heartbeat "
+                f"({got['join_from_start']:.2f} s after its start); kill -9 of a node holding "
+                f"{got['kill_held']}: served {got['kill_served']:.2f} s (owned "
+                f"{got['kill_owned']:.2f} s); SIGTERM of a node holding {got['leave_held']}: "
+                f"served {got['leave_served']:.2f} s (owned {got['leave_owned']:.2f} s), exit "
+                f"{got['leave_exit']}; {got['jobs']} jobs, {got['duplicates']} replayed after "
+                "the kill, "
+                f"problems {got['problems'] or 'none'}; "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    finally:
+        if server is not None:
+            emu.stop(server)
+    print(f"# {machine()}")
+    print(f"{args.broker}, {args.shards} shards, lease_seconds {args.lease_seconds}, 3 nodes:")
+    for key, name in (
+        ("kill_served", "kill -9, until every shard it held ran a job elsewhere"),
+        ("kill_owned", "kill -9, until another node owned each"),
+        ("leave_served", "SIGTERM, until every shard it held ran a job elsewhere"),
+        ("leave_owned", "SIGTERM, until another node owned each"),
+        ("join_from_beat", "join, from its heartbeat to balance within one of fair share"),
+        ("join_from_start", "join, from its process start to balance"),
+    ):
+        got = [r[key] for r in results]
+        print(f"  {name}: p50 {statistics.median(got):.2f} s, max {max(got):.2f} s")
+    bad = [r["problems"] for r in results if r["problems"]]
+    replays = [r["duplicates"] for r in results]
+    exits = [r["leave_exit"] for r in results]
+    print(
+        f"  ledger problems: {bad or 'none'} (jobs replayed after the kill: {replays}); "
+        f"exit codes after SIGTERM: {exits}"
+    )
+    if not args.keep and not bad:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    else:
+        print(f"# kept: {root}")
+    return 1 if bad or any(exits) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
