@@ -47,16 +47,6 @@ Loader = Callable[[argparse.Namespace], App]
 RAW = argparse.RawDescriptionHelpFormatter
 
 
-def _one_shot(app: App) -> App:
-    """For a command that ends: once an SQS or DynamoDB endpoint let a whole call time
-    out, the command's later calls to it fail at once (``Unanswered``), so a hung
-    endpoint fails the command within one call's bound, not one per call."""
-    unanswered = getattr(app.broker, "unanswered", None)  # SQS only
-    if unanswered is not None:
-        unanswered.fail_fast()
-    return app
-
-
 def add_commands(
     commands: Any, common: Callable[[argparse.ArgumentParser], None], load: Loader
 ) -> None:
@@ -67,10 +57,7 @@ def add_commands(
             name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
         )
         common(p)
-        ends = name != "dashboard"  # a command that ends fails fast on a hung endpoint
-        p.set_defaults(
-            handler=lambda args: handler(_one_shot(load(args)) if ends else load(args), args)
-        )
+        p.set_defaults(handler=lambda args: handler(load(args), args))
         return p
 
     stats = command(

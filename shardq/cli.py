@@ -139,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(plan)
     _placement(plan, node_default=None)
     plan.set_defaults(handler=_plan)
-    add_commands(commands, _common, lambda args: load(args)[0])
-    add_reshard(commands, _common, lambda args: load(args)[0])
+    add_commands(commands, _common, lambda args: one_shot(load(args)[0]))
+    add_reshard(commands, _common, lambda args: one_shot(load(args)[0]))
     return parser
 
 
@@ -189,6 +189,16 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
     app.configure(config)
     app.check()
     return app, config
+
+
+def one_shot(app: App) -> App:
+    """For every command but ``run``: once an SQS or DynamoDB endpoint let a whole call time
+    out, the command's later calls to it fail at once (``Unanswered``), so a hung
+    endpoint fails the command within one call's bound, not one per call."""
+    unanswered = getattr(app.broker, "unanswered", None)  # SQS only
+    if unanswered is not None:
+        unanswered.fail_fast()
+    return app
 
 
 def load_app(spec: str) -> App:
