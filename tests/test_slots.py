@@ -187,7 +187,8 @@ def test_a_node_holds_no_more_jobs_than_its_slots_can_start_soon(
         release.set()
     runner.join(90)
     # then it ran 4 at once, and held at most the 4 running jobs, fewer than 4 + one
-    # receive waiting for a slot, and what its thread received ahead (3 receives)
+    # receive waiting for a slot, and what its thread received ahead (3 receives; a
+    # shard's idle watch polls only while the slots have room, like the thread)
     assert not runner.is_alive()
     assert watch.peak == 4
     assert max(held) <= 4 + (4 - 1 + 10) + 3 * 10 < 300
