@@ -8,8 +8,9 @@ purges them. Records stay until purged, or until ``morgue_retention_days`` passe
 ``shardq queues ensure`` deletes them (:meth:`Morgue.expire`). Keys and values are in
 :mod:`shardq.morgue_record`.
 
-A node that dies between writing a record and deleting the job runs the job again
-later and, if it dies again, records it twice (same message id). A requeue that is
+A job is recorded once per message id: a node that dies between writing a record and
+deleting the job, or whose delete came after the job's visibility ran out, runs the job
+again later and, if it dies again, finds its record and does not write another. A requeue that is
 interrupted between sending a job and deleting its record leaves it listed though it
 was sent: the interrupted command says how many it finished.
 """
@@ -111,17 +112,31 @@ class Page:
 
 
 def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
-    """Write the records of dead jobs, in order (StoreError if the store refuses)."""
+    """Write the records of dead jobs, in order (StoreError if the store refuses), each
+    job once: a job whose record is already whole in the morgue (the same message died
+    again, its delete having come after its visibility ran out) is not written again."""
     for record in records:
-        stamp = stamps.next()
-        for key, value in items(worker, record, stamp):
-            store.put(key, value, version=None)
+        if not buried(store, worker, record):
+            for key, value in items(worker, record, stamps.next()):
+                store.put(key, value, version=None)
 
 
 def keep(store: Store, worker: str, record: MorgueRecord) -> None:
-    """Write a record at its own death time (jobs moved from the old queue morgue)."""
-    for key, value in items(worker, record, stamps.next(record.failed_at)):
-        store.put(key, value, version=None)
+    """Write a record at its own death time (jobs moved from the old queue morgue),
+    unless it is there already (a move that was interrupted and run again)."""
+    if not buried(store, worker, record):
+        for key, value in items(worker, record, stamps.next(record.failed_at)):
+            store.put(key, value, version=None)
+
+
+def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
+    """Is the record's job (its message id) in the morgue with its summary written?"""
+    summaries = [
+        keys_of(item.key, 1)[0]
+        for item in store.query_all(f"morgue/{worker}/e/{entity_key(record.entity_id)}/")
+        if item.value.get("message_id") == record.message_id
+    ]
+    return any(store.get(key) is not None for key in summaries)  # the summary is written last
 
 
 class Morgue:

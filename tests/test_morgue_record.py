@@ -3,6 +3,7 @@ old queue morgue's two formats read when they are moved into the store."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -103,6 +104,24 @@ def stored(record: morgue.MorgueRecord) -> tuple[MemoryStore, morgue.MorgueRecor
     k = whole.key.rpartition("/")[2]
     pieces = [i.value["body"] for i in store.query_all(f"morgue/W/p/{k}/")]
     return store, morgue_record.whole(whole, pieces)
+
+
+def test_a_job_buried_again_is_recorded_once_and_another_job_of_its_entity_is_not_lost() -> None:
+    # given a dead job of entity e in the morgue
+    store = MemoryStore()
+    first = morgue.record_for(message("x"), morgue.REASON_MAX_RETRIES, failure(), 3)
+    morgue.bury(store, "W", [first])
+    # when the same message dies again (its delete came after its visibility ran out),
+    # and the morgue move of the old queue runs twice over another job of e
+    again = morgue.record_for(message("x"), morgue.REASON_MAX_RETRIES, failure(), 4)
+    morgue.bury(store, "W", [again])
+    other = dataclasses.replace(first, message_id="m-2")
+    morgue.keep(store, "W", other)
+    morgue.keep(store, "W", other)
+    # then each job has one record, listed once
+    listed = [summary(i).message_id for i in store.query_all("morgue/W/t/")]
+    assert sorted(listed) == ["m-1", "m-2"]
+    assert len(store.query_all("morgue/W/e/")) == 2
 
 
 @pytest.mark.parametrize("body_size", [100, 300_000, 500_000, 1_048_576])
