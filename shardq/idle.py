@@ -63,7 +63,6 @@ class _Poller(threading.Thread):
         super().__init__(name=f"shardq-poll-{shard.ref}", daemon=True)
         self.node, self.shard, self.lane = node, shard, lane
         self.wake = threading.Event()
-        self._room = self.wake.set  # one bound method: the slots keep one waker per poller
 
     def run(self) -> None:
         try:
@@ -76,9 +75,9 @@ class _Poller(threading.Thread):
         while not node.stopping.is_set() and not shard.dropped:
             if not self.wake.wait(0.5) or shard.dropped:
                 continue
-            if not node.slots.room(self._room):  # back-pressure: poll once slots have room
+            if not node.slots.room(self.wake.set):  # back-pressure: poll once slots have room
                 self.wake.clear()
-                if node.slots.room(self._room):  # room came back before the clear
+                if node.slots.room(self.wake.set):  # room came back before the clear
                     self.wake.set()
                 continue
             messages = node.receive(shard, wait_seconds=node.config.idle_wait_seconds)

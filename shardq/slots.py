@@ -86,7 +86,8 @@ class Slots:
         self._busy = 0
         self._idle_threads = 0
         self._threads: list[threading.Thread] = []
-        self._wakers: dict[int, Callable[[], None]] = {}
+        # by equality: a lane's or poller's bound method is one waker however often given
+        self._wakers: set[Callable[[], None]] = set()
         self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
         self._closed = False
         self._means: dict[str, float] = {}
@@ -125,7 +126,7 @@ class Slots:
         with self._cond:
             if may_take(self._waiting(), self.concurrency):
                 return True
-            self._wakers[id(wake)] = wake
+            self._wakers.add(wake)
             return False
 
     def sweep(self, shard: Shard, unstarted: list[Message], done: Callable[[], None]) -> None:
@@ -272,8 +273,8 @@ class Slots:
 
     def _wake_lanes(self) -> None:
         if self._wakers and may_take(self._waiting(), self.concurrency):
-            wakers, self._wakers = self._wakers, {}
-            for wake in wakers.values():
+            wakers, self._wakers = self._wakers, set()
+            for wake in wakers:
                 wake()
 
     def _after(self, chain: Chain, end: EntityEnd) -> bool:

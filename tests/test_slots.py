@@ -307,17 +307,23 @@ def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> N
     slots.close()
 
 
-def test_a_job_delivered_again_while_it_runs_runs_once_and_its_new_copy_is_deleted() -> None:
-    # given slots running job M of entity e
-    recorder = Recorder()
+def run_with_m_delivered_again(recorder: Recorder) -> None:
+    """Slots run job M (receipt m-1); while it runs, M is received again (its first
+    copy's visibility ran out, receipt m-2) with job N after it; then all settle."""
     slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.submit(shard, [message("m", "m-1", "1")])
     assert recorder.started.wait(30)
-    # when M is received again (its first copy's visibility ran out), with job N after it
     slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
     recorder.go.set()
     settle(slots)
+    slots.close()
+
+
+def test_a_job_delivered_again_while_it_runs_runs_once_and_its_new_copy_is_deleted() -> None:
+    # given slots running job M, when M is received again with job N after it
+    recorder = Recorder()
+    run_with_m_delivered_again(recorder)
     # then M runs once; once it succeeded its new copy is deleted with its own receipt
     assert recorder.runs == [["m-1"], ["n-1"]]
     assert recorder.deleted == [["m-2"]]
@@ -325,16 +331,10 @@ def test_a_job_delivered_again_while_it_runs_runs_once_and_its_new_copy_is_delet
 
 
 def test_a_job_delivered_again_while_its_run_fails_is_retried_with_its_new_copy() -> None:
-    # given slots running job M of entity e, whose run fails (a local retry)
+    # given slots running job M, whose run fails (a local retry), when M is received
+    # again while it runs, with job N after it
     recorder = Recorder(first_fails=True)
-    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
-    shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.submit(shard, [message("m", "m-1", "1")])
-    assert recorder.started.wait(30)
-    # when M is received again while it runs, with job N after it
-    slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
-    recorder.go.set()
-    settle(slots)
+    run_with_m_delivered_again(recorder)
     # then the retry runs the new copy before N; the first copy is given up, none deleted
     assert recorder.runs == [["m-1"], ["m-2", "n-1"]]
     assert recorder.given_up == [["m-1"]]

@@ -128,22 +128,8 @@ class BrokerFile:
     @contextmanager
     def write(self, doing: str) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction; any SQLite error rolls it back whole."""
-        with self.lock:
-            db = self._open()
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise error(self.path, exc, doing) from exc
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException as exc:
-                # SQLite may have rolled back already (it may, e.g. when the disk is full)
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise error(self.path, exc, doing) from exc
-                raise
+        with self.lock, transaction(self._open(), self.path, doing) as db:
+            yield db
 
     @contextmanager
     def read(self, doing: str) -> Iterator[sqlite3.Connection]:
@@ -249,6 +235,33 @@ def _code(exc: sqlite3.Error) -> int | None:
         return code & 0xFF
     text = str(exc).lower()
     return next((c for words, c in _BY_TEXT.items() if words in text), None)
+
+
+@contextmanager
+def transaction(
+    db: sqlite3.Connection,
+    path: str,
+    doing: str,
+    *,
+    begin: str = "BEGIN IMMEDIATE",
+    error_type: type[Exception] = BrokerError,
+) -> Iterator[sqlite3.Connection]:
+    """One transaction on ``db`` (of the file ``path``); any SQLite error rolls it back
+    whole and is raised as ``error_type`` saying what went wrong and what to do."""
+    try:
+        db.execute(begin)
+    except sqlite3.Error as exc:
+        raise error_type(str(error(path, exc, doing))) from exc
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException as exc:
+        # SQLite may have rolled back already (it may, e.g. when the disk is full)
+        with suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise error_type(str(error(path, exc, doing))) from exc
+        raise
 
 
 def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:

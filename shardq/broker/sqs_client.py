@@ -68,6 +68,8 @@ class Unanswered:
 
     def earlier(self, endpoint: str) -> str | None:
         """The error of a call to ``endpoint`` that timed out less than ``hold`` ago."""
+        if not self.hold:  # off: a node's calls ask no lock
+            return None
         with self._lock:
             seen = self._errors.get(endpoint)
         if seen is None or self._clock() - seen[0] >= self.hold:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from shardq.broker.sqlite_store import error
+from shardq.broker.sqlite_store import error, transaction
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -51,20 +51,9 @@ class SqliteStore(Store):
         with self._lock:
             if self._closed:
                 raise StoreError(f"the state store on {self.path} is closed; make a new one")
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                raise StoreError(str(error(self.path, exc, doing))) from exc
-            try:
+            begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+            with transaction(self._db, self.path, doing, begin=begin, error_type=StoreError) as db:
                 yield db
-                db.execute("COMMIT")
-            except BaseException as exc:
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(str(error(self.path, exc, doing))) from exc
-                raise
 
     def get(self, key: str) -> Item | None:
         base.namespace(key)
