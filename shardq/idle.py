@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 class Pollers:
     """SQS: one thread per idle shard long-polls it (one request per ``idle_wait_seconds``,
-    180 per hour at 20 s) and hands what arrives to the shard's lane; only while the
-    node's slots have room (:meth:`shardq.slots.Slots.room`), as the lanes receive.
+    180 per hour at 20 s) and hands what arrives to the shard's lane.
 
     At shutdown a poller still in its long poll is abandoned, not waited for: a job
     that poll receives afterwards is never run here; it is released at once if the
@@ -74,11 +73,6 @@ class _Poller(threading.Thread):
         node, shard, backoff = self.node, self.shard, 0.5
         while not node.stopping.is_set() and not shard.dropped:
             if not self.wake.wait(0.5) or shard.dropped:
-                continue
-            if not node.slots.room(self.wake.set):  # back-pressure: poll once slots have room
-                self.wake.clear()
-                if node.slots.room(self.wake.set):  # room came back before the clear
-                    self.wake.set()
                 continue
             messages = node.receive(shard, wait_seconds=node.config.idle_wait_seconds)
             if messages is None:  # the broker failed: logged; back off
