@@ -223,7 +223,9 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
     app: shardq.App, request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
 ) -> None:
     # given two nodes, each with its own broker connection, that both own every shard
-    expected = publish_numbered(20, 6, sleep=0.01, fail_rate=0.1)
+    # (jobs of 50 ms: about 2 s of work, so a node that starts late on a loaded machine
+    # still finds some)
+    expected = publish_numbered(20, 6, sleep=0.05, fail_rate=0.1)
     other = shardq.App(app.config, broker=make_broker(app.broker.kind, tmp_path, request))
 
     class Ledgered(shardq.Worker):  # the same worker, bound to the second app
