@@ -5,7 +5,7 @@ and ``LANE_CHECKOUT=<checkout>`` (see ``_sides.Side.env``). Prints one line
 ``RESULT <json>`` on stdout; logs go to stderr. It imports nothing from ``_common``
 (which would put this repository's shardq first on the path) and uses only the
 public surface both sides share: ``shardq.App``/``Config``/``Worker``,
-``shardq.logs.configure``, ``shardq.node.Node(app, plan, until_empty=True).run()``,
+``shardq.ops.logs.configure``, ``shardq.run.node.Node(app, plan, until_empty=True).run()``,
 ``app.plan(threads=...)``, ``app.ensure_queues()``, ``app.broker`` and the broker's
 ``receive``/``delete_batch``.
 
@@ -147,9 +147,7 @@ def run_node(app: Any, threads: int, thread_cpu: bool = False) -> dict[str, Any]
     until-empty detection and the shutdown)."""
     import lane_worker
 
-    from shardq.node import Node
-
-    node = Node(app, app.plan(threads=threads), until_empty=True)
+    node = app.node(app.plan(threads=threads), until_empty=True)
     done_before = lane_worker.PROGRESS.count
     trace = CpuTrace()
     trace.start()
@@ -176,9 +174,9 @@ def cmd_sqs(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
 
-    shardq.logs.configure(fmt="json", level=spec["log_level"])
+    shardq.ops.logs.configure(fmt="json", level=spec["log_level"])
     if spec["scenario"] == "blank":
         app, worker = lane_worker.blank_app, lane_worker.Blank
     else:
@@ -275,10 +273,10 @@ def cmd_embedded(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
 
     defaults = shardq.Config()  # the CLI's log setup: logs.configure(format, level) to stderr
-    shardq.logs.configure(defaults.log_format, defaults.log_level)
+    shardq.ops.logs.configure(defaults.log_format, defaults.log_level)
     app, threads, shards = lane_worker.blank_app, spec["threads"], spec["shards"]
     out: dict[str, Any] = {"log": f"{defaults.log_format}/{defaults.log_level}"}
     for phase in dict.fromkeys(("raw-1", f"raw-{threads}", "node")):  # raw-1 once if T = 1
@@ -314,10 +312,10 @@ def cmd_io(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
 
     os.environ["LANE_SLEEP_MS"] = str(spec["sleep_ms"])
-    shardq.logs.configure(fmt="json", level="warning")
+    shardq.ops.logs.configure(fmt="json", level="warning")
     if spec["kind"] == "async":
         app, worker = lane_worker.io_async_app, lane_worker.SleepAsync
     else:

@@ -11,7 +11,7 @@ Everything is real: a temporary directory holds an app (``workers.py``: SyncOrde
 ``concurrency`` 4) and
 the nodes' logs; the nodes are ``python -m shardq run`` child processes of a static
 plan of 2 nodes (``--node 0/1 --nodes 2``); the dashboard is this process's
-:func:`shardq.dashboard.make_server` on 127.0.0.1 over the same broker file. Steps:
+:func:`shardq.ops.dashboard.make_server` on 127.0.0.1 over the same broker file. Steps:
 
 1. ``queues ensure``; 1,200 SyncOrder and 300 SendReceipt jobs published; both
    nodes started; node 1 killed with SIGKILL 8 s later, then 65 s waited (no live
@@ -174,7 +174,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(machine())
-    from shardq.logs import configure
+    from shardq.ops.logs import configure
 
     configure("console", "info")  # not each HTTP request
     base = Path(tempfile.mkdtemp(prefix="shardq-alerts-"))
@@ -184,8 +184,8 @@ def main() -> None:
         scene.cli("queues", "ensure")
         sys.path.insert(0, str(base))
         import workers  # the app of the temporary directory
-        from shardq.config import Config
-        from shardq.dashboard import make_server
+        from shardq.core.config import Config
+        from shardq.ops.dashboard import make_server
 
         config = Config.load(str(base / "shardq.yaml"))
         workers.app.configure(config)

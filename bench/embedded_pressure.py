@@ -53,7 +53,7 @@ from _common import git_head, machine, percentile, table
 
 from shardq.broker import SqliteBroker
 from shardq.broker.base import SendEntry
-from shardq.errors import ShardqError
+from shardq.core.errors import ShardqError
 
 
 def entry(group: str, body: str = "{}") -> SendEntry:
@@ -311,11 +311,10 @@ def part_c(jobs: int, short_ids: bool) -> None:
 
 def node_drain(shard_count: int, jobs: int, threads: int) -> tuple[float, int]:
     import shardq
-    import shardq.logs
-    from shardq.node import Node
+    import shardq.ops.logs
 
     devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
-    shardq.logs.configure(fmt="json", level="warning", stream=devnull)
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=devnull)
     with tempfile.TemporaryDirectory(prefix="shardq-pressure-") as tmp:
         app = shardq.App(shardq.Config(threads=threads), broker=fresh_broker(tmp))
         done = [0]
@@ -331,7 +330,7 @@ def node_drain(shard_count: int, jobs: int, threads: int) -> tuple[float, int]:
         app.register(Blank)
         app.ensure_queues()
         Blank.publish_many([(f"entity-{i}", {}) for i in range(jobs)])
-        node = Node(app, app.plan(threads=threads), until_empty=True, seed=1)
+        node = app.node(app.plan(threads=threads), until_empty=True, seed=1)
         t0 = time.perf_counter()
         node.run()
         elapsed = time.perf_counter() - t0
@@ -354,11 +353,10 @@ def part_d(jobs: int, threads: int) -> None:
 
 def part_e(jobs: int, threads: int = 4, watch: float = 60.0) -> None:
     import shardq
-    import shardq.logs
-    from shardq.node import Node
+    import shardq.ops.logs
 
     devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
-    shardq.logs.configure(fmt="json", level="warning", stream=devnull)
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=devnull)
     with tempfile.TemporaryDirectory(prefix="shardq-pressure-") as tmp:
         path = os.path.join(tmp, "broker.db")
         app = shardq.App(shardq.Config(threads=threads), broker=SqliteBroker(path))
@@ -379,7 +377,7 @@ def part_e(jobs: int, threads: int = 4, watch: float = 60.0) -> None:
         for start in range(0, jobs, 10_000):
             Blank.publish_many([(f"e{i % 10_000}", {}) for i in range(start, start + 10_000)])
         published = size_mib(path)
-        node = Node(app, app.plan(threads=threads), seed=1)
+        node = app.node(app.plan(threads=threads), seed=1)
         runner = threading.Thread(target=node.run)
         t0 = time.monotonic()
         runner.start()

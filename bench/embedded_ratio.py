@@ -21,8 +21,8 @@ timed):
   same bodies 10 at a time, then ``receive`` 10 (no wait) and ``delete_batch`` them
   until the queue is empty: the broker's work for each job (send + receive + delete);
 * ``raw-T``: the same with ``--threads`` threads, thread i owning queues i, i+T, ...;
-* ``node``: ``Node(app, app.plan(threads=T), until_empty=True).run()`` with the log
-  set up as ``shardq run`` does by default: ``shardq.logs.configure(format, level)``
+* ``node``: ``app.node(app.plan(threads=T), until_empty=True).run()`` with the log
+  set up as ``shardq run`` does by default: ``shardq.ops.logs.configure(format, level)``
   with the defaults of ``shardq.Config`` (auto, i.e. JSON when not a terminal, at
   info: one event per job) to stderr, which goes to a file in the temp directory.
 

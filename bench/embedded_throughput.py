@@ -16,7 +16,7 @@ configuration, its own peak RSS):
 * ``node-b1-warn`` / ``node-b10-warn``: a worker whose ``perform`` does nothing
   (``batch_size`` 1 and 10), logging at level warning to /dev/null as the CLI would
   with ``--log-level warning``; ``publish_many`` the jobs, then
-  ``Node(app, app.plan(threads=T), until_empty=True).run()`` in-process.
+  ``app.node(app.plan(threads=T), until_empty=True).run()`` in-process.
 * ``node-b1-info`` / ``node-b10-info``: the same at level info (the default: one
   JSON log event per job), to /dev/null.
 
@@ -95,12 +95,11 @@ def run_raw(args: argparse.Namespace, path: str) -> dict:
 
 def run_node(args: argparse.Namespace, spec: dict, path: str) -> dict:
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
     from shardq.broker import SqliteBroker
-    from shardq.node import Node
 
     devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    shardq.logs.configure(fmt="json", level=spec["level"], stream=devnull)
+    shardq.ops.logs.configure(fmt="json", level=spec["level"], stream=devnull)
 
     app = shardq.App(shardq.Config(threads=args.threads), broker=SqliteBroker(path))
     state = {"count": 0, "first": None, "last": 0.0}
@@ -126,7 +125,7 @@ def run_node(args: argparse.Namespace, spec: dict, path: str) -> dict:
     publish_s = time.perf_counter() - t0
     assert report.sent == args.jobs, report.sent
 
-    node = Node(app, app.plan(threads=args.threads), until_empty=True, seed=1)
+    node = app.node(app.plan(threads=args.threads), until_empty=True, seed=1)
     t0 = time.perf_counter()
     code = node.run()
     run_s = time.perf_counter() - t0

@@ -40,10 +40,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from shardq import App, Worker  # noqa: E402
 from shardq.broker import Broker, SqliteBroker  # noqa: E402
-from shardq.config import Config  # noqa: E402
-from shardq.fleet_rules import ELASTIC  # noqa: E402
-from shardq.node import Node  # noqa: E402
-from shardq.plan import Plan  # noqa: E402
+from shardq.core.config import Config  # noqa: E402
+from shardq.core.fleet_rules import ELASTIC  # noqa: E402
+from shardq.core.plan import Plan  # noqa: E402
+from shardq.run.node import Node  # noqa: E402
 from shardq.store import Item, MemoryStore, Store  # noqa: E402
 from shardq.store.base import encode  # noqa: E402
 
@@ -121,7 +121,7 @@ def fleet(app: App, nodes: int) -> Iterator[list[tuple[Node, threading.Thread]]]
     running: list[tuple[Node, threading.Thread]] = []
     try:
         for _ in range(nodes):
-            node = Node(app=app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC)
+            node = app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC)
             thread = threading.Thread(target=node.run, daemon=True)
             thread.start()
             running.append((node, thread))

@@ -26,7 +26,6 @@ import structlog
 from _common import git_head, machine
 
 import shardq
-from shardq.node import Node
 
 
 def main() -> None:
@@ -47,7 +46,7 @@ def main() -> None:
             pass
 
     app.ensure_queues()
-    node = Node(app, app.plan(threads=args.threads))
+    node = app.node(app.plan(threads=args.threads))
     runner = threading.Thread(target=node.run)
     runner.start()
     time.sleep(5.0)

@@ -61,12 +61,11 @@ def main() -> None:
 
 def run(args: argparse.Namespace, endpoint: str) -> None:
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
     from shardq.broker.sqs import SqsBroker
-    from shardq.node import Node
-    from shardq.sharding import shard_for
+    from shardq.core.sharding import shard_for
 
-    shardq.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
     broker = SqsBroker(region="us-east-1", endpoint_url=endpoint)
     config = shardq.Config(threads=args.threads, queue_prefix=f"i{uuid.uuid4().hex[:6]}-")
     app = shardq.App(config, broker=broker)
@@ -97,7 +96,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     )
 
     app.ensure_queues()
-    node = Node(app, app.plan(threads=args.threads), seed=args.seed)
+    node = app.node(app.plan(threads=args.threads), seed=args.seed)
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(node.run()), name="bench-node")
     thread.start()

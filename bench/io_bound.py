@@ -8,7 +8,7 @@ Exact command (from the repo root)::
 
 Each side runs in its own child process (``bench/_sides.py``, ``bench/_side_child.py``
 ``io``): ``publish_many`` of ``--jobs`` jobs (job i for ``entity-{i % entities}``), then
-``Node(app, app.plan(threads=T), until_empty=True).run()`` with ``concurrency`` set
+``app.node(app.plan(threads=T), until_empty=True).run()`` with ``concurrency`` set
 (a side without that setting runs as it does: one job per thread at a time). The
 workers are ``bench/lane_worker.py`` ``Sleep`` (``time.sleep``) and ``SleepAsync``
 (``await asyncio.sleep``; only on a side that knows ``concurrency``: an older side would

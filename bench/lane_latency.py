@@ -32,7 +32,7 @@ Scenarios (``--scenarios``, both by default), workers in ``bench/lane_worker.py`
 Each child: configures the app (``sqs://`` at the proxy, a fresh queue prefix,
 ``threads``, ``idle_wait_seconds`` ``--idle-wait`` (20 as shipped), logs as JSON at
 ``--log-level`` (warning) to its stderr, kept in a temp file), creates the queues,
-``publish_many`` the jobs (not timed), then times ``Node(app, app.plan(threads=T),
+``publish_many`` the jobs (not timed), then times ``app.node(app.plan(threads=T),
 until_empty=True).run()``. Figures per run:
 
 * jobs/s: jobs / time from ``run()`` start to the end of the last successful

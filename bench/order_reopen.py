@@ -30,9 +30,9 @@ CHILD = """
 import json, os, sys, logging
 import structlog
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-from shardq.config import Config
+from shardq.core.config import Config
 from shardq.broker import SqliteBroker
-from shardq.node import Node
+from shardq.run.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 spec = json.loads(sys.argv[1])
@@ -42,7 +42,7 @@ n, e = spec["jobs"], spec["entities"]
 Ledgered.publish_many(
     [(f"e{i}", {"n": j, "fail_rate": 0.1}) for j in range(n) for i in range(e)]
 )
-Node(ledger.app, ledger.app.plan(threads=3), until_empty=True, seed=7).run()
+ledger.app.node(ledger.app.plan(threads=3), until_empty=True, seed=7).run()
 found = ledger.check(ledger.read(os.environ["LEDGER_PATH"]), {f"e{i}": n for i in range(e)})
 print(json.dumps({"out_of_order": len({o[0] for o in found["order"]}), "lost": len(found["lost"])}))
 """

@@ -66,11 +66,10 @@ def main() -> None:
 
 def run(args: argparse.Namespace, endpoint: str) -> None:
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
     from shardq.broker.sqs import SqsBroker
-    from shardq.node import Node
 
-    shardq.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
     broker = SqsBroker(region="us-east-1", endpoint_url=endpoint)
     receives = Counter()  # "with" / "empty" ReceiveMessage calls
     rlock = threading.Lock()
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     s2 = snap()
     assert report.sent == args.jobs
 
-    node = Node(app, app.plan(threads=args.threads), until_empty=True, seed=1)
+    node = app.node(app.plan(threads=args.threads), until_empty=True, seed=1)
     t0 = time.perf_counter()
     code = node.run()
     run_s = time.perf_counter() - t0

@@ -43,8 +43,8 @@ from typing import Any
 
 from _common import ROOT, git_head, machine
 
-from shardq.config import Config
-from shardq.sharding import shard_for
+from shardq.core.config import Config
+from shardq.core.sharding import shard_for
 from tests import emulator as emu
 from tests.apps import ledger
 

@@ -11,7 +11,6 @@ import threading
 from typing import Any
 
 import shardq
-from shardq.node import Node
 
 app = shardq.App(shardq.Config(broker_url="memory://", idle_wait_seconds=1))
 applied: list[tuple[str, str]] = []
@@ -32,7 +31,7 @@ def main() -> None:
     for status in ["created", "paid", "shipped"]:
         for order in ["order-42", "order-7"]:
             SyncOrder.publish(order, {"status": status})
-    Node(app, app.plan(threads=2), until_empty=True).run()
+    app.node(app.plan(threads=2), until_empty=True).run()
     for order in ["order-42", "order-7"]:
         print(order, " -> ".join(s for e, s in applied if e == order))
 

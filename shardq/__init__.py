@@ -4,7 +4,7 @@ Publish with an entity id; each entity's jobs run one after another, in publish
 order, while different entities run in parallel across shards, threads and nodes.
 
 The public names are imported on first use, so that ``import shardq`` (and the
-command line's first moments, see :mod:`shardq.early`) stays quick.
+command line's first moments, see :mod:`shardq.ops.early`) stays quick.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardq.app import App
+    from shardq.api.app import App
+    from shardq.api.worker import Worker
     from shardq.broker import Broker, MemoryBroker, SqliteBroker
-    from shardq.config import Config
-    from shardq.errors import (
+    from shardq.core.config import Config
+    from shardq.core.errors import (
         BrokerError,
         ConfigError,
         DedupIdError,
@@ -32,40 +33,40 @@ if TYPE_CHECKING:
         UnknownWorkerError,
         WorkerDefinitionError,
     )
-    from shardq.middleware import Middleware, PerformContext, PublishContext
-    from shardq.publisher import Job, PublishReport
-    from shardq.worker import Worker, WorkerSettings
+    from shardq.core.jobs import Job, WorkerSettings
+    from shardq.core.middleware import Middleware, PerformContext, PublishContext
+    from shardq.publish import PublishReport
 
-__version__ = "0.1.0"
+from shardq.core.version import VERSION as __version__
 
 #: public name -> the module it comes from
 _PUBLIC = {
-    "App": "shardq.app",
+    "App": "shardq.api.app",
     "Broker": "shardq.broker",
-    "BrokerError": "shardq.errors",
-    "Config": "shardq.config",
-    "ConfigError": "shardq.errors",
-    "DedupIdError": "shardq.errors",
-    "EnvelopeError": "shardq.errors",
-    "InvalidEntityIdError": "shardq.errors",
-    "Job": "shardq.publisher",
+    "BrokerError": "shardq.core.errors",
+    "Config": "shardq.core.config",
+    "ConfigError": "shardq.core.errors",
+    "DedupIdError": "shardq.core.errors",
+    "EnvelopeError": "shardq.core.errors",
+    "InvalidEntityIdError": "shardq.core.errors",
+    "Job": "shardq.core.jobs",
     "MemoryBroker": "shardq.broker",
-    "Middleware": "shardq.middleware",
-    "PayloadError": "shardq.errors",
-    "PayloadTooLargeError": "shardq.errors",
-    "PerformContext": "shardq.middleware",
-    "PermanentError": "shardq.errors",
-    "PublishContext": "shardq.middleware",
-    "PublishError": "shardq.errors",
-    "PublishReport": "shardq.publisher",
-    "QueueNotFoundError": "shardq.errors",
-    "Retry": "shardq.errors",
-    "ShardqError": "shardq.errors",
+    "Middleware": "shardq.core.middleware",
+    "PayloadError": "shardq.core.errors",
+    "PayloadTooLargeError": "shardq.core.errors",
+    "PerformContext": "shardq.core.middleware",
+    "PermanentError": "shardq.core.errors",
+    "PublishContext": "shardq.core.middleware",
+    "PublishError": "shardq.core.errors",
+    "PublishReport": "shardq.publish",
+    "QueueNotFoundError": "shardq.core.errors",
+    "Retry": "shardq.core.errors",
+    "ShardqError": "shardq.core.errors",
     "SqliteBroker": "shardq.broker",
-    "UnknownWorkerError": "shardq.errors",
-    "Worker": "shardq.worker",
-    "WorkerDefinitionError": "shardq.errors",
-    "WorkerSettings": "shardq.worker",
+    "UnknownWorkerError": "shardq.core.errors",
+    "Worker": "shardq.api.worker",
+    "WorkerDefinitionError": "shardq.core.errors",
+    "WorkerSettings": "shardq.core.jobs",
 }
 
 
@@ -75,7 +76,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    try:  # a submodule (``shardq.sharding``) reached as an attribute
+    try:  # a submodule (``shardq.core.sharding``) reached as an attribute
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":

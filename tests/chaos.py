@@ -71,10 +71,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardq import morgue
-from shardq.config import Config
-from shardq.errors import QueueNotFoundError, ShardqError
-from shardq.publisher import Job
-from shardq.sharding import shard_for
+from shardq.core.config import Config
+from shardq.core.errors import QueueNotFoundError, ShardqError
+from shardq.core.sharding import shard_for
+from shardq.publish import Job
 from tests import chaos_reshard
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered

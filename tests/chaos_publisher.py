@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shardq.config import Config
+from shardq.core.config import Config
 from tests.apps import ledger
 
 

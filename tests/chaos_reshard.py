@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardq.errors import QueueNotFoundError, ShardqError
+from shardq.core.errors import QueueNotFoundError, ShardqError
 
 if TYPE_CHECKING:
-    from shardq.app import App
+    from shardq.api.app import App
     from tests.chaos import Report, Settings, _Nodes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardq.config import Config
+from shardq.core.config import Config
 from tests.apps import ledger
 
 ROOT = Path(__file__).resolve().parent.parent

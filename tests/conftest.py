@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shardq.app import App
+from shardq.api.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
-from shardq.ensure import ensure_state_table
+from shardq.ops.ensure import ensure_state_table
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env

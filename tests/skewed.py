@@ -18,7 +18,7 @@ def main() -> None:
     skew = float(sys.argv[1])
     real = time.time
     time.time = lambda: real() + skew
-    from shardq.early import entry
+    from shardq.__main__ import entry
 
     sys.argv = ["shardq", *sys.argv[2:]]
     sys.exit(entry())

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
-from shardq.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.core.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
+from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
 
 
 def _perform(self: Any, entity_id: str, payloads: list[Any]) -> None:

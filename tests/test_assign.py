@@ -19,7 +19,7 @@ from itertools import combinations, product
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardq.assign import ShardKey, assign
+from shardq.core.assign import ShardKey, assign
 
 Targets = dict[ShardKey, str]
 
@@ -172,7 +172,7 @@ def test_the_same_snapshot_gives_the_same_targets_in_another_process() -> None:
     here = assign(shards, nodes, holders)
     program = (
         "import json, sys\n"
-        "from shardq.assign import assign\n"
+        "from shardq.core.assign import assign\n"
         f"targets = assign({shards!r}, {nodes!r}, {holders!r})\n"
         "json.dump(sorted([*k, v] for k, v in targets.items()), sys.stdout)\n"
     )

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.config import Config
-from shardq.node import Node
+from shardq.core.config import Config
 from tests.conftest import make_broker
 from tests.test_slots import morgue_records
 from tests.test_slots import run_until_empty as drain
@@ -66,7 +65,7 @@ def test_async_and_sync_workers_run_in_one_node_in_order_with_retries_and_the_mo
     Fetch.publish_many([(f"e{e}", n) for n in range(3) for e in range(16)] + [("bad", 0)])
     Count.publish_many([("c", n) for n in range(5)])
     # when the node drains them
-    node = Node(app, app.plan(threads=2), until_empty=True)
+    node = app.node(app.plan(threads=2), until_empty=True)
     assert drain(node) == 0
     # then each entity ran in order, up to 8 at once on the loop, the failing one ran
     # twice and went to the morgue; the sync worker ran too
@@ -98,7 +97,7 @@ def test_an_async_time_limit_cancels_the_await_and_fails_the_attempt(app: shardq
     Slow.publish("e", 0)
     # when a node runs it
     started = time.monotonic()
-    assert drain(Node(app, app.plan(threads=1), until_empty=True)) == 0
+    assert drain(app.node(app.plan(threads=1), until_empty=True)) == 0
     # then the await was cancelled (the job did not sit out its 30 s) and it went to
     # the morgue as a time limit failure
     assert cancelled == ["e"]
@@ -123,7 +122,7 @@ def test_a_cancelled_error_raised_by_perform_itself_is_a_failed_attempt(app: sha
 
     Flaky.publish("e", 0)
     # when a node runs it
-    node = Node(app, app.plan(threads=1), until_empty=True)
+    node = app.node(app.plan(threads=1), until_empty=True)
     assert drain(node) == 0
     # then it was retried and succeeded on its second attempt; the node stayed up
     assert attempts == [1, 2]
@@ -143,7 +142,7 @@ def test_a_stop_mid_await_lets_the_job_finish_and_releases_the_rest(app: shardq.
             ended.append(payloads[0])
 
     Wait.publish_many([("e", 0), ("e", 1)])
-    node = Node(app, app.plan(threads=1))
+    node = app.node(app.plan(threads=1))
     codes: list[int] = []
     runner = threading.Thread(target=lambda: codes.append(node.run()))
     runner.start()
@@ -180,6 +179,6 @@ def test_a_sync_middleware_wraps_the_whole_awaited_perform(app: shardq.App) -> N
 
     Inside.publish("e", 0)
     # when a node runs it
-    assert drain(Node(app, app.plan(threads=1), until_empty=True)) == 0
+    assert drain(app.node(app.plan(threads=1), until_empty=True)) == 0
     # then the middleware ran around the whole await
     assert order == ["before e", "perform e", "after e"]

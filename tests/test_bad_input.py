@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 import shardq
-from shardq import envelope, morgue
+from shardq import morgue
 from shardq.broker import MemoryBroker, SendEntry
-from shardq.errors import EnvelopeError
-from shardq.morgue_migrate import move_queue_morgue
-from shardq.sharding import shard_for
+from shardq.core import envelope
+from shardq.core.errors import EnvelopeError
+from shardq.core.sharding import shard_for
+from shardq.morgue.migrate import move_queue_morgue
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
@@ -231,7 +232,7 @@ def without_aws(**extra: str) -> dict[str, str]:
 
 SQS_BROKER_CALL = """
 from shardq.broker.sqs import SqsBroker
-from shardq.errors import BrokerError
+from shardq.core.errors import BrokerError
 broker = SqsBroker(region="us-east-1", endpoint_url={url!r})
 try:
     broker.ensure_queue("creds.fifo")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import Broker, Message, SendEntry
-from shardq.errors import BrokerError, QueueNotFoundError
+from shardq.core.errors import BrokerError, QueueNotFoundError
 from tests.conftest import BROKER_KINDS, make_broker
 
 

@@ -8,10 +8,11 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 import shardq
-from shardq import bulk, envelope
 from shardq.broker import MemoryBroker, SendEntry, SendResult
-from shardq.errors import ConfigError
-from shardq.terminal import Progress, plural
+from shardq.core import envelope
+from shardq.core.errors import ConfigError
+from shardq.core.terminal import Progress, plural
+from shardq.ops import bulk
 
 
 class RefusingBroker(MemoryBroker):

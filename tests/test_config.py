@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shardq.config import Config
-from shardq.errors import ConfigError
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -30,19 +30,19 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
-from shardq import envelope, morgue
+from shardq import morgue
 from shardq.broker import MemoryBroker, Message
 from shardq.broker.base import SendEntry
-from shardq.config import Config
-from shardq.dashboard import DashboardServer, make_server
-from shardq.ensure import ensure_state_table
-from shardq.errors import BrokerError, ConfigError
+from shardq.core import envelope
+from shardq.core.config import Config
+from shardq.core.errors import BrokerError, ConfigError
+from shardq.core.sharding import shard_for
 from shardq.morgue import Morgue
-from shardq.morgue_migrate import move_queue_morgue
-from shardq.node import Node
-from shardq.sampler import NO_THROUGHPUT, Sampler, parse_metrics
-from shardq.sharding import shard_for
-from shardq.stats import collect
+from shardq.morgue.migrate import move_queue_morgue
+from shardq.ops.dashboard import DashboardServer, make_server
+from shardq.ops.ensure import ensure_state_table
+from shardq.ops.sampler import NO_THROUGHPUT, Sampler, parse_metrics
+from shardq.ops.stats import collect
 from shardq.store import StoreError
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
@@ -80,7 +80,7 @@ class IndexProduct(Base):
 
 
 def run_until_empty(timeout: float = 60) -> None:
-    node = Node(app, app.plan(threads=2), until_empty=True, seed=1)
+    node = app.node(app.plan(threads=2), until_empty=True, seed=1)
     runner = threading.Thread(target=node.run)
     runner.start()
     runner.join(timeout)
@@ -347,8 +347,8 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         ]
         assert nodes["gone"][0]["unserved"] == ["SyncOrder:2", "SyncOrder:3"]
         # and it is what `shardq nodes --json` prints for the same document
-        from shardq.fleet_view import fleet_view
-        from shardq.stats import live_shards, read_fleet
+        from shardq.ops.fleet_view import fleet_view
+        from shardq.ops.stats import live_shards, read_fleet
 
         view = fleet_view(read_fleet(filled), nodes["time"], live_shards(filled))
         assert view.to_json() == nodes
@@ -391,7 +391,7 @@ def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(
     def broken(app: shardq.App) -> None:
         raise BrokerError("the broker is down")
 
-    monkeypatch.setattr("shardq.sampler.read_fleet", broken)
+    monkeypatch.setattr("shardq.ops.sampler.read_fleet", broken)
     with capture_logs() as logs:
         sampler.sample_fleet()
         sampler.sample_fleet()
@@ -787,7 +787,7 @@ def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
 
 
 def test_refuses_to_serve_beyond_loopback_without_a_token(filled: shardq.App) -> None:
-    from shardq.dashboard import serve
+    from shardq.ops.dashboard import serve
 
     for host in ["0.0.0.0", "", "::"]:
         with pytest.raises(ConfigError, match="without a token"):
@@ -1342,7 +1342,7 @@ def test_serve_blocks_until_sigterm_and_stops_cleanly() -> None:
     script = (
         "import shardq\n"
         "from shardq.broker import MemoryBroker\n"
-        "from shardq.dashboard import serve\n"
+        "from shardq.ops.dashboard import serve\n"
         "app = shardq.App(broker=MemoryBroker())\n"
         "@app.register\n"
         "class W(shardq.Worker):\n"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.config import Config
-from shardq.dashboard import DashboardServer, make_server
-from shardq.ensure import ensure_state_table
-from shardq.sampler import Sampler
+from shardq.core.config import Config
+from shardq.ops.dashboard import DashboardServer, make_server
+from shardq.ops.ensure import ensure_state_table
+from shardq.ops.sampler import Sampler
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
 from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width, text_of  # noqa: F401

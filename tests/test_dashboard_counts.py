@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.config import Config
-from shardq.dashboard import DashboardServer
-from shardq.ensure import ensure_state_table
-from shardq.fleet_rules import ELASTIC
-from shardq.node import Node
-from shardq.plan import Plan
-from shardq.sampler import Sampler
-from shardq.stats import collect
+from shardq.core.config import Config
+from shardq.core.fleet_rules import ELASTIC
+from shardq.core.plan import Plan
+from shardq.ops.dashboard import DashboardServer
+from shardq.ops.ensure import ensure_state_table
+from shardq.ops.sampler import Sampler
+from shardq.ops.stats import collect
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
 from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width  # noqa: F401 (fixture)
@@ -72,7 +71,7 @@ def test_a_nodes_report_counts_each_workers_jobs_and_stats_sum_them(
     Billing.publish_many([("b1", {}), ("b2", {"retry": True}), ("b3", {"dead": True})])
     Mailing.publish_many([("m1", {}), ("m2", {})])
     # when an elastic node runs them
-    node = Node(app=counted_app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC)
+    node = counted_app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC)
     runner = threading.Thread(target=node.run, daemon=True)
     runner.start()
     try:

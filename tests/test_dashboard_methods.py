@@ -10,8 +10,8 @@ import pytest
 
 import shardq
 from shardq.broker import MemoryBroker
-from shardq.config import Config
-from shardq.dashboard import DashboardServer, make_server
+from shardq.core.config import Config
+from shardq.ops.dashboard import DashboardServer, make_server
 
 app = shardq.App()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.dashboard import Handler, make_server
+from shardq.ops.dashboard import Handler, make_server
 from tests.test_dashboard import (  # noqa: F401 (fixtures)
     LAYOUT_PROBLEMS,
     browser,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from shardq.broker import MemoryBroker
-from shardq.config import Config
-from shardq.dashboard import DashboardServer
-from shardq.sampler import Sampler
+from shardq.core.config import Config
+from shardq.ops.dashboard import DashboardServer
+from shardq.ops.sampler import Sampler
 from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width  # noqa: F401 (fixture)
 from tests.test_dashboard_methods import app
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from shardq.decide import MORGUE, RETRY, Decision, Rules, backoff, decide
-from shardq.errors import PermanentError, Retry
-from shardq.limits import MAX_VISIBILITY_SECONDS
+from shardq.core.decide import MORGUE, RETRY, Decision, Rules, backoff, decide
+from shardq.core.errors import PermanentError, Retry
+from shardq.core.limits import MAX_VISIBILITY_SECONDS
 
 NOW = 1_700_000_000.0
 

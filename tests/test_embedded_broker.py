@@ -21,8 +21,7 @@ from structlog.testing import capture_logs
 import shardq
 from shardq.broker import Broker, MemoryBroker, SendEntry, SqliteBroker, broker_from_url
 from shardq.broker.sqlite import compact
-from shardq.errors import BrokerError, ConfigError, PublishError
-from shardq.node import Node
+from shardq.core.errors import BrokerError, ConfigError, PublishError
 
 QUEUE = "q.fifo"
 
@@ -165,7 +164,7 @@ def test_publish_many_on_a_full_file_reports_exactly_the_jobs_not_stored(
     # and, once room returns, exactly the jobs not reported failed are in the queue
     limit_file(broker, None)
     queue = app.shard_queue("Sync", 0)
-    stored = {shardq.envelope.decode(body, None).payload["n"] for body in drain(broker, queue)}
+    stored = {shardq.core.envelope.decode(body, None).payload["n"] for body in drain(broker, queue)}
     assert stored == set(range(500)) - failed
     app.broker.close()
 
@@ -349,7 +348,7 @@ def test_a_node_on_a_full_disk_keeps_going_and_recovers_when_room_returns(
     app.ensure_queues()
     Job.publish_many([(f"e{n % 7}", n) for n in range(300)])
     limit_file(broker, 0)
-    node = Node(app, app.plan(threads=2), until_empty=True)
+    node = app.node(app.plan(threads=2), until_empty=True)
     runner = threading.Thread(target=node.run)
     with capture_logs() as logs:
         # when it runs a while with no room, then room returns

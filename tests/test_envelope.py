@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardq.envelope import VERSION, Envelope, decode, encode
-from shardq.errors import EnvelopeError, PayloadError
+from shardq.core.envelope import VERSION, Envelope, decode, encode
+from shardq.core.errors import EnvelopeError, PayloadError
 
 KEY = b"shared-secret"
 SENT_AT = 1_700_000_000.5

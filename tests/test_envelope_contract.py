@@ -17,9 +17,8 @@ import pytest
 import shardq
 from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
-from shardq.config import Config
+from shardq.core.config import Config
 from shardq.morgue import Morgue
-from shardq.node import Node
 from tests.children import ROOT
 from tests.conftest import make_broker
 
@@ -50,7 +49,7 @@ def doc_shard_for(entity: str, shards: int) -> int:
 
 
 def run_until_empty() -> None:
-    node = Node(app, app.plan(threads=1), until_empty=True, seed=1)
+    node = app.node(app.plan(threads=1), until_empty=True, seed=1)
     runner = threading.Thread(target=node.run)
     runner.start()
     runner.join(60)

@@ -11,13 +11,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from shardq import App
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
+from shardq.core.config import Config
+from shardq.core.fleet_rules import ELASTIC, timing
+from shardq.core.plan import Plan
 from shardq.fleet import Fleet
-from shardq.fleet_rules import ELASTIC, timing
-from shardq.fleet_view import fleet_view, read_fleet
-from shardq.node import Node
-from shardq.plan import Plan
+from shardq.ops.ensure import ensure_state_table
+from shardq.ops.fleet_view import fleet_view, read_fleet
+from shardq.run.node import Node
 from tests.apps import ledger
 from tests.conftest import make_broker
 
@@ -60,7 +60,7 @@ class Running:
         self.nodes: list[tuple[Node, threading.Thread]] = []
 
     def start(self) -> Node:
-        node = Node(app=self.app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC)
+        node = self.app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC)
         runner = threading.Thread(target=node.run, daemon=True)
         runner.start()
         self.nodes.append((node, runner))
@@ -161,7 +161,7 @@ class Clock:
 
 
 def stepped(app: App, clock: Clock, name: str) -> Fleet:
-    node = Node(app=app, plan=Plan(0, 0, ()), threads=2, membership=None)
+    node = app.node(Plan(0, 0, ()), threads=2, membership=None)
     return Fleet(node, elastic=True, node_id=name, clock=clock)
 
 
@@ -244,7 +244,7 @@ def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) ->
     broken = a.node.add_shard
 
     def refuse(ref: object) -> None:
-        from shardq.errors import BrokerError
+        from shardq.core.errors import BrokerError
 
         raise BrokerError("CreateQueue was refused: AccessDenied")
 
@@ -284,7 +284,7 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(app: App) 
         ledger.Ledgered.publish(f"s{entity}", {"n": 0, "sleep": 3})
     ledger.Ledgered.publish("r", {"n": 0, "fail": 1})
     ledger.Ledgered.publish("p", {"n": 0, "permanent": True})
-    node = Node(app=app, plan=Plan(0, 0, ()), threads=2, membership=ELASTIC, concurrency=4)
+    node = app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC, concurrency=4)
     runner = threading.Thread(target=node.run, daemon=True)
     runner.start()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardq.fleet_rules import (
+from shardq.core.fleet_rules import (
     ELASTIC,
     STATIC,
     Beat,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shardq.fleet_text import fleet_lines, nodes_text
-from shardq.fleet_view import NOT_REPORTING, fleet_view, key_order, read_fleet
+from shardq.ops.fleet_text import fleet_lines, nodes_text
+from shardq.ops.fleet_view import NOT_REPORTING, fleet_view, key_order, read_fleet
 from shardq.store import MemoryStore
 from tests.fleet_items import heartbeat
 

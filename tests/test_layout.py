@@ -1,4 +1,4 @@
-"""The live layout's pure rules (shardq.layout) on plain data, the layout item's
+"""The live layout's pure rules (shardq.core.layout) on plain data, the layout item's
 round trip, and the app's queue names."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq import layout as rules
-from shardq import reshard
-from shardq.errors import ConfigError, LayoutError
-from shardq.layout import Move, Retired, WorkerLayout
-from shardq.limits import MAX_QUEUE_NAME_LENGTH
-from shardq.sharding import shard_for
+from shardq.core import layout as rules
+from shardq.core.errors import ConfigError, LayoutError
+from shardq.core.layout import Move, Retired, WorkerLayout
+from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.core.sharding import shard_for
+from shardq.ops import reshard
 
 
 def moving(

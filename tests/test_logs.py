@@ -12,8 +12,7 @@ import structlog
 from structlog.testing import capture_logs
 
 import shardq
-from shardq import logs
-from shardq.node import Node
+from shardq.ops import logs
 
 
 @pytest.fixture
@@ -42,7 +41,7 @@ def test_each_job_outcome_is_one_event_with_its_context_and_no_payload(
     charge.publish("acct-2", {"card": "declined-4242"})
     # when a node runs them
     with capture_logs() as captured:
-        Node(app, app.plan(threads=1), until_empty=True).run()
+        app.node(app.plan(threads=1), until_empty=True).run()
     # then there is one event per job, with worker, shard, entity, id, attempt, duration
     outcomes = [e for e in captured if e["event"].startswith("job.")]
     assert sorted((e["event"], e["entity"]) for e in outcomes) == [
@@ -90,7 +89,7 @@ def test_a_running_node_logs_its_progress_now_and_then() -> None:
     Slow.publish_many([(f"e{n}", n) for n in range(30)])
     # when it runs them
     with capture_logs() as captured:
-        Node(app, app.plan(threads=1), until_empty=True).run()
+        app.node(app.plan(threads=1), until_empty=True).run()
     # then it logged node.progress at info, with jobs/s for the worker and the max lag
     progress = [e for e in captured if e["event"] == "node.progress"]
     assert len(progress) >= 2
@@ -107,7 +106,7 @@ def test_a_node_that_owns_no_shard_warns_and_says_why(app: shardq.App) -> None:
     assert plan.shards == []
     # when it runs
     with capture_logs() as captured:
-        Node(app, plan, until_empty=True).run()
+        app.node(plan, until_empty=True).run()
     # then it warns that it owns no shard, and why
     (warning,) = [e for e in captured if e["event"] == "node.no_shards"]
     assert warning["log_level"] == "warning" and "more nodes than shards" in warning["detail"]
@@ -127,7 +126,7 @@ def test_a_job_that_exhausts_its_retries_is_morgued_at_warning_like_a_permanent_
     Again.publish("e", 1)
     # when a node runs it
     with capture_logs() as captured:
-        Node(app, app.plan(threads=1), until_empty=True).run()
+        app.node(app.plan(threads=1), until_empty=True).run()
     # then its trip to the morgue is a warning, as for any other job that died
     (morgued,) = [e for e in captured if e["event"] == "job.morgued"]
     assert morgued["log_level"] == "warning" and morgued["reason"] == "max_retries"

@@ -13,11 +13,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shardq
-from shardq.config import Config
-from shardq.errors import MetricsServerError
-from shardq.executor import Outcome
-from shardq.metrics import NodeMetrics
-from shardq.node import Node
+from shardq.core.config import Config
+from shardq.core.errors import MetricsServerError
+from shardq.run.executor import Outcome
+from shardq.run.metrics import NodeMetrics
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 
@@ -56,7 +55,7 @@ def test_the_metrics_endpoint_shows_the_counters_moving(
         Config(metrics_port=0, idle_wait_seconds=1),
         broker=shardq.SqliteBroker(str(tmp_path / "b.db")),
     )
-    node = Node(ledger.app, ledger.app.plan(threads=2))
+    node = ledger.app.node(ledger.app.plan(threads=2))
     runner = threading.Thread(target=node.run)
     runner.start()
     try:

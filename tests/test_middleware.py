@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
-from shardq.node import Node
+from shardq.run.node import Node
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def app() -> Iterator[shardq.App]:
 
 
 def run(app: shardq.App) -> Node:
-    node = Node(app, app.plan(threads=1), until_empty=True)
+    node = app.node(app.plan(threads=1), until_empty=True)
     assert node.run() == 0
     return node
 

@@ -13,14 +13,14 @@ import boto3
 import pytest
 
 import shardq
-from shardq import envelope, morgue
-from shardq.admin_morgue import add_morgue
+from shardq import morgue
 from shardq.broker import Message
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
+from shardq.core import envelope
+from shardq.core.config import Config
+from shardq.core.sharding import shard_for
 from shardq.morgue import Filter, Morgue
-from shardq.node import Node
-from shardq.sharding import shard_for
+from shardq.ops.admin_morgue import add_morgue
+from shardq.ops.ensure import ensure_state_table
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -46,7 +46,7 @@ def app(
         [("e1", {"n": n, "permanent": True}) for n in range(3)]
         + [("e2", {"n": n, "permanent": True}) for n in range(2)]
     )
-    Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
+    ledger.app.node(ledger.app.plan(threads=1), until_empty=True).run()
     yield ledger.app
     broker.close()
 
@@ -180,7 +180,7 @@ def test_requeue_and_purge_take_the_same_filters_and_all_stays_required(
 ) -> None:
     bury(app, [("e1", 10), ("e3", 0)], KeyError("gone"))
     # a requeue without a filter or --all is refused and changes nothing
-    with pytest.raises(shardq.errors.ShardqError, match="say which dead jobs"):
+    with pytest.raises(shardq.core.errors.ShardqError, match="say which dead jobs"):
         cli(app, capsys, "requeue", "Ledgered")
     # a requeue of the KeyError ones sends only them
     code, _, err = cli(app, capsys, "requeue", "Ledgered", "--error-type", "KeyError")
@@ -245,7 +245,7 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     ledger.app.configure(config, broker=broker)
     ensure_state_table(ledger.app)
     Ledgered.publish_many([("e", {"n": n, "permanent": True}) for n in range(3)])
-    Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
+    ledger.app.node(ledger.app.plan(threads=1), until_empty=True).run()
     server = request.getfixturevalue("sqs_emulator")
     sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.endpoint_url)
     queues = [ledger.app.shard_queue("Ledgered", shard) for shard in range(3)]

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 import shardq
-from shardq import envelope, morgue, morgue_record
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
-from shardq.morgue_migrate import read_queue_record
-from shardq.morgue_record import summary
-from shardq.node import Node
+from shardq import morgue
+from shardq.core import envelope
+from shardq.core.config import Config
+from shardq.morgue import record as morgue_record
+from shardq.morgue.migrate import read_queue_record
+from shardq.morgue.record import summary
+from shardq.ops.ensure import ensure_state_table
 from shardq.store import Item, MemoryStore
 from shardq.store.base import MAX_VALUE_BYTES
 from tests.apps import ledger
@@ -54,7 +55,7 @@ def test_a_big_job_that_fails_for_good_lands_in_the_morgue_once_with_its_body(
     # given a valid ~925 KB job that raises PermanentError, then a small job of its entity
     Ledgered.publish_many([("big", escape_heavy_payload(0, 925_000)), ("big", {"n": 1})])
     # when a node runs until the shards are empty
-    node = Node(app, app.plan(threads=1), until_empty=True)
+    node = app.node(app.plan(threads=1), until_empty=True)
     runner = threading.Thread(target=node.run)
     runner.start()
     runner.join(60)

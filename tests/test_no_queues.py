@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import MemoryBroker
-from shardq.config import Config
-from shardq.dashboard import make_server
+from shardq.core.config import Config
+from shardq.ops.dashboard import make_server
 from tests.test_bad_input import shardq_cli
 from tests.test_dashboard_methods import app
 

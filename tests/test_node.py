@@ -14,9 +14,9 @@ from structlog.testing import capture_logs
 import shardq
 from shardq import morgue
 from shardq.broker import SendEntry
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
-from shardq.node import Node
+from shardq.core.config import Config
+from shardq.ops.ensure import ensure_state_table
+from shardq.run.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -46,7 +46,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str) -> Ite
 
 
 def run_until_empty(app: shardq.App, threads: int = 2, timeout: float = 90) -> Node:
-    node = Node(app, app.plan(threads=threads), until_empty=True, seed=7)
+    node = app.node(app.plan(threads=threads), until_empty=True, seed=7)
     runner = threading.Thread(target=node.run)
     runner.start()
     runner.join(timeout)
@@ -133,7 +133,7 @@ def test_a_job_that_always_fails_goes_to_the_morgue_then_the_entity_moves_on(
     assert (record.entity_id, record.reason, record.attempts) == ("e", "max_retries", 3)
     assert record.error_type == "RuntimeError" and "failed on try 3" in record.error_message
     assert "Traceback" in record.traceback
-    assert shardq.envelope.decode(record.body).payload == {"n": 0, "fail": 99}
+    assert shardq.core.envelope.decode(record.body).payload == {"n": 0, "fail": 99}
     assert exhausted == [("e", [{"n": 0, "fail": 99}], "RuntimeError")]
     morgued = [log for log in logs if log["event"] == "job.morgued"]
     assert [(m["entity"], m["attempt"], m["reason"]) for m in morgued] == [("e", 3, "max_retries")]
@@ -156,9 +156,9 @@ def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
 ) -> None:
     # given garbage, an envelope of another version and one for an unknown worker,
     # then a good job
-    queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    queue = app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
     app.ensure_queue(queue, "Ledgered")
-    stranger = shardq.envelope.encode(shardq.envelope.Envelope("Gone", "e", {}))
+    stranger = shardq.core.envelope.encode(shardq.core.envelope.Envelope("Gone", "e", {}))
     app.broker.send_batch(
         queue,
         [
@@ -239,7 +239,7 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
 
     other.register(Ledgered)
     nodes = [
-        Node(a, a.plan(threads=3), until_empty=True, seed=s) for s, a in enumerate([app, other])
+        a.node(a.plan(threads=3), until_empty=True, seed=s) for s, a in enumerate([app, other])
     ]
     runners = [threading.Thread(target=n.run) for n in nodes]
     # when both run at once
@@ -256,7 +256,7 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
 def test_stop_releases_received_jobs_that_did_not_start(app: shardq.App, ledger_path: str) -> None:
     # given a batch of 5 slow jobs of one entity received by a running node
     Ledgered.publish_many([("e", {"n": n, "sleep": 0.5}) for n in range(5)])
-    node = Node(app, app.plan(threads=1), seed=1)
+    node = app.node(app.plan(threads=1), seed=1)
     runner = threading.Thread(target=node.run)
     runner.start()
     deadline = time.monotonic() + 30
@@ -268,7 +268,7 @@ def test_stop_releases_received_jobs_that_did_not_start(app: shardq.App, ledger_
     # then job 0 finished, jobs 1..4 never started and are visible again at once
     events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
     assert events == [("start", 0), ("end", 0)]
-    queue = app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    queue = app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
     counts = app.broker.counts(queue)
     assert (counts.waiting, counts.in_flight) == (4, 0)
 
@@ -293,14 +293,14 @@ def test_a_broker_bug_in_a_background_thread_stops_the_node_with_exit_1_and_lose
     Ledgered.publish("e", {"n": 0})
     # when a node runs it
     with capture_logs() as logs:
-        code = Node(ledger.app, ledger.app.plan(threads=1), until_empty=True).run()
+        code = ledger.app.node(ledger.app.plan(threads=1), until_empty=True).run()
     # then the node stops with exit code 1, says why, and the job is still queued
     assert code == 1
     assert any(e["event"] == "lease.request_crashed" for e in logs)
     assert any(
         e["event"] == "node.thread_died" and e["threads"] == ["the lease keeper"] for e in logs
     )
-    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
     counts = broker.counts(queue)
     assert counts.waiting + counts.in_flight == 1
 
@@ -363,7 +363,7 @@ def test_a_long_retry_hides_the_entitys_later_jobs_with_the_failed_one(
 ) -> None:
     # given retries go through the broker (none is held in the node), and job 1 of an
     # entity fails twice with jobs 2..4 queued behind it
-    monkeypatch.setattr(shardq.executor, "LOCAL_RETRY_SECONDS", -1.0)
+    monkeypatch.setattr(shardq.run.executor, "LOCAL_RETRY_SECONDS", -1.0)
     monkeypatch.setattr(Ledgered, "retry_in", lambda self, attempt: 0.3)
     Ledgered.publish_many([("e", {"n": n, "fail": 2 if n == 1 else 0}) for n in range(5)])
     # when the node runs
@@ -401,13 +401,13 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
 ) -> None:
     # given an entity whose second message is garbage, behind and before valid jobs,
     # and a morgue that refuses the first writes
-    monkeypatch.setattr(shardq.executor, "INVALID_RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(shardq.run.executor, "INVALID_RETRY_SECONDS", 0.2)
     broker = shardq.MemoryBroker()
     ledger.app.configure(Config(idle_wait_seconds=1, grace_seconds=5), broker=broker)
     down = MorgueDownAtFirst(ledger.app.store)
     monkeypatch.setattr(ledger.app.store, "put", down)
     ledger.app.ensure_queues()
-    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
     Ledgered.publish("e", {"n": 0})
     broker.send_batch(queue, [SendEntry("0", "not a job", "e", "garbage")])
     Ledgered.publish("e", {"n": 2})

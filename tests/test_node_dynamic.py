@@ -14,12 +14,12 @@ import pytest
 import shardq
 from shardq import morgue
 from shardq.broker.base import Message
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
-from shardq.errors import ConfigError
-from shardq.node import Node
-from shardq.plan import Plan, ShardRef
-from shardq.sharding import shard_for
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
+from shardq.core.plan import Plan, ShardRef
+from shardq.core.sharding import shard_for
+from shardq.ops.ensure import ensure_state_table
+from shardq.run.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -103,7 +103,7 @@ def receive_all(app: shardq.App, queue: str) -> list[tuple[str, int]]:
     while batch := app.broker.receive(
         queue, max_messages=10, wait_seconds=0, visibility_timeout=60
     ):
-        jobs += [(m.group_id, shardq.envelope.decode(m.body).payload["n"]) for m in batch]
+        jobs += [(m.group_id, shardq.core.envelope.decode(m.body).payload["n"]) for m in batch]
         app.broker.delete_batch(queue, [m.receipt for m in batch])
     return jobs
 
@@ -117,7 +117,7 @@ def test_a_dropped_shard_is_handed_back_whole_once_its_event_is_set(
     visibility(app, 60)
     mine, other = entities_of(0, 40), entities_of(1, 8)
     Ledgered.publish_many([(e, {"n": n, "sleep": 0.002}) for n in range(8) for e in mine + other])
-    node = Node(app, app.plan(threads=2), seed=3)
+    node = app.node(app.plan(threads=2), seed=3)
     runner = start(node)
     wait_for(lambda: len({j for j in ended(ledger_path) if j[0] in mine}) >= 30)
     # when shard 0 is dropped
@@ -151,7 +151,7 @@ def test_a_shard_handed_between_two_nodes_keeps_every_entity_in_order_and_never_
 ) -> None:
     # given retries that are held by the lane (0.05 s) or hidden at the broker (0.6 s),
     # about 10 % of attempts failing and some jobs broken for good
-    monkeypatch.setattr(shardq.executor, "LOCAL_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr(shardq.run.executor, "LOCAL_RETRY_SECONDS", 0.3)
 
     def retry_in(self: Any, attempt: int) -> float:
         return random.choice([0.05, 0.6])
@@ -162,8 +162,8 @@ def test_a_shard_handed_between_two_nodes_keeps_every_entity_in_order_and_never_
     entities, jobs = [f"x{i}" for i in range(90)], 8  # 30 per shard: several batches
     broken = {(e, 5) for e in entities[:6]}
     # and node A serving every shard, node B (elastic) serving none, both running
-    a = Node(app, app.plan(threads=2), seed=1)
-    b = Node(other, EMPTY, threads=2, seed=2)
+    a = app.node(app.plan(threads=2), seed=1)
+    b = other.node(EMPTY, threads=2, seed=2)
     runners = [start(a), start(b)]
 
     def publish() -> None:  # jobs keep coming in rounds while shards change hands
@@ -251,7 +251,7 @@ def test_a_drop_waits_for_the_running_job_of_the_shard(
     monkeypatch.setattr(Ledgered, "perform", perform)
     (entity,) = entities_of(0, 1)
     Ledgered.publish_many([(entity, {"n": 0, "gate": True}), (entity, {"n": 1})])
-    node = Node(app, app.plan(threads=1), seed=1)
+    node = app.node(app.plan(threads=1), seed=1)
     runner = start(node)
     wait_for(lambda: Path(ledger_path).exists(), what="the job to start")
     # when its shard is dropped while the job runs
@@ -281,7 +281,7 @@ def test_a_drop_hides_a_held_retry_for_what_is_left_of_its_delay(
     monkeypatch.setattr(Ledgered, "retry_in", lambda self, attempt: 2.0)
     (entity,) = entities_of(0, 1)
     Ledgered.publish_many([(entity, {"n": 0, "fail": 1}), (entity, {"n": 1})])
-    node = Node(app, app.plan(threads=1), seed=1)
+    node = app.node(app.plan(threads=1), seed=1)
     runner = start(node)
     wait_for(lambda: Path(ledger_path).exists() and len(ledger.read(ledger_path)) >= 2)
     (fail,) = [e for e in ledger.read(ledger_path) if e["event"] == "fail"]
@@ -308,7 +308,7 @@ def test_an_elastic_node_serves_shards_added_dropped_and_added_again(
     app: shardq.App, ledger_path: str
 ) -> None:
     # given a running node with an empty plan and 2 lanes
-    node = Node(app, EMPTY, threads=2, seed=1)
+    node = app.node(EMPTY, threads=2, seed=1)
     runner = start(node)
     assert node.shard_refs() == []
     # when shards 0 and 1 are added
@@ -343,7 +343,7 @@ def test_a_shard_added_before_the_node_runs_is_served_from_the_start(
     app: shardq.App, ledger_path: str
 ) -> None:
     # given an elastic node, given shard 2 before it runs, and jobs of shard 2
-    node = Node(app, EMPTY, threads=2, seed=1)
+    node = app.node(EMPTY, threads=2, seed=1)
     node.add_shard(ref(2))
     assert node.shard_refs() == [ref(2)]
     assert [len(lane.shards) for lane in node.lanes] == [1, 0]
@@ -362,7 +362,7 @@ def test_a_drop_while_the_node_stops_is_done_when_the_shutdown_is(
     # given a node that is stopping with a job of shard 0 running
     (entity,) = entities_of(0, 1)
     Ledgered.publish_many([(entity, {"n": 0, "sleep": 0.5}), (entity, {"n": 1})])
-    node = Node(app, app.plan(threads=1), seed=1)
+    node = app.node(app.plan(threads=1), seed=1)
     runner = threading.Thread(target=node.run)
     runner.start()
     wait_for(lambda: Path(ledger_path).exists(), what="the job to start")
@@ -380,23 +380,23 @@ def test_a_drop_while_the_node_stops_is_done_when_the_shutdown_is(
 def test_an_elastic_node_extends_leases_often_enough_for_every_worker(app: shardq.App) -> None:
     # given the ledger worker's 2 s visibility timeout
     # when an elastic node starts with no shard, or a static node with an empty plan
-    elastic, static = Node(app, EMPTY, threads=1), Node(app, EMPTY)
+    elastic, static = app.node(EMPTY, threads=1), app.node(EMPTY)
     # then the elastic one looks for extensions due every third of a second
     assert elastic.leases._interval == pytest.approx(2 / 6)
     assert static.leases._interval == 1.0
 
 
 def test_bad_shard_refs_and_thread_counts_are_refused(app: shardq.App) -> None:
-    node = Node(app, EMPTY, threads=1)
+    node = app.node(EMPTY, threads=1)
     with pytest.raises(ConfigError, match="has 3 shards"):
         node.add_shard(ShardRef("Ledgered", 3, ref(0).priority))
     with pytest.raises(ConfigError, match="priority"):
         node.add_shard(ShardRef("Ledgered", 0, ref(0).priority + 1))
-    with pytest.raises(shardq.errors.UnknownWorkerError):
+    with pytest.raises(shardq.core.errors.UnknownWorkerError):
         node.add_shard(ShardRef("Nobody", 0, 1))
     assert node.shard_refs() == []
     with pytest.raises(ConfigError, match=r"one per thread of its plan \(3\)"):
-        Node(app, app.plan(threads=3), threads=2)
+        app.node(app.plan(threads=3), threads=2)
 
 
 class GatedReceives(shardq.MemoryBroker):
@@ -422,7 +422,7 @@ def test_a_receive_in_flight_at_the_drop_is_released_before_the_drop_is_done(
     broker = GatedReceives()
     ledger.app.configure(Config(grace_seconds=5, idle_wait_seconds=1), broker=broker)
     visibility(ledger.app, 60)
-    node = Node(ledger.app, ledger.app.plan(threads=1), seed=1)
+    node = ledger.app.node(ledger.app.plan(threads=1), seed=1)
     runner = start(node)
     queue = ledger.app.shard_queue("Ledgered", 0)
     broker.queue = queue

@@ -53,7 +53,7 @@ def test_sigterm_lets_the_running_job_finish_and_releases_the_rest(env: Env) -> 
     assert node.wait(30) == 0
     assert env.events() == [("start", "e", 0), ("end", "e", 0)]
     # and jobs 1 and 2 are visible again at once (released, not left in flight)
-    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
     counts = ledger.app.broker.counts(queue)
     assert (counts.waiting, counts.in_flight) == (2, 0)
 
@@ -115,7 +115,7 @@ def test_a_broken_config_file_is_named_in_the_error(tmp_path: Path) -> None:
 
 
 def test_main_returns_instead_of_exiting_on_help(capsys: pytest.CaptureFixture[str]) -> None:
-    from shardq.cli import main
+    from shardq.ops.cli import main
 
     assert main(["run", "--help"]) == 0
     assert "--until-empty" in capsys.readouterr().out
@@ -123,7 +123,7 @@ def test_main_returns_instead_of_exiting_on_help(capsys: pytest.CaptureFixture[s
 
 
 def queued(env: Env, entity: str = "e") -> tuple[int, int]:
-    queue = ledger.app.shard_queue("Ledgered", shardq.sharding.shard_for(entity, 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for(entity, 3))
     counts = ledger.app.broker.counts(queue)
     return counts.waiting, counts.in_flight
 

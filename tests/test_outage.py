@@ -20,13 +20,13 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
-from shardq.executor import Executor
-from shardq.leases import Leases
-from shardq.plan import ShardRef
-from shardq.sharding import shard_for
-from shardq.timelimit import TimeLimits
+from shardq.core.config import Config
+from shardq.core.plan import ShardRef
+from shardq.core.sharding import shard_for
+from shardq.ops.ensure import ensure_state_table
+from shardq.run.executor import Executor
+from shardq.run.leases import Leases
+from shardq.run.timelimit import TimeLimits
 from tests import chaos
 from tests import emulator as emu
 from tests.apps import ledger

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardq
-from shardq.errors import ConfigError
-from shardq.plan import Plan, ShardRef, all_shards, format_plan, make_plan
+from shardq.core.errors import ConfigError
+from shardq.core.plan import Plan, ShardRef, all_shards, format_plan, make_plan
 
 Workers = Mapping[str, tuple[int, int]]
 

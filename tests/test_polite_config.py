@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from shardq.config import Config
-from shardq.errors import ConfigError
-from shardq.limits import MAX_CONCURRENCY, MAX_THREADS
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
+from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS
 from tests.test_bad_input import shardq_cli
 
 

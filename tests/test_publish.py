@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq import envelope
 from shardq.broker import (
     BatchResult,
     Broker,
@@ -20,7 +19,8 @@ from shardq.broker import (
     SendEntry,
     SendResult,
 )
-from shardq.errors import (
+from shardq.core import envelope
+from shardq.core.errors import (
     BrokerError,
     DedupIdError,
     InvalidEntityIdError,
@@ -30,8 +30,8 @@ from shardq.errors import (
     QueueNotFoundError,
     UnknownWorkerError,
 )
-from shardq.limits import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
-from shardq.sharding import shard_for
+from shardq.core.limits import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
+from shardq.core.sharding import shard_for
 
 
 class WrappingBroker(Broker):

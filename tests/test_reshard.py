@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardq.ensure import ensure_state_table
+from shardq.ops.ensure import ensure_state_table
 from tests import chaos
 from tests.apps import ledger
 from tests.chaos_reshard import IN_PROGRESS

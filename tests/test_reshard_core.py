@@ -16,19 +16,20 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq import envelope, reshard
-from shardq import layout as rules
 from shardq.broker import Broker, Message
-from shardq.cli import main
-from shardq.config import Config
-from shardq.ensure import ensure_state_table
-from shardq.errors import LayoutError, QueueNotFoundError
-from shardq.executor import Executor
-from shardq.leases import Leases
-from shardq.plan import ShardRef
-from shardq.sharding import shard_for
+from shardq.core import envelope
+from shardq.core import layout as rules
+from shardq.core.config import Config
+from shardq.core.errors import LayoutError, QueueNotFoundError
+from shardq.core.plan import ShardRef
+from shardq.core.sharding import shard_for
+from shardq.ops import reshard
+from shardq.ops.cli import main
+from shardq.ops.ensure import ensure_state_table
+from shardq.run.executor import Executor
+from shardq.run.leases import Leases
+from shardq.run.timelimit import TimeLimits
 from shardq.store import Item, MemoryStore, StoreError
-from shardq.timelimit import TimeLimits
 from tests.children import ROOT
 from tests.conftest import make_broker
 
@@ -217,9 +218,8 @@ def test_a_class_whose_shards_changed_without_a_reshard_is_refused(moved: shardq
     # then its publish and its node are refused, naming shardq reshard
     with pytest.raises(LayoutError, match=r"shardq reshard Moved --shards 5"):
         other.publisher.publish_many("Moved", [("order-1", {"n": 1})])
-    from shardq.node import Node
 
-    node = Node(other, other.plan(threads=1), seed=1)
+    node = other.node(other.plan(threads=1), seed=1)
     with pytest.raises(LayoutError, match="recorded with 2 shards"):
         node.run()
     # and no queue of the 5-shard layout was made
@@ -233,7 +233,8 @@ def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(tmp_path
 
     def run(shards: int) -> subprocess.CompletedProcess[str]:
         code = (
-            "import sys; from shardq.cli import main; from tests import test_reshard_core as t; "
+            "import sys; from shardq.ops.cli import main; "
+            "from tests import test_reshard_core as t; "
             f"t.Moved.shards = {shards}; "
             f"sys.exit(main(['run', '--until-empty', '--app', 'tests.test_reshard_core', "
             f"'--broker-url', {url!r}]))"
@@ -351,9 +352,8 @@ def wait_for(condition: Any, timeout: float) -> None:
 
 
 def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
-    from shardq.node import Node
 
-    node = Node(app, app.plan(threads=2), seed=1, membership="static")
+    node = app.node(app.plan(threads=2), seed=1, membership="static")
     app.layouts.clock = clock
     runner = threading.Thread(target=node.run)
     runner.start()

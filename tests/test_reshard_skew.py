@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from shardq import reshard
-from shardq.ensure import ensure_state_table
+from shardq.ops import reshard
+from shardq.ops.ensure import ensure_state_table
 from tests.apps import ledger
 from tests.children import ROOT, Env
 

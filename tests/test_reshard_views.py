@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq import envelope, reshard
-from shardq import layout as rules
-from shardq.admin import NO_REPORT, _nodes, _stats
 from shardq.broker import SendEntry
-from shardq.ensure import ensure, ensure_state_table
-from shardq.fleet_view import fleet_view, key_order, read_fleet
-from shardq.layout_view import layout_view
-from shardq.prune import prune
-from shardq.sampler import Sampler
-from shardq.sharding import shard_for
-from shardq.stats import collect
+from shardq.core import envelope
+from shardq.core import layout as rules
+from shardq.core.sharding import shard_for
+from shardq.ops import reshard
+from shardq.ops.admin import NO_REPORT, _nodes, _stats
+from shardq.ops.ensure import ensure, ensure_state_table
+from shardq.ops.fleet_view import fleet_view, key_order, read_fleet
+from shardq.ops.layout_view import layout_view
+from shardq.ops.sampler import Sampler
+from shardq.ops.stats import collect
+from shardq.reshard.prune import prune
 from shardq.store import MemoryStore
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
@@ -339,7 +340,7 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from shardq.dashboard import make_server
+    from shardq.ops.dashboard import make_server
     from tests.test_dashboard import LAYOUT_PROBLEMS, set_width, text_of
 
     # given a dashboard while SyncOrder moves from 4 to 16 shards

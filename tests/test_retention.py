@@ -16,12 +16,11 @@ from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import Broker, SendEntry, SqliteBroker
-from shardq.config import Config
-from shardq.ensure import EXIT_DRIFT, EXIT_OK, ensure
-from shardq.errors import ConfigError
-from shardq.job_age import OldJobs, too_old
-from shardq.limits import MAX_RETENTION_SECONDS
-from shardq.node import Node
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
+from shardq.core.limits import MAX_RETENTION_SECONDS
+from shardq.ops.ensure import EXIT_DRIFT, EXIT_OK, ensure
+from shardq.run.job_age import OldJobs, too_old
 from tests.emulator import Emulator
 
 DAY = 86400.0
@@ -147,7 +146,7 @@ def test_a_node_warns_about_a_job_near_its_queues_retention(sqs_app: shardq.App)
     worker.publish("order-1", {"n": 1})
     for shard in range(2):
         _shorten_retention(sqs_app.broker, sqs_app.shard_queue("Aged", shard), 60)
-    node = Node(sqs_app, sqs_app.plan(threads=1), until_empty=True, seed=1)
+    node = sqs_app.node(sqs_app.plan(threads=1), until_empty=True, seed=1)
     node.old_jobs.clock = lambda: time.time() + 40
     with capture_logs() as logs:
         runner = threading.Thread(target=node.run)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from shardq.scheduler import Scheduler, ShardView
+from shardq.core.scheduler import Scheduler, ShardView
 
 #: Relative tolerance of a level's share of picks against its share of tickets.
 TOLERANCE = 0.05

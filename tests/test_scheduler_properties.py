@@ -13,7 +13,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardq.scheduler import Scheduler, ShardView
+from shardq.core.scheduler import Scheduler, ShardView
 
 priorities = st.sampled_from([1, 2, 3, 10, 99, 1000])
 #: Few distinct lags and counters, so that ties are common.

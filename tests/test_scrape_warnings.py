@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shardq.config import Config
-from shardq.sampler import Sampler
+from shardq.core.config import Config
+from shardq.ops.sampler import Sampler
 from tests.conftest import make_broker
 from tests.test_dashboard_methods import app
 

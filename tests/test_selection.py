@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shardq.selection import Selection, SelectionError
+from shardq.ops.selection import Selection, SelectionError
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shardq.errors import InvalidEntityIdError
-from shardq.sharding import check_entity_id, shard_for
+from shardq.core.errors import InvalidEntityIdError
+from shardq.core.sharding import check_entity_id, shard_for
 
 # -- shard_for -----------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardq.broker.base import Message
-from shardq.shutdown import hand_back
+from shardq.run.shutdown import hand_back
 
 
 def message(receipt: str, entity: str, sequence: str) -> Message:

@@ -13,14 +13,14 @@ import pytest
 import shardq
 from shardq import morgue
 from shardq.broker.base import Message
-from shardq.chain import RUNNING, Chain, join, settle_again
-from shardq.config import Config
-from shardq.errors import ConfigError
-from shardq.lane import Shard
-from shardq.node import Node
-from shardq.outcome import DONE, HIDDEN, LATER, EntityEnd
-from shardq.plan import ShardRef
-from shardq.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
+from shardq.core.outcome import DONE, HIDDEN, LATER, EntityEnd
+from shardq.core.plan import ShardRef
+from shardq.run.chain import RUNNING, Chain, join, settle_again
+from shardq.run.node import Node
+from shardq.run.shard import Shard
+from shardq.run.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
 from tests.conftest import make_broker
 
 
@@ -141,7 +141,7 @@ def test_a_node_runs_up_to_concurrency_entities_at_once_each_in_order(
 
     Io.publish_many([(f"e{e}", n) for n in range(4) for e in range(50)])
     # when the node drains them with 2 threads
-    node = Node(app, app.plan(threads=2), until_empty=True, seed=3)
+    node = app.node(app.plan(threads=2), until_empty=True, seed=3)
     code = run_until_empty(node)
     # then 10 jobs ran at once (never more), no entity ran twice at once, each in order
     assert code == 0 and not meet.broken
@@ -171,7 +171,7 @@ def test_a_node_holds_no_more_jobs_than_its_slots_can_start_soon(
                 watch.leave(entity_id)
 
     Blocked.publish_many([(f"e{e}", e) for e in range(300)])
-    node = Node(app, app.plan(threads=1), until_empty=True, seed=1)
+    node = app.node(app.plan(threads=1), until_empty=True, seed=1)
     runner = threading.Thread(target=node.run)
     runner.start()
     try:
@@ -220,7 +220,7 @@ def test_a_perform_raising_a_base_exception_is_a_failed_attempt_and_the_node_ser
 
     Exits.publish_many([("bad", 0), ("bad", 1), *[(f"ok{n}", n) for n in range(20)]])
     # when a node drains them
-    node = Node(app, app.plan(threads=1), until_empty=True)
+    node = app.node(app.plan(threads=1), until_empty=True)
     code = run_until_empty(node)
     # then the node stayed up and exited 0; the job ran twice, then went to the morgue,
     # and the entity's next job ran after it; every other job ran
@@ -236,7 +236,7 @@ def test_a_perform_raising_a_base_exception_is_a_failed_attempt_and_the_node_ser
 def test_shardq_run_warns_when_threads_exceed_the_shards_they_could_serve() -> None:
     from structlog.testing import capture_logs
 
-    from shardq import cli
+    from shardq.ops import cli
 
     # given 8 threads for 2 shards, then 2 threads for 2 shards
     with capture_logs() as logs:

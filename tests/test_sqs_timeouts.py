@@ -23,8 +23,8 @@ from shardq.broker.sqs_client import (
     Unanswered,
     worst_call_seconds,
 )
-from shardq.config import Config
-from shardq.errors import BrokerError
+from shardq.core.config import Config
+from shardq.core.errors import BrokerError
 from shardq.store import StoreError
 from tests.children import ROOT
 

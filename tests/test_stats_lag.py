@@ -3,8 +3,8 @@ SQS, shards no live node serves): never as the whole, never as 0."""
 
 from __future__ import annotations
 
-from shardq.admin import lag_cell
-from shardq.stats import ShardStats, WorkerStats
+from shardq.ops.admin import lag_cell
+from shardq.ops.stats import ShardStats, WorkerStats
 
 
 def worker(*shards: tuple[int, float | None]) -> WorkerStats:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import MemoryBroker, SqliteBroker
-from shardq.config import Config
-from shardq.errors import ConfigError
+from shardq.core.config import Config
+from shardq.core.errors import ConfigError
 from shardq.store import MemoryStore, SqliteStore, Store, StoreConflict, StoreError, store_for
 from shardq.store.base import MAX_KEY_BYTES, MAX_QUERY_ITEMS, MAX_VALUE_BYTES
 from tests.emulator import Emulator

@@ -1,4 +1,4 @@
-"""shardq.testing and the pytest plugin, used the way a user's test suite uses them."""
+"""shardq.ops.testing and the pytest plugin, used the way a user's test suite uses them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import shardq
 from shardq.morgue import Morgue
-from shardq.testing import Harness, JobFailed, drain, eager, use_memory_broker
+from shardq.ops.testing import Harness, JobFailed, drain, eager, use_memory_broker
 
 app = shardq.App(shardq.Config(broker_url="memory://"))
 applied: list[tuple[str, Any]] = []

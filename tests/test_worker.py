@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.errors import (
+from shardq.core.jobs import MAX_BASE_NAME_LENGTH, WorkerSettings, default_queue_name
+from shardq.core.errors import (
     ConfigError,
     PermanentError,
     UnknownWorkerError,
     WorkerDefinitionError,
 )
-from shardq.limits import MAX_VISIBILITY_SECONDS
-from shardq.worker import MAX_BASE_NAME_LENGTH, WorkerSettings, default_queue_name
+from shardq.core.limits import MAX_VISIBILITY_SECONDS
 
 
 def _perform(self: Any, entity_id: str, payloads: list[Any]) -> None:

@@ -359,8 +359,7 @@ def publish_shardq(app_and_worker: Any, jobs: list[tuple[str, int]]) -> None:
 
 def work_shardq(app: Any, threads: int, ready_file: str) -> None:
     """Run a shardq node once the driver says go; exit with its code."""
-    from shardq.node import Node
 
-    node = Node(app, app.plan(threads=threads))
+    node = app.node(app.plan(threads=threads))
     wait_for_go(ready_file)
     sys.exit(node.run())

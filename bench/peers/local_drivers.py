@@ -42,10 +42,10 @@ SYSTEMS = ("shardq", "huey", "rq", "rq-simple")
 # -- shardq ----------------------------------------------------------------------------
 def shardq_app(args: argparse.Namespace):
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
     from shardq.broker import SqliteBroker
 
-    shardq.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
     app = shardq.App(shardq.Config(threads=args.concurrency), broker=SqliteBroker(args.path))
 
     class Blank(shardq.Worker):

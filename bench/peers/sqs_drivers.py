@@ -65,10 +65,10 @@ def aws_env() -> None:
 # -- shardq ----------------------------------------------------------------------------
 def shardq_app(args: argparse.Namespace):
     import shardq
-    import shardq.logs
+    import shardq.ops.logs
     from shardq.broker.sqs import SqsBroker
 
-    shardq.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
+    shardq.ops.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
     # a thread per shard at most receives; concurrency runs the jobs
     threads = min(args.concurrency, args.shards)
     config = shardq.Config(threads=threads, concurrency=args.concurrency, queue_prefix=args.prefix)

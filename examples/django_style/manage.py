@@ -35,7 +35,7 @@ def shardq_run(argv: Sequence[str]) -> int:
     """``shardq run`` for this project's app; every flag of ``shardq run`` passes through."""
     from shop import db, settings
 
-    from shardq.cli import main
+    from shardq.ops.cli import main
 
     db.migrate()
     code = main(

@@ -14,7 +14,7 @@ from shardq.broker.base import (
     SendResult,
 )
 from shardq.broker.sqlite import MemoryBroker, SqliteBroker
-from shardq.errors import ConfigError
+from shardq.core.errors import ConfigError
 
 __all__ = [
     "BatchResult",

@@ -16,79 +16,36 @@ Every implementation gives the same FIFO semantics (see the contract tests in
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-from shardq.errors import BrokerError
-from shardq.limits import GROUP_ID_PATTERN, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+import structlog
 
+from shardq.core.errors import BrokerError
+from shardq.core.limits import GROUP_ID_PATTERN, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.core.messages import (
+    BatchResult,
+    Message,
+    QueueCounts,
+    QueueSettings,
+    SendEntry,
+    SendResult,
+    batches,
+)
 
-@dataclass(frozen=True)
-class SendEntry:
-    """One message to send: ``id`` is unique within the batch."""
+__all__ = [
+    "BatchResult",
+    "Broker",
+    "Message",
+    "QueueCounts",
+    "QueueSettings",
+    "SendEntry",
+    "SendResult",
+    "batches",
+    "release_now",
+]
 
-    id: str
-    body: str
-    group_id: str
-    dedup_id: str
-
-
-@dataclass(frozen=True)
-class Message:
-    """A received message. ``receipt`` is needed to delete or change visibility."""
-
-    queue: str
-    message_id: str
-    receipt: str
-    body: str
-    group_id: str
-    receive_count: int
-    sent_at: float
-    sequence: str
-    #: When this receive happened (visibility can be extended to 12 h after it).
-    received_at: float = 0.0
-
-
-@dataclass
-class SendResult:
-    """``message_ids`` maps each accepted entry id to its message id; ``failed`` to a reason."""
-
-    message_ids: dict[str, str] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class BatchResult:
-    """Outcome of a delete or visibility batch: ``failed`` maps a receipt to a reason."""
-
-    failed: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class QueueCounts:
-    """Approximate numbers of messages waiting (visible) and in flight (invisible).
-
-    Brokers that can tell also give the send time of the oldest message (for lag)
-    and how many messages were ever deleted (for throughput); SQS gives neither.
-    """
-
-    waiting: int
-    in_flight: int
-    oldest_sent_at: float | None = None
-    deleted_total: int | None = None
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    """What a queue is configured with, for drift checks."""
-
-    fifo: bool
-    visibility_timeout: int
-    max_message_bytes: int
-    content_based_dedup: bool
-    #: MessageRetentionPeriod (None: the broker keeps messages until deleted).
-    retention_seconds: int | None = None
+log = structlog.get_logger("shardq.broker")
 
 
 class Broker(abc.ABC):
@@ -176,15 +133,6 @@ class Broker(abc.ABC):
         """Release connections; the broker is not used afterwards."""
 
 
-T = TypeVar("T")
-
-
-def batches(items: Sequence[T]) -> Iterator[list[T]]:
-    """Consecutive slices of at most 10 items: one batch call each."""
-    for start in range(0, len(items), MAX_BATCH_ENTRIES):
-        yield list(items[start : start + MAX_BATCH_ENTRIES])
-
-
 def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
     """Raise if a batch is empty, too long, or repeats an id (SQS fails such calls whole)."""
     if not 1 <= len(entries) <= MAX_BATCH_ENTRIES:
@@ -211,3 +159,31 @@ def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:
     if not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):
         return f"invalid MessageDeduplicationId {entry.dedup_id!r}"
     return None
+
+
+def release_now(broker: Broker, messages: Sequence[Message]) -> int:
+    """Make held messages visible again at once, in this thread, in order (for callers
+    without a node: admin operations, and long polls that answered after shutdown).
+    Failures are logged, never raised: a message not released reappears after its
+    visibility timeout. Returns how many were released."""
+    released = 0
+    by_queue: dict[str, list[Message]] = {}
+    for m in messages:
+        by_queue.setdefault(m.queue, []).append(m)
+    for queue, items in by_queue.items():
+        items.sort(key=lambda m: m.sequence)
+        for start in range(0, len(items), MAX_BATCH_ENTRIES):
+            chunk = items[start : start + MAX_BATCH_ENTRIES]
+            try:
+                result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])
+            except BrokerError as exc:
+                log.warning(
+                    "lease.release_failed",
+                    queue=queue,
+                    messages=len(chunk),
+                    error=str(exc),
+                    detail="they reappear after their visibility timeout",
+                )
+                continue
+            released += len(chunk) - len(result.failed)
+    return released

@@ -4,7 +4,7 @@
   that fails stored nothing; see :class:`~shardq.broker.sqlite_store.BrokerFile`).
 * Safe for several node processes on one machine (``BEGIN IMMEDIATE`` plus a busy
   timeout serialise writers).
-* Every SQLite error becomes a :class:`~shardq.errors.BrokerError` naming the file
+* Every SQLite error becomes a :class:`~shardq.core.errors.BrokerError` naming the file
   and what to do (a full disk says so).
 * A receive costs the same on any queue: it walks the heads of the queue's message
   groups (see :mod:`shardq.broker.sqlite_store`), not the messages behind a blocked
@@ -50,8 +50,8 @@ from shardq.broker.base import (
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
 from shardq.broker.sqlite_wait import OtherProcesses, Waiters
-from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.limits import (
+from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.limits import (
     MAX_BATCH_ENTRIES,
     MAX_MESSAGE_BYTES,
     MAX_VISIBILITY_SECONDS,

@@ -32,7 +32,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
-from shardq.limits import DEDUP_WINDOW_SECONDS
+from shardq.core.limits import DEDUP_WINDOW_SECONDS
 
 #: Seconds of sends per bucket table.
 BUCKET_SECONDS = 60

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardq.broker.base import BatchResult, Message, SendEntry
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
 
 _COLUMNS = "seq, group_id, body, message_id, sent_at, receive_count"
 # The receivable groups in head order, each with its head message (visible unless

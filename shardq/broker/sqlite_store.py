@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
-from shardq.errors import BrokerError
+from shardq.core.errors import BrokerError
 
 #: shardq's tables and columns each must have (a same-named table of another
 #: application is refused). ``dedup`` is only in files of earlier versions.
@@ -116,7 +116,7 @@ class BrokerFile:
 
     Every write is one ``BEGIN IMMEDIATE`` transaction, rolled back whole on any error
     (a call that fails stored nothing); every SQLite error becomes a
-    :class:`~shardq.errors.BrokerError` naming the file and what was being done.
+    :class:`~shardq.core.errors.BrokerError` naming the file and what was being done.
     """
 
     def __init__(self, path: str, *, allow_other_tables: bool) -> None:

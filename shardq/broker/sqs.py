@@ -49,8 +49,8 @@ from shardq.broker.sqs_client import (
     make_client,
     timed_out,
 )
-from shardq.errors import BrokerError, QueueNotFoundError
-from shardq.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
+from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
 _T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [

@@ -19,8 +19,8 @@ import botocore
 import botocore.config
 import botocore.exceptions
 
-from shardq.errors import BrokerError
-from shardq.limits import MAX_WAIT_SECONDS
+from shardq.core.errors import BrokerError
+from shardq.core.limits import MAX_WAIT_SECONDS
 
 #: What botocore raises when an attempt did not connect or was not answered in time.
 TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError)
@@ -117,7 +117,7 @@ def timed_out(what: str, exc: Exception, meaning: str = "") -> BrokerError:
 
 
 def _user_agent() -> str:
-    from shardq import __version__
+    from shardq.core.version import VERSION as __version__
 
     return (
         f"shardq/{__version__} botocore/{botocore.__version__} Python/{platform.python_version()}"

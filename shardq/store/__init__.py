@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
 
-from shardq.errors import ConfigError
+from shardq.core.config import store_parameters
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 from shardq.store.sqlite import MemoryStore, SqliteStore
 
 if TYPE_CHECKING:
     from shardq.broker.base import Broker
-    from shardq.config import Config
+    from shardq.core.config import Config
 
 __all__ = [
     "Item",
@@ -25,30 +24,6 @@ __all__ = [
 ]
 
 #: The query parameters a ``dynamodb://`` store_url accepts.
-STORE_URL_PARAMETERS = ("region", "endpoint_url", "table")
-
-
-def store_parameters(url: str, where: str = "config") -> dict[str, str]:
-    """The parameters of ``store_url`` (``dynamodb://?region=..&endpoint_url=..&table=..``);
-    another scheme or an unknown parameter raises ConfigError."""
-    parts = urlsplit(url)
-    if parts.scheme != "dynamodb" or parts.netloc or parts.path:
-        raise ConfigError(
-            f"{where}: store_url: {url!r} is not supported; use "
-            "dynamodb://?region=..&endpoint_url=..&table=.. (each optional), or leave "
-            "store_url unset for the broker's own store"
-        )
-    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = sorted(set(query) - set(STORE_URL_PARAMETERS))
-    if unknown:
-        raise ConfigError(
-            f"{where}: store_url {url!r} has unknown parameter(s) {', '.join(unknown)}; "
-            f"dynamodb:// URLs take {', '.join(STORE_URL_PARAMETERS)}"
-        )
-    empty = sorted(k for k, v in query.items() if not v)
-    if empty:
-        raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")
-    return query
 
 
 def store_for(config: Config, broker: Broker) -> Store:

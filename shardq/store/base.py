@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardq.errors import ShardqError
+from shardq.core.errors import ShardqError
 
 #: Largest encoded value an item may hold (DynamoDB's item limit is 400 KB, keys
 #: and attribute names included).

@@ -1,0 +1,175 @@
+"""Worker classes: class attributes plus one method, ``perform(entity_id, payloads)``.
+
+::
+
+    app = shardq.App()
+
+    @app.register
+    class SyncOrder(shardq.Worker):
+        shards = 8
+        priority = 5
+        batch_size = 10
+
+        def perform(self, entity_id, payloads):
+            ...
+
+Defining or importing a worker class does no I/O. Invalid attribute values raise
+:class:`~shardq.core.errors.WorkerDefinitionError` when the class is defined.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+from shardq.core.errors import (
+    PermanentError,
+    UnknownWorkerError,
+    WorkerDefinitionError,
+)
+from shardq.core.jobs import (
+    SETTING_CHECKS,
+    Job,
+    JobInfo,
+    JobSpec,
+    WorkerSettings,
+    default_queue_name,
+)
+from shardq.core.limits import MAX_VISIBILITY_SECONDS
+
+if TYPE_CHECKING:
+    from shardq.publish import Publisher, PublishReport
+
+
+class Registry(Protocol):
+    """What a worker class uses of the app it is registered with (a :class:`shardq.App`)."""
+
+    @property
+    def publisher(self) -> Publisher: ...
+    def register(self, cls: Any) -> Any: ...
+
+
+class Worker:
+    """Base class of worker classes. Subclass it, set attributes, write ``perform``.
+
+    Attributes (all validated at class definition):
+
+    * ``shards`` (1..1000): FIFO queues the worker's entities are spread over: the
+      initial layout (``shardq reshard`` changes a live worker's shards).
+    * ``priority`` (1..1000): lottery tickets; a level with more wins more often.
+    * ``batch_size`` (1..10): most consecutive jobs of one entity per ``perform`` call.
+    * ``max_retries`` (>= 0): retries after the first attempt before the morgue.
+    * ``visibility_timeout`` (seconds): how long a received job stays hidden before
+      the heartbeat extends it; a crashed node's jobs return after this.
+    * ``time_limit`` (seconds or None): a longer ``perform`` counts as a failure.
+    * ``queue_name``: base of the queue names; defaults from the class name
+      (``SyncOrder`` -> ``sync-order``).
+    * ``permanent_errors``: exception types that skip retries and go to the morgue.
+
+    Inside ``perform``, ``self.attempt`` is the 1-based attempt of the call's first
+    job and ``self.jobs`` gives each job of the call its message id, attempt, sent
+    time and ``meta``. A worker instance belongs to one node thread.
+    """
+
+    shards: ClassVar[int] = 1
+    priority: ClassVar[int] = 1
+    batch_size: ClassVar[int] = 1
+    max_retries: ClassVar[int] = 5
+    visibility_timeout: ClassVar[int] = 60
+    time_limit: ClassVar[float | None] = None
+    queue_name: ClassVar[str | None] = None
+    permanent_errors: ClassVar[tuple[type[BaseException], ...]] = (PermanentError,)
+
+    app: ClassVar[Registry | None] = None
+
+    #: Inside ``perform``: the 1-based attempt of the call's first job.
+    attempt: int = 0
+    #: Inside ``perform``: one :class:`JobInfo` per payload of the call, in order.
+    jobs: Sequence[JobInfo] = ()
+
+    def __init_subclass__(
+        cls, app: Registry | None = None, abstract: bool = False, **kw: Any
+    ) -> None:
+        super().__init_subclass__(**kw)
+        cls.app = None
+        if abstract:
+            return
+        if cls.perform is Worker.perform:
+            raise WorkerDefinitionError(f"{cls.__name__} must define perform(entity_id, payloads)")
+        cls.default_settings()
+        errors = cls.permanent_errors
+        if not isinstance(errors, tuple) or not all(
+            isinstance(e, type) and issubclass(e, BaseException) for e in errors
+        ):
+            raise WorkerDefinitionError(
+                f"{cls.__name__}.permanent_errors must be a tuple of exception classes"
+            )
+        if app is not None:
+            app.register(cls)
+
+    @classmethod
+    def default_settings(cls) -> WorkerSettings:
+        """The settings the class declares, validated."""
+        values = {key: getattr(cls, key) for key in SETTING_CHECKS}
+        if values["queue_name"] is None:
+            values["queue_name"] = default_queue_name(cls.__name__)
+        for key, value in values.items():
+            problem = SETTING_CHECKS[key](value)
+            if problem:
+                raise WorkerDefinitionError(f"{cls.__name__}.{key}: {problem}")
+        settings = WorkerSettings(name=cls.__name__, **values)
+        problem = settings.problem()
+        if problem:
+            raise WorkerDefinitionError(f"{cls.__name__}: {problem}")
+        return settings
+
+    # -- what users write ------------------------------------------------------
+    def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:
+        """Process the payloads of one entity, oldest first. Raise to fail them.
+        May be ``async def``: it then runs on the node's event loop (:mod:`shardq.run.aio`)."""
+        raise NotImplementedError
+
+    def retries_exhausted(self, entity_id: str, payloads: list[Any], error: BaseException) -> None:
+        """Called after jobs were moved to the morgue (retries used up or a permanent
+        error). Override to alert or compensate; an exception here is logged and ignored."""
+
+    def retry_in(self, attempt: int) -> float:
+        """Seconds before retrying after failed attempt ``attempt`` (1 = first run).
+
+        Default: exponential, 2**attempt seconds with jitter (50-100 %), at most 12 h.
+        """
+        base = min(float(MAX_VISIBILITY_SECONDS), 2.0 ** min(attempt, 20))
+        return base * random.uniform(0.5, 1.0)
+
+    # -- publishing ------------------------------------------------------------
+    @classmethod
+    def bound_app(cls) -> Registry:
+        if cls.app is None:
+            raise UnknownWorkerError(
+                f"{cls.__name__} is not registered with an App; decorate it with "
+                f"@app.register or declare `class {cls.__name__}(shardq.Worker, app=app)`"
+            )
+        return cls.app
+
+    @classmethod
+    def publish(
+        cls,
+        entity_id: str,
+        payload: Any,
+        dedup_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Publish one job for ``entity_id``; returns its message id.
+
+        ``dedup_id`` makes the publish idempotent for 5 minutes (per entity).
+        """
+        report = cls.bound_app().publisher.publish_many(
+            cls, [Job(entity_id, payload, dedup_id, meta)]
+        )
+        return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+
+    @classmethod
+    def publish_many(cls, items: Iterable[JobSpec]) -> PublishReport:
+        """Publish many jobs in batches of 10 (see :class:`shardq.publish.Publisher`)."""
+        return cls.bound_app().publisher.publish_many(cls, items)

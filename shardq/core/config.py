@@ -1,0 +1,277 @@
+"""Configuration: defaults < ``shardq.yaml`` < ``SHARDQ_*`` environment < CLI flags.
+
+``shardq.yaml`` (YAML, read safely; a key given twice is refused)::
+
+    broker_url: sqs://            # or sqlite:///shardq.db (default), memory://
+    region: eu-west-1
+    endpoint_url: null            # e.g. http://127.0.0.1:4566 for an emulator
+    store_url: null               # e.g. dynamodb://?region=eu-west-2&table=prod-state
+    queue_prefix: prod-
+    threads: 8
+    concurrency: 32
+    workers:
+      SyncOrder: {shards: 16, batch_size: 10}
+
+Every top-level key can be set as ``SHARDQ_<KEY>`` (``SHARDQ_THREADS=8``) and a
+worker setting as ``SHARDQ_WORKERS__<Worker>__<key>`` (``SHARDQ_WORKERS__SyncOrder__shards=16``).
+AWS credentials are never read from here: boto3's default chain provides them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from shardq.core.config_sources import ENV_PREFIX, coerce, from_env, merge_workers, read_file
+from shardq.core.errors import ConfigError
+from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+
+DEFAULT_FILE = "shardq.yaml"
+_LOG_FORMATS = ("auto", "console", "json")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a publisher or node needs besides the worker classes."""
+
+    #: Where the queues live.
+    broker_url: str = "sqlite:///shardq.db"
+    #: AWS region for ``sqs://`` (else boto3's default chain decides).
+    region: str | None = None
+    #: SQS endpoint override, for emulators.
+    endpoint_url: str | None = None
+    #: Where the state store lives (None: the broker's file, or DynamoDB for ``sqs://``
+    #: in the SQS region/endpoint); ``dynamodb://?region=..&endpoint_url=..&table=..``.
+    store_url: str | None = None
+    #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
+    queue_prefix: str = ""
+    #: Python module (``pkg.mod`` or ``pkg.mod:app``) defining the app and its workers.
+    app: str = "workers"
+    #: Threads per node; each shard of the node belongs to exactly one (1..256).
+    threads: int = 4
+    #: Most jobs a node runs at once, over all its shards (one entity at a time in
+    #: order; 1..MAX_CONCURRENCY).
+    concurrency: int = 32
+    #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
+    grace_seconds: float = 30.0
+    #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
+    idle_wait_seconds: float = 20.0
+    #: Receives each node thread keeps in flight while it runs a batch (1..10).
+    prefetch: int = 2
+    #: Seconds between ``node.progress`` log events (0: none).
+    progress_seconds: float = 10.0
+    #: Elastic fleet: a killed node's shards are taken by others within this (its
+    #: heartbeat counter must stand still that long less a beat and 2 s; 10..600).
+    lease_seconds: float = 30.0
+    #: Unused since the fleet lives in the state store (5..45, still accepted).
+    report_seconds: float = 45.0
+    #: Publishers and nodes look at the live layout (``shardq reshard``) again when
+    #: their copy is older than this (0.1..60).
+    layout_refresh_seconds: float = 10.0
+    #: ``shardq reshard``: publishers switch to the new layout this long after the
+    #: reshard begins (every one must have looked at the layout by then: 5..3600, and
+    #: at least layout_refresh_seconds + 5).
+    reshard_trust_seconds: float = 60.0
+    #: A node warns (``job.old``) about a job older than this share of its queue's
+    #: retention period (0: never; 0..1).
+    retention_warning_share: float = 0.5
+    #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
+    signing_key: str | None = None
+    #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
+    metrics_port: int | None = None
+    #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
+    metrics_host: str = "127.0.0.1"
+    #: Dead jobs older than this many days are deleted by ``shardq queues ensure``
+    #: (None: kept until purged).
+    morgue_retention_days: int | None = None
+    #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
+    dashboard_token: str | None = None
+    #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
+    log_format: str = "auto"
+    log_level: str = "info"
+    #: Per-worker overrides: ``{WorkerName: {setting: value}}``.
+    workers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Where the values came from, for error messages.
+    source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        base: Config | None = None,
+    ) -> Config:
+        """Start from ``base`` (an app's own config) or the defaults, then apply the file
+        (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present), the environment,
+        and ``overrides`` (CLI flags; None values skipped)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        sources = []
+        if base is not None:
+            values = {key: getattr(base, key) for key in _FIELDS}
+            values["workers"] = {k: dict(v) for k, v in base.workers.items()}
+            sources.append("the app's config")
+        file_path = path or env.get(ENV_PREFIX + "CONFIG")
+        if file_path is None and Path(DEFAULT_FILE).is_file():
+            file_path = DEFAULT_FILE
+        if file_path is not None:
+            from_file = read_file(Path(file_path), _FIELDS)
+            if isinstance(from_file.get("workers"), Mapping) and "workers" in values:
+                from_file["workers"] = merge_workers(values["workers"], from_file["workers"])
+            values.update(from_file)
+            sources.append(str(file_path))
+        env_values = from_env(env, _FIELDS)
+        if env_values:
+            workers = values.get("workers") or {}
+            if not isinstance(workers, Mapping) or not all(
+                isinstance(v, Mapping) for v in workers.values()
+            ):
+                raise ConfigError(
+                    f"{file_path}: workers: expected a mapping of worker name to a mapping "
+                    "of settings"
+                )
+            workers = {k: dict(v) for k, v in workers.items()}
+            for name, settings in env_values.pop("workers", {}).items():
+                workers.setdefault(name, {}).update(settings)
+            values.update(env_values)
+            if workers:
+                values["workers"] = workers
+            sources.append("environment")
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = value
+                sources.append(f"--{key.replace('_', '-')}")
+        values["source"] = " + ".join(dict.fromkeys(sources)) or "defaults"
+        return cls(**coerce(values, values["source"]))
+
+    def with_overrides(self, **changes: Any) -> Config:
+        """A copy with some values replaced (None values are ignored)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes)
+
+    def _validate(self) -> None:
+        where = self.source
+
+        def fail(key: str, problem: str) -> None:
+            raise ConfigError(f"{where}: {key}: {problem}")
+
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            fail("threads", f"expected an integer >= 1, got {self.threads!r}")
+        if self.threads > MAX_THREADS:
+            fail("threads", f"expected an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
+        if (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or not 1 <= self.concurrency <= MAX_CONCURRENCY
+        ):
+            fail(
+                "concurrency",
+                f"expected an integer from 1 to {MAX_CONCURRENCY}, got {self.concurrency!r}",
+            )
+        if not 0 <= self.grace_seconds <= 3600:
+            fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
+        if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
+            fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
+        if not 1 <= self.prefetch <= 10:
+            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
+        if not 0 <= self.progress_seconds <= 86400:
+            fail("progress_seconds", f"expected 0 to 86400, got {self.progress_seconds!r}")
+        days = self.morgue_retention_days
+        if days is not None and (type(days) is not int or not 1 <= days <= 36500):
+            fail("morgue_retention_days", f"expected whole days from 1 to 36500, got {days!r}")
+        if not 10 <= self.lease_seconds <= 600:
+            fail("lease_seconds", f"expected 10 to 600, got {self.lease_seconds!r}")
+        if not 5 <= self.report_seconds <= 45:
+            fail("report_seconds", f"expected 5 to 45, got {self.report_seconds!r}")
+        if not 0.1 <= self.layout_refresh_seconds <= 60:
+            fail(
+                "layout_refresh_seconds", f"expected 0.1 to 60, got {self.layout_refresh_seconds!r}"
+            )
+        if not 5 <= self.reshard_trust_seconds <= 3600:
+            fail("reshard_trust_seconds", f"expected 5 to 3600, got {self.reshard_trust_seconds!r}")
+        if self.reshard_trust_seconds < self.layout_refresh_seconds + 5:
+            fail(
+                "reshard_trust_seconds",
+                f"{self.reshard_trust_seconds} is less than layout_refresh_seconds "
+                f"({self.layout_refresh_seconds}) + 5: publishers could still use the old "
+                "layout when old shards close",
+            )
+        if self.queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(self.queue_prefix):
+            fail(
+                "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
+            )
+        if self.log_format not in _LOG_FORMATS:
+            fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
+        if self.log_level not in _LOG_LEVELS:
+            fail("log_level", f"expected one of {', '.join(_LOG_LEVELS)}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            fail("metrics_port", f"expected a port from 0 to 65535, got {self.metrics_port!r}")
+        if "://" not in self.broker_url:
+            fail(
+                "broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}"
+            )
+        if self.endpoint_url is not None:
+            url = urlsplit(str(self.endpoint_url))
+            if url.scheme not in ("http", "https") or not url.hostname:
+                fail(
+                    "endpoint_url",
+                    "expected an http:// or https:// URL such as http://127.0.0.1:4566, "
+                    f"got {self.endpoint_url!r}",
+                )
+            try:
+                url.port  # noqa: B018 (raises for a port that is not a number)
+            except ValueError:
+                fail("endpoint_url", f"the port of {self.endpoint_url!r} is not a number")
+        if self.store_url is not None:
+            store_parameters(self.store_url, where)
+        if not 0 <= self.retention_warning_share <= 1:
+            fail(
+                "retention_warning_share",
+                f"expected 0 (off) to 1, got {self.retention_warning_share!r}",
+            )
+        if not isinstance(self.workers, Mapping) or not all(
+            isinstance(v, Mapping) for v in self.workers.values()
+        ):
+            fail("workers", "expected a mapping of worker name to a mapping of settings")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
+
+
+STORE_URL_PARAMETERS = ("region", "endpoint_url", "table")
+
+
+def store_parameters(url: str, where: str = "config") -> dict[str, str]:
+    """The parameters of ``store_url`` (``dynamodb://?region=..&endpoint_url=..&table=..``);
+    another scheme or an unknown parameter raises ConfigError."""
+    parts = urlsplit(url)
+    if parts.scheme != "dynamodb" or parts.netloc or parts.path:
+        raise ConfigError(
+            f"{where}: store_url: {url!r} is not supported; use "
+            "dynamodb://?region=..&endpoint_url=..&table=.. (each optional), or leave "
+            "store_url unset for the broker's own store"
+        )
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = sorted(set(query) - set(STORE_URL_PARAMETERS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: store_url {url!r} has unknown parameter(s) {', '.join(unknown)}; "
+            f"dynamodb:// URLs take {', '.join(STORE_URL_PARAMETERS)}"
+        )
+    empty = sorted(k for k, v in query.items() if not v)
+    if empty:
+        raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")
+    return query

@@ -1,0 +1,225 @@
+"""The live layout of each worker and its reshard transitions (pure).
+
+Each worker's layout is one versioned item, ``layout/<Worker>`` (see
+:mod:`shardq.store.layouts`): generation ``gen`` with ``shards`` shards, a move in progress
+from an old generation (announced, switched, its old shards closing) and retired
+generations whose queues are not all deleted. Every transition is written by a
+conditional put; every wait is measured on the waiting process's own monotonic clock
+from when it observed a state. Procedure and guarantees: docs/operations.md,
+"Resharding a live worker".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from shardq.core.errors import ConfigError, LayoutError
+from shardq.core.jobs import MAX_SHARDS
+from shardq.core.sharding import shard_for
+
+#: Default of the config's ``reshard_trust_seconds``: how long a copy is trusted.
+TRUST_SECONDS = 60.0
+#: Added to ``trust`` before a node may close an old shard (sends in progress).
+SWITCH_MARGIN_SECONDS = 5.0
+#: Nodes read the layouts this often while a reshard is in progress.
+NODE_REFRESH_SECONDS = 2.0
+
+RUN, WAIT, RELAY = "run", "wait", "relay"
+
+
+@dataclass(frozen=True)
+class Move:
+    """A reshard in progress from generation ``gen`` with ``shards`` shards."""
+
+    gen: int
+    shards: int
+    switched: bool = False
+    closed: tuple[int, ...] = ()
+    by: str = ""
+
+    @property
+    def left(self) -> list[int]:
+        """Old shards not closed yet."""
+        return [s for s in range(self.shards) if s not in self.closed]
+
+
+@dataclass(frozen=True)
+class Retired:
+    """An old generation whose move ended; ``deleted`` lists its queues gone."""
+
+    gen: int
+    shards: int
+    deleted: tuple[int, ...] = ()
+
+    @property
+    def left(self) -> list[int]:
+        return [s for s in range(self.shards) if s not in self.deleted]
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    """One worker's layout: generation ``gen`` with ``shards`` shards."""
+
+    gen: int
+    shards: int
+    trust: float = TRUST_SECONDS
+    moving: Move | None = None
+    retired: tuple[Retired, ...] = ()
+
+    @property
+    def state(self) -> str:
+        """``stable``, ``announced`` or ``switched``."""
+        if self.moving is None:
+            return "stable"
+        return "switched" if self.moving.switched else "announced"
+
+    def to_value(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_value(cls, name: str, value: Mapping[str, Any]) -> WorkerLayout:
+        try:
+            m = value.get("moving")
+            moving = None
+            if m is not None:
+                moving = Move(
+                    _count(m["gen"], 0), _count(m["shards"]), m["switched"] is True,
+                    tuple(_count(s, 0) for s in m["closed"]), str(m.get("by", "")),
+                )  # fmt: skip
+            retired = tuple(
+                Retired(_count(r["gen"], 0), _count(r["shards"]), tuple(r["deleted"]))
+                for r in value.get("retired", [])
+            )
+            trust = value["trust"]
+            if isinstance(trust, bool) or not isinstance(trust, (int, float)) or trust <= 0:
+                raise ValueError(f"trust {trust!r}")
+            return cls(_count(value["gen"], 0), _count(value["shards"]), float(trust),
+                       moving, retired)  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LayoutError(
+                f"the stored layout of {name} is damaged ({type(exc).__name__}: {exc}); "
+                f"fix or delete the item layout/{name} in the state store"
+            ) from None
+
+
+def _count(value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SHARDS:
+        raise ValueError(f"{value!r} is not an int from {low} to {MAX_SHARDS}")
+    return value
+
+
+# -- transitions (pure: each is written by a conditional put on the version read) ----
+def announce(
+    layout: WorkerLayout, worker: str, shards: int, trust: float, by: str = ""
+) -> WorkerLayout:
+    """``layout`` with a move to ``shards`` announced; :class:`LayoutError` if refused."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise LayoutError(f"--shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
+    if layout.moving is not None:
+        m = layout.moving
+        raise LayoutError(
+            f"a reshard of {worker} from {m.shards} to {layout.shards} shards is in progress "
+            f"({len(m.left)} of {m.shards} old shards still open); wait until it ends "
+            "(shardq stats shows it) and run this again"
+        )
+    if shards == layout.shards:
+        raise LayoutError(f"{worker} already has {shards} shards; nothing to do")
+    gen = max([layout.gen, *(r.gen for r in layout.retired)]) + 1
+    move = Move(layout.gen, layout.shards, by=by)
+    # a copy read before this write is trusted for layout.trust: never shorten it
+    return replace(layout, gen=gen, shards=shards, trust=max(trust, layout.trust), moving=move)
+
+
+def switch(layout: WorkerLayout, gen: int) -> WorkerLayout:
+    """``layout`` with the move to ``gen`` switched (publishers send to it)."""
+    if layout.moving is None or layout.gen != gen or layout.moving.switched:
+        return layout
+    return replace(layout, moving=replace(layout.moving, switched=True))
+
+
+def close(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
+    """``layout`` with old shard ``shard`` of ``gen`` closed; the last one retires ``gen``."""
+    move = layout.moving
+    if move is None or move.gen != gen or not move.switched or shard in move.closed:
+        return layout
+    move = replace(move, closed=tuple(sorted({*move.closed, shard})))
+    if move.left:
+        return replace(layout, moving=move)
+    return replace(layout, moving=None, retired=(*layout.retired, Retired(move.gen, move.shards)))
+
+
+def deleted(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
+    """``layout`` after retired queue ``shard`` of ``gen`` was deleted."""
+    kept = []
+    for old in layout.retired:
+        if old.gen == gen:
+            old = replace(old, deleted=tuple(sorted({*old.deleted, shard})))
+        if old.left:
+            kept.append(old)
+    return replace(layout, retired=tuple(kept))
+
+
+# -- decisions (pure) ------------------------------------------------------------------
+def may_switch(layout: WorkerLayout, observed: float, now: float) -> bool:
+    """Whether a process that observed the announce at ``observed`` may write the switch
+    at ``now`` (both on its own monotonic clock)."""
+    return layout.state == "announced" and now - observed >= layout.trust
+
+
+def may_close(layout: WorkerLayout, gen: int, shard: int, observed: float, now: float) -> bool:
+    """Whether old shard ``shard`` of ``gen`` may close once found empty, by a node
+    that observed the switch at ``observed``."""
+    move = layout.moving
+    return (
+        move is not None
+        and move.switched
+        and gen == move.gen
+        and shard not in move.closed
+        and now - observed >= layout.trust + SWITCH_MARGIN_SECONDS
+    )
+
+
+def may_delete(observed: float, now: float, trust: float) -> bool:
+    """Whether a retired queue, observed retired at ``observed``, may go once empty."""
+    return now - observed >= 2 * trust
+
+
+def route(layout: WorkerLayout, gen: int, shard: int, entity: str) -> str:
+    """What a node does with a job of ``entity`` received from shard ``shard`` of
+    generation ``gen``: :data:`RUN` it, :data:`WAIT` (hold it, in order, and look
+    again) or :data:`RELAY` it to the current generation."""
+    move = layout.moving
+    if gen == layout.gen:
+        if move is not None and shard_for(entity, move.shards) not in move.closed:
+            return WAIT  # its entity may still have jobs in the old layout
+        return RUN
+    if move is not None and gen == move.gen:
+        return RUN if shard not in move.closed else RELAY
+    if gen < layout.gen:
+        return RELAY  # retired
+    return WAIT  # a generation newer than this copy: look again
+
+
+def publish_to(layout: WorkerLayout) -> tuple[int, int]:
+    """``(generation, shards)`` a job goes to: the old layout until the switch."""
+    move = layout.moving
+    if move is not None and not move.switched:
+        return move.gen, move.shards
+    return layout.gen, layout.shards
+
+
+def shard_name(worker: str, gen: int) -> str:
+    """The name of a generation in shard keys: ``Orders`` (0), ``Orders@2``."""
+    return worker if gen == 0 else f"{worker}@{gen}"
+
+
+def parse_name(name: str) -> tuple[str, int]:
+    """``"Orders@2"`` as ``("Orders", 2)``; ``"Orders"`` as ``("Orders", 0)``."""
+    worker, at, gen = name.rpartition("@")
+    if not at:
+        return name, 0
+    if not (gen.isascii() and gen.isdigit()) or not worker:
+        raise ConfigError(f"{name!r} is not a worker name with a generation (Orders@2)")
+    return worker, int(gen)

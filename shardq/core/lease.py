@@ -1,0 +1,99 @@
+"""One held message's lease (:class:`shardq.run.leases.Leases` keeps them): its states,
+whether its job may start, when it is extended, and what the broker's answer to a
+request about it means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from shardq.core.limits import MAX_VISIBILITY_SECONDS
+from shardq.core.messages import Message
+
+log = structlog.get_logger("shardq.leases")
+
+HELD, DELETE, CHANGE = "held", "delete", "change"
+#: A job is not started with less visibility left than this.
+START_MARGIN_SECONDS = 0.25
+#: Longest wait between tries of a failed request.
+MAX_BACKOFF_SECONDS = 5.0
+
+
+@dataclass(eq=False)
+class Lease:
+    """One held message."""
+
+    message: Message
+    visibility_timeout: float
+    expires: float  # monotonic time at which the message becomes visible again
+    state: str = HELD
+    seconds: float = 0.0  # for CHANGE: visible again after this many seconds
+    asked: float = 0.0  # monotonic time the settle was asked for
+    not_before: float = 0.0  # backoff after a failed request
+    tries: int = 0
+    busy: bool = False  # a request about it is in flight
+    lost: bool = False
+
+    def lapsed(self, now: float) -> bool:
+        """No longer this node's to run, or less than :data:`START_MARGIN_SECONDS` of
+        visibility left (the local clock starts when the receive returns, a little
+        after the broker's)."""
+        return self.lost or self.expires - START_MARGIN_SECONDS <= now
+
+    def may_start(self, now: float) -> bool:
+        return not self.lost and self.expires - START_MARGIN_SECONDS > now
+
+    def extension(self, wall: float) -> float | None:
+        """Seconds to extend it by: a full timeout, within 12 h of the receive (Unix
+        time ``wall``); None, and lost, past that."""
+        room = self.message.received_at + MAX_VISIBILITY_SECONDS - wall - 1
+        if room > 0:
+            return min(self.visibility_timeout, room)
+        self.lost = True
+        log.warning(
+            "lease.cap_reached",
+            queue=self.message.queue,
+            message_id=self.message.message_id,
+            detail="12 h since the receive; the broker will deliver this job again",
+        )
+        return None
+
+    def answered(
+        self,
+        seconds: float,
+        extension: bool,
+        sent: float,
+        now: float,
+        error: BaseException | None,
+        refused: str | None,
+    ) -> bool:
+        """The broker answered a request about it (``error``: the request failed;
+        ``refused``: the broker's reason for refusing this entry). True if it is
+        settled (done with, whether it succeeded or was given up)."""
+        self.busy = False
+        m = self.message
+        if extension:
+            if error is None and refused is not None:
+                log.warning("lease.lost", queue=m.queue, message_id=m.message_id, reason=refused)
+                self.lost = True
+            elif error is None:
+                self.expires = sent + seconds  # counted from when it was sent
+            return False  # a failed extension: the next round tries again
+        if error is not None and self.expires > now:
+            self.tries += 1
+            self.not_before = now + min(MAX_BACKOFF_SECONDS, 0.2 * 2**self.tries)
+            return False
+        if error is not None or refused is not None:
+            log.warning(
+                "job.delete_failed" if self.state == DELETE else "lease.change_failed",
+                queue=m.queue,
+                entity=m.group_id,
+                message_id=m.message_id,
+                reason=refused or "the broker was unreachable until its visibility ran out",
+                detail="the job ran but may be delivered again"
+                if self.state == DELETE
+                else "it becomes visible when its current visibility ends",
+            )
+        return True

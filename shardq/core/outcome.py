@@ -1,0 +1,161 @@
+"""What became of jobs: a ``perform`` call's :class:`Outcome` (logged and told to each
+:class:`Observer` by the :class:`Reporter`: the node's :class:`Tally`, its metrics, test
+helpers), and how a run of one entity's jobs ended (:class:`EntityEnd`), which the
+execution slots act on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from shardq.core.errors import Retry
+from shardq.core.messages import Message
+from shardq.core.plan import ShardRef
+
+log = structlog.get_logger("shardq.job")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one ``perform`` call's jobs (or of one invalid message)."""
+
+    kind: str  # "succeeded", "retried" or "morgued"
+    worker: str
+    shard: int
+    entity: str
+    messages: list[Message]
+    payloads: list[Any]
+    duration: float
+    error: BaseException | None = None
+
+
+class Observer(Protocol):
+    """Told of every outcome and broker error: the node's tally, its metrics, the
+    test helpers."""
+
+    def job_outcome(self, outcome: Outcome) -> None: ...
+
+    def broker_error(self, operation: str) -> None: ...
+
+
+@dataclass
+class Tally:
+    """Job outcomes counted by a node, per worker."""
+
+    succeeded: dict[str, int] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+    morgued: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, kind: str, worker: str, n: int = 1) -> None:
+        counter: dict[str, int] = getattr(self, kind)
+        with self._lock:  # the node's slots add at once
+            counter[worker] = counter.get(worker, 0) + n
+
+    def job_outcome(self, outcome: Outcome) -> None:
+        self.add(outcome.kind, outcome.worker, len(outcome.messages))
+
+    def broker_error(self, operation: str) -> None:
+        """Broker errors are logged; a tally does not count them."""
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Jobs of one entity held for a retry due at ``due`` (monotonic)."""
+
+    due: float
+    ref: ShardRef
+    messages: list[Message]
+
+
+#: How a run of one entity's jobs ended (:attr:`EntityEnd.kind`).
+DONE = "done"  # every job ran to an end (succeeded, morgued or relayed)
+LATER = "later"  # held here for a local retry (``messages``, due at ``due``)
+HIDDEN = "hidden"  # ``messages`` hidden at the broker until ``due``, the failed job first
+GAVE_UP = "gave_up"  # a job's visibility lapsed: none of the rest (``messages``) runs here
+STOPPED = "stopped"  # asked to stop: ``messages`` did not start (still held)
+
+
+@dataclass(frozen=True)
+class EntityEnd:
+    """The end of a run of one entity's jobs; what the jobs that join the entity
+    afterwards must follow (a retry takes them along)."""
+
+    kind: str
+    messages: list[Message] = field(default_factory=list)
+    due: float = 0.0
+    performed: float = 0.0  # DONE: seconds its jobs' ``perform`` calls took
+
+
+class Reporter:
+    """Logs each job's outcome (one ``job.<kind>`` event per job: success at debug, an
+    asked-for retry at info, any other failure at warning) and tells every observer."""
+
+    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+        self.observers = list(observers)
+        self._debug = False
+        self._debug_until = float("-inf")  # when to ask the log's level again
+
+    def outcome(
+        self,
+        kind: str,
+        ref: ShardRef,
+        messages: list[Message],
+        payloads: list[Any],
+        attempt: Callable[[Message], int],
+        duration: float,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> None:
+        level = _level(kind, error)
+        if level == logging.DEBUG:
+            now = time.monotonic()
+            if now >= self._debug_until:  # asked once a second, not once per job
+                self._debug, self._debug_until = _enabled(logging.DEBUG), now + 1.0
+        if level > logging.DEBUG or self._debug:
+            if error is not None:
+                extra["error"] = f"{type(error).__name__}: {error}"
+            for m in messages:
+                log.log(
+                    level,
+                    f"job.{kind}",
+                    worker=ref.worker,
+                    shard=ref.shard,
+                    entity=m.group_id,
+                    message_id=m.message_id,
+                    attempt=attempt(m),
+                    duration=round(duration, 6),
+                    **extra,
+                )
+        outcome = Outcome(
+            kind, ref.worker, ref.shard, messages[0].group_id, messages, payloads, duration, error
+        )
+        for observer in self.observers:
+            try:
+                observer.job_outcome(outcome)
+            except Exception:
+                log.exception("observer.failed", observer=type(observer).__name__)
+
+    def broker_error(self, operation: str) -> None:
+        for observer in self.observers:
+            observer.broker_error(operation)
+
+
+def _level(kind: str, error: BaseException | None) -> int:
+    if kind == "succeeded":
+        return logging.DEBUG
+    if kind == "retried" and isinstance(error, Retry):
+        return logging.INFO
+    return logging.WARNING
+
+
+def _enabled(level: int) -> bool:
+    check = getattr(log.bind(), "is_enabled_for", None)
+    return True if check is None else bool(check(level))

@@ -1,0 +1,101 @@
+"""The plan: which node and which thread own each shard. A pure function.
+
+All shards of all workers, ordered by worker name then shard number, are dealt
+round-robin over the nodes (shard ``i`` of that list goes to node ``i % nodes``, as
+Lowkiq's by-node splitter does), then each node's shards are dealt round-robin over
+its threads. Every shard has exactly one owner thread; different workers interleave
+so each thread gets a mix of priorities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shardq.core.errors import ConfigError
+from shardq.core.layout import parse_name
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One shard: a worker's queue number ``shard`` of layout generation ``gen``."""
+
+    worker: str
+    shard: int
+    priority: int
+    gen: int = 0
+
+    @property
+    def name(self) -> str:
+        """The worker with its generation, as in shard keys: ``Orders``, ``Orders@2``."""
+        return self.worker if self.gen == 0 else f"{self.worker}@{self.gen}"
+
+    @property
+    def key(self) -> str:
+        """The shard key of the fleet's ownership items: ``Orders:3``, ``Orders@2:3``."""
+        return f"{self.name}:{self.shard}"
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.shard}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Shards per thread of one node: ``threads[t]`` lists the shards thread ``t`` owns."""
+
+    node: int
+    nodes: int
+    threads: tuple[tuple[ShardRef, ...], ...]
+
+    @property
+    def shards(self) -> list[ShardRef]:
+        return [ref for refs in self.threads for ref in refs]
+
+
+def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
+    """Every shard, ordered by worker name then shard.
+
+    ``workers`` maps a worker name to ``(shards, priority)``; a name ``Orders@2`` is
+    generation 2 of worker ``Orders`` (see :mod:`shardq.core.layout`).
+    """
+    refs = []
+    for name in sorted(workers):
+        worker, gen = parse_name(name)  # "Orders@2": generation 2 of a resharded worker
+        count, priority = workers[name]
+        refs += [ShardRef(worker, shard, priority, gen) for shard in range(count)]
+    return refs
+
+
+def make_plan(
+    workers: Mapping[str, tuple[int, int]], *, node: int, nodes: int, threads: int
+) -> Plan:
+    """The plan of node ``node`` of ``nodes`` with ``threads`` threads.
+
+    Threads beyond the node's number of shards would have nothing to do and are
+    not planned; a node with no shards has an empty plan.
+    """
+    if not workers:
+        raise ConfigError("no workers are registered; check --app (default: the workers module)")
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, got {nodes}")
+    if not 0 <= node < nodes:
+        raise ConfigError(
+            f"--node must be from 0 to {nodes - 1} (there are {nodes} nodes), got {node}"
+        )
+    if threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    mine = all_shards(workers)[node::nodes]
+    used = min(threads, len(mine))
+    return Plan(node, nodes, tuple(tuple(mine[t::used]) for t in range(used)))
+
+
+def format_plan(plans: list[Plan]) -> str:
+    """A readable table of one or more node plans."""
+    lines = []
+    for plan in plans:
+        lines.append(f"node {plan.node} of {plan.nodes}: {len(plan.shards)} shards")
+        if not plan.threads:
+            lines.append("  (no shards: more nodes than shards)")
+        for t, refs in enumerate(plan.threads):
+            lines.append(f"  thread {t}: " + ", ".join(str(r) for r in refs))
+    return "\n".join(lines)

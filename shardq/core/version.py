@@ -1,0 +1,3 @@
+"""shardq's version, sent in user agents and node heartbeats."""
+
+VERSION = "0.1.0"

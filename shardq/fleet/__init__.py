@@ -1,0 +1,350 @@
+"""A node's membership of its app's fleet, kept in the state store.
+
+Items: ``node/<id>``, the node's heartbeat (its version is the heartbeat counter, its
+value the node's report), rewritten every beat by a conditional put and deleted at a
+graceful leave; ``shard/<key>``, a shard's owner, written only when ownership changes
+(taken on the version read, freed by naming nobody, so versions only grow). Each
+round an elastic node reads both and applies :func:`shardq.core.fleet_rules.decide`. A
+node that cannot beat for nearly the expiry stops serving its shards first. The whole
+protocol: docs/deployment.md, "Running an elastic fleet".
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shardq.core.errors import ShardqError
+from shardq.core.fleet_rules import (
+    ELASTIC,
+    ROUND_SECONDS,
+    STATIC,
+    Beat,
+    Owner,
+    decide,
+    expired,
+    live_nodes,
+    observe,
+    parse_key,
+    timing,
+)
+from shardq.core.layout import parse_name
+from shardq.core.plan import ShardRef
+from shardq.core.version import VERSION as __version__
+from shardq.store import Item, Store, StoreConflict, StoreError
+
+if TYPE_CHECKING:
+    from shardq.run.node import Node
+
+log = structlog.get_logger("shardq.fleet")
+
+NODE_PREFIX, SHARD_PREFIX = "node/", "shard/"
+#: A heartbeat marked gone is deleted once it has not changed for this long.
+GONE_KEPT_SECONDS = 3600.0
+#: A shard this node could not take is left alone this long before trying again.
+REFUSED_SECONDS = 30.0
+
+
+def read_beat(item: Item) -> Beat:
+    value = item.value
+    return Beat(
+        node=item.key[len(NODE_PREFIX) :],
+        counter=item.version,
+        mode=str(value.get("mode", ELASTIC)),
+        gone=str(value.get("gone", "") or ""),
+    )
+
+
+def read_owner(item: Item) -> Owner:
+    return Owner(item.key[len(SHARD_PREFIX) :], str(item.value.get("owner", "")), item.version)
+
+
+class Fleet:
+    """One node's membership: joined by the node, left after its shutdown sweep.
+    ``clock``: monotonic seconds (tests pass their own and call :meth:`step`)."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        elastic: bool,
+        node_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.app = node.app
+        self.store: Store = node.app.store
+        self.id = node_id or node.id
+        self.elastic = elastic
+        self.clock = clock
+        self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
+        self.started = time.time()
+        self._version: int | None = None  # of this node's heartbeat item
+        self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded
+        self._next_beat = 0.0
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._owned: dict[str, int] = {}  # key -> version of the ownership item
+        self._draining: dict[str, tuple[threading.Event, int]] = {}
+        self._refused: dict[str, float] = {}  # key -> when this node could not take it
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._done_before, self._rate_at = 0, clock()
+        self._rate = 0.0
+
+    # -- life -----------------------------------------------------------------------
+    def join(self) -> None:
+        """Write the first heartbeat and start the thread. Store errors propagate
+        (the node does not start)."""
+        self._beat(self.clock())
+        log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
+        self._thread = threading.Thread(target=self._guard, name="shardq-fleet", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._stop.is_set() or self._thread is None or self._thread.is_alive()
+
+    def leave(self) -> None:
+        """After the node's shutdown sweep (every job message settled): free every
+        shard, delete the heartbeat. The others take the shards at their next round."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        with self._lock:
+            owned = dict(self._owned)
+            owned.update({k: v for k, (_, v) in self._draining.items()})
+            self._owned.clear()
+            self._draining.clear()
+        for key, version in owned.items():
+            self._free(key, version)
+        self._delete(NODE_PREFIX + self.id, None)
+        log.info("fleet.left", node=self.id, released=len(owned))
+
+    def held(self) -> list[str]:
+        """Keys of the shards this node owns."""
+        with self._lock:
+            return sorted({*self._owned, *self._draining})
+
+    # -- the thread -----------------------------------------------------------------
+    def _guard(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.step()
+                self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
+        except BaseException as exc:
+            self.node.fail("the fleet membership", exc)
+
+    def step(self) -> None:
+        """One round: the heartbeat when due; for an elastic node, read and act."""
+        now = self.clock()
+        if now >= self._next_beat:
+            try:
+                self._beat(now)
+            except StoreError as exc:
+                log.warning("fleet.heartbeat_failed", error=str(exc))
+                self._next_beat = now + ROUND_SECONDS
+        if not self.elastic or self.node.stopping.is_set():
+            return  # a stopping node beats on (its shards are not free) until it leaves
+        if now - self._beat_ok > self.expire_seconds - ROUND_SECONDS:
+            self._fence()  # others may take its shards soon: serve nothing until a beat
+            return
+        self._settle_drains()  # before the read: the snapshot shows what it freed
+        try:
+            owners = [read_owner(i) for i in self.store.query_all(SHARD_PREFIX)]
+            items = self.store.query_all(NODE_PREFIX)
+        except StoreError as exc:
+            log.warning("fleet.read_failed", error=str(exc))
+            return
+        self._act(now, {o.key: o for o in owners}, items)
+
+    def _beat(self, now: float) -> None:
+        """Bump the heartbeat counter (a conditional put on this node's version)."""
+        key, report = NODE_PREFIX + self.id, self.report()
+        try:
+            item = self.store.put(key, report, version=self._version)
+        except StoreConflict:
+            current = self.store.get(key)
+            if current is not None and current.value.get("gone"):
+                log.warning(
+                    "fleet.declared_gone",
+                    node=self.id,
+                    reason=current.value.get("gone"),
+                    detail="its heartbeat stood still too long; it gives up its shards",
+                )
+                self._fence()
+            item = self.store.put(key, report, version=None if current is None else current.version)
+        self._version = item.version
+        self._beat_ok = now
+        self._next_beat = now + self.beat_seconds
+
+    def _act(self, now: float, owners: Mapping[str, Owner], items: list[Item]) -> None:
+        beats = {b.node: b for b in map(read_beat, items)}
+        self._seen = observe(self._seen, beats, now)
+        if self.id in beats:  # this node is live to itself while its beats succeed
+            self._seen[self.id] = (beats[self.id].counter, now)
+        live = live_nodes(beats, self._seen, now, self.expire_seconds) | {self.id}
+        by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
+        for node in expired(beats, self._seen, now, self.expire_seconds):
+            if node != self.id:
+                self._mark_gone(by_key[node])
+        self._sweep_gone(beats, now)
+        self._refused = {k: t for k, t in self._refused.items() if now - t < REFUSED_SECONDS}
+        with self._lock:
+            busy = {*self._draining, *self._refused}
+        serving = {ref.key for ref in self.node.shard_refs()}
+        moves = decide(self.id, self._shards(), live, owners, serving, busy)
+        for key in moves.lost:
+            owner = owners[key].node if key in owners else None
+            log.warning("fleet.shard_lost", shard=key, owner=owner)
+            with self._lock:
+                self._owned.pop(key, None)
+            self.node.drop_shard(self._ref(key))
+        for key, version in moves.free.items():
+            done = self.node.drop_shard(self._ref(key))
+            with self._lock:
+                self._owned.pop(key, None)
+                self._draining[key] = (done, version)
+        for key, version in moves.purge.items():
+            self._delete(SHARD_PREFIX + key, version)
+        for key in moves.serve:
+            self._take(key, owners[key].version, write=False, now=now)
+        for key, claim in moves.claim.items():
+            self._take(key, claim, write=True, now=now)
+            if key in owners and key in self._owned:
+                log.info("fleet.took_over", shard=key, previous=owners[key].node)
+
+    def _take(self, key: str, version: int | None, *, write: bool, now: float) -> None:
+        if write:
+            try:
+                item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=version)
+            except StoreError:
+                return  # another node took it first (or the store failed): next round
+            version = item.version
+        assert version is not None
+        with self._lock:
+            self._owned[key] = version
+        try:
+            self.node.add_shard(self._ref(key))
+        except (ShardqError, ValueError) as exc:
+            log.warning(
+                "fleet.cannot_take",
+                shard=key,
+                error=str(exc),
+                detail=f"the fleet assigned it here; freed for another node, tried again "
+                f"in {REFUSED_SECONDS:.0f} s",
+            )
+            with self._lock:
+                self._owned.pop(key, None)
+                self._refused[key] = now
+            self._free(key, version)
+            return
+        log.info("fleet.took", shard=key)
+
+    def _settle_drains(self) -> None:
+        with self._lock:
+            done = [(k, v) for k, (e, v) in self._draining.items() if e.is_set()]
+            for key, _ in done:
+                del self._draining[key]
+        for key, version in done:
+            self._free(key, version)
+            log.info("fleet.freed", shard=key)
+
+    def _fence(self) -> None:
+        """Stop serving every shard: others may take them now."""
+        with self._lock:
+            owned, self._owned = list(self._owned), {}
+        for key in owned:
+            self.node.drop_shard(self._ref(key))
+
+    def _mark_gone(self, item: Item) -> None:
+        value = {**item.value, "gone": "lease expired", "gone_at": time.time(), "by": self.id}
+        try:
+            self.store.put(item.key, value, version=item.version)
+        except StoreError:
+            return
+        log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
+
+    def _sweep_gone(self, beats: Mapping[str, Beat], now: float) -> None:
+        """Delete the heartbeats marked gone that stood still for GONE_KEPT_SECONDS."""
+        for node, beat in beats.items():
+            if beat.gone and now - self._seen[node][1] >= GONE_KEPT_SECONDS:
+                self._delete(NODE_PREFIX + node, beat.counter)
+
+    # -- the report -----------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """This node's heartbeat value (``at``, its wall time, is for display only)."""
+        node = self.node
+        tally = node.tally()
+        done = sum(tally.succeeded.values()) + sum(tally.morgued.values())
+        now = self.clock()
+        if now - self._rate_at >= 1.0:
+            self._rate = (done - self._done_before) / (now - self._rate_at)
+            self._done_before, self._rate_at = done, now
+        lags = {f"{w}:{s}": round(lag, 3) for w, s, lag in node.lags()}
+        held = self.held() if self.elastic else sorted(lags)
+        return {
+            "node": self.id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": self.started,
+            "at": time.time(),
+            "mode": ELASTIC if self.elastic else STATIC,
+            "threads": len(node.lanes),
+            "held": held,
+            "lags": {k: v for k, v in lags.items() if k in set(held)},
+            "jobs_per_second": round(self._rate, 2),
+            "done": done,
+            "retried": sum(tally.retried.values()),
+            "failed": sum(tally.morgued.values()),
+            "by_worker": {
+                w: {
+                    "done": tally.succeeded.get(w, 0) + tally.morgued.get(w, 0),
+                    "retried": tally.retried.get(w, 0),
+                    "failed": tally.morgued.get(w, 0),
+                }
+                for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
+            },
+            "version": __version__,
+            "beat": self.beat_seconds,
+            "expire": self.expire_seconds,
+            "concurrency": node.slots.concurrency,
+            "slots_in_use": node.slots.in_use(),
+        }
+
+    # -- helpers --------------------------------------------------------------------
+    def _shards(self) -> dict[str, int]:
+        """Shards of the live layout by generation name (``Orders``, ``Orders@2``)."""
+        return {
+            name: count
+            for worker in self.app.workers
+            for name, count in self.app.live_shards(worker).items()
+        }
+
+    def _ref(self, key: str) -> ShardRef:
+        name, shard = parse_key(key)
+        worker, gen = parse_name(name)
+        return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
+
+    def _free(self, key: str, version: int) -> None:
+        """Free a shard: its owner item names nobody (a conditional write: versions keep
+        growing, so a stale version can never free a later owner's item)."""
+        try:
+            self.store.put(SHARD_PREFIX + key, {"owner": ""}, version=version)
+        except StoreConflict:
+            pass  # changed since read: the next round reads it again
+        except StoreError as exc:
+            log.warning("fleet.store_failed", error=str(exc))
+
+    def _delete(self, key: str, version: int | None) -> None:
+        try:
+            self.store.delete(key, version=version)
+        except StoreConflict:
+            pass  # changed since read: the next round reads it again
+        except StoreError as exc:
+            log.warning("fleet.store_failed", error=str(exc))

@@ -1,0 +1,364 @@
+"""The morgue: dead jobs in the app's state store, one record per job.
+
+Nodes write a record (:func:`bury`) and only then delete the job from its shard.
+:class:`Morgue` lists a worker's dead jobs in death order, page by page, filtered by
+entity, error type, time range or message ids (:class:`Filter`); requeues them (each
+entity's oldest first, to the tail of its entity's jobs, then deletes the record) and
+purges them. Records stay until purged, or until ``morgue_retention_days`` passes and
+``shardq queues ensure`` deletes them (:meth:`Morgue.expire`). Keys and values are in
+:mod:`shardq.morgue.record`.
+
+A job is recorded once per message id: a node that dies between writing a record and
+deleting the job, or whose delete came after the job's visibility ran out, runs the job
+again later and, if it dies again, finds its record and does not write another. A requeue that is
+interrupted between sending a job and deleting its record leaves it listed though it
+was sent: the interrupted command says how many it finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shardq.broker.base import SendEntry
+from shardq.core import envelope
+from shardq.core.decide import (
+    REASON_INVALID,
+    REASON_MAX_RETRIES,
+    REASON_PERMANENT,
+    REASON_UNKNOWN_WORKER,
+    REASON_UNREADABLE,
+)
+from shardq.core.errors import BrokerError, EnvelopeError
+from shardq.core.layout import publish_to
+from shardq.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.core.sharding import shard_for
+from shardq.morgue.record import (
+    KIND,
+    VERSION,
+    MorgueRecord,
+    entity_key,
+    items,
+    keys_of,
+    record_for,
+    requeue_problem,
+    stamp_for,
+    stamps,
+    summary,
+    whole,
+)
+from shardq.store.base import MAX_QUERY_ITEMS, Store, StoreError
+
+if TYPE_CHECKING:
+    from shardq.store.deployment import Deployment
+
+#: Dead jobs a requeue sends (and deletes) per round.
+ROUND = 100
+
+Progress = Callable[[int], None]
+#: Told of each dead job a requeue leaves in the morgue, and why.
+Refused = Callable[[MorgueRecord, str], None]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which dead jobs: all of them, or those matching every filter given."""
+
+    entity: str | None = None
+    error_type: str | None = None
+    #: Died at or after / at or before (unix seconds).
+    since: float | None = None
+    until: float | None = None
+    message_ids: frozenset[str] | None = None
+
+    def matches(self, record: MorgueRecord) -> bool:
+        return (
+            (self.entity is None or record.entity_id == self.entity)
+            and (self.error_type is None or record.error_type == self.error_type)
+            and (self.since is None or record.failed_at >= self.since)
+            and (self.until is None or record.failed_at <= self.until)
+            and (self.message_ids is None or record.message_id in self.message_ids)
+        )
+
+    def describe(self) -> str:
+        """`` of entity order-42 with error type KeyError that died since 2026-…``, or ``""``."""
+        since, until = self.since, self.until
+        died = (
+            f" that died between {_utc(since)} and {_utc(until)}"
+            if since is not None and until is not None
+            else f" that died since {_utc(since)}"
+            if since is not None
+            else f" that died before {_utc(until)}"
+            if until is not None
+            else ""
+        )
+        parts = [
+            f" of entity {self.entity}" if self.entity is not None else "",
+            f" with error type {self.error_type}" if self.error_type is not None else "",
+            died,
+            f" with ids {', '.join(sorted(self.message_ids))}" if self.message_ids else "",
+        ]
+        return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Dead jobs in death order, and the cursor of the next page (None: no more)."""
+
+    records: list[MorgueRecord]
+    next: str | None
+
+
+def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
+    """Write the records of dead jobs, in order (StoreError if the store refuses), each
+    job once: a job whose record is already whole in the morgue (the same message died
+    again, its delete having come after its visibility ran out) is not written again."""
+    for record in records:
+        if not buried(store, worker, record):
+            for key, value in items(worker, record, stamps.next()):
+                store.put(key, value, version=None)
+
+
+def keep(store: Store, worker: str, record: MorgueRecord) -> None:
+    """Write a record at its own death time (jobs moved from the old queue morgue),
+    unless it is there already (a move that was interrupted and run again)."""
+    if not buried(store, worker, record):
+        for key, value in items(worker, record, stamps.next(record.failed_at)):
+            store.put(key, value, version=None)
+
+
+def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
+    """Is the record's job (its message id) in the morgue with its summary written?"""
+    summaries = [
+        keys_of(item.key, 1)[0]
+        for item in store.query_all(f"morgue/{worker}/e/{entity_key(record.entity_id)}/")
+        if item.value.get("message_id") == record.message_id
+    ]
+    return any(store.get(key) is not None for key in summaries)  # the summary is written last
+
+
+class Morgue:
+    """One worker's dead jobs: list, requeue, purge, expire."""
+
+    def __init__(self, app: Deployment, worker: str) -> None:
+        self.app = app
+        self.worker = app.worker(worker).__name__
+        self.store = app.store
+
+    def size(self) -> int:
+        """How many dead jobs the worker has."""
+        base, n, after = f"morgue/{self.worker}/t/", 0, None
+        while page := self.store.query(base, start_after=after):
+            n += len(page)
+            if len(page) < MAX_QUERY_ITEMS:
+                break
+            after = page[-1].key
+        return n
+
+    def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
+        """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
+        found: list[MorgueRecord] = []
+        cursor: str | None = None
+        for at, record in self._scan(where, after):
+            if len(found) == limit:
+                return Page([self.load(r) for r in found], cursor)
+            found.append(record)
+            cursor = at
+        return Page([self.load(r) for r in found], None)
+
+    def list_jobs(self, entity: str | None = None, limit: int = 100) -> list[MorgueRecord]:
+        """The first ``limit`` dead jobs (of ``entity``), in death order."""
+        return self.page(Filter(entity=entity), limit).records
+
+    def load(self, record: MorgueRecord) -> MorgueRecord:
+        """The whole record (traceback, meta, body) of a listed one."""
+        item = self.store.get(record.key)
+        if item is None:
+            return record  # purged meanwhile, or only its summary is left
+        head, _, rest = record.key.partition("/e/")
+        stamp = rest.rpartition("/")[2]
+        first = whole(item, [])
+        pieces = []
+        for k in range(1, first.pieces):
+            part = self.store.get(f"{head}/p/{stamp}/{k:03d}")
+            body = None if part is None else part.value.get("body")
+            pieces.append(body if isinstance(body, str) else "")
+        return whole(item, pieces) if pieces else first
+
+    def requeue(
+        self,
+        where: Filter = Filter(),
+        progress: Progress | None = None,
+        refused: Refused | None = None,
+    ) -> int:
+        """Send matching dead jobs back to their shard, each entity's oldest first, at
+        the tail of the entity's jobs, then delete their records; how many.
+
+        A dead job that cannot be requeued (an unreadable record) stays and is passed
+        to ``refused``; so do its entity's later matches, which must not overtake it."""
+        count = [0]
+
+        def deleted(record: MorgueRecord) -> None:
+            self.delete(record)
+            count[0] += 1
+            if progress is not None:
+                progress(count[0])
+
+        stopped: set[str] = set()
+        batch: list[MorgueRecord] = []
+        for _, record in self._scan(where):
+            batch.append(record)
+            if len(batch) == ROUND:
+                self._requeue(batch, stopped, refused, deleted)
+                batch = []
+        if batch:
+            self._requeue(batch, stopped, refused, deleted)
+        return count[0]
+
+    def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
+        """Delete matching dead jobs for good; how many."""
+        done = 0
+        for _, record in self._scan(where):
+            self.delete(record)
+            done += 1
+            if progress is not None:
+                progress(done)
+        return done
+
+    def expire(self, days: float, now: float | None = None) -> int:
+        """Delete the dead jobs that died more than ``days`` ago."""
+        cutoff = (time.time() if now is None else now) - days * 86400
+        return self.purge(Filter(until=cutoff))
+
+    def delete(self, record: MorgueRecord) -> None:
+        """Delete every item of a record (summary first: it leaves listings at once)."""
+        for key in keys_of(record.key, record.pieces):
+            self.store.delete(key)
+
+    # -- internals ---------------------------------------------------------------
+    def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
+        """(cursor, summary) of every match in death order, read page by page."""
+        if where.entity is not None:
+            base = f"morgue/{self.worker}/e/{entity_key(where.entity)}/"
+        else:
+            base = f"morgue/{self.worker}/t/"
+        start = None if after is None else base + after
+        if where.since is not None:
+            start = max(start or "", base + stamp_for(where.since))
+        end = None if where.until is None else stamp_for(where.until + 1e-9)
+        while True:
+            got = self.store.query(base, start_after=start)
+            for item in got:
+                at = item.key[len(base) :]
+                if end is not None and at[: len(end)] >= end:
+                    return
+                record = summary(item)
+                if where.matches(record):
+                    yield at, record
+            if len(got) < MAX_QUERY_ITEMS:
+                return
+            start = got[-1].key
+
+    def _requeue(
+        self,
+        batch: list[MorgueRecord],
+        stopped: set[str],
+        refused: Refused | None,
+        deleted: Callable[[MorgueRecord], None],
+    ) -> None:
+        sendable = []
+        for record in map(self.load, batch):
+            problem = requeue_problem(record)
+            if problem is None and record.entity_id in stopped:
+                problem = "an earlier dead job of its entity was not requeued"
+            if problem is None:
+                sendable.append(record)
+                continue
+            stopped.add(record.entity_id)
+            if refused is not None:
+                refused(record, problem)
+        for record in self._resend(sendable, stopped):
+            deleted(record)
+
+    def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> list[MorgueRecord]:
+        """Send to the live layout's shards; what was sent (an entity whose send failed
+        is stopped: its later dead jobs stay)."""
+        by_queue: dict[str, list[MorgueRecord]] = {}
+        gen, shards = publish_to(self.app.layouts.get(self.worker))
+        for record in records:
+            queue = self.app.shard_queue(self.worker, shard_for(record.entity_id, shards), gen)
+            by_queue.setdefault(queue, []).append(record)
+        sent: list[MorgueRecord] = []
+        for queue, queued in by_queue.items():
+            self.app.ensure_queue(queue, self.worker)
+            for chunk in _chunks(queued):
+                chunk = [r for r in chunk if r.entity_id not in stopped]
+                entries = [
+                    SendEntry(str(i), r.body, r.entity_id, uuid.uuid4().hex)
+                    for i, r in enumerate(chunk)
+                ]
+                try:
+                    accepted = set(self.app.broker.send_batch(queue, entries).message_ids)
+                except BrokerError:
+                    accepted = set()  # nothing of this batch was sent: it stays
+                for record, entry in zip(chunk, entries, strict=True):
+                    if entry.id in accepted and record.entity_id not in stopped:
+                        sent.append(record)
+                    else:
+                        stopped.add(record.entity_id)
+        return sent
+
+
+def _chunks(records: list[MorgueRecord]) -> Iterator[list[MorgueRecord]]:
+    """Consecutive runs of at most 10 records and 1 MiB: one SendMessageBatch each."""
+    chunk: list[MorgueRecord] = []
+    size = 0
+    for record in records:
+        if chunk and (
+            len(chunk) == MAX_BATCH_ENTRIES or size + record.body_bytes > MAX_BATCH_BYTES
+        ):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(record)
+        size += record.body_bytes
+    if chunk:
+        yield chunk
+
+
+def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
+    """The dead job's payload, or None if its body is not a valid envelope."""
+    if record.reason == REASON_UNREADABLE or not record.body:
+        return None
+    try:
+        return envelope.decode(record.body, signing_key).payload
+    except EnvelopeError:
+        return None
+
+
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+__all__ = [
+    "KIND",
+    "REASON_INVALID",
+    "REASON_MAX_RETRIES",
+    "REASON_PERMANENT",
+    "REASON_UNKNOWN_WORKER",
+    "REASON_UNREADABLE",
+    "VERSION",
+    "Filter",
+    "Morgue",
+    "MorgueRecord",
+    "Page",
+    "StoreError",
+    "bury",
+    "keep",
+    "payload_of",
+    "record_for",
+    "requeue_problem",
+]

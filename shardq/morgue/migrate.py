@@ -1,0 +1,138 @@
+"""Upkeep of the morgue by ``shardq queues ensure``: moving the dead jobs of the old
+queue-based morgue (one FIFO queue per worker, ``...-morgue.fifo``) into the store,
+and deleting records older than ``morgue_retention_days``.
+
+A move receives a batch from the old morgue queue, writes each record to the store
+at its original death time, and only then deletes the messages it wrote: a failure
+leaves the rest in the queue (and releases them) for the next run, so no dead job is
+lost. A message that is not a readable morgue record is moved too, as an unreadable
+record holding the message verbatim. Both old formats are read: version 1 (one JSON
+object with the body as a field) and version 2 (a JSON header line, a newline, the
+body verbatim; ``body_kept: false`` when the body was too large to keep).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from shardq.broker.base import Message, release_now
+from shardq.core.decide import REASON_UNREADABLE
+from shardq.core.envelope import refuse_constant
+from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.terminal import plural
+from shardq.morgue import Morgue, keep
+from shardq.morgue.record import KIND, MorgueRecord
+
+if TYPE_CHECKING:
+    from shardq.store.deployment import Deployment
+
+_HEADER = ("entity_id", "reason", "error_type", "error_message", "traceback", "source_queue")
+
+
+def tend(app: Deployment) -> list[str]:
+    """Move each worker's old morgue queue into the store, apply the retention; what
+    was done, one line each."""
+    lines = []
+    days = app.config.morgue_retention_days
+    for name in app.workers:
+        moved = move_queue_morgue(app, name)
+        if moved:
+            lines.append(f"moved {plural(moved, f'dead {name} job')} from the morgue queue")
+        if days is not None:
+            gone = Morgue(app, name).expire(days)
+            if gone:
+                lines.append(
+                    f"deleted {plural(gone, f'dead {name} job')} older than {days} days "
+                    "(morgue_retention_days)"
+                )
+    return lines
+
+
+def move_queue_morgue(app: Deployment, worker: str) -> int:
+    """Move every dead job of ``worker``'s old morgue queue into the store; how many."""
+    queue = app.morgue_queue(worker)
+    broker = app.broker
+    if broker.queue_settings(queue) is None:
+        return 0
+    moved = 0
+    while batch := broker.receive(
+        queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0, visibility_timeout=120
+    ):
+        written: list[str] = []
+        try:
+            for message in batch:
+                keep(app.store, worker, read_queue_record(message))
+                written.append(message.receipt)
+        finally:
+            if written:
+                broker.delete_batch(queue, written)
+            release_now(broker, [m for m in batch if m.receipt not in written])
+        moved += len(written)
+    return moved
+
+
+def read_queue_record(message: Message) -> MorgueRecord:
+    """The record of an old morgue message; one shardq cannot read as unreadable."""
+    try:
+        return _decode(message)
+    except ValueError as exc:
+        return MorgueRecord(
+            entity_id=message.group_id,
+            message_id=message.message_id,
+            reason=REASON_UNREADABLE,
+            error_type="",
+            error_message=f"not a readable shardq morgue record: {exc}",
+            traceback="",
+            attempts=0,
+            failed_at=message.sent_at,
+            first_sent_at=message.sent_at,
+            body=message.body,
+        )
+
+
+def _decode(message: Message) -> MorgueRecord:
+    header, newline, body = message.body.partition("\n")
+    try:
+        doc = json.loads(header if newline else message.body, parse_constant=refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a morgue record") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise ValueError("not a shardq morgue record")
+    version = doc.get("v")
+    if version == 1 and not newline:
+        old_body = doc.get("body")
+        if not isinstance(old_body, str):
+            raise ValueError("field body is not a string")
+        body = old_body
+    elif version == 2 and newline:
+        if doc.get("body_kept") is False:
+            body = ""  # too large for the old morgue queue: only why it died was kept
+    else:
+        raise ValueError(f"morgue record version {version!r} is not supported")
+    return _record(doc, body, message)
+
+
+def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
+    for key in (*_HEADER, "message_id"):
+        if not isinstance(doc.get(key), str):
+            raise ValueError(f"field {key} is not a string")
+    attempts, failed_at = doc.get("attempts"), doc.get("failed_at")
+    if type(attempts) is not int or attempts < 0:
+        raise ValueError("field attempts is not a whole number")
+    if isinstance(failed_at, bool) or not isinstance(failed_at, (int, float)):
+        raise ValueError("field failed_at is not a time")
+    if not 0 <= failed_at < 1e11:
+        raise ValueError("field failed_at is not a time")
+    if doc["entity_id"] != message.group_id:
+        raise ValueError(
+            f"it names entity {doc['entity_id']!r} but sits in group {message.group_id!r}"
+        )
+    return MorgueRecord(
+        **{k: doc[k] for k in _HEADER},
+        message_id=doc["message_id"],
+        attempts=attempts,
+        failed_at=float(failed_at),
+        first_sent_at=0.0,  # the old records did not keep it
+        body=body,
+    )

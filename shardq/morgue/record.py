@@ -1,0 +1,299 @@
+"""The morgue record: one dead job in the state store, and why it died.
+
+A dead job of worker ``W`` and entity ``E`` that died at ``STAMP`` is stored as:
+
+* ``morgue/W/t/STAMP/ENC``: a summary (entity, message id, reason, error type, the
+  start of the message, attempts, when it died) in the worker's death order;
+* ``morgue/W/e/ENC/STAMP``: the whole record (traceback, times, meta, the size and
+  SHA-256 of the job's body) and the first piece of the job's body, in the entity's
+  death order;
+* ``morgue/W/p/STAMP/K`` (K = 001, 002, ...): the rest of the body, when the body does
+  not fit one item (a job near 1 MiB takes three or four).
+
+``ENC`` is the entity id percent-encoded (``/`` and every other punctuation byte
+become ``%XX``), so listing a worker's dead jobs, or an entity's, is one prefix query
+in death order. ``STAMP`` is the writing node's wall clock in nanoseconds (made to
+rise within a process) and six random hex digits. The body is kept verbatim (joined
+and checked against its SHA-256 when read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote
+
+from shardq.broker.base import Message
+from shardq.core.decide import (
+    REASON_UNREADABLE,
+)
+from shardq.store.base import Item
+
+KIND = "shardq.morgue"
+VERSION = 3
+MAX_TRACEBACK_CHARS = 8000
+MAX_ERROR_MESSAGE_CHARS = 2000
+MAX_ERROR_TYPE_CHARS = 200
+#: Characters of the error message the summary item keeps.
+SUMMARY_MESSAGE_CHARS = 200
+#: Largest JSON of a job's meta kept in its record (it is in the body anyway).
+MAX_META_BYTES = 16 * 1024
+#: JSON bytes of body per item (the store allows 350 KiB per value).
+PIECE_BYTES = 300 * 1024
+STAMP_DIGITS = 20
+
+_SUMMARY = ("entity_id", "message_id", "reason", "error_type", "attempts", "failed_at", "pieces")
+_STRINGS = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
+
+
+@dataclass(frozen=True)
+class MorgueRecord:
+    """A dead job: why it died and (once loaded) its original body."""
+
+    entity_id: str
+    message_id: str
+    reason: str
+    error_type: str
+    error_message: str
+    traceback: str
+    attempts: int
+    #: When the node moved it to the morgue, and when it was first published (unix s).
+    failed_at: float
+    first_sent_at: float
+    source_queue: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    body: str = ""
+    body_bytes: int = 0
+    body_sha256: str = ""
+    #: Items the body takes (the record item and ``pieces - 1`` more).
+    pieces: int = 1
+    #: Where it is stored (``morgue/W/e/ENC/STAMP``): the record's identity.
+    key: str = ""
+
+
+def entity_key(entity: str) -> str:
+    """The entity id as it appears in keys: no ``/``, and distinct ids stay distinct."""
+    return quote(entity, safe="")
+
+
+class _Stamps:
+    """Death stamps that sort in writing order within this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self, at: float | None = None) -> str:
+        with self._lock:
+            ns = time.time_ns() if at is None else int(at * 1e9)
+            if at is None:
+                ns = self._last = max(ns, self._last + 1)
+        return f"{ns:0{STAMP_DIGITS}d}{secrets.token_hex(3)}"
+
+
+stamps = _Stamps()
+
+
+def stamp_for(at: float) -> str:
+    """The smallest stamp of a death at unix time ``at`` (for time-range queries)."""
+    return f"{max(0, int(at * 1e9)):0{STAMP_DIGITS}d}"
+
+
+def record_for(
+    message: Message,
+    reason: str,
+    error: BaseException,
+    attempts: int,
+    meta: Mapping[str, Any] | None = None,
+) -> MorgueRecord:
+    """The record of a job that dies now."""
+    tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    raw = message.body.encode("utf-8", "surrogatepass")
+    return MorgueRecord(
+        entity_id=message.group_id,
+        message_id=message.message_id,
+        reason=reason,
+        error_type=type(error).__name__[:MAX_ERROR_TYPE_CHARS],
+        error_message=str(error)[:MAX_ERROR_MESSAGE_CHARS],
+        traceback=tb[-MAX_TRACEBACK_CHARS:],
+        attempts=attempts,
+        failed_at=time.time(),
+        first_sent_at=message.sent_at,
+        source_queue=message.queue,
+        meta=dict(meta or {}),
+        body=message.body,
+        body_bytes=len(raw),
+        body_sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict[str, Any]]]:
+    """The store items of a record, pieces of the body first, the summary last."""
+    enc = entity_key(record.entity_id)
+    pieces = _split(record.body)
+    meta = dict(record.meta)
+    if len(json.dumps(meta, default=str)) > MAX_META_BYTES:
+        meta = {"shardq_note": f"meta over {MAX_META_BYTES} bytes: see the job's body"}
+    raw = record.body.encode("utf-8", "surrogatepass")
+    full = {
+        "kind": KIND,
+        "v": VERSION,
+        **{k: getattr(record, k) for k in _STRINGS},
+        "attempts": record.attempts,
+        "failed_at": record.failed_at,
+        "first_sent_at": record.first_sent_at,
+        "source_queue": record.source_queue,
+        "meta": meta,
+        "body_bytes": len(raw),
+        "body_sha256": hashlib.sha256(raw).hexdigest(),
+        "pieces": len(pieces),
+        "body": pieces[0],
+    }
+    summary = {k: full[k] for k in _SUMMARY}
+    summary["error_message"] = record.error_message[:SUMMARY_MESSAGE_CHARS]
+    out = [(f"morgue/{worker}/p/{stamp}/{k:03d}", {"body": p}) for k, p in enumerate(pieces)][1:]
+    out.append((f"morgue/{worker}/e/{enc}/{stamp}", full))
+    out.append((f"morgue/{worker}/t/{stamp}/{enc}", summary))
+    return out
+
+
+def keys_of(record_key: str, pieces: int) -> list[str]:
+    """Every key of the record stored at ``record_key``: summary, record, pieces."""
+    head, _, rest = record_key.partition("/e/")
+    enc, _, stamp = rest.rpartition("/")
+    parts = [f"{head}/p/{stamp}/{k:03d}" for k in range(1, pieces)]
+    return [f"{head}/t/{stamp}/{enc}", record_key, *parts]
+
+
+def record_key(summary_key: str) -> str:
+    """``morgue/W/t/STAMP/ENC`` -> ``morgue/W/e/ENC/STAMP``."""
+    head, _, rest = summary_key.partition("/t/")
+    stamp, _, enc = rest.partition("/")
+    return f"{head}/e/{enc}/{stamp}"
+
+
+def summary(item: Item) -> MorgueRecord:
+    """A record from its summary or record item, without traceback, meta or body."""
+    key = item.key if "/e/" in item.key else record_key(item.key)
+    try:
+        v = _checked(item.value, _SUMMARY, body=False)
+        return MorgueRecord(
+            **{k: v[k] for k in _STRINGS[:4]},
+            error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
+            traceback="",
+            attempts=v["attempts"],
+            failed_at=float(v["failed_at"]),
+            first_sent_at=0.0,
+            pieces=pieces_of(v),
+            key=key,
+        )
+    except ValueError as exc:
+        return unreadable(key, item.value, str(exc))
+
+
+def whole(item: Item, pieces: list[str]) -> MorgueRecord:
+    """A record from its record item and the rest of its body's pieces."""
+    try:
+        v = _checked(item.value, (*_STRINGS, "attempts", "failed_at", "first_sent_at"), body=True)
+        body = "".join([v["body"], *pieces])
+        raw = body.encode("utf-8", "surrogatepass")
+        if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
+            raise ValueError("the body does not match its recorded size and SHA-256")
+        return MorgueRecord(
+            **{k: v[k] for k in _STRINGS},
+            attempts=v["attempts"],
+            failed_at=float(v["failed_at"]),
+            first_sent_at=float(v["first_sent_at"]),
+            source_queue=str(v.get("source_queue", "")),
+            meta=_mapping(v.get("meta")),
+            body=body,
+            body_bytes=v["body_bytes"],
+            body_sha256=v["body_sha256"],
+            pieces=pieces_of(v),
+            key=item.key,
+        )
+    except ValueError as exc:
+        return unreadable(item.key, item.value, str(exc))
+
+
+def pieces_of(value: Mapping[str, Any]) -> int:
+    """How many items the record's body takes (1 if it does not say)."""
+    n = value.get("pieces")
+    return n if type(n) is int and 1 <= n <= 1000 else 1
+
+
+def unreadable(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
+    """What a stored record shardq cannot read is listed as."""
+    _, _, rest = key.partition("/e/")
+    enc, _, _ = rest.rpartition("/")
+    entity = value.get("entity_id")
+    return MorgueRecord(
+        entity_id=entity if isinstance(entity, str) else unquote(enc),
+        message_id=str(value.get("message_id", key)),
+        reason=REASON_UNREADABLE,
+        error_type="",
+        error_message=f"not a readable shardq morgue record: {why}",
+        traceback="",
+        attempts=0,
+        failed_at=0.0,
+        first_sent_at=0.0,
+        body=json.dumps(value, default=str)[:4000],
+        pieces=pieces_of(value),
+        key=key,
+    )
+
+
+def requeue_problem(record: MorgueRecord) -> str | None:
+    """Why this dead job cannot be requeued, or None."""
+    if record.reason == REASON_UNREADABLE:
+        return record.error_message
+    if not record.body:
+        return "its body was too large for the old morgue queue: only why it died was kept"
+    return None
+
+
+def _checked(value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool) -> Mapping[str, Any]:
+    for key in fields:
+        found = value.get(key)
+        if key in ("attempts",):
+            if type(found) is not int or found < 0:
+                raise ValueError("field attempts is not a whole number")
+        elif key in ("failed_at", "first_sent_at"):
+            if isinstance(found, bool) or not isinstance(found, (int, float)):
+                raise ValueError(f"field {key} is not a time")
+        elif key == "pieces":
+            if found is not None and pieces_of(value) != found:
+                raise ValueError("field pieces is not a count from 1 to 1000")
+        elif not isinstance(found, str):
+            raise ValueError(f"field {key} is not a string")
+    if body:
+        if not isinstance(value.get("body"), str) or type(value.get("body_bytes")) is not int:
+            raise ValueError("fields body or body_bytes are missing or malformed")
+        if not isinstance(value.get("body_sha256"), str):
+            raise ValueError("field body_sha256 is missing")
+    return value
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _split(body: str) -> list[str]:
+    """``body`` in pieces whose JSON is at most :data:`PIECE_BYTES` bytes each."""
+    pieces: list[str] = []
+    start = 0
+    while start < len(body) or not pieces:
+        n = PIECE_BYTES
+        while len(json.dumps(body[start : start + n])) > PIECE_BYTES:
+            n //= 2
+        end = start + n
+        pieces.append(body[start:end])
+        start = end
+    return pieces

@@ -1,0 +1,1 @@
+"""The operator's tools: the command line, stats, views, the dashboard, logs, testing."""

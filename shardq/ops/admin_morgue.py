@@ -1,0 +1,232 @@
+"""``shardq morgue list | requeue | purge``: every dead job of a worker, from the store.
+
+All three take the same filters (``--entity``, ``--id``, ``--error-type``,
+``--since``/``--until``); ``requeue`` and ``purge`` need at least one of them or an
+explicit ``--all``. ``list`` pages with ``--limit`` and ``--after CURSOR`` (the cursor
+of the next page is printed on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from shardq.api.app import App
+from shardq.core.errors import ConfigError, ShardqError
+from shardq.core.tables import table
+from shardq.core.terminal import Progress, plural
+from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
+from shardq.ops.selection import TIME_FORMS, Selection, SelectionError, act, parse_time
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+#: Most dead jobs one ``list`` prints.
+MAX_LIST = 100_000
+RAW = argparse.RawDescriptionHelpFormatter
+
+EXAMPLES = {
+    "list": "  shardq morgue list SyncOrder\n"
+    "  shardq morgue list SyncOrder --entity order-42 --json\n"
+    "  shardq morgue list SyncOrder --error-type KeyError --since 6h\n"
+    "  shardq morgue list SyncOrder --limit 500 --after CURSOR   # the next page\n",
+    "requeue": "  shardq morgue requeue SyncOrder --entity order-42\n"
+    "  shardq morgue requeue SyncOrder --error-type Timeout --since 2026-11-25T08:00\n"
+    "  shardq morgue requeue SyncOrder --all      # every dead SyncOrder job\n",
+    "purge": "  shardq morgue purge SyncOrder --entity order-42 --yes\n"
+    "  shardq morgue purge SyncOrder --until 30d --yes   # died more than 30 days ago\n"
+    "  shardq morgue purge SyncOrder --all --yes\n",
+}
+HELP = {
+    "list": "list dead jobs in the order they died",
+    "requeue": "send dead jobs back to the tail of their entity's jobs, oldest first",
+    "purge": "delete dead jobs for good",
+}
+
+
+def add_morgue(
+    commands: Any,
+    common: Callable[[argparse.ArgumentParser], None],
+    load: Callable[[argparse.Namespace], App],
+) -> None:
+    """Register ``shardq morgue`` on the ``shardq`` parser."""
+    morgue = commands.add_parser("morgue", help="list, requeue or purge dead jobs")
+    actions = morgue.add_subparsers(dest="action", metavar="ACTION", required=True)
+    handlers = {"list": _list, "requeue": _requeue, "purge": _purge}
+    for name, handler in handlers.items():
+        p = actions.add_parser(
+            name,
+            help=HELP[name],
+            description=HELP[name],
+            formatter_class=RAW,
+            epilog="examples:\n" + EXAMPLES[name],
+        )
+        common(p)
+        p.add_argument("worker", metavar="WORKER", help="worker class name")
+        p.add_argument("--entity", help="only this entity's dead jobs")
+        p.add_argument(
+            "--id",
+            action="append",
+            dest="ids",
+            metavar="MESSAGE_ID",
+            help="only this job (repeatable)",
+        )
+        p.add_argument(
+            "--error-type", metavar="T", help="only jobs that died of this exception type"
+        )
+        p.add_argument(
+            "--since", metavar="TIME", help=f"only jobs that died at or after: {TIME_FORMS}"
+        )
+        p.add_argument("--until", metavar="TIME", help="only jobs that died at or before TIME")
+        if name == "list":
+            p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
+            p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+            p.add_argument("--json", action="store_true", help="one JSON object per line")
+        else:
+            p.add_argument(
+                "--all",
+                action="store_true",
+                dest="everything",
+                help="every dead job of the worker (required when no filter is given)",
+            )
+        if name == "purge":
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
+
+
+def _list(app: App, args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= MAX_LIST:
+        raise ConfigError(f"--limit must be from 1 to {MAX_LIST}, got {args.limit}")
+    try:
+        where = Filter(
+            args.entity,
+            args.error_type,
+            None if args.since is None else parse_time("--since", args.since),
+            None if args.until is None else parse_time("--until", args.until),
+            None if args.ids is None else frozenset(args.ids),
+        )
+    except SelectionError as exc:
+        raise ConfigError(str(exc)) from None
+    morgue = Morgue(app, args.worker)
+    page = morgue.page(where, args.limit, args.after)
+    if args.json:
+        for r in page.records:
+            print(json.dumps(record_dict(r, app.signing_key), default=str))
+    else:
+        rows = [("entity", "message id", "reason", "attempts", "died (UTC)", "error")]
+        for r in page.records:
+            died = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc)
+            error = f"{r.error_type}: {r.error_message}"[:60]
+            rows.append(
+                (
+                    r.entity_id,
+                    r.message_id,
+                    r.reason,
+                    str(r.attempts),
+                    died.strftime("%Y-%m-%d %H:%M:%S"),
+                    error,
+                )
+            )
+        print(table(rows))
+    shown = plural(len(page.records), f"dead {morgue.worker} job")
+    text = f"{shown}{where.describe()} shown; the morgue holds {morgue.size()}"
+    if page.next is not None:
+        text += f"; more match: the next page is --after {page.next}"
+    print(text, file=sys.stderr)
+    return EXIT_OK
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    return Selection.from_args(
+        args.entity, args.ids, args.everything, args.error_type, args.since, args.until
+    )
+
+
+def _requeue(app: App, args: argparse.Namespace) -> int:
+    selection = _selection(args)
+    worker = app.worker(args.worker).__name__
+    refused: dict[str, tuple[MorgueRecord, str]] = {}
+
+    def refuse(record: MorgueRecord, why: str) -> None:
+        refused[record.message_id] = (record, why)
+
+    done = [0]
+    with Progress("requeued") as progress:
+
+        def tell(n: int) -> None:
+            done[0] = n
+            progress(n)
+
+        try:
+            act(app, worker, "requeue", selection, tell, refuse)
+        except (KeyboardInterrupt, ShardqError) as exc:
+            return _interrupted("requeue", worker, done[0], exc)
+    print(
+        f"requeued {plural(done[0], f'dead {worker} job')}{selection.scope()}, each at the "
+        "tail of its entity's jobs",
+        file=sys.stderr,
+    )
+    for record, why in refused.values():
+        print(
+            f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
+            "It stays in the morgue: see it with "
+            f"`shardq morgue list {worker} --id {record.message_id} --json`, delete it with "
+            f"`shardq morgue purge {worker} --id {record.message_id} --yes`",
+            file=sys.stderr,
+        )
+    return EXIT_USAGE if refused else EXIT_OK
+
+
+def _purge(app: App, args: argparse.Namespace) -> int:
+    selection = _selection(args)
+    worker = app.worker(args.worker).__name__
+    scope = selection.describe(worker)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
+        answer = input(f"delete {scope} for good? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing purged", file=sys.stderr)
+            return EXIT_OK
+    done = [0]
+    with Progress("purged") as progress:
+
+        def tell(n: int) -> None:
+            done[0] = n
+            progress(n)
+
+        try:
+            act(app, worker, "purge", selection, tell)
+        except (KeyboardInterrupt, ShardqError) as exc:
+            return _interrupted("purge", worker, done[0], exc)
+    print(f"purged {plural(done[0], f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _interrupted(action: str, worker: str, done: int, exc: BaseException) -> int:
+    """Say what an interrupted requeue or purge did, and what is left."""
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
+    verb = "requeued" if action == "requeue" else "purged"
+    last = (
+        " (up to 10 jobs of the last batch may have been sent and still be listed: check "
+        "them with `shardq morgue list` first)"
+        if action == "requeue"
+        else ""
+    )
+    print(
+        f"{why}. {verb} {plural(done, f'dead {worker} job')} before that, each one's record "
+        f"deleted; the rest are still in the morgue: run the same command again to "
+        f"{action} them{last}",
+        file=sys.stderr,
+    )
+    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
+    """A dead job as ``--json`` prints it: its record's fields and its payload."""
+    out = dict(record.__dict__)
+    out["meta"] = dict(record.meta)
+    out["payload"] = payload_of(record, signing_key)
+    return out

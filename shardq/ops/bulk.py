@@ -1,0 +1,223 @@
+"""Publishing many jobs from JSON lines (``shardq publish WORKER --file PATH``).
+
+One job per line: ``{"entity": "order-42", "payload": {...}}`` with optional
+``"dedup_id"`` (a string) and ``"meta"`` (an object); blank lines are skipped, any
+other key is refused. Every line is read and checked first (JSON, keys, entity id,
+payload, size), so a bad line publishes nothing and is named by its number. The jobs
+are then published in order, in batches; if the broker refuses some, publishing
+stops there (later jobs of their entities must not overtake them) and the report
+names exactly the lines that were not published.
+
+Ctrl-C (SIGINT) while publishing stops after the batch being sent and names the last
+line published and the first not published (:class:`PublishInterrupted`); a second
+Ctrl-C stops at once and names the lines whose batch was cut short, which may or may
+not have been published.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from shardq.core.envelope import refuse_constant
+from shardq.core.errors import BrokerError, ConfigError, PublishError, ShardqError
+from shardq.core.jobs import Job
+from shardq.core.terminal import Progress, plural
+
+if TYPE_CHECKING:
+    from shardq.api.app import App
+
+KEYS = ("entity", "payload", "dedup_id", "meta")
+#: Jobs per ``publish_many`` call (it sends them in SendMessageBatch calls of 10).
+BATCH = 500
+#: Bad lines named in one error; the others are counted.
+MAX_REPORTED = 5
+
+
+class BulkPublishError(BrokerError):
+    """Some lines of a file were not published; ``lines`` lists their numbers."""
+
+    def __init__(self, message: str, lines: list[int]) -> None:
+        super().__init__(message)
+        self.lines = lines
+
+
+class PublishInterrupted(BulkPublishError):
+    """Ctrl-C stopped ``publish --file``; ``lines`` lists those not published."""
+
+
+class _Interrupts:
+    """Ctrl-C while publishing (main thread only): the first is noted and publishing
+    stops after the batch being sent; a second raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True  # only a flag: the batch being sent finishes
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int
+    job: Job
+
+
+def read_jobs(app: App, worker: str, lines: Iterable[str], source: str) -> list[Line]:
+    """Every line's job, checked as a publish would; ConfigError names the bad lines."""
+    jobs: list[Line] = []
+    problems: list[str] = []
+    bad = 0
+    with Progress("checked") as progress:
+        for number, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            try:
+                job = parse_line(text)
+                app.publisher.check(worker, job)
+            except (ValueError, ShardqError) as exc:
+                bad += 1
+                if len(problems) < MAX_REPORTED:
+                    problems.append(f"  line {number}: {exc}")
+                continue
+            jobs.append(Line(number, job))
+            progress(number)
+    if bad:
+        more = f"\n  ... and {plural(bad - len(problems), 'more bad line')}" if bad > 5 else ""
+        raise ConfigError(
+            f"{source}: {plural(bad, 'line')} cannot be published, so nothing was:\n"
+            + "\n".join(problems)
+            + more
+            + '\nexpected one JSON object per line: {"entity": "...", "payload": ..., '
+            '"dedup_id": "..." (optional), "meta": {...} (optional)}'
+        )
+    return jobs
+
+
+def parse_line(text: str) -> Job:
+    """The job of one line; ValueError says what is wrong with it."""
+    try:
+        doc = json.loads(text, parse_constant=refuse_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError('expected a JSON object such as {"entity": "...", "payload": ...}')
+    unknown = sorted(set(doc) - set(KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {', '.join(map(repr, unknown))}; known: {', '.join(KEYS)}")
+    for key in ("entity", "payload"):
+        if key not in doc:
+            raise ValueError(f"no {key!r}")
+    entity, dedup_id, meta = doc["entity"], doc.get("dedup_id"), doc.get("meta")
+    if not isinstance(entity, str):
+        raise ValueError(f"entity must be a string, got {json.dumps(entity)[:40]}")
+    if dedup_id is not None and not isinstance(dedup_id, str):
+        raise ValueError("dedup_id must be a string")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError("meta must be an object")
+    return Job(entity, doc["payload"], dedup_id, meta)
+
+
+def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
+    """Publish the jobs in order; returns how many. Raises :class:`BulkPublishError`
+    naming the lines not published if the broker refused some."""
+    done = sending = 0
+    try:
+        with _Interrupts() as interrupts, Progress("published", len(lines)) as progress:
+            for start in range(0, len(lines), BATCH):
+                if interrupts.requested:
+                    raise _interrupted(lines, done, 0)
+                chunk = lines[start : start + BATCH]
+                sending = len(chunk)
+                try:
+                    report = app.publisher.publish_many(worker, [line.job for line in chunk])
+                except PublishError as exc:
+                    failed = sorted({chunk[i].number for i, _, _ in exc.failed})
+                    gaps = sorted(chunk[i].number for i, _ in exc.gaps)
+                    reason = exc.failed[0][2] if exc.failed else str(exc)
+                    raise _not_published(
+                        lines, done + exc.sent, failed, start + len(chunk), reason, gaps
+                    ) from exc
+                except ShardqError as exc:  # refused before sending (e.g. a middleware's)
+                    raise _not_published(lines, done, [], start, str(exc), []) from exc
+                done += report.sent
+                sending = 0
+                progress(done)
+    except KeyboardInterrupt:  # a second Ctrl-C: the batch being sent is in doubt
+        raise _interrupted(lines, done, sending) from None
+    return done
+
+
+def _not_published(
+    lines: Sequence[Line],
+    sent: int,
+    failed: list[int],
+    rest: int,
+    reason: str,
+    gaps: list[int],
+) -> BulkPublishError:
+    missing = failed + [line.number for line in lines[rest:]]
+    text = (
+        f"published {sent} of {plural(len(lines), 'job')}; not published: "
+        f"{plural(len(missing), 'line')} ({ranges(missing)}), first because: {reason}. "
+        "Publish those lines again (a dedup_id keeps a job from being published twice)"
+    )
+    if gaps:
+        text += (
+            f"; lines {ranges(gaps)} were published although an earlier job of their "
+            "entity was not: those entities are out of order"
+        )
+    return BulkPublishError(text, missing)
+
+
+def _interrupted(lines: Sequence[Line], done: int, in_doubt: int) -> PublishInterrupted:
+    """Ctrl-C after the first ``done`` lines were published; the ``in_doubt`` lines
+    after them were being sent when a second Ctrl-C came."""
+    last = f", the last on line {lines[done - 1].number}" if done else ""
+    doubt = [line.number for line in lines[done : done + in_doubt]]
+    missing = [line.number for line in lines[done + in_doubt :]]
+    text = f"interrupted: published {done} of {plural(len(lines), 'job')}{last}"
+    if doubt:
+        text += (
+            f"; lines {ranges(doubt)} were being sent and may or may not have been "
+            "published (publish them again with a dedup_id to be sure)"
+        )
+    if missing:
+        text += (
+            f"; not published: {plural(len(missing), 'line')} ({ranges(missing)}), the first "
+            f"on line {missing[0]}. Publish those lines again"
+        )
+    return PublishInterrupted(text, doubt + missing)
+
+
+def ranges(numbers: Sequence[int], most: int = 20) -> str:
+    """``1-3, 7, 9-12``, at most ``most`` runs then a count of the rest."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    if len(runs) > most:
+        shown.append(f"and {len(runs) - most} more runs")
+    return ", ".join(shown)

@@ -1,0 +1,315 @@
+"""The ``shardq`` command.
+
+Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
+or input (also ``stats`` and ``nodes`` finding none of the app's queues); 3 a node
+stopped with jobs still running after the grace period; 4 ``queues ensure`` found
+queues whose settings drifted; 130 interrupted by Ctrl-C (``publish --file`` then
+names the last line published and the first not published).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from shardq.api.app import App
+from shardq.core.config import Config
+from shardq.core.errors import BrokerError, ConfigError, ShardqError
+from shardq.core.fleet_rules import ELASTIC, STATIC
+from shardq.core.plan import Plan, format_plan
+from shardq.core.terminal import plural
+from shardq.ops.admin import add_commands
+from shardq.ops.bulk import PublishInterrupted
+from shardq.ops.early import EarlyStop
+from shardq.ops.reshard import add_command as add_reshard
+from shardq.store import StoreError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+#: Stopped by Ctrl-C (SIGINT): what a shell reports for a tool ended by it.
+EXIT_INTERRUPTED = 128 + 2
+#: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
+EXIT_PIPE = 128 + 13
+
+_EPILOG_RUN = """examples:
+  shardq run                                     # join the app's elastic fleet
+  shardq run --until-empty                       # process what is queued, then exit
+  shardq run --node 0 --nodes 3 --threads 8      # node 0 of a static 3-node plan
+  SHARDQ_BROKER_URL=sqs:// shardq run --node 1 --nodes 2
+
+Without --node the node joins the fleet: it takes its fair share of the shards
+(ownership items in the state store), hands them back when it stops, and takes over
+those of nodes that die (within lease_seconds, default 30). With --node N --nodes M
+it serves the static plan of `shardq plan`.
+"""
+_EPILOG_PLAN = """examples:
+  shardq plan --nodes 3 --threads 4              # every node's shards, per thread
+  shardq plan --node 1 --nodes 3                 # node 1 only
+"""
+
+
+def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -> int:
+    """The command line. ``early``: the signal handlers ``shardq run`` installed before
+    its imports (:func:`shardq.__main__.entry`); made here when it is called directly."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error: return, don't exit
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    args.early = early
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code: int = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # `shardq stats --json | head`: the reader left
+        _silence_stdout()
+        return EXIT_PIPE
+    except PublishInterrupted as exc:
+        print(f"shardq: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("shardq: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokerError as exc:
+        print(f"shardq: broker error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StoreError as exc:  # unreachable, like the broker (a conflict is no error here)
+        print(f"shardq: state store error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ShardqError as exc:
+        print(f"shardq: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
+    )
+    parser.add_argument("--version", action="version", version=f"shardq {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run a node",
+        epilog=_EPILOG_RUN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP.",
+    )
+    _common(run)
+    _placement(run, node_default=None, nodes_default=None)
+    run.add_argument(
+        "--concurrency", type=int, help="most jobs the node runs at once (default from config: 32)"
+    )
+    run.add_argument(
+        "--until-empty",
+        action="store_true",
+        help="stop (exit 0) once every shard of the node is empty",
+    )
+    run.add_argument("--grace-seconds", type=float, help="time running jobs get at shutdown")
+    run.add_argument("--log-format", choices=("auto", "console", "json"))
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    run.add_argument("--metrics-host", help="address of /metrics (default 127.0.0.1)")
+    run.add_argument("--seed", type=int, help="seed the schedulers' lottery (reproducible runs)")
+    run.set_defaults(handler=_run)
+
+    plan = commands.add_parser(
+        "plan",
+        help="print which node and thread own each shard",
+        epilog=_EPILOG_PLAN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(plan)
+    _placement(plan, node_default=None)
+    plan.set_defaults(handler=_plan)
+    add_commands(commands, _common, lambda args: one_shot(load(args)[0]))
+    add_reshard(commands, _common, lambda args: one_shot(load(args)[0]))
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="config file (default: ./shardq.yaml if any)")
+    p.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="module defining the app and workers (default: workers)",
+    )
+    p.add_argument("--broker-url", help="sqlite:///shardq.db (default), memory:// or sqs://")
+    p.add_argument("--queue-prefix", help="prefix of every queue name")
+
+
+def _placement(
+    p: argparse.ArgumentParser, node_default: int | None = 0, nodes_default: int | None = 1
+) -> None:
+    p.add_argument("--node", type=int, default=node_default, help="this node's number, from 0")
+    p.add_argument(
+        "--nodes", type=int, default=nodes_default, help="number of nodes of a static plan"
+    )
+    p.add_argument("--threads", type=int, help="threads per node (default from config: 4)")
+
+
+def load(args: argparse.Namespace) -> tuple[App, Config]:
+    """The config (file < env < flags) and the app it names, configured with it."""
+    overrides = {
+        key: getattr(args, key, None)
+        for key in (
+            "app",
+            "broker_url",
+            "queue_prefix",
+            "threads",
+            "concurrency",
+            "grace_seconds",
+            "log_format",
+            "log_level",
+            "metrics_port",
+            "metrics_host",
+        )
+    }
+    config = Config.load(args.config, overrides=overrides)
+    app = load_app(config.app)
+    if app.base_config is not None:
+        config = Config.load(args.config, overrides=overrides, base=app.base_config)
+    app.configure(config)
+    app.check()
+    return app, config
+
+
+def one_shot(app: App) -> App:
+    """For every command but ``run``: once an SQS or DynamoDB endpoint let a whole call time
+    out, the command's later calls to it fail at once (``Unanswered``), so a hung
+    endpoint fails the command within one call's bound, not one per call."""
+    unanswered = getattr(app.broker, "unanswered", None)  # SQS only
+    if unanswered is not None:
+        unanswered.fail_fast()
+    return app
+
+
+def load_app(spec: str) -> App:
+    """Import ``module[:attr]`` (the working directory first on the path) and find its App."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"app module {module_name!r} not found; run from the directory that holds it "
+                "or pass --app package.module"
+            ) from exc
+        raise
+    if attr:
+        found = getattr(module, attr, None)
+        if not isinstance(found, App):
+            raise ConfigError(f"{module_name}.{attr} is not a shardq.App")
+        return found
+    apps = {id(v): v for v in vars(module).values() if isinstance(v, App)}
+    if len(apps) != 1:
+        raise ConfigError(
+            f"module {module_name} defines {len(apps)} shardq.App objects; "
+            f"name one with --app {module_name}:ATTR"
+        )
+    return next(iter(apps.values()))
+
+
+def _run(args: argparse.Namespace) -> int:
+    early = args.early or EarlyStop()  # a SIGTERM while the node starts up stops it cleanly
+    app, config = load(args)
+    from shardq.ops import logs
+
+    logs.configure(config.log_format, config.log_level)
+    if args.node is None and args.nodes is not None:
+        raise ConfigError("--nodes needs --node (a static plan); leave both out to join the fleet")
+    if args.node is None:
+        shards = sum(app.settings(w).shards for w in app.workers)
+        _warn_idle_threads(config.threads, shards)
+        node = app.node(
+            Plan(0, 0, ()),
+            until_empty=args.until_empty,
+            seed=args.seed,
+            threads=config.threads,
+            membership=ELASTIC,
+        )
+    else:
+        nodes = 1 if args.nodes is None else args.nodes
+        app.plan(node=args.node, nodes=nodes)  # bad flags are refused before any request
+        app.layouts.refresh()  # the plan covers the live layout
+        plan = app.plan(node=args.node, nodes=nodes)
+        _warn_idle_threads(config.threads, len(plan.shards))
+        node = app.node(plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
+    if early.signals:
+        print("shardq: stopped before the node started", file=sys.stderr)
+        return EXIT_OK
+    started = time.monotonic()
+    code = node.run(lambda: early.signals)
+    _print_summary(node, time.monotonic() - started)
+    return code
+
+
+def _warn_idle_threads(threads: int, shards: int) -> None:
+    """A thread serves whole shards: threads beyond the shards a node could serve idle
+    (concurrency, not threads, sets how many jobs run at once)."""
+    if shards and threads > shards:
+        import structlog
+
+        structlog.get_logger("shardq.node").warning(
+            "node.idle_threads",
+            threads=threads,
+            shards=shards,
+            detail=f"{threads - shards} of the {threads} threads have no shard to serve; "
+            "threads only receive, jobs run in the node's execution slots: set threads "
+            "to at most the shards, and concurrency for jobs at once",
+        )
+
+
+def _plan(args: argparse.Namespace) -> int:
+    if args.nodes < 1:  # refused before any request (range(0) would print nothing)
+        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
+    app, _ = load(args)
+    app.layouts.refresh()
+    nodes = [args.node] if args.node is not None else range(args.nodes)
+    print(format_plan([app.plan(node=n, nodes=args.nodes) for n in nodes]))
+    return EXIT_OK
+
+
+def _print_summary(node: Any, elapsed: float) -> None:
+    tally = node.tally()
+    workers = sorted(set(tally.succeeded) | set(tally.retried) | set(tally.morgued))
+    total = sum(tally.succeeded.values())
+    name = node.id if node.fleet is not None and node.fleet.elastic else node.plan.node
+    print(
+        f"\nshardq node {name}: {plural(total, 'job')} succeeded in {elapsed:.1f} s",
+        file=sys.stderr,
+    )
+    if workers:
+        width = max(len(w) for w in workers)
+        print(f"  {'worker':<{width}}  succeeded  retried  morgued", file=sys.stderr)
+        for w in workers:
+            print(
+                f"  {w:<{width}}  {tally.succeeded.get(w, 0):>9}  {tally.retried.get(w, 0):>7}"
+                f"  {tally.morgued.get(w, 0):>7}",
+                file=sys.stderr,
+            )
+
+
+def _version() -> str:
+    from shardq.core.version import VERSION as __version__
+
+    return __version__

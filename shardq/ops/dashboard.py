@@ -1,0 +1,334 @@
+"""The web dashboard: one page (``static/dashboard.html``) and a JSON API, on the stdlib server.
+
+* ``GET /api/v1/stats``: :func:`shardq.ops.stats.collect` plus ``throughput`` (per worker
+  ``[[unix_time, jobs_per_minute], ...]`` over 30 minutes, or null), ``throughput_total``
+  (the same for all workers, or null), ``throughput_source`` (``broker``, ``scrape``,
+  ``reports`` or null), ``throughput_note`` and ``throughput_excludes`` (``[{"node",
+  "since", "reason"}]``: nodes the figures leave out); see :mod:`shardq.ops.sampler`.
+* ``GET /api/v1/nodes``: the live nodes and the nodes gone in the last hour, as
+  ``shardq nodes --json`` prints them (:meth:`shardq.ops.fleet_view.FleetView.to_json`).
+* ``GET /api/v1/morgue/<worker>?entity=&error_type=&since=&until=&limit=&after=``
+  answers ``{"jobs": [...], "next": CURSOR or null, "size": N}``: a page of dead jobs
+  in death order (pass ``after=CURSOR`` for the next one) and how many the worker has;
+  ``POST .../requeue`` and ``.../purge`` take ``{"message_ids": [...]}``,
+  ``{"entity": ...}``, ``{"error_type": ...}``, ``{"since": ..., "until": ...}`` (any
+  of them together) or ``{"all": true}``, with a Content-Length; anything else (no
+  body, an unknown key) is refused and changes nothing (:class:`shardq.ops.selection.Selection`).
+
+Any other method (PUT, DELETE, HEAD, ...), or a POST where only GET is served, is a
+JSON 405 whose ``Allow`` header names the methods served there.
+
+Stats and nodes come from a background sample (:class:`shardq.ops.sampler.Sampler`), never
+from a broker call per request. With a token, POSTs need ``Authorization: Bearer``;
+without one the server binds to loopback only, answers only a loopback ``Host`` (DNS
+rebinding) and refuses cross-origin POSTs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import signal
+import socket
+import socketserver
+import threading
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import structlog
+
+from shardq.api.app import App
+from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
+from shardq.ops.dashboard_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.sampler import Sampler, SampleUnavailable
+
+log = structlog.get_logger("shardq.dashboard")
+
+MAX_BODY = 1 << 20
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src "
+    "'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri "
+    "'none'; form-action 'none'",
+}
+
+
+# -- HTTP -------------------------------------------------------------------------------
+class DashboardServer(ThreadingHTTPServer):
+    """The dashboard's HTTP server; :meth:`start` serves in a background thread."""
+
+    daemon_threads = True
+
+    def __init__(self, app: App, host: str, port: int, token: str | None, sampler: Sampler) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.host = host
+        super().__init__((host, port), Handler)
+        self.app, self.token, self.sampler = app, token, sampler
+        self.morgue_lock = threading.Lock()  # one requeue or purge at a time
+        self.page = resources.files("shardq.ops").joinpath("static/dashboard.html").read_bytes()
+        self._thread: threading.Thread | None = None
+
+    def server_bind(self) -> None:  # HTTPServer's would look up the host's FQDN
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.host, int(self.socket.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.server_port}/"
+
+    def start(self) -> DashboardServer:
+        self.sampler.start()
+        self._thread = threading.Thread(target=self.serve_forever, name="shardq-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.server_close()
+        self.sampler.stop()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: DashboardServer
+    server_version = "shardq-dashboard"
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # idle keep-alive connections close after this
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_HEAD(self) -> None:
+        self._not_allowed()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A method with no ``do_<METHOD>`` (PUT, DELETE, PATCH, ...) is a JSON 405,
+        not the stdlib's HTML 501 page; other errors stay the stdlib's."""
+        if code == 501 and getattr(self, "command", None):
+            return self._not_allowed()
+        super().send_error(code, message, explain)
+
+    def _not_allowed(self) -> None:
+        path = urlsplit(self.path).path
+        parts = [unquote(p) for p in path.strip("/").split("/")] if path != "/" else []
+        allow = _allowed(parts)
+        message = f"{self.command} is not allowed on {path}; use {allow}"
+        self._json(405, {"error": message}, allow)
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            url = urlsplit(self.path)
+            parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
+            self._check_host()
+            if method == "POST" or parts[:3] == ["api", "v1", "morgue"]:
+                self._check_access(method)
+            if method == "GET" and parts in ([], ["index.html"]):
+                return self._send(200, self.server.page, "text/html; charset=utf-8")
+            if method == "GET" and parts == ["api", "v1", "stats"]:
+                return self._json(200, self.server.sampler.snapshot())
+            if method == "GET" and parts == ["api", "v1", "nodes"]:
+                return self._json(200, self.server.sampler.nodes())
+            if parts[:3] == ["api", "v1", "morgue"] and len(parts) in (4, 5):
+                action = parts[4] if len(parts) == 5 else "list"
+                app, worker = self.server.app, parts[3]
+                if (method, action) == ("GET", "list"):
+                    return self._json(200, morgue_page(app, worker, parse_qs(url.query)))
+                if (method, action) in ACTIONS:
+                    lock = self.server.morgue_lock
+                    return self._json(200, morgue_act(app, worker, action, self._body, lock))
+                allow = _allowed(parts)
+                raise HttpError(405, f"{method} is not allowed on {url.path}; use {allow}", allow)
+            if method == "POST" and _allowed(parts) == "GET":
+                raise HttpError(405, f"POST is not allowed on {url.path}; use GET", "GET")
+            raise HttpError(404, f"no such page or endpoint: {url.path}")
+        except HttpError as exc:
+            self._json(exc.status, {"error": str(exc)}, exc.allow)
+        except SampleUnavailable as exc:
+            self._json(503, {"error": str(exc)})
+        except UnknownWorkerError as exc:
+            self._json(404, {"error": str(exc)})
+        except ShardqError as exc:
+            log.warning("dashboard.broker_error", path=self.path, error=str(exc))
+            self._json(502, {"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            log.exception("dashboard.request_failed", path=self.path)
+            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+
+    # -- security ---------------------------------------------------------------------
+    def _check_host(self) -> None:
+        """Without a token, answer only requests addressed to a loopback name."""
+        if not self.server.token and not _is_loopback_name(self.headers["Host"] or ""):
+            raise HttpError(403, "the Host header is not a loopback address (set a token)")
+
+    def _check_access(self, method: str) -> None:
+        """Actions, and dead jobs' payloads, need the token when one is configured;
+        without one, a POST must not come from another origin."""
+        if self.server.token:
+            scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), self.server.token.encode()
+            ):
+                raise HttpError(401, "this needs the header 'Authorization: Bearer <token>'")
+            return
+        origin = self.headers.get("Origin")
+        if (
+            method == "POST"
+            and origin is not None
+            and urlsplit(origin).netloc.lower() != self.headers["Host"].lower()
+        ):
+            raise HttpError(403, f"cross-origin request refused (Origin {origin})")
+
+    # -- request bodies -----------------------------------------------------------------
+    def _body(self) -> Any:
+        """The JSON body; refused unless its length is given and it is all there."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise HttpError(
+                411, "send the body with a Content-Length header (chunked bodies are refused)"
+            )
+        lengths = set(self.headers.get_all("Content-Length") or [])
+        if not lengths:
+            raise HttpError(411, "a POST needs a Content-Length header and a JSON body")
+        try:
+            (length,) = (int(v) for v in lengths)
+            if length < 0:
+                raise ValueError(length)
+        except ValueError:
+            raise HttpError(400, f"invalid Content-Length {', '.join(sorted(lengths))}") from None
+        if length > MAX_BODY:
+            raise HttpError(413, f"request body over {MAX_BODY} bytes")
+        try:
+            raw = self.rfile.read(length)
+        except OSError as exc:
+            raise HttpError(408, f"the request body did not arrive: {exc}") from None
+        if len(raw) < length:
+            raise HttpError(
+                400, f"the request body is shorter than its Content-Length ({len(raw)} < {length})"
+            )
+        if not raw.strip():
+            raise HttpError(
+                400, 'the request body is empty: send a JSON object such as {"all": true}'
+            )
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise HttpError(400, "the request body is nested too deeply") from None
+        except ValueError as exc:
+            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+
+    # -- responses ----------------------------------------------------------------------
+    def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
+        data = json.dumps(doc, default=str, allow_nan=False).encode()
+        self._send(status, data, "application/json", allow)
+
+    def _send(self, status: int, data: bytes, kind: str, allow: str | None = None) -> None:
+        if self.command not in ("GET", "HEAD") and status >= 400:
+            self.close_connection = True  # the body may not have been read
+        self.send_response(status)
+        extra = {"Allow": allow} if allow else {}
+        headers = {**HEADERS, **extra, "Content-Type": kind, "Content-Length": len(data)}
+        for name, value in headers.items():
+            self.send_header(name, str(value))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("dashboard.request", client=self.client_address[0], line=format % args)
+
+
+def _allowed(parts: list[str]) -> str:
+    """The methods served at a path (split on ``/``), for a 405's ``Allow``."""
+    if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
+        return "GET"
+    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 4:
+        return "GET"
+    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 5:
+        return "POST" if parts[4] in ("requeue", "purge") else "GET, POST"
+    return "GET, POST"
+
+
+def _is_loopback_name(host: str) -> bool:
+    """``localhost``, ``127.0.0.1:8642``, ``[::1]``: names only this machine answers to."""
+    try:
+        name = urlsplit(f"//{host}").hostname or ""
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    """True if binding ``host`` exposes the server to this machine only."""
+    try:
+        infos = socket.getaddrinfo(host, None) if host else []
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+# -- entry points ---------------------------------------------------------------------
+def make_server(
+    app: App,
+    host: str = "127.0.0.1",
+    port: int = 8642,
+    token: str | None = None,
+    refresh: float = 5.0,
+    scrape: Iterable[str] = (),
+) -> DashboardServer:
+    """A dashboard bound to ``host:port`` (0 = any free port), not yet serving."""
+    token = token or None
+    if token is None and not is_loopback(host):
+        raise ConfigError(
+            f"the dashboard would serve {host or 'every address'} without a token: anyone "
+            "who can reach it could requeue or delete dead jobs. Set dashboard_token "
+            "(or SHARDQ_DASHBOARD_TOKEN), or bind to 127.0.0.1"
+        )
+    if refresh <= 0:
+        raise ConfigError(f"refresh must be a positive number of seconds, got {refresh}")
+    urls = list(scrape)
+    for url in urls:
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise ConfigError(f"--scrape {url!r}: expected an http(s):// metrics URL")
+    try:
+        return DashboardServer(app, host, port, token, Sampler(app, refresh, urls))
+    except OSError as exc:
+        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
+
+
+def serve(
+    app: App,
+    host: str = "127.0.0.1",
+    port: int = 8642,
+    token: str | None = None,
+    refresh: float = 5.0,
+    scrape: Iterable[str] = (),
+) -> None:
+    """Serve the dashboard until Ctrl-C or SIGTERM."""
+    urls = list(scrape)
+    server = make_server(app, host, port, token=token, refresh=refresh, scrape=urls)
+    stop = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=len(urls))
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log.info("dashboard.stopped")

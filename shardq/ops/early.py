@@ -1,0 +1,34 @@
+"""The command line's first moments (its entry point is :mod:`shardq.__main__`).
+
+``shardq run`` may get SIGTERM while Python is still importing shardq (an orchestrator
+that scales in right after it scaled out). The handler is installed here, before
+anything heavy is imported, so such a node stops cleanly (exit 0, nothing lost)
+instead of dying of the signal. Only ``run`` gets it: other commands keep the usual
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from shardq.core.signals import STOP_SIGNALS
+
+
+class EarlyStop:
+    """Signal handlers for the moments before the node installs its own: the first
+    SIGTERM/SIGINT/SIGHUP is remembered (the node then stops at once, exit 0), a second one
+    exits at once."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            os._exit(128 + signum)

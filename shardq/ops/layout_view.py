@@ -1,0 +1,210 @@
+"""What operators see of the live layouts: each worker's generation and shards, a
+reshard in progress, and where the code's ``shards`` no longer says what runs.
+
+``shardq stats``, ``shardq nodes`` and the dashboard show this view. The pure part
+(:func:`layout_view`) takes a layout, the job counts of its old generation and
+who holds its old shards; the
+rest reads them (:func:`reshards`: one request per old queue of a worker resharding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.layout import WorkerLayout, shard_name
+from shardq.core.terminal import plural
+
+if TYPE_CHECKING:
+    from shardq.api.app import App
+    from shardq.ops.fleet_view import FleetView
+
+
+@dataclass(frozen=True)
+class ReshardView:
+    """A reshard in progress: ``open`` old shards of ``from_shards`` not closed yet and
+    ``old_jobs`` jobs (waiting or in flight) still in them (None: not known);
+    ``unserved``: open old shards no node holds (None: not known)."""
+
+    worker: str
+    from_shards: int
+    to_shards: int
+    from_gen: int
+    to_gen: int
+    phase: str  # announced or switched
+    trust: float
+    open: tuple[int, ...]
+    old_jobs: int | None
+    by: str = ""
+    unserved: tuple[int, ...] | None = None
+    #: Old shard -> the node, not live now, that held it last (of ``unserved`` ones).
+    last_held: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def stuck(self) -> str | None:
+        """Why the reshard cannot end now, if it cannot, and which nodes held the old
+        shards nobody serves."""
+        if self.unserved and len(self.unserved) == len(self.open):
+            return (
+                "no node serves the old shards (is any node running? shardq nodes): the "
+                "reshard does not progress until one does" + self._last_held_text()
+            )
+        if self.phase == "switched" and self.unserved:
+            name = shard_name(self.worker, self.from_gen)
+            shards = ", ".join(f"{name}:{s}" for s in self.unserved[:8])
+            return (
+                f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
+                "the reshard cannot end until a node serves them (start one: shardq run)"
+                + self._last_held_text()
+            )
+        return None
+
+    def _last_held_text(self) -> str:
+        """``"; last held by node-e90b (Orders:1, Orders:3)"``, one group per node."""
+        name = shard_name(self.worker, self.from_gen)
+        by_node: dict[str, list[str]] = {}
+        for shard in self.unserved or ():
+            if shard in self.last_held:
+                by_node.setdefault(self.last_held[shard], []).append(f"{name}:{shard}")
+        return "".join(
+            f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
+            for node, keys in sorted(by_node.items())
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "from": self.from_shards,
+            "to": self.to_shards,
+            "from_gen": self.from_gen,
+            "to_gen": self.to_gen,
+            "trust": self.trust,
+            "phase": self.phase,
+            "old_shards_open": len(self.open),
+            "old_shards": self.from_shards,
+            "open": list(self.open),
+            "old_jobs": self.old_jobs,
+            "by": self.by,
+            "unserved": None if self.unserved is None else list(self.unserved),
+            "last_held": {str(k): v for k, v in sorted(self.last_held.items())},
+            "stuck": self.stuck,
+        }
+
+    def text(self) -> str:
+        """One line: ``SyncOrder: resharding 8 -> 16 shards ...``."""
+        jobs = "? jobs" if self.old_jobs is None else plural(self.old_jobs, "job")
+        phase = (
+            "announced (publishers switch once every copy of the old layout expired, "
+            f"{self.trust:.0f} s after a node or the command saw it)"
+            if self.phase == "announced"
+            else "switched"
+        )
+        stuck = f"; STUCK: {self.stuck}" if self.stuck else ""
+        return (
+            f"{self.worker}: resharding {self.from_shards} -> {self.to_shards} shards "
+            f"(generation {self.from_gen} -> {self.to_gen}), {phase}; {len(self.open)} of "
+            f"{self.from_shards} old shards still open; {jobs} still in the old layout{stuck}"
+        )
+
+
+@dataclass(frozen=True)
+class LayoutView:
+    """One worker's live layout next to its code's ``shards``."""
+
+    worker: str
+    gen: int
+    shards: int
+    code_shards: int
+    reshard: ReshardView | None = None
+    #: Retired generations whose queues are not all deleted: (gen, shards, left).
+    retired: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def note(self) -> str | None:
+        """What to know when the code's ``shards`` is not the live layout's."""
+        if self.code_shards == self.shards:
+            return None
+        return (
+            f"{self.worker}: code says {plural(self.code_shards, 'shard')}, live layout has "
+            f"{self.shards} (resharded); the live layout is used"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gen": self.gen,
+            "shards": self.shards,
+            "code_shards": self.code_shards,
+            "note": self.note,
+            "reshard": None if self.reshard is None else self.reshard.to_json(),
+            "retired": [
+                {"gen": g, "shards": n, "queues_left": left} for g, n, left in self.retired
+            ],
+        }
+
+
+def layout_view(
+    worker: str,
+    layout: WorkerLayout,
+    code_shards: int,
+    old_jobs: int | None,
+    owners: Mapping[int, str | None] | None = None,
+    last_held: Mapping[int, str] | None = None,
+) -> LayoutView:
+    """The view of ``worker``'s ``layout``; ``old_jobs`` counts the jobs in the old
+    generation's queues during a move; ``owners`` gives the node holding each old shard
+    (None: held by nobody), if known, and ``last_held`` the node not live now that held
+    an old shard nobody holds."""
+    move = layout.moving
+    reshard = None
+    if move is not None:
+        unserved = None
+        if owners is not None:
+            unserved = tuple(s for s in move.left if owners.get(s) is None)
+        last = {s: n for s, n in (last_held or {}).items() if s in (unserved or ())}
+        reshard = ReshardView(
+            worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
+            layout.trust, tuple(move.left), old_jobs, move.by, unserved, last,
+        )  # fmt: skip
+    retired = tuple((r.gen, r.shards, len(r.left)) for r in layout.retired if r.left)
+    return LayoutView(worker, layout.gen, layout.shards, code_shards, reshard, retired)
+
+
+def old_jobs(app: App, worker: str, layout: WorkerLayout) -> int:
+    """Jobs waiting or in flight in the old generation's queues of ``worker``'s move
+    (0 when none); a broker error is raised."""
+    move = layout.moving
+    if move is None:
+        return 0
+    total = 0
+    for shard in range(move.shards):
+        try:
+            counts = app.broker.counts(app.shard_queue(worker, shard, move.gen))
+        except QueueNotFoundError:
+            continue
+        total += counts.waiting + counts.in_flight
+    return total
+
+
+def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
+    """Every reshard in progress among the app's workers, from a fresh read of the
+    layouts (a worker's old-layout jobs are None if they cannot be counted); with the
+    ``fleet``, who holds (or last held) each old shard."""
+    app.layouts.refresh()
+    found = []
+    for name in app.workers:
+        layout = app.layouts.cached(name)
+        try:
+            jobs: int | None = old_jobs(app, name, layout)
+        except BrokerError:
+            jobs = None
+        owners, last = None, None
+        if fleet is not None and layout.moving is not None:
+            gen, old = layout.moving.gen, range(layout.moving.shards)
+            owners = {s: fleet.owner(name, s, gen) for s in old}
+            last = {s: n for s in old if (n := fleet.last_holder(name, s, gen))}
+        view = layout_view(name, layout, app.settings(name).shards, jobs, owners, last)
+        if view.reshard is not None:
+            found.append(view.reshard)
+    return found

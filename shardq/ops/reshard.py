@@ -1,0 +1,147 @@
+"""``shardq reshard WORKER --shards N``: change a live worker's number of shards.
+
+Creates the new generation's queues, announces the move and (unless ``--no-wait``)
+follows it, writing the switch once the trust window has passed on its own clock.
+The nodes do the rest, so killing this command leaves nothing half done. See
+:mod:`shardq.core.layout` and docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shardq.api.app import App
+from shardq.core import layout as rules
+from shardq.core.errors import LayoutError, ShardqError
+from shardq.core.jobs import MAX_SHARDS
+from shardq.core.layout import WorkerLayout
+from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.ops.layout_view import ReshardView, layout_view
+from shardq.ops.stats import collect
+
+#: Seconds between two progress lines of ``shardq reshard``.
+FOLLOW_SECONDS = 5.0
+
+_EXAMPLES = """examples:
+  shardq reshard SyncOrder --shards 16          # start, then follow until it ends
+  shardq reshard SyncOrder --shards 4 --no-wait # start and return
+
+Publishers and nodes keep running. An entity's jobs published before the change all
+finish (or reach the morgue) before its first job published after it starts. The
+move ends when every old shard has emptied; its queues are deleted, once empty,
+twice the trust window later. `shardq stats` shows a reshard in progress.
+"""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a reshard stands: the layout read, and the move as `shardq stats` shows
+    it (old shards open, jobs in them, who serves them) while there is one."""
+
+    worker: str
+    layout: WorkerLayout
+    view: ReshardView | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.layout.moving is None
+
+
+def start(app: App, worker: str, shards: int, *, by: str | None = None) -> WorkerLayout:
+    """Announce a move of ``worker`` to ``shards`` shards; returns the new layout. Raises
+    :class:`~shardq.core.errors.LayoutError` if refused (a reshard under way, same count,
+    out of range), before creating anything."""
+    app.worker(worker)
+    trust = app.config.reshard_trust_seconds
+    who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
+    planned = rules.announce(app.layouts.read(worker), worker, shards, trust, who)
+    longest = app.shard_queue(worker, shards - 1, planned.gen)
+    if len(longest) > MAX_QUEUE_NAME_LENGTH:
+        raise LayoutError(
+            f"the new layout's queues would be named up to {longest} ({len(longest)} "
+            f"characters); SQS allows {MAX_QUEUE_NAME_LENGTH}. Give {worker} a shorter "
+            "queue_name (a new name starts a new set of queues: drain the old ones first)"
+        )
+    for shard in range(shards):  # queues first: publishers that switch find them
+        app.ensure_queue(app.shard_queue(worker, shard, planned.gen), worker)
+    return app.layouts.update(worker, lambda now: rules.announce(now, worker, shards, trust, who))
+
+
+def progress(app: App, worker: str) -> Progress:
+    """A fresh look at ``worker``'s reshard (one request per old queue); writes the
+    switch once ``trust`` has passed since this process observed the announce."""
+    app.layouts.read(worker)
+    layout = app.layouts.switch_if_due(worker)
+    try:
+        views = [w.layout for w in collect(app).workers if w.name == worker and w.layout]
+    except ShardqError:  # the counts or the fleet could not be read: the item alone
+        views = []
+    view = views[0].reshard if views else None
+    if view is None:  # no view read, or it read the layout at another moment
+        view = layout_view(worker, layout, app.settings(worker).shards, None).reshard
+    return Progress(worker, layout, view)
+
+
+def describe(p: Progress) -> str:
+    if p.view is None:
+        return f"{p.worker}: {p.layout.shards} shards (generation {p.layout.gen}); no reshard"
+    return p.view.text()
+
+
+def follow(
+    app: App, worker: str, out: Callable[[str], None], every: float = FOLLOW_SECONDS
+) -> Progress:
+    """Print progress every ``every`` seconds until the move ends."""
+    while True:
+        p = progress(app, worker)
+        out(describe(p))
+        if p.done:
+            return p
+        time.sleep(every)
+
+
+# -- the command -------------------------------------------------------------------------
+def add_command(
+    commands: Any, common: Callable[[argparse.ArgumentParser], None], load: Any
+) -> None:
+    p = commands.add_parser(
+        "reshard",
+        help="change a live worker's number of shards, keeping each entity's order",
+        description="Change a live worker's number of shards while publishers and nodes run.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EXAMPLES,
+    )
+    common(p)
+    p.add_argument("worker", help="the worker class name")
+    p.add_argument("--shards", type=int, required=True, help=f"the new number (1..{MAX_SHARDS})")
+    p.add_argument("--no-wait", action="store_true", help="return once the reshard has begun")
+    p.set_defaults(handler=lambda args: _reshard(load(args), args))
+
+
+def _reshard(app: App, args: argparse.Namespace) -> int:
+    before = app.layouts.read(args.worker)
+    after = start(app, args.worker, args.shards)
+    print(
+        f"{args.worker}: reshard from {before.shards} to {after.shards} shards announced "
+        f"(layout generation {after.gen}). Publishers switch to it once {after.trust:.0f} s "
+        "have passed (on this command's clock, or a node's); each old shard then closes "
+        "once empty.",
+        flush=True,
+    )
+    if args.no_wait:
+        return 0
+    print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
+    try:
+        follow(app, args.worker, lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print("\nstopped following; the reshard goes on", file=sys.stderr)
+        return 0
+    print(f"{args.worker}: reshard done", flush=True)
+    return 0

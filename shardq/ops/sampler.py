@@ -1,0 +1,271 @@
+"""The dashboard's background sample: the stats, the fleet, and throughput.
+
+Every ``refresh`` seconds one thread reads the stats (:func:`shardq.ops.stats.collect`,
+which reads the fleet items too), and in between the fleet items alone every
+second (:data:`FLEET_REFRESH`); requests only read the latest sample, so
+clients never make the broker busier. Throughput is jobs finished (succeeded or
+moved to the morgue) per minute, kept 30 minutes, from one source:
+
+* ``broker``: the embedded broker counts deleted jobs: per worker, exact.
+* ``scrape`` (``--scrape URL``, on SQS): per worker, the change of each node's
+  ``shardq_jobs_total``. A node that does not answer is left out of the figures and
+  named in ``throughput_excludes`` until it answers again.
+* ``reports`` (SQS without ``--scrape``): the total only, the sum of the live nodes'
+  reported jobs per second (their reports carry no per-worker rate). Nodes gone in
+  the window are named in ``throughput_excludes``.
+* none: SQS, no ``--scrape`` and no node ever reported.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from shardq.api.app import App
+from shardq.ops.fleet_view import FleetView, fleet_view
+from shardq.ops.stats import collect, live_shards, read_fleet
+
+log = structlog.get_logger("shardq.dashboard")
+
+WINDOW = 1800.0  # seconds of throughput history kept
+#: Seconds between reads of the fleet items alone (two store queries; the full
+#: sample, every ``refresh`` s, reads every queue's counts).
+FLEET_REFRESH = 1.0
+OUTCOMES = frozenset({"succeeded", "morgued"})
+NO_THROUGHPUT = (
+    "not counted by SQS and no node has reported yet: start a node, or pass "
+    "--scrape http://node:port/metrics"
+)
+PER_WORKER_NOTE = (
+    "per worker on SQS: pass --scrape http://node:port/metrics (the total comes from "
+    "the nodes' reports)"
+)
+NOT_ANSWERING = "not answering"
+
+Points = deque[tuple[float, float]]
+
+
+class SampleUnavailable(Exception):
+    """No sample could be taken yet (the message says why)."""
+
+
+class Sampler:
+    """Samples the app's stats and fleet every ``refresh`` seconds and derives throughput."""
+
+    def __init__(self, app: App, refresh: float, scrape: Sequence[str] = ()) -> None:
+        self.app, self.refresh, self.scrape = app, refresh, list(scrape)
+        #: Seconds between reads of the fleet items alone.
+        self.fleet_refresh = min(refresh, FLEET_REFRESH)
+        #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
+        self.points: dict[str, Points] = {}
+        #: (unix time, jobs per minute of all workers), oldest first.
+        self.total: Points = deque()
+        self.source: str | None = None
+        self.excludes: list[dict[str, Any]] = []
+        self._last: dict[str, tuple[float, dict[str, float]]] = {}  # source -> (time, counts)
+        self._failing: dict[str, float] = {}  # scrape URL -> since when it fails
+        self._latest: dict[str, Any] | None = None
+        self._fleet: FleetView | None = None
+        self._fleet_error: str | None = None
+        self._fleet_failing = False  # the last read of the fleet alone failed
+        self._error: str | None = None
+        self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shardq-dashboard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_sample = time.monotonic()
+        while not self._stop.is_set():
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.refresh
+                self.sample()
+            else:
+                self.sample_fleet()
+            self._stop.wait(max(0.0, min(self.fleet_refresh, next_sample - time.monotonic())))
+
+    def sample_fleet(self) -> None:
+        """Read the fleet items alone (two store queries), between two full samples, so that a
+        node gone or a shard taken over shows within about a second."""
+        try:
+            doc = read_fleet(self.app)
+        except Exception as exc:  # the store failed: keep the last good fleet
+            if not self._fleet_failing:  # once, not every second
+                log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
+            self._fleet_failing = True
+            return
+        self._fleet_failing = False
+        fleet = fleet_view(doc, time.time(), live_shards(self.app))
+        with self._lock:
+            self._fleet, self._fleet_error = fleet, None
+
+    def sample(self) -> None:
+        """Take one sample (the background thread calls this every ``refresh`` s)."""
+        try:
+            stats = collect(self.app)
+        except Exception as exc:  # keep serving the last good sample
+            log.warning("dashboard.sample_failed", error=f"{type(exc).__name__}: {exc}")
+            with self._lock:
+                self._error = f"cannot read the broker: {type(exc).__name__}: {exc}"
+            self._ready.set()
+            return
+        data = stats.to_dict()
+        now, names = data["time"], list(data["by_worker"])
+        done = [s["done"] for w in data["by_worker"].values() for s in w["shards"]]
+        rates: dict[str, float] | None = None
+        total: float | None = None
+        excludes: list[dict[str, Any]] = []
+        if data["broker"] in ("sqlite", "memory") or any(d is not None for d in done):
+            source = "broker"  # a queue not created yet has done None: nothing done
+            counts = {
+                name: float(sum(s["done"] or 0 for s in w["shards"]))
+                for name, w in data["by_worker"].items()
+            }
+            rates = self._rates(now, {"broker": counts}, names)
+        elif self.scrape:
+            source = "scrape"
+            rates = self._rates(now, self._scrape_all(now), names)
+            excludes = [
+                {"node": url, "since": since, "reason": NOT_ANSWERING}
+                for url, since in self._failing.items()
+            ]
+        elif stats.fleet.reported:
+            source = "reports"
+            total = stats.fleet.jobs_per_second * 60.0
+            excludes = [
+                {"node": g.report.node, "since": g.gone_at, "reason": g.reason}
+                for g in stats.fleet.gone_since(now - WINDOW)
+            ]
+        else:
+            source = None
+        if rates is not None:
+            total = sum(rates.values())
+        with self._lock:
+            self.source, self.excludes = source, excludes
+            self._add_points(now, names, rates, total)
+            self._latest, self._error = data, None
+            self._fleet_error = stats.fleet_error
+            if stats.fleet_error is None:
+                self._fleet = stats.fleet
+        self._ready.set()
+
+    def _scrape_all(self, now: float) -> dict[str, dict[str, float]]:
+        counts: dict[str, dict[str, float]] = {}
+        self._failing = {u: t for u, t in self._failing.items() if u in self.scrape}
+        for url in self.scrape:
+            found, error = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
+            if found is None:
+                if url not in self._failing:  # logged once per change, not every refresh
+                    log.warning("dashboard.scrape_failed", url=url, error=error)
+                self._failing.setdefault(url, now)
+            else:
+                if url in self._failing:
+                    log.info("dashboard.scrape_recovered", url=url, since=self._failing[url])
+                self._failing.pop(url, None)
+                counts[url] = found
+        return counts
+
+    def _rates(
+        self, now: float, counts: dict[str, dict[str, float]], names: list[str]
+    ) -> dict[str, float] | None:
+        """Per worker, the sum over sources of their counts' change per minute since
+        each source's previous answer; None while a source that answered has no
+        previous answer to compare with (the first sample)."""
+        rates = dict.fromkeys(names, 0.0)
+        complete = bool(counts)
+        for source, current in counts.items():
+            previous = self._last.get(source)
+            self._last[source] = (now, current)
+            if previous is None or now <= previous[0]:
+                complete = False
+                continue
+            for name in names:
+                before, after = previous[1].get(name, 0.0), current.get(name, 0.0)
+                delta = after - before if after >= before else after  # a node restarted
+                rates[name] += delta * 60.0 / (now - previous[0])
+        return rates if complete else None
+
+    def _add_points(
+        self, now: float, names: list[str], rates: dict[str, float] | None, total: float | None
+    ) -> None:
+        series = [*(self.points.setdefault(n, deque()) for n in names), self.total]
+        values = [*(rates.get(n) if rates else None for n in names), total]
+        for points, value in zip(series, values, strict=True):
+            if value is not None:
+                points.append((now, round(value, 2)))
+            while points and points[0][0] < now - WINDOW:
+                points.popleft()
+
+    def snapshot(self, wait: float = 10.0) -> dict[str, Any]:
+        """The latest stats sample as ``/api/v1/stats`` returns it (waits for the first)."""
+        self._ready.wait(wait)
+        with self._lock:
+            if self._latest is None:
+                raise SampleUnavailable(self._error or "no stats sampled yet; retry in a moment")
+            per_worker = self.source in ("broker", "scrape")
+            throughput = {
+                n: [list(p) for p in self.points.get(n, ())] for n in self._latest["by_worker"]
+            }
+            note = {None: NO_THROUGHPUT, "reports": PER_WORKER_NOTE}.get(self.source)
+            return {
+                **self._latest,
+                "throughput": throughput if per_worker else None,
+                "throughput_total": None if self.source is None else [list(p) for p in self.total],
+                "throughput_source": self.source,
+                "throughput_note": note,
+                "throughput_excludes": list(self.excludes),
+                "refresh": self.refresh,
+                "error": self._error,
+            }
+
+    def nodes(self, wait: float = 10.0) -> dict[str, Any]:
+        """The latest fleet sample as ``/api/v1/nodes`` (and ``shardq nodes --json``),
+        with ``reshards`` in progress in the same sample (only while there are some)."""
+        self._ready.wait(wait)
+        with self._lock:
+            if self._fleet_error is not None:
+                raise SampleUnavailable(f"cannot read the fleet items: {self._fleet_error}")
+            if self._fleet is None:
+                raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
+            latest = self._latest or {"by_worker": {}}
+            moves = [
+                w["layout"]["reshard"]
+                for w in latest["by_worker"].values()
+                if w.get("layout") and w["layout"]["reshard"]
+            ]
+            return {**self._fleet.to_json(), **({"reshards": moves} if moves else {})}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``shardq_jobs_total`` finished jobs (succeeded or morgued) per worker."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            worker, outcome = sample.labels.get("worker"), sample.labels.get("outcome")
+            if sample.name == "shardq_jobs_total" and worker and outcome in OUTCOMES:
+                found[worker] = found.get(worker, 0.0) + float(sample.value)
+    return found
+
+
+def _scrape(url: str, timeout: float) -> tuple[dict[str, float] | None, str]:
+    """The counts of a metrics URL, or None and why not."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return parse_metrics(response.read().decode("utf-8", "replace")), ""
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"

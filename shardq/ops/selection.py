@@ -1,0 +1,182 @@
+"""Which dead jobs a requeue or purge acts on, said the same way by the JSON API and
+the ``shardq morgue`` options: an entity, message ids, an error type, a time range,
+several of them, or all of them, and "all" only when said explicitly. Anything else
+is refused before a job is touched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shardq.api.app import App
+from shardq.core.errors import ShardqError
+from shardq.morgue import Filter, Morgue, MorgueRecord
+
+BODY_FORMS = (
+    '{"message_ids": [...]}, {"entity": "..."}, {"error_type": "..."}, {"since": TIME, '
+    '"until": TIME}, several of them, or {"all": true}'
+)
+ARG_FORMS = "--entity ID, --id MESSAGE_ID, --error-type T, --since/--until TIME, or --all"
+TIME_FORMS = (
+    "a UTC time such as 2026-11-25T14:00:00 (or with a +01:00 offset), a unix time, or an "
+    "age such as 90s, 30m, 6h, 7d"
+)
+_FILTERS = ("entity", "message_ids", "error_type", "since", "until")
+
+
+class SelectionError(ShardqError, ValueError):
+    """A requeue or purge does not say exactly which dead jobs: nothing was changed."""
+
+
+def parse_time(name: str, text: Any, now: float | None = None) -> float:
+    """``--since``/``--until``: an ISO 8601 time (UTC unless it says), unix seconds, or
+    an age (``30m`` ago); anything else is refused naming the option."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    if not isinstance(text, str):
+        raise SelectionError(f"{name} must be {TIME_FORMS}")
+    age = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if age:
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
+        return (time.time() if now is None else now) - float(age.group(1)) * unit
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        at = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise SelectionError(f"{name} {text!r} is not a time: give {TIME_FORMS}") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.timezone.utc)
+    return at.timestamp()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The dead jobs a requeue or purge acts on: those matching every filter given
+    (entity, message ids, error type, time range), or every one (``everything``).
+    "Every one" is only ever said explicitly: no selection, an unknown key or a
+    contradiction is refused."""
+
+    entity: str | None = None
+    message_ids: tuple[str, ...] | None = None
+    everything: bool = False
+    error_type: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    @classmethod
+    def from_body(cls, doc: Any) -> Selection:
+        """From a JSON API body such as ``{"entity": "order-42"}`` or ``{"all": true}``."""
+        if not isinstance(doc, dict):
+            raise SelectionError(f"the request body must be a JSON object: {BODY_FORMS}")
+        unknown = sorted(set(doc) - {"all", *_FILTERS})
+        if unknown:
+            raise SelectionError(
+                f"unknown key {', '.join(map(repr, unknown))}: nothing was changed; "
+                f"send {BODY_FORMS}"
+            )
+        if "all" in doc and doc["all"] is not True:
+            raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
+        return cls._checked(
+            doc.get("entity"),
+            doc.get("message_ids"),
+            "all" in doc,
+            BODY_FORMS,
+            doc.get("error_type"),
+            None if doc.get("since") is None else parse_time("since", doc["since"]),
+            None if doc.get("until") is None else parse_time("until", doc["until"]),
+        )
+
+    @classmethod
+    def from_args(
+        cls,
+        entity: str | None,
+        ids: list[str] | None,
+        everything: bool,
+        error_type: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> Selection:
+        """From the options of ``shardq morgue requeue|purge``."""
+        return cls._checked(
+            entity,
+            ids,
+            everything,
+            ARG_FORMS,
+            error_type,
+            None if since is None else parse_time("--since", since),
+            None if until is None else parse_time("--until", until),
+        )
+
+    @classmethod
+    def _checked(
+        cls,
+        entity: Any,
+        ids: Any,
+        everything: bool,
+        forms: str,
+        error_type: Any = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> Selection:
+        if entity is not None and not (isinstance(entity, str) and entity):
+            raise SelectionError("entity must be a non-empty string")
+        if error_type is not None and not (isinstance(error_type, str) and error_type):
+            raise SelectionError("error_type must be a non-empty string")
+        if ids is not None and not (
+            isinstance(ids, list) and all(isinstance(i, str) and i for i in ids)
+        ):
+            raise SelectionError("message_ids must be a list of non-empty strings")
+        if since is not None and until is not None and since > until:
+            raise SelectionError("since is later than until: nothing can match")
+        filtered = any(v is not None for v in (entity, ids, error_type, since, until))
+        if everything and filtered:
+            raise SelectionError("all means every dead job: give it alone, not with filters or ids")
+        if not everything and not filtered:
+            raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
+        return cls(
+            entity, None if ids is None else tuple(ids), everything, error_type, since, until
+        )
+
+    @property
+    def empty(self) -> bool:
+        """True if it names no job at all (an empty list of ids)."""
+        return self.message_ids == ()
+
+    def filter(self) -> Filter:
+        ids = None if self.message_ids is None else frozenset(self.message_ids)
+        return Filter(self.entity, self.error_type, self.since, self.until, ids)
+
+    def describe(self, worker: str) -> str:
+        """``dead SyncOrder jobs of entity order-42``, ``dead SyncOrder jobs (all of them)``."""
+        return f"dead {worker} jobs{self.scope()}"
+
+    def scope(self) -> str:
+        """`` of entity order-42``, `` with ids a, b`` or `` (all of them)``."""
+        return " (all of them)" if self.everything else self.filter().describe()
+
+
+def act(
+    app: App,
+    worker: str,
+    action: str,
+    selection: Selection,
+    progress: Callable[[int], None] | None = None,
+    refused: Callable[[MorgueRecord, str], None] | None = None,
+) -> int:
+    """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
+    ``refused`` hears of each dead job that cannot be requeued (it stays)."""
+    if selection.empty:
+        return 0
+    morgue = Morgue(app, worker)
+    if action == "requeue":
+        return morgue.requeue(selection.filter(), progress, refused)
+    return morgue.purge(selection.filter(), progress)

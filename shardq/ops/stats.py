@@ -1,0 +1,316 @@
+"""Queue statistics per worker and per shard, in the shape of Lowkiq's stats API.
+
+* ``length``: jobs waiting; ``in_flight``: jobs received and not yet done (running,
+  held by a node, or waiting out a retry delay); ``morgue_length``: dead jobs.
+* ``lag``: seconds since the oldest job still in the queue was published. The
+  embedded broker knows it exactly (``lag_source`` ``"broker"``); SQS exposes no
+  message ages, so there it is what the shard's owner last reported (``"reports"``,
+  a heartbeat old: ``lease_seconds / 5``, 6 s by default), or ``None`` when no live
+  node reports holding the shard (its lag is then unknown, never 0).
+* ``owner``: the live node holding the shard, from the nodes' reports (every
+  broker), or ``None``.
+* ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
+  morgue), where the broker counts them (embedded); ``None`` on SQS.
+* ``reported`` (per worker): ``{"done", "retried", "failed"}``, the worker's jobs
+  done, retried and failed (morgued) since each live node started, summed over the
+  live nodes' reports (what SQS cannot count); ``None`` when no node ever reported.
+* ``fleet_error``: why the fleet items could not be read from the state store (owners and reported
+  lags are then unknown), else ``None``.
+* Shards are those of the *live* layout (:mod:`shardq.core.layout`): the current
+  generation's first (``shards[n]`` is shard ``n`` of the layout publishers use), then,
+  during a reshard, the old generation's; each row says its ``gen``. A worker's
+  ``layout`` is :meth:`shardq.ops.layout_view.LayoutView.to_json`: its ``gen`` and
+  ``shards``, the code's ``code_shards`` and a ``note`` when they differ, and
+  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "trust", "phase",
+  "old_shards_open", "old_shards", "open", "old_jobs", "by", "unserved",
+  "last_held", "stuck"}``, or ``None``): ``old_jobs`` is the jobs waiting or in
+  flight in the old generation's queues, ``last_held`` the node not live that held
+  each unserved old shard last, ``stuck`` why the reshard cannot end.
+* ``layout_error``: why the layouts could not be read (the code's layouts
+  are then shown), else ``None``.
+* ``no_queues``: when none of the workers' shard and morgue queues exists (a
+  mistyped ``queue_prefix``, or nothing published or ensured yet), a message saying
+  so, else ``None``: the zeros then mean "nothing there", not "nothing waiting".
+* ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
+  "done", "retried", "failed", "excludes"}``: the live nodes' number, reported jobs
+  per second and jobs done/retried/failed since they started together, and
+  the nodes gone in the last hour that this total leaves out (``{"node", "since",
+  "reason"}``), and ``unserved``: the shards no live node serves (their ``owner`` is
+  ``None`` and, on SQS, their ``lag`` unknown: never 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardq.broker.base import QueueCounts
+from shardq.core.errors import LayoutError, QueueNotFoundError
+from shardq.core.layout import parse_name
+from shardq.morgue import Morgue
+from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, shard_key
+from shardq.ops.fleet_view import read_fleet as read_items
+from shardq.ops.layout_view import LayoutView, layout_view
+from shardq.store import StoreError
+
+#: Brokers that know each queue's oldest message, hence the exact lag.
+KNOWS_AGES = frozenset({"sqlite", "memory"})
+
+if TYPE_CHECKING:
+    from shardq.api.app import App
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    shard: int
+    queue: str
+    length: int
+    in_flight: int
+    lag: float | None
+    done: int | None
+    owner: str | None = None
+    gen: int = 0  # the layout generation of this shard's queue
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    name: str
+    priority: int
+    length: int
+    in_flight: int
+    morgue_length: int
+    lag: float | None
+    done: int | None
+    shards: list[ShardStats]
+    layout: LayoutView | None = None
+    #: Done/retried/failed since each live node started, from their reports.
+    reported: dict[str, int] | None = None
+
+    @property
+    def unknown_lags(self) -> int:
+        """Shards with jobs waiting whose lag nobody knows (on SQS, shards no live node
+        serves): ``lag`` leaves them out, so it is then a lower bound."""
+        return sum(1 for s in self.shards if s.lag is None and s.length > 0)
+
+
+@dataclass(frozen=True)
+class Stats:
+    time: float
+    broker: str
+    workers: list[WorkerStats]
+    fleet: FleetView = field(default_factory=lambda: FleetView(0.0))
+    #: Why the fleet items could not be read (the counts are still right).
+    fleet_error: str | None = None
+    #: Why the layouts could not be read (the code's layouts are shown).
+    layout_error: str | None = None
+    #: Set when none of the workers' queues exists: says so and what to check.
+    no_queues: str | None = None
+
+    @property
+    def reshards(self) -> list[LayoutView]:
+        """The workers with a reshard in progress."""
+        return [w.layout for w in self.workers if w.layout and w.layout.reshard]
+
+    @property
+    def lag_source(self) -> str | None:
+        """Where the lags come from: ``broker``, ``reports`` or None (unknown)."""
+        if self.broker in KNOWS_AGES:
+            return "broker"
+        return "reports" if self.fleet.reported else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"time", "broker", "lag_source", "total": {...}, "by_worker": {name: {...,
+        "shards": [...]}}, "fleet"}``."""
+        by_worker = {
+            w.name: {
+                **{k: v for k, v in asdict(w).items() if k not in ("name", "layout")},
+                "layout": None if w.layout is None else w.layout.to_json(),
+            }
+            for w in self.workers
+        }
+        return {
+            "time": self.time,
+            "broker": self.broker,
+            "lag_source": self.lag_source,
+            "total": {
+                "length": sum(w.length for w in self.workers),
+                "in_flight": sum(w.in_flight for w in self.workers),
+                "morgue_length": sum(w.morgue_length for w in self.workers),
+                "lag": _max(w.lag for w in self.workers),
+                "done": _sum(w.done for w in self.workers),
+            },
+            "by_worker": by_worker,
+            "fleet": _fleet_dict(self.fleet),
+            "fleet_error": self.fleet_error,
+            "layout_error": self.layout_error,
+            "no_queues": self.no_queues,
+        }
+
+
+def collect(app: App) -> Stats:
+    """Read the layouts, the counts of every shard queue of the workers' live
+    layouts, the morgue's size in the store (plus any old morgue queue), and the fleet
+    items (state store) for each shard's owner (and lag, where the broker cannot tell
+    it)."""
+    now = time.time()
+    try:
+        app.layouts.refresh()
+        layout_error = None
+    except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
+        layout_error = str(exc)
+    try:
+        items, fleet_error = read_fleet(app), None
+    except StoreError as exc:  # the store cannot be read: the counts still help
+        items, fleet_error = None, str(exc)
+    fleet = fleet_view(items, now, live_shards(app))
+    missing: set[str] = set()
+    workers = [_worker_stats(app, name, fleet, now, missing) for name in app.workers]
+    queues = [s.queue for w in workers for s in w.shards]
+    queues += [app.morgue_queue(name) for name in app.workers]
+    none = no_queues_text(app) if queues and set(queues) <= missing else None
+    return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error, none)
+
+
+def no_queues_text(app: App) -> str:
+    """What ``stats``, ``nodes`` and the dashboard say when the app has no queues."""
+    prefix = app.config.queue_prefix
+    return (
+        f"no queues of this app exist with queue_prefix {prefix!r} on the {app.broker.kind} "
+        "broker: check queue_prefix (SHARDQ_QUEUE_PREFIX, --queue-prefix) and the broker, "
+        "or create them with `shardq queues ensure`"
+    )
+
+
+def queues_exist(app: App) -> bool:
+    """Whether any shard queue (of the code's layout and of the live one as last read)
+    or morgue queue of the workers exists; stops at the first found."""
+    for name in app.workers:
+        layout = app.layouts.cached(name)
+        queues = [app.morgue_queue(name)]
+        queues += [app.shard_queue(name, n) for n in range(app.settings(name).shards)]
+        queues += [app.shard_queue(name, n, layout.gen) for n in range(layout.shards)]
+        for queue in dict.fromkeys(queues):
+            try:
+                app.broker.counts(queue)
+            except QueueNotFoundError:
+                continue
+            return True
+    return False
+
+
+def _worker_stats(
+    app: App, name: str, fleet: FleetView, now: float, missing: set[str]
+) -> WorkerStats:
+    settings = app.settings(name)
+    layout = app.layouts.cached(name)
+    gens = [(layout.gen, layout.shards)]  # the current generation first
+    if layout.moving is not None:
+        gens.append((layout.moving.gen, layout.moving.shards))
+    shards = [
+        _shard_stats(app, name, gen, shard, fleet, now, missing)
+        for gen, count in gens
+        for shard in range(count)
+    ]
+    old_jobs, owners, last = None, None, None
+    if layout.moving is not None:
+        old = [s for s in shards if s.gen == layout.moving.gen]
+        old_jobs = sum(s.length + s.in_flight for s in old)
+        owners = {s.shard: s.owner for s in old}  # none at all: no node is running
+        last = {s.shard: n for s in old if (n := fleet.last_holder(name, s.shard, s.gen))}
+    old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
+    dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
+    return WorkerStats(
+        name=name,
+        priority=settings.priority,
+        length=sum(s.length for s in shards),
+        in_flight=sum(s.in_flight for s in shards),
+        morgue_length=dead,
+        lag=_max(s.lag for s in shards),
+        done=_sum(s.done for s in shards),
+        shards=shards,
+        layout=layout_view(name, layout, settings.shards, old_jobs, owners, last),
+        reported=fleet.counts(name) if fleet.reported else None,
+    )
+
+
+def _shard_stats(
+    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float, missing: set[str]
+) -> ShardStats:
+    queue = app.shard_queue(name, shard, gen)
+    counts = _counts(app, queue, missing)
+    if app.broker.kind not in KNOWS_AGES:
+        lag = fleet.lag(name, shard, gen)
+    elif counts.oldest_sent_at is None:
+        lag = None
+    else:
+        lag = max(0.0, now - counts.oldest_sent_at)
+    return ShardStats(
+        shard,
+        queue,
+        counts.waiting,
+        counts.in_flight,
+        lag,
+        counts.deleted_total,
+        fleet.owner(name, shard, gen),
+        gen,
+    )
+
+
+def read_fleet(app: App) -> FleetItems:
+    """The app's fleet items (heartbeats and shard owners) from its state store."""
+    return read_items(app.store)
+
+
+def live_shards(app: App) -> dict[str, int]:
+    """Generation name -> shard count of every worker's live layout (the copy in hand)."""
+    return {name: n for worker in app.workers for name, n in app.live_shards(worker).items()}
+
+
+def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:
+    """Shard key -> jobs waiting in its queue (a queue never created: 0)."""
+    result = {}
+    for key in keys:
+        name, _, shard = key.rpartition(":")
+        worker, gen = parse_name(name)
+        if worker in app.workers and shard.isdigit():
+            result[key] = _counts(app, app.shard_queue(worker, int(shard), gen), set()).waiting
+    return result
+
+
+def stats_backlog(stats: Stats) -> dict[str, int]:
+    """Shard key -> jobs waiting, from the counts already collected."""
+    return {shard_key(w.name, s.shard, s.gen): s.length for w in stats.workers for s in w.shards}
+
+
+def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
+    if not fleet.reported:
+        return None
+    return {
+        "nodes": len(fleet.nodes),
+        "jobs_per_second": round(fleet.jobs_per_second, 3),
+        **fleet.counts(),
+        "excludes": [
+            {"node": g.report.node, "since": g.gone_at, "reason": g.reason} for g in fleet.gone
+        ],
+        "unserved": list(fleet.unserved),
+    }
+
+
+def _counts(app: App, queue: str, missing: set[str]) -> QueueCounts:
+    try:
+        return app.broker.counts(queue)
+    except QueueNotFoundError:  # not created yet: nothing was ever published to it
+        missing.add(queue)
+        return QueueCounts(0, 0)
+
+
+def _max(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _sum(values: Any) -> int | None:
+    items = list(values)
+    return None if any(v is None for v in items) else sum(items)

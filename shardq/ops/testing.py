@@ -1,0 +1,216 @@
+"""Testing your workers: an in-memory broker, ``drain()`` and an eager mode.
+
+::
+
+    from shardq.ops.testing import drain, use_memory_broker
+    from myapp.workers import app, SyncOrder
+
+    def test_sync_order_applies_updates_in_order():
+        use_memory_broker(app)
+        SyncOrder.publish("order-42", {"status": "paid"})
+        SyncOrder.publish("order-42", {"status": "shipped"})
+        result = drain(app)
+        assert result.payloads("SyncOrder", "order-42") == [
+            {"status": "paid"}, {"status": "shipped"}]
+
+With the pytest plugin (installed with shardq) the ``shardq_testing`` fixture does
+the same and puts the app back as it was after the test::
+
+    def test_it(shardq_testing):
+        harness = shardq_testing(app)          # app now on a fresh in-memory broker
+        SyncOrder.publish("order-42", {...})
+        assert harness.drain().morgued == []
+
+``drain`` runs the jobs in this thread with the node's own executor, so ordering,
+batching, retries and the morgue behave as on a node; only retry delays are not
+waited out. ``eager(app)`` makes every publish drain at once, so ``perform`` runs
+inside ``publish``; a job that ends in the morgue raises :class:`JobFailed` there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardq.broker import MemoryBroker
+from shardq.core.errors import ShardqError
+from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.plan import ShardRef
+from shardq.publish import Publisher, PublishReport
+from shardq.run.executor import Executor, Outcome
+from shardq.run.leases import Leases
+from shardq.run.timelimit import TimeLimits
+
+if TYPE_CHECKING:
+    from shardq.api.app import App
+    from shardq.core.jobs import WorkerLike
+    from shardq.store.deployment import Deployment
+
+
+class JobFailed(ShardqError):
+    """In eager mode, a published job ended in the morgue; ``error`` is why."""
+
+    def __init__(self, message: str, error: BaseException | None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One ``perform`` outcome of a job."""
+
+    worker: str
+    entity_id: str
+    payload: Any
+    outcome: str  # "succeeded", "retried" or "morgued"
+    error: BaseException | None
+
+
+@dataclass
+class DrainResult:
+    """Every outcome of a drain, in the order they happened."""
+
+    runs: list[JobRun] = field(default_factory=list)
+
+    def _of(self, outcome: str) -> list[JobRun]:
+        return [r for r in self.runs if r.outcome == outcome]
+
+    @property
+    def succeeded(self) -> list[JobRun]:
+        return self._of("succeeded")
+
+    @property
+    def retried(self) -> list[JobRun]:
+        return self._of("retried")
+
+    @property
+    def morgued(self) -> list[JobRun]:
+        return self._of("morgued")
+
+    def payloads(self, worker: str | None = None, entity_id: str | None = None) -> list[Any]:
+        """Payloads of the jobs that succeeded, in the order they ran."""
+        return [
+            r.payload
+            for r in self.succeeded
+            if (worker is None or r.worker == worker)
+            and (entity_id is None or r.entity_id == entity_id)
+        ]
+
+    def job_outcome(self, outcome: Outcome) -> None:
+        for payload in outcome.payloads:
+            self.runs.append(
+                JobRun(outcome.worker, outcome.entity, payload, outcome.kind, outcome.error)
+            )
+
+    def broker_error(self, operation: str) -> None:
+        """Broker errors surface as exceptions in tests; nothing to record."""
+
+
+def use_memory_broker(app: App) -> MemoryBroker:
+    """Point ``app`` at a fresh in-memory broker (FIFO semantics, no file)."""
+    broker = MemoryBroker()
+    app.configure(broker=broker)
+    return broker
+
+
+_draining = threading.local()
+
+
+def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
+    """Run every queued job of every worker in this thread until none is left.
+
+    Jobs run in order per entity, in batches as on a node; failures are retried
+    (without waiting out retry delays) until they succeed or reach the morgue.
+    Jobs published by ``perform`` are run too. Raises :class:`ShardqError` if more
+    than ``max_runs`` outcomes happen (a job that never stops retrying).
+    """
+    result = DrainResult()
+    pool = ThreadPoolExecutor(1, "shardq-drain")
+    leases = Leases(app.broker, pool, interval=0.5)
+    leases.start()
+    limits = TimeLimits()
+    executor = Executor(app, leases, limits, threading.Event(), [result], max_retry_delay=0.0)
+    _draining.active = True
+    try:
+        while _drain_round(app, executor, leases):
+            if len(result.runs) > max_runs:
+                raise ShardqError(
+                    f"drain stopped after {max_runs} job runs; a job keeps failing and "
+                    "retrying (check max_retries) or perform publishes without end"
+                )
+    finally:
+        _draining.active = False
+        leases.close(10.0)
+        limits.close()
+        pool.shutdown(wait=True)
+    return result
+
+
+def _drain_round(app: Deployment, executor: Executor, leases: Leases) -> bool:
+    """Receive once from every shard queue; True if anything ran."""
+    progressed = False
+    for name in app.workers:
+        settings = app.settings(name)
+        for shard in range(settings.shards):
+            queue = app.shard_queue(name, shard)
+            app.ensure_queue(queue, name)
+            messages = app.broker.receive(
+                queue,
+                max_messages=MAX_BATCH_ENTRIES,
+                wait_seconds=0,
+                visibility_timeout=settings.visibility_timeout,
+            )
+            if not messages:
+                continue
+            leases.hold(messages, settings.visibility_timeout)
+            retries = executor.run_batch(ShardRef(name, shard, settings.priority), messages)
+            while retries:  # drain retries at once (their delay is capped to 0)
+                retries = [r for d in retries for r in executor.run_batch(d.ref, d.messages)]
+            leases.flush(10.0)
+            progressed = True
+    return progressed
+
+
+class _EagerPublisher(Publisher):
+    def publish_many(self, worker: type[WorkerLike] | str, items: Any) -> PublishReport:
+        report = super().publish_many(worker, items)
+        if getattr(_draining, "active", False):
+            return report  # published from perform: the running drain picks it up
+        result = drain(self._app)
+        if result.morgued:
+            dead = result.morgued[0]
+            raise JobFailed(
+                f"{dead.worker} job for entity {dead.entity_id!r} ended in the morgue: "
+                f"{type(dead.error).__name__}: {dead.error}",
+                dead.error,
+            ) from dead.error
+        return report
+
+
+@contextmanager
+def eager(app: App) -> Iterator[App]:
+    """Within the block, ``publish`` runs the published jobs (and what they publish)."""
+    saved = app.publisher
+    app.publisher = _EagerPublisher(app)
+    try:
+        yield app
+    finally:
+        app.publisher = saved
+
+
+@dataclass
+class Harness:
+    """What the ``shardq_testing`` fixture gives for one app."""
+
+    app: App
+    broker: MemoryBroker
+
+    def drain(self, **kwargs: Any) -> DrainResult:
+        return drain(self.app, **kwargs)
+
+    def eager(self) -> Any:
+        return eager(self.app)

@@ -1,0 +1,264 @@
+"""Publishing: validate every job first, then send in batches of up to 10 per shard queue.
+
+Nothing is sent when any job is invalid (bad entity id, payload that is not JSON,
+message over the queue's size limit, unknown worker). When the broker refuses some
+entries, the jobs after a refused one of the same entity are not sent either, so an
+entity is never published out of order; :class:`~shardq.core.errors.PublishError` lists
+exactly which jobs were not published.
+
+One case cannot be prevented: inside a single SendMessageBatch, SQS may refuse one
+entry and accept a later entry of the same entity. That later job is published
+after a gap; the error lists it in ``gaps`` so the caller can decide what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardq.broker.base import SendEntry
+from shardq.core import envelope
+from shardq.core.errors import (
+    BrokerError,
+    DedupIdError,
+    PayloadTooLargeError,
+    PublishError,
+    QueueNotFoundError,
+    ShardqError,
+)
+from shardq.core.jobs import Job, JobSpec
+from shardq.core.layout import WorkerLayout, publish_to
+from shardq.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.core.middleware import PublishContext, run_around
+from shardq.core.sharding import check_entity_id, shard_for
+
+if TYPE_CHECKING:
+    from shardq.core.jobs import WorkerLike
+    from shardq.store.deployment import Deployment
+
+
+@dataclass
+class PublishReport:
+    """``message_ids[i]`` is the message id of item ``i``, None if it was not published."""
+
+    message_ids: list[str | None] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+    #: ``(index, entity_id)`` of jobs published after a refused job of their entity.
+    gaps: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def sent(self) -> int:
+        return sum(1 for m in self.message_ids if m is not None)
+
+
+@dataclass
+class _Prepared:
+    index: int
+    entity_id: str
+    entry: SendEntry
+    size: int
+
+
+class Publisher:
+    """Publishes jobs of an app's workers (reached as ``Worker.publish``)."""
+
+    def __init__(self, app: Deployment) -> None:
+        self._app = app
+        self._max_bytes: dict[str, int] = {}
+
+    def publish_many(
+        self, worker: type[WorkerLike] | str, items: Iterable[JobSpec]
+    ) -> PublishReport:
+        """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
+        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
+        ctx = PublishContext(cls.__name__, [_as_job(i, item) for i, item in enumerate(items)])
+        if not self._app.middleware:
+            return self._publish(cls, ctx.jobs)
+        return run_around(
+            self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
+        )
+
+    def check(self, worker: type[WorkerLike] | str, job: Job) -> None:
+        """Raise what :meth:`publish_many` would raise for this job (bad entity id,
+        payload or dedup_id, message too large), without publishing it."""
+        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
+        layout = self._app.layouts.get(cls.__name__)
+        self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key, {})
+
+    def _publish(self, cls: type[WorkerLike], jobs: list[Job]) -> PublishReport:
+        app = self._app
+        layout = app.layouts.get(cls.__name__)  # at most layout_refresh_seconds old
+        key = app.signing_key
+        by_queue: dict[str, list[_Prepared]] = {}
+        for index, job in enumerate(jobs):
+            where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
+            prepared = self._prepare(index, where, job, cls.__name__, layout, key, by_queue)
+            by_queue.setdefault(prepared[0], []).append(prepared[1])
+        count = len(jobs)
+        report = PublishReport(message_ids=[None] * count)
+        missing: list[str] = []
+        for queue, queued in by_queue.items():
+            try:
+                self._send_queue(queue, queued, report)
+            except QueueNotFoundError:
+                missing.append(queue)
+        if missing:  # a retired queue deleted after a reshard: the layout moved on
+            gen = publish_to(layout)[0]
+            self._resend(cls, jobs, by_queue, missing, gen, report)
+        if report.failed:
+            first = report.failed[0]
+            raise PublishError(
+                f"{len(report.failed)} of {count} {cls.__name__} jobs were not published "
+                f"(first: item {first[0]}, entity {first[1]!r}: {first[2]}); the others were. "
+                "Publish the failed ones again with the same dedup_id",
+                failed=report.failed,
+                sent=report.sent,
+                gaps=report.gaps,
+            )
+        return report
+
+    def _resend(
+        self,
+        cls: type[WorkerLike],
+        jobs: list[Job],
+        by_queue: Mapping[str, list[_Prepared]],
+        missing: list[str],
+        gen: int,
+        report: PublishReport,
+    ) -> None:
+        """Publish again, with a fresh layout, the jobs whose queue is gone."""
+        indexes = sorted(p.index for q in missing for p in by_queue[q])
+        if publish_to(self._app.layouts.read(cls.__name__))[0] == gen:
+            for i in indexes:
+                reason = f"its queue does not exist ({', '.join(missing)})"
+                report.failed.append((i, jobs[i].entity_id, reason))
+            return
+        again = self._publish(cls, [jobs[i] for i in indexes])
+        for i, message_id in zip(indexes, again.message_ids, strict=True):
+            report.message_ids[i] = message_id
+
+    def _prepare(
+        self,
+        index: int,
+        where: str,
+        job: Job,
+        worker: str,
+        layout: WorkerLayout,
+        key: bytes | None,
+        by_queue: Mapping[str, list[_Prepared]],
+    ) -> tuple[str, _Prepared]:
+        try:
+            entity = check_entity_id(job.entity_id)
+            body = envelope.encode(
+                envelope.Envelope(worker, entity, job.payload, time.time(), dict(job.meta or {})),
+                key,
+            )
+        except ShardqError as exc:
+            if not where:
+                raise
+            raise type(exc)(f"{where}{exc}") from exc
+        gen, shards = publish_to(layout)
+        queue = self._app.shard_queue(worker, shard_for(entity, shards), gen)
+        self._app.ensure_queue(queue, worker)
+        size = len(body.encode("utf-8"))
+        limit = self._limit(queue)
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"{where}job for entity {entity!r} of {worker} encodes to {size} bytes; "
+                f"queue {queue} accepts at most {limit}. Store large data elsewhere (e.g. S3) "
+                "and publish a reference"
+            )
+        if job.dedup_id is None:
+            dedup = uuid.uuid4().hex
+        else:
+            dedup = hashlib.sha256(
+                f"{entity}\0{_dedup_key(where, job.dedup_id)}".encode()
+            ).hexdigest()
+        entry = SendEntry(str(len(by_queue.get(queue, ()))), body, entity, dedup)
+        return queue, _Prepared(index, entity, entry, size)
+
+    def _limit(self, queue: str) -> int:
+        limit = self._max_bytes.get(queue)
+        if limit is None:
+            limit = self._max_bytes[queue] = self._app.broker.max_message_bytes(queue)
+        return limit
+
+    def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
+        broker = self._app.broker
+        failed_entities: set[str] = set()
+        jobs_first: list[_Prepared] | None = None
+        for chunk in _chunks(jobs):
+            jobs_first = jobs_first or chunk
+            sendable = []
+            for job in chunk:
+                if job.entity_id in failed_entities:
+                    reason = "not sent: an earlier job of this entity was not published"
+                    report.failed.append((job.index, job.entity_id, reason))
+                else:
+                    sendable.append(job)
+            if not sendable:
+                continue
+            try:
+                result = broker.send_batch(queue, [j.entry for j in sendable])
+                outcome = {j.entry.id: result.message_ids.get(j.entry.id) for j in sendable}
+                reasons = result.failed
+            except QueueNotFoundError:
+                if chunk is jobs_first:  # nothing of this queue was sent: publish again
+                    raise
+                outcome = {j.entry.id: None for j in sendable}
+                reasons = {j.entry.id: "its queue was deleted meanwhile" for j in sendable}
+            except BrokerError as exc:
+                outcome = {j.entry.id: None for j in sendable}
+                reasons = {j.entry.id: str(exc) for j in sendable}
+            for job in sendable:
+                message_id = outcome[job.entry.id]
+                if message_id is None:
+                    failed_entities.add(job.entity_id)
+                    reason = reasons.get(job.entry.id, "not accepted by the broker")
+                    report.failed.append((job.index, job.entity_id, reason))
+                else:
+                    report.message_ids[job.index] = message_id
+                    if job.entity_id in failed_entities:  # refused earlier in this batch
+                        report.gaps.append((job.index, job.entity_id))
+
+
+def _chunks(jobs: list[_Prepared]) -> Iterable[list[_Prepared]]:
+    """Consecutive runs of at most 10 jobs and at most 1 MiB."""
+    chunk: list[_Prepared] = []
+    size = 0
+    for job in jobs:
+        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or size + job.size > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(job)
+        size += job.size
+    if chunk:
+        yield chunk
+
+
+def _dedup_key(where: str, dedup_id: object) -> str:
+    if not isinstance(dedup_id, str) or not dedup_id:
+        raise DedupIdError(f"{where}dedup_id must be a non-empty string, got {dedup_id!r}")
+    try:
+        dedup_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DedupIdError(
+            f"{where}dedup_id {dedup_id!r} is not valid Unicode ({exc.reason} at position "
+            f"{exc.start}); use a string of whole characters"
+        ) from None
+    return dedup_id
+
+
+def _as_job(index: int, item: JobSpec) -> Job:
+    if isinstance(item, Job):
+        return item
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        return Job(*item)
+    raise TypeError(
+        f"item {index}: expected shardq.Job(entity_id, payload, dedup_id, meta) or a tuple "
+        f"(entity_id, payload[, dedup_id]), got {type(item).__name__}"
+    )

@@ -1,0 +1,63 @@
+"""Relaying: jobs that reached a closed or retired shard go on to the current layout.
+
+A relayed job is sent, body unchanged, to its entity's shard of the current
+generation, then deleted where it was; its deduplication id comes from its message
+id, so a relay cut short and done again within SQS's 5 minutes is not sent twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.broker.base import Broker, Message, SendEntry, batches
+from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.sharding import shard_for
+
+if TYPE_CHECKING:
+    from shardq.store.deployment import Deployment
+
+log = structlog.get_logger("shardq.layout")
+
+
+def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
+    """Send ``messages`` (in receive order) to the current layout of ``worker``.
+    Raises :class:`BrokerError` unless every one was accepted; the caller deletes
+    them only then (sending them again later is safe: see the module doc)."""
+    layout = app.layouts.cached(worker)
+    by_queue: dict[str, list[Message]] = {}
+    for m in messages:
+        queue = app.shard_queue(worker, shard_for(m.group_id, layout.shards), layout.gen)
+        by_queue.setdefault(queue, []).append(m)
+    for queue, queued in by_queue.items():
+        app.ensure_queue(queue, worker)
+        for chunk in batches(queued):
+            entries = [
+                SendEntry(str(i), m.body, m.group_id, f"relay-{m.message_id}"[:128])
+                for i, m in enumerate(chunk)
+            ]
+            result = app.broker.send_batch(queue, entries)
+            if result.failed:
+                raise BrokerError(f"relaying {len(result.failed)} jobs to {queue} failed")
+    log.info(
+        "layout.relayed",
+        worker=worker,
+        jobs=len(messages),
+        to_gen=layout.gen,
+        detail="jobs that reached a closed shard of an old layout went to the current one",
+    )
+
+
+def holding(broker: Broker, queue: str) -> str:
+    """What ``queue`` still holds, "" if a receive finds it empty (the broker's counts,
+    approximate on SQS, may only veto). A queue that does not exist holds nothing."""
+    try:
+        counts = broker.counts(queue)
+        if counts.waiting or counts.in_flight:
+            return f"{counts.waiting} waiting, {counts.in_flight} in flight"
+        found = broker.receive(queue, max_messages=1, wait_seconds=0, visibility_timeout=0)
+    except QueueNotFoundError:
+        return ""
+    return "a receive found a job" if found else ""

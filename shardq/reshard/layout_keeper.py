@@ -1,0 +1,216 @@
+"""A node's part in a reshard (the procedure: :mod:`shardq.core.layout`).
+
+The ``shardq-layout`` thread reads every layout (more often while a reshard is under
+way), writes the switch once the trust window passed since it observed the announce,
+moves a static node's plan to the live layouts, closes the old shards it serves once
+allowed, settled and found empty (it relays from then on), and sweeps retired queues
+mapped to the shards it serves (relays late jobs, deletes each once empty).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.core import layout as rules
+from shardq.core.errors import BrokerError, QueueNotFoundError, ShardqError
+from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.plan import ShardRef
+from shardq.publish.relay import holding, relay
+
+if TYPE_CHECKING:
+    from shardq.run.node import Node
+
+log = structlog.get_logger("shardq.layout")
+
+#: A transition of one shard (:func:`shardq.core.layout.close` or `deleted`).
+Step = Callable[[rules.WorkerLayout, int, int], rules.WorkerLayout]
+#: Visibility of jobs received by the retired-queue sweep while it relays them.
+SWEEP_VISIBILITY_SECONDS = 30
+#: Each retired queue is looked at this often.
+SWEEP_EVERY_SECONDS = 10.0
+
+
+class LayoutKeeper:
+    """See the module doc. Started by the node after its lanes; a daemon thread."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.app = node.app
+        self.failed = False
+        #: Old shards found empty here: whatever still comes out of them is relayed.
+        self.relaying: set[str] = set()
+        self._swept: dict[str, float] = {}  # retired queue -> next look (clock)
+        self._next_read = 0.0
+        self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
+        self._thread = threading.Thread(target=self._guard, name="shardq-layout", daemon=True)
+
+    def start(self) -> None:
+        # the node's plan was made over the layouts in hand: follow their changes only
+        self._versions = {w: self.app.layouts.cached(w) for w in self.app.workers}
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
+
+    def route(self, ref: ShardRef, entity: str) -> str:
+        """The executor's router: the layout's decision, or relay for a shard found empty."""
+        if ref.key in self.relaying:
+            return rules.RELAY
+        return rules.route(self.app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
+
+    # -- the loop --------------------------------------------------------------------
+    def _guard(self) -> None:
+        try:
+            while not self.node.stopping.wait(0.5):
+                self.tick()
+        except BaseException as exc:
+            self.failed = True
+            self.node.fail("the layout keeper", exc)
+
+    def tick(self) -> None:
+        layouts = self.app.layouts
+        now = layouts.clock()  # the clock the layouts' observations are stamped with
+        if now >= self._next_read:
+            busy = layouts.moving()
+            every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
+            self._next_read = now + every
+            try:
+                layouts.refresh()
+            except ShardqError as exc:
+                log.warning("layout.read_failed", error=str(exc))
+                return
+        fleet = self.node.fleet
+        if fleet is None or not fleet.elastic:
+            self._sync_plan()
+        if not layouts.moving():
+            return
+        for worker in self.app.workers:
+            try:
+                layout = layouts.switch_if_due(worker)
+            except ShardqError as exc:
+                log.warning("layout.switch_failed", worker=worker, error=str(exc))
+                layout = layouts.cached(worker)
+            if layout.moving is not None:
+                self._close_old(worker, layout, now)
+            if layout.retired:
+                self._sweep(worker, layout, now)
+
+    # -- static nodes: the plan over the live layout -----------------------------------
+    def _sync_plan(self) -> None:
+        """Serve the shards of this node's plan over the live layouts, once they changed."""
+        layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
+        if layouts == self._versions:
+            return
+        plan = self.node.plan
+        try:
+            wanted = set(self.app.plan(node=plan.node, nodes=plan.nodes).shards)
+        except ShardqError:
+            return
+        served = set(self.node.shard_refs())
+        for ref in sorted(served - wanted, key=str):
+            self.node.drop_shard(ref)
+        for ref in sorted(wanted - served, key=str):
+            try:
+                self.node.add_shard(ref)
+            except ShardqError as exc:
+                log.warning("layout.add_failed", shard=str(ref), error=str(exc))
+                return  # tried again at the next tick
+        self._versions = layouts
+
+    # -- closing the old shards served here ----------------------------------------------
+    def _close_old(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
+        move = layout.moving
+        assert move is not None
+        seen = self.app.layouts.seen(worker, layout.gen, "switched")
+        held = self.node.leases.held()
+        done = []
+        for ref in self.node.shard_refs():
+            if ref.worker != worker or seen is None:
+                continue
+            if not rules.may_close(layout, ref.gen, ref.shard, seen, now):
+                continue
+            queue = self.app.shard_queue(worker, ref.shard, ref.gen)
+            mine = any(m.queue == queue for m in held)
+            if ref.key in self.relaying:
+                if not mine:  # nothing of it runs here any more: record it
+                    done.append(ref.shard)
+            elif not mine and self._empty(queue):
+                self.relaying.add(ref.key)
+                log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
+        if done:
+            self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
+
+    def _empty(self, queue: str) -> bool:
+        """Whether ``queue`` holds nothing: no retry hidden by this node, and a receive
+        finds nothing (:func:`shardq.publish.relay.holding`)."""
+        if self.node.leases.hidden(queue)[1]:
+            return False
+        try:
+            return not holding(self.app.broker, queue)
+        except BrokerError as exc:
+            self.node.broker_trouble("counts", queue, exc)
+            return False
+
+    # -- retired queues ------------------------------------------------------------------
+    def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
+        mine = {
+            r.shard for r in self.node.shard_refs() if r.worker == worker and r.gen == layout.gen
+        }
+        gone: list[tuple[int, int]] = []
+        for old in layout.retired:
+            seen = self.app.layouts.seen(worker, old.gen, "retired")
+            for shard in old.left:
+                queue = self.app.shard_queue(worker, shard, old.gen)
+                if shard % layout.shards not in mine or self._swept.get(queue, 0.0) > now:
+                    continue
+                self._swept[queue] = now + SWEEP_EVERY_SECONDS
+                ripe = seen is not None and rules.may_delete(seen, now, layout.trust)
+                if self._sweep_one(worker, queue, ripe):
+                    gone.append((old.gen, shard))
+        if gone:
+            self._record(worker, "queues_deleted", rules.deleted, gone)
+
+    def _sweep_one(self, worker: str, queue: str, ripe: bool) -> bool:
+        """Relay what reached retired ``queue``; delete it if ``ripe`` and empty."""
+        broker = self.app.broker
+        try:
+            messages = broker.receive(
+                queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
+                visibility_timeout=SWEEP_VISIBILITY_SECONDS,
+            )  # fmt: skip
+            if messages:
+                relay(self.app, worker, messages)
+                broker.delete_batch(queue, [m.receipt for m in messages])
+                self._swept[queue] = 0.0  # more may wait
+                return False
+            if not ripe or not self._empty(queue):
+                return False
+            broker.delete_queue(queue)
+        except QueueNotFoundError:
+            pass  # deleted already: record it
+        except BrokerError as exc:
+            self.node.broker_trouble("sweep", queue, exc)
+            return False
+        log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
+        return True
+
+    def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
+        """Write ``step`` (a transition) for each ``(gen, shard)`` in one conditional put."""
+
+        def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:
+            for gen, shard in shards:
+                layout = step(layout, gen, shard)
+            return layout
+
+        try:
+            after = self.app.layouts.update(worker, change)
+        except ShardqError as exc:
+            log.warning(f"layout.{what}_failed", worker=worker, error=str(exc))
+            return
+        log.info(f"layout.{what}", worker=worker, shards=shards)
+        if what == "closed" and after.moving is None:
+            log.info("layout.reshard_done", worker=worker, shards=after.shards, gen=after.gen)

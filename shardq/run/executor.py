@@ -1,0 +1,395 @@
+"""Running one received batch of a shard, entity by entity, without breaking order.
+
+For each entity in the batch, in receive order, its jobs run in chunks of up to
+``batch_size`` (one ``perform`` call per chunk):
+
+* success: the chunk's messages are deleted (in the background, by the leases);
+* failure: :func:`shardq.core.decide.decide` says retry or morgue;
+
+  - retry: the failed chunk **and every later job of the entity in the batch** stay
+    together. A retry due within :data:`LOCAL_RETRY_SECONDS` is kept here, held
+    (invisible) and run again by this lane when due; a later one hides them all at
+    the broker for the delay, the failed job first. No later job of the entity ever
+    becomes visible while an earlier one is hidden, so order does not depend on the
+    broker keeping a group blocked (some SQS emulators do not);
+  - morgue: a chunk of several jobs is first run again one job at a time, in order
+    (each job's own outcome decides), so only a job that fails alone goes to the
+    morgue. A job goes to the worker's morgue queue and only then is deleted; the
+    entity's next jobs run;
+
+* a body that is not a valid envelope, or names another worker: the morgue in its
+  turn (if the morgue cannot be written, it and the entity's later jobs wait 30 s);
+* a chunk whose visibility lapsed before it started (the broker was unreachable
+  while the leases tried to extend it) is not run: another node may have it. It and
+  the entity's later jobs in the batch are left to the broker to deliver again.
+
+Jobs of other entities in the batch are not affected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shardq import morgue
+from shardq.broker.base import Message
+from shardq.core import envelope
+from shardq.core import layout as layouts
+from shardq.core.attempts import Attempts
+from shardq.core.decide import MORGUE, Decision, Rules, backoff, decide
+from shardq.core.errors import BrokerError, EnvelopeError, UnknownWorkerError
+from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
+from shardq.core.outcome import (
+    DONE,
+    GAVE_UP,
+    HIDDEN,
+    LATER,
+    STOPPED,
+    Deferred,
+    EntityEnd,
+    Observer,
+    Reporter,
+)
+from shardq.core.outcome import Outcome as Outcome
+from shardq.core.plan import ShardRef
+from shardq.publish.relay import relay
+from shardq.run.leases import Leases
+from shardq.run.perform import Performer
+from shardq.run.timelimit import TimeLimits
+
+if TYPE_CHECKING:
+    from shardq.store.deployment import Deployment
+
+log = structlog.get_logger("shardq.job")
+
+#: Retries due within this many seconds are held by the lane, not hidden at the broker.
+LOCAL_RETRY_SECONDS = 10.0
+#: When an invalid message could not be written to the morgue: try again after this.
+INVALID_RETRY_SECONDS = 30.0
+#: A job held back by a reshard (its entity may still have jobs in the old layout), or
+#: whose relay failed, is looked at again after this (held here meanwhile, in order).
+GATE_SECONDS = 1.0
+
+#: Decides what to do with an entity's jobs from a shard: run, wait or relay.
+Router = Callable[[ShardRef, str], str]
+
+
+@dataclass
+class _Job:
+    message: Message
+    payload: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: Set for a message that is not a valid job (it goes to the morgue in its turn).
+    invalid: BaseException | None = None
+    reason: str = ""
+
+
+class Executor:
+    """Runs entities' jobs for a node. Shared by the node's threads: the attempt
+    bookkeeping is locked, each thread has its own worker instances."""
+
+    def __init__(
+        self,
+        app: Deployment,
+        leases: Leases,
+        limits: TimeLimits,
+        stopping: threading.Event,
+        observers: Sequence[Observer] = (),
+        max_retry_delay: float | None = None,
+        router: Router | None = None,
+    ) -> None:
+        self._app = app
+        self._router = router or app_router(app)
+        self._broker = app.broker
+        self._leases = leases
+        self._limits = limits
+        self._stopping = stopping
+        self._report = Reporter(observers)
+        self._max_retry_delay = max_retry_delay
+        self._local_workers = threading.local()
+        self.perform = Performer(limits, app.middleware)
+        self._rules: dict[str, Rules] = {}
+        self._attempts = Attempts()
+        self.attempt = self._attempts.of
+        self._key = app.signing_key
+
+    def observe(self, observers: Sequence[Observer]) -> None:
+        """Tell these observers too of every outcome (before the executor is used)."""
+        self._report.observers.extend(observers)
+
+    def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
+        """Run a received batch of shard ``ref`` entity by entity; returns the retries
+        held here."""
+        deferred: list[Deferred] = []
+        for group in by_entity(messages):
+            end = self.run_entity(ref, group)
+            if end.kind == LATER:
+                deferred.append(Deferred(end.due, ref, end.messages))
+        return deferred
+
+    def run_entity(
+        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool] | None = None
+    ) -> EntityEnd:
+        """Run one entity's jobs of shard ``ref`` in order (see the module doc).
+        ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
+        settings = self._app.settings(ref.worker)
+        worker = self._worker(ref.worker)
+        return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
+
+    def release(self, messages: list[Message]) -> None:
+        """Jobs that did not start, visible again at once (in the order given)."""
+        if messages:
+            self._leases.hide(messages, 0.0)
+
+    def delete(self, messages: list[Message]) -> None:
+        """Copies of jobs that ran to an end here, delivered again meanwhile."""
+        self._leases.delete(messages)
+
+    def hide(self, messages: list[Message], seconds: float) -> None:
+        """Jobs held for a retry, hidden for what is left of its delay."""
+        self._leases.hide(messages, seconds)
+
+    def hide_later(self, messages: list[Message], seconds: float) -> None:
+        """Jobs that joined an entity after its failed job was hidden: hidden with it
+        (they did not start, so their next receive is not an attempt)."""
+        self._attempts.unstarted(messages)
+        self._leases.hide(messages, seconds)
+
+    def give_up_later(self, messages: list[Message]) -> None:
+        """Jobs that joined an entity whose earlier job lapsed: not run here either."""
+        self._attempts.unstarted(messages)
+        self._leases.forget(messages)
+
+    # -- one entity ----------------------------------------------------------------
+    def _run_entity(
+        self,
+        ref: ShardRef,
+        settings: WorkerSettings,
+        worker: WorkerLike,
+        messages: list[Message],
+        stop: Callable[[], bool],
+    ) -> EntityEnd:
+        jobs = [self._decode(ref, m) for m in messages]
+        action = self._router(ref, messages[0].group_id)
+        if action == layouts.RELAY and not self._relayed(ref, messages):
+            action = layouts.WAIT
+        if action == layouts.WAIT:  # held, in order, without counting an attempt
+            return self._retry(ref, [], jobs, GATE_SECONDS)
+        if action == layouts.RELAY:
+            return EntityEnd(DONE)
+        i, isolate_until, performed = 0, 0, 0.0
+        while i < len(jobs):
+            if stop():  # shutting down or handed over: the node releases what has not run
+                return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
+            chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
+            if not all([self._leases.may_start(j.message) for j in chunk]):
+                self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
+                return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
+            if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
+                if self._bury_invalid(ref, chunk[0]):
+                    i += 1
+                    continue
+                return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
+            payloads, infos = [j.payload for j in chunk], [self._info(j) for j in chunk]
+            error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
+            performed += duration
+            if error is None:
+                self._succeeded(ref, chunk, duration)
+                i += len(chunk)
+                continue
+            attempt = self.attempt(chunk[0].message)
+            decision = decide(error, attempt, self._rules_for(worker), time.time())
+            if decision.action == MORGUE and len(chunk) > 1:
+                isolate_until = i + len(chunk)  # run them again one at a time
+                continue
+            if decision.action == MORGUE:
+                if self._bury(ref, worker, chunk, decision.reason, error):
+                    self._outcome("morgued", ref, chunk, duration, error, reason=decision.reason)
+                    self._attempts.forget(j.message for j in chunk)
+                    i += len(chunk)
+                    continue
+                decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
+            if decision.retry_in_failed:
+                log.error(
+                    "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"
+                )
+            self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
+            return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
+        return EntityEnd(DONE, performed=performed)
+
+    def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
+        """Send an entity's jobs on to the current layout, then delete them here."""
+        if any(self._leases.lapsed(m) for m in messages):
+            return False  # another node may have them now; the next look gives up
+        try:
+            relay(self._app, ref.worker, messages)
+        except BrokerError as exc:
+            log.warning("layout.relay_failed", shard=str(ref), error=str(exc))
+            self._broker_error("relay")
+            return False
+        self._leases.delete(messages)
+        return True
+
+    @staticmethod
+    def _chunk(jobs: list[_Job], start: int, size: int) -> list[_Job]:
+        """Up to ``size`` jobs from ``start`` for one call; an invalid message alone."""
+        chunk = [jobs[start]]
+        if chunk[0].invalid is None:
+            for job in jobs[start + 1 : start + size]:
+                if job.invalid is not None:
+                    break
+                chunk.append(job)
+        return chunk
+
+    def _info(self, job: _Job) -> JobInfo:
+        m = job.message
+        return JobInfo(m.message_id, self.attempt(m), m.sent_at, job.meta)
+
+    def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
+        self._leases.delete([j.message for j in chunk])
+        self._outcome("succeeded", ref, chunk, duration)
+        self._attempts.forget(j.message for j in chunk)
+
+    def _retry(
+        self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
+    ) -> EntityEnd:
+        """Keep the failed jobs and the entity's later ones together until the retry."""
+        messages = [j.message for j in failed + later]
+        due = time.monotonic() + delay
+        if delay <= LOCAL_RETRY_SECONDS:
+            self._attempts.local(j.message for j in failed)
+            return EntityEnd(LATER, messages, due)
+        self._attempts.unstarted(j.message for j in later)
+        self._leases.hide(messages, delay)
+        return EntityEnd(HIDDEN, messages, due)
+
+    def _give_up(self, ref: ShardRef, jobs: list[_Job]) -> None:
+        """Run none of these jobs: the first one's message lapsed (see the module doc)."""
+        for job in jobs:
+            if self._leases.lapsed(job.message):
+                log.warning(
+                    "job.lapsed",
+                    worker=ref.worker,
+                    shard=ref.shard,
+                    entity=job.message.group_id,
+                    message_id=job.message.message_id,
+                    detail="its visibility ran out before it started; not run here, it is "
+                    "delivered again",
+                )
+        # delivered again without having run here
+        self.give_up_later([j.message for j in jobs])
+
+    def _decode(self, ref: ShardRef, message: Message) -> _Job:
+        reason = morgue.REASON_INVALID
+        try:
+            env = envelope.decode(message.body, self._key)
+            if env.worker != ref.worker:
+                known = env.worker in self._app.workers
+                reason = morgue.REASON_INVALID if known else morgue.REASON_UNKNOWN_WORKER
+                raise UnknownWorkerError(
+                    f"message names worker {env.worker!r} but sits in a queue of {ref.worker}"
+                    + ("" if known else f"; no worker {env.worker!r} is registered")
+                )
+        except (EnvelopeError, UnknownWorkerError) as exc:
+            return _Job(message, None, invalid=exc, reason=reason)
+        return _Job(message, env.payload, env.meta)
+
+    def _bury_invalid(self, ref: ShardRef, job: _Job) -> bool:
+        """An invalid message's turn: the morgue at once. False if that failed."""
+        assert job.invalid is not None
+        if not self._bury(ref, None, [job], job.reason, job.invalid):
+            return False
+        self._outcome("morgued", ref, [job], 0.0, job.invalid, reason=job.reason)
+        self._attempts.forget([job.message])
+        return True
+
+    def _bury(
+        self,
+        ref: ShardRef,
+        worker: WorkerLike | None,
+        chunk: list[_Job],
+        reason: str,
+        error: BaseException,
+    ) -> bool:
+        """Write the chunk to the morgue; only then is it deleted. False if that failed."""
+        entity = chunk[0].message.group_id
+        try:
+            morgue.bury(
+                self._app.store,
+                ref.worker,
+                [
+                    morgue.record_for(j.message, reason, error, self.attempt(j.message), j.meta)
+                    for j in chunk
+                ],
+            )
+        except morgue.StoreError as exc:
+            log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
+            self._broker_error("morgue")
+            return False
+        self._leases.delete([j.message for j in chunk])
+        if worker is not None:
+            try:
+                worker.retries_exhausted(entity, [j.payload for j in chunk], error)
+            except Exception:
+                log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
+        return True
+
+    # -- reporting ---------------------------------------------------------------
+    def _outcome(
+        self,
+        kind: str,
+        ref: ShardRef,
+        chunk: list[_Job],
+        duration: float,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> None:
+        messages, payloads = [j.message for j in chunk], [j.payload for j in chunk]
+        self._report.outcome(kind, ref, messages, payloads, self.attempt, duration, error, **extra)
+
+    def _broker_error(self, operation: str) -> None:
+        self._report.broker_error(operation)
+
+    def _worker(self, name: str) -> WorkerLike:
+        """This thread's instance of the worker (``jobs`` and ``attempt`` are per call)."""
+        workers: dict[str, WorkerLike] | None = getattr(self._local_workers, "workers", None)
+        if workers is None:
+            workers = self._local_workers.workers = {}
+        worker = workers.get(name)
+        if worker is None:
+            worker = workers[name] = self._app.worker(name)()
+        return worker
+
+    def _rules_for(self, worker: WorkerLike) -> Rules:
+        name = type(worker).__name__
+        rules = self._rules.get(name)
+        if rules is None:
+            rules = self._rules[name] = Rules(
+                max_retries=self._app.settings(name).max_retries,
+                permanent_errors=type(worker).permanent_errors,
+                retry_in=worker.retry_in,
+                max_delay=self._max_retry_delay,
+            )
+        return rules
+
+
+def app_router(app: Deployment) -> Router:
+    """The router of the app's layout copy in hand (no request)."""
+
+    def route(ref: ShardRef, entity: str) -> str:
+        return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
+
+    return route
+
+
+def by_entity(messages: list[Message]) -> Iterator[list[Message]]:
+    """A batch's messages by entity, each entity's in receive order."""
+    groups: dict[str, list[Message]] = {}
+    for m in messages:
+        groups.setdefault(m.group_id, []).append(m)
+    return iter(groups.values())

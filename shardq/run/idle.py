@@ -1,0 +1,160 @@
+"""The idle watch: shards that look empty wait here until a job may have arrived.
+
+On SQS, :class:`Pollers` long-poll each idle shard (one thread per shard); on the
+embedded broker, one :class:`Watcher` thread watches every idle shard at once. Either
+hands the shard back to its lane's inbox. A shard the node drops (``Shard.dropped``)
+is watched no more: its poller exits, and what a long poll still in flight receives
+is released (:meth:`~shardq.run.intake.Intake.release_straggler`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from shardq.core.errors import BrokerError
+from shardq.core.limits import MAX_BATCH_ENTRIES
+
+if TYPE_CHECKING:
+    from shardq.run.intake import Intake
+    from shardq.run.lane import Lane
+    from shardq.run.shard import Shard
+
+
+class Pollers:
+    """SQS: one thread per idle shard long-polls it (one request per ``idle_wait_seconds``,
+    180 per hour at 20 s) and hands what arrives to the shard's lane.
+
+    At shutdown a poller still in its long poll is abandoned, not waited for: a job
+    that poll receives afterwards is never run here; it is released at once if the
+    process still runs, else it reappears after its visibility timeout.
+    """
+
+    def __init__(self, intake: Intake, wait_seconds: float) -> None:
+        self.node, self._wait = intake, wait_seconds
+        self._lock = threading.Lock()  # lanes add and remove pollers
+        self._threads: dict[int, _Poller] = {}
+
+    def watch(self, shard: Shard, lane: Lane) -> None:
+        shard.watched = True
+        with self._lock:
+            poller = self._threads.get(id(shard))
+            if poller is None:
+                poller = self._threads[id(shard)] = _Poller(self.node, shard, lane, self._wait)
+                poller.start()
+        poller.wake.set()
+
+    def unwatch(self, shard: Shard) -> None:
+        """``shard`` was dropped: its poller exits (after its long poll, if in one)."""
+        with self._lock:
+            poller = self._threads.pop(id(shard), None)
+        if poller is not None:
+            poller.wake.set()
+
+    def alive(self) -> bool:
+        with self._lock:
+            pollers = list(self._threads.values())
+        dead = [p for p in pollers if not p.is_alive() and not p.shard.dropped]
+        return not dead or self.node.stopping.is_set()
+
+
+class _Poller(threading.Thread):
+    def __init__(self, intake: Intake, shard: Shard, lane: Lane, wait_seconds: float) -> None:
+        super().__init__(name=f"shardq-poll-{shard.ref}", daemon=True)
+        self.node, self.shard, self.lane, self._wait = intake, shard, lane, wait_seconds
+        self.wake = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.node.fail(f"the poller of {self.shard.ref}", exc)
+
+    def _run(self) -> None:
+        node, shard, backoff = self.node, self.shard, 0.5
+        while not node.stopping.is_set() and not shard.dropped:
+            if not self.wake.wait(0.5) or shard.dropped:
+                continue
+            messages = node.receive(shard, wait_seconds=self._wait)
+            if messages is None:  # the broker failed: logged; back off
+                node.stopping.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            backoff = 0.5
+            if node.stopping.is_set() or shard.dropped:
+                node.release_straggler(messages)
+                return
+            if messages:
+                self.wake.clear()
+                self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+
+
+class Watcher(threading.Thread):
+    """Embedded broker: one thread watches every idle shard of the node at once
+    (``Broker.watch``) and tells a shard's lane when a job may have arrived.
+
+    While shards keep joining, a round lasts :data:`BUSY_ROUND` (a newly idle shard
+    waits at most that long to be watched); when none joined during a round, the
+    next lasts :data:`IDLE_ROUND`, and the first shard that joins wakes it at once.
+    """
+
+    BUSY_ROUND = 0.05
+    IDLE_ROUND = 0.5
+
+    def __init__(self, intake: Intake) -> None:
+        super().__init__(name="shardq-watch", daemon=True)
+        self.node = intake
+        self._lock = threading.Lock()
+        self._watched: dict[Shard, Lane] = {}  # a shard and a newer one of its queue may meet
+        self._joined = threading.Event()
+        self._long_round = False
+
+    def watch(self, shard: Shard, lane: Lane) -> None:
+        shard.watched = True
+        with self._lock:
+            self._watched[shard] = lane
+            wake, self._long_round = self._long_round, False
+        self._joined.set()
+        if wake:
+            self.node.broker.wake_waiters()
+
+    def unwatch(self, shard: Shard) -> None:
+        """``shard`` was dropped: watch it no more."""
+        with self._lock:
+            self._watched.pop(shard, None)
+
+    def alive(self) -> bool:
+        return self.is_alive() or self.node.stopping.is_set()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.node.fail("the idle watch", exc)
+
+    def _run(self) -> None:
+        node, backoff = self.node, 0.5
+        while not node.stopping.is_set():
+            busy = self._joined.is_set()
+            self._joined.clear()
+            with self._lock:
+                queues = list(dict.fromkeys(s.queue for s in self._watched))
+                self._long_round = not busy
+            if not queues:
+                self._joined.wait(0.5)
+                continue
+            try:
+                ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
+            except BrokerError as exc:
+                node.broker_trouble("watch", None, exc)
+                node.stopping.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            backoff = 0.5
+            arrived = set(ready or ())
+            with self._lock:
+                found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
+                for shard, _ in found:
+                    del self._watched[shard]
+            for shard, lane in found:
+                lane.inbox.put((shard, None, False))

@@ -1,0 +1,86 @@
+"""A node's intake: receives for its lanes and idle watch, and its stop flag.
+
+Lanes, pollers and the watcher get this, not the node: they receive (what arrives is
+held by the node's leases at once), hand back what came too late, report broker trouble
+and stop the node when a part of it failed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from shardq.broker.base import Broker, Message, release_now
+from shardq.core.errors import BrokerError
+from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.run.job_age import OldJobs
+from shardq.run.leases import Leases
+from shardq.run.shard import Shard
+
+log = structlog.get_logger("shardq.node")
+
+
+class Intake:
+    def __init__(
+        self,
+        broker: Broker,
+        leases: Leases,
+        old_jobs: OldJobs,
+        pool: ThreadPoolExecutor,
+        *,
+        fail: Callable[[str, BaseException], None],
+        broker_error: Callable[[str], None],
+    ) -> None:
+        self.broker = broker
+        self.leases = leases
+        self.old_jobs = old_jobs
+        #: Runs the lanes' receives ahead of their shards' turns.
+        self.pool = pool
+        #: Set once the node began to stop: nothing new starts.
+        self.stopping = threading.Event()
+        self._fail = fail
+        self._broker_error = broker_error
+
+    def stop(self) -> None:
+        """Begin the node's graceful shutdown (idempotent, from any thread)."""
+        self.stopping.set()
+        self.broker.wake_waiters()
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        """A part of the node died for an unexpected reason: stop with exit code 1."""
+        self._fail(what, exc)
+
+    def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
+        """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed."""
+        try:
+            messages = self.broker.receive(
+                shard.queue,
+                max_messages=MAX_BATCH_ENTRIES,
+                wait_seconds=wait_seconds,
+                visibility_timeout=shard.visibility_timeout,
+            )
+        except BrokerError as exc:
+            self.broker_trouble("receive", shard.queue, exc)
+            return None
+        if messages:
+            self.leases.hold(messages, shard.visibility_timeout)
+            self.old_jobs.check(messages)
+        return messages
+
+    def release_straggler(self, messages: list[Message] | None) -> None:
+        """Messages a receive brought after shutdown began, or after their shard was
+        dropped: visible again at once (never run here)."""
+        if not messages:
+            return
+        if self.stopping.is_set():
+            self.leases.forget(messages)
+            release_now(self.broker, messages)
+        else:
+            self.leases.hide(sorted(messages, key=lambda m: m.sequence), 0.0)
+
+    def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
+        log.warning(f"node.{operation}_failed", queue=queue, error=str(exc))
+        self._broker_error(operation)

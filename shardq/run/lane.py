@@ -1,0 +1,267 @@
+"""A lane: one node thread serving its own shards, with its receives overlapped.
+
+A lane keeps up to ``prefetch`` receives in flight (in the node's I/O pool) for the
+shards that may have work, chosen by the scheduler (lottery across priorities, lag
+inside one), and hands each batch's entities to the node's execution slots
+(:mod:`shardq.run.slots`) while there is room: fewer jobs wait for a slot than the node's
+``concurrency``. Settles go to the node's :class:`~shardq.run.leases.Leases` and are
+sent in the background. So a lane waits on a round trip only when it has nothing
+else to hand over.
+
+Per-entity order does not depend on this: a receive never returns a job of an
+entity while an earlier job of that entity is held (in flight), and the slots run
+each entity's jobs in order, one run at a time (entity chains, :mod:`shardq.run.slots`).
+
+A shard whose receive returned fewer than 10 messages may be empty: it goes to the
+node's idle watch (:mod:`shardq.run.idle`) and comes back when a job arrives.
+
+Shards come and go while the lane runs (:mod:`shardq.run.ownership`): a :class:`Join` or
+:class:`Leave` reaches the lane through its inbox, between two batches. Only the lane's
+thread changes its ``shards``, and never in place: other threads read a snapshot.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from shardq.broker.base import Message
+from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.plan import ShardRef
+from shardq.core.scheduler import Scheduler, ShardView
+from shardq.run.executor import by_entity
+from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept
+
+if TYPE_CHECKING:
+    from shardq.run.intake import Intake
+    from shardq.run.slots import Slots
+
+
+class Watch(Protocol):
+    """The idle watch (:mod:`shardq.run.idle`): a shard that looks empty waits there."""
+
+    def watch(self, shard: Shard, lane: Lane) -> None: ...
+    def unwatch(self, shard: Shard) -> None: ...
+
+
+log = structlog.get_logger("shardq.node")
+
+
+class Lane(threading.Thread):
+    """One node thread: hands its shards' batches to the slots, receives overlapped."""
+
+    def __init__(
+        self,
+        intake: Intake,
+        slots: Slots,
+        watch: Watch,
+        index: int,
+        shards: list[Shard],
+        rng: random.Random,
+        *,
+        prefetch: int,
+    ) -> None:
+        super().__init__(name=f"shardq-lane-{index}", daemon=True)
+        self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
+        self.index = index
+        self.shards: list[Shard] = []
+        self._by_ref: dict[ShardRef, Shard] = {}
+        self.set_shards(shards)
+        self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
+        self.failed = False
+        self._scheduler = Scheduler(rng)
+        self._picks = 0
+        self._in_flight = 0
+        self._in_hand = 0  # received batches not started, over all the lane's shards
+
+    def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            self.failed = True
+            log.exception(
+                "node.lane_failed",
+                lane=self.name,
+                detail="stopping the node; its jobs are released or reappear",
+            )
+            self.intake.stop()
+
+    def _serve(self) -> None:
+        for shard in self.shards:  # the idle watch finds out which shards have work
+            self.watch.watch(shard, self)
+        slots = self.slots
+        while not self.intake.stopping.is_set():
+            ready = [s for s in self.shards if s.batches and not s.dropped]
+            can = bool(ready) and slots.room(self._wake)
+            self._collect(0.0 if can else 0.5)
+            if self.intake.stopping.is_set():
+                return
+            self._prefetch()
+            if not can:
+                continue
+            picked = self._pick([s for s in self.shards if s.batches and not s.dropped])
+            if picked is None:
+                continue
+            shard = picked
+            batch = shard.batches.popleft()
+            self._in_hand -= 1
+            shard.head_sent_at = shard.batches[0][0].sent_at if shard.batches else None
+            self._prefetch()
+            self._dispatch(shard, batch)
+            self._settle_idle(shard)
+
+    def _dispatch(self, shard: Shard, batch: list[Message]) -> None:
+        """Each entity's jobs to a slot (or run here, when that is cheaper)."""
+        self.slots.hand(shard, list(by_entity(batch)))
+
+    def _wake(self) -> None:
+        self.inbox.put(WAKE)
+
+    # -- which shards ----------------------------------------------------------------
+    def set_shards(self, shards: list[Shard]) -> None:
+        """Replace the list (by the lane's thread, or by anyone before it starts)."""
+        self.shards = shards
+        self._by_ref = {s.ref: s for s in shards}
+
+    def _join(self, shard: Shard) -> None:
+        self.set_shards([*self.shards, shard])
+        if not shard.dropped:
+            self.watch.watch(shard, self)
+
+    def _leave(self, leave: Leave) -> None:
+        """Serve a shard no more: its running slots finish; its held retries are hidden
+        for what is left of their delay, never less; its unstarted messages are
+        released, in order (:meth:`shardq.run.slots.Slots.sweep`). The lane's receives
+        still in flight are released when they return, before ``swept`` is called."""
+        shard = leave.shard
+        self.set_shards([s for s in self.shards if s is not shard])
+        self.watch.unwatch(shard)
+        unstarted = [m for batch in shard.batches for m in batch]
+        self._in_hand -= len(shard.batches)
+        shard.batches.clear()
+        shard.leave, shard.sweeping = leave, True
+        self.slots.sweep(shard, unstarted, lambda: self.inbox.put(Swept(shard)))
+
+    @staticmethod
+    def _swept(shard: Shard) -> None:
+        if shard.leave is not None and not shard.fetching and not shard.sweeping:
+            shard.leave.swept()
+            shard.leave = None
+
+    # -- what the lane holds ------------------------------------------------------
+    def idle(self) -> bool:
+        return (
+            self._in_flight == 0
+            and self.inbox.empty()
+            and all(s.watched and not s.batches for s in self.shards)
+        )
+
+    # -- receiving ------------------------------------------------------------------
+    def _prefetch(self) -> None:
+        """Keep up to ``prefetch`` receives in flight for shards that may have work, and
+        no more than ``prefetch`` + 1 batches received and not started in the lane."""
+        limit = self.prefetch
+        while self._in_flight < limit and self._in_flight + self._in_hand <= limit:
+            candidates = [
+                s
+                for s in self.shards
+                if s.more and s.fetching < limit and len(s.batches) < 2 and not s.dropped
+            ]
+            shard = self._pick(candidates)
+            if shard is None:
+                return
+            shard.fetching += 1
+            self._in_flight += 1
+            self.intake.pool.submit(self._fetch, shard)
+
+    def _fetch(self, shard: Shard) -> None:
+        """In a pool thread: one receive without waiting, handed back to the lane."""
+        messages: list[Message] | None = None
+        try:
+            messages = self.intake.receive(shard, wait_seconds=self.intake.broker.prefetch_wait)
+            if self.intake.stopping.is_set() or shard.dropped:  # it may have been swept
+                self.intake.release_straggler(messages)
+                messages = None
+        except BaseException as exc:
+            self.intake.fail(f"a receive for {shard.ref}", exc)
+        finally:
+            found = messages or []
+            self.inbox.put((shard, found, len(found) == MAX_BATCH_ENTRIES))
+
+    def _collect(self, timeout: float) -> None:
+        """Take what receives, the idle watch and the slots sent; wait up to ``timeout``
+        for the first (0: do not wait)."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, str):  # WAKE: there is room again
+                pass
+            elif isinstance(item, Swept):
+                item.shard.sweeping = False
+                self._swept(item.shard)
+            elif isinstance(item, Join):
+                self._join(item.shard)
+            elif isinstance(item, Leave):
+                self._leave(item)
+            else:
+                self._found(*item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _found(self, shard: Shard, messages: list[Message] | None, full: bool) -> None:
+        if messages is None:  # the embedded watcher: it may have work
+            shard.watched, shard.more = False, not shard.dropped
+            return
+        if shard.fetching:  # our own receive (a poller's is not counted)
+            shard.fetching -= 1
+            self._in_flight -= 1
+        else:
+            shard.watched = False
+        if shard.dropped:  # received while (or just before) the shard was dropped
+            self.intake.release_straggler(messages)
+            self._swept(shard)
+            return
+        if messages:
+            shard.batches.append(messages)
+            self._in_hand += 1
+            if shard.head_sent_at is None:
+                shard.head_sent_at = messages[0].sent_at
+        shard.more = full
+        self._settle_idle(shard)
+
+    def _settle_idle(self, shard: Shard) -> None:
+        """A shard with nothing in hand, in flight or known to wait goes to the idle watch."""
+        idle = not (shard.more or shard.fetching or shard.batches or shard.watched)
+        if idle and not shard.dropped and not self.intake.stopping.is_set():
+            self.watch.watch(shard, self)
+
+    # -- choosing -------------------------------------------------------------------
+    def _pick(self, shards: list[Shard]) -> Shard | None:
+        if not shards:
+            return None
+        now = time.time()
+        views = [
+            ShardView(
+                s,
+                s.ref.priority,
+                now - s.head_sent_at if s.head_sent_at else 0.0,
+                ready=True,
+                last_served=s.last_served,
+            )
+            for s in shards
+        ]
+        picked = self._scheduler.pick(views)
+        if picked is None:
+            return None
+        self._picks += 1
+        picked.key.last_served = self._picks
+        return picked.key

@@ -1,0 +1,376 @@
+"""The one owner of received jobs: hold, extend, detect lapse, settle.
+
+Every message a node receives is *held* here until it is settled, and only here:
+
+* **extend**: when less than half of a held message's visibility timeout remains,
+  its visibility is extended by a full timeout (within 12 h of the receive), so no
+  other node sees a job that runs or waits its turn here, however long it takes;
+* **lapse**: a message whose visibility ran out before an extension, or whose
+  extension the broker refused, is *lapsed*: another node may have received it, so
+  it must not be started here (:meth:`Leases.lapsed`);
+* **settle**: :meth:`Leases.delete` (the job is done), :meth:`Leases.hide` (visible
+  again after N seconds; 0 releases it at once) or :meth:`Leases.forget` (stop
+  extending, let the broker's timeout return it).
+
+Settling is asynchronous: the caller goes on while a small pool sends the requests,
+batched per queue (10 entries each, changes and extensions together; a settle waits
+up to the broker's ``settle_linger`` for others to fill its batch). A message
+being deleted stays held, and extended, until the broker confirms the delete, so a
+kill -9 at any moment loses nothing. A message being hidden or released is never
+extended again, and a change is never sent while an extension of the same message
+is in flight. Changes of one message group go out in the order they were asked
+for, each after the previous one completed, so a later job of an entity never
+becomes visible before an earlier one.
+
+One policy for every request: a broker error is logged (``lease.request_failed``),
+counted, and retried with backoff for as long as the message is still held by this
+node; an entry the broker refuses (its receipt expired: the message is visible
+again or was received elsewhere) is logged once and dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor as Pool
+from dataclasses import dataclass, field
+
+import structlog
+
+from shardq.broker.base import BatchResult, Broker, Message
+from shardq.core.errors import BrokerError
+from shardq.core.lease import CHANGE, DELETE, HELD, Lease
+from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+
+log = structlog.get_logger("shardq.leases")
+
+
+@dataclass
+class _Request:
+    queue: str
+    kind: str  # DELETE or CHANGE (settle changes and extensions)
+    leases: list[Lease] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    extends: list[bool] = field(default_factory=list)  # per entry: an extension, not a settle
+    urgent: bool = False  # holds an extension: send at once
+
+
+class Leases:
+    """Held messages of one node (or of one ``drain``). Thread-safe."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        pool: Pool,
+        *,
+        interval: float = 1.0,
+        on_broker_error: Callable[[str], None] = lambda operation: None,
+    ) -> None:
+        self._broker = broker
+        self._linger = broker.settle_linger
+        self._pool = pool
+        self._interval = interval
+        self._on_broker_error = on_broker_error
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # wakes the keeper
+        self._answers = threading.Condition(lock)  # wakes who waits for settles answered
+        self._wake_at = 0.0  # monotonic time the keeper wakes up by itself
+        self._asked = 0  # settles asked for since the keeper last looked
+        self._held: dict[str, Lease] = {}  # by receipt
+        self._settling: list[Lease] = []  # in the order the settles were asked for
+        self._extend_at = 0.0  # monotonic time of the next look for extensions due
+        # message id -> (queue, group, Unix time it is visible again): hidden for a
+        # retry by this node, so its entity still has a job in the queue
+        self._hidden: dict[str, tuple[str, str, float]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
+        self.failed: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        """False once the keeper died or a request failed for an unexpected reason."""
+        return self.failed is None and (self._thread.is_alive() or self._closed)
+
+    def close(self, timeout: float) -> bool:
+        """Send every pending settle (waiting up to ``timeout``), then stop extending.
+        True if nothing was left unsettled."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        return done
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every settle asked for so far was sent and answered."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify_all()
+            while self._settling:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._answers.wait(min(left, 0.05))
+        return True
+
+    # -- holding -----------------------------------------------------------------
+    def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
+        """Hold messages just received with ``visibility_timeout``."""
+        now = time.monotonic()
+        due = now + visibility_timeout - self._margin(visibility_timeout)
+        with self._cond:
+            for m in messages:
+                self._held[m.receipt] = Lease(m, visibility_timeout, now + visibility_timeout)
+                self._hidden.pop(m.message_id, None)
+            self._extend_at = min(self._extend_at, due)
+
+    def lapsed(self, message: Message) -> bool:
+        """:meth:`shardq.core.lease.Lease.lapsed`; a message not held here is not lapsed."""
+        lease = self._held.get(message.receipt)  # no lock: one read of each field
+        return lease is not None and lease.lapsed(time.monotonic())
+
+    def may_start(self, message: Message) -> bool:
+        """True while this message is held here, not being settled and not
+        :meth:`lapsed`: a job waiting for its turn must be so to start."""
+        lease = self._held.get(message.receipt)  # no lock: one read of each field
+        return lease is not None and lease.state == HELD and lease.may_start(time.monotonic())
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    def settling(self, queue: str) -> set[str]:
+        """Receipts of ``queue`` whose delete or visibility change is not answered yet."""
+        with self._cond:
+            return {
+                receipt
+                for receipt, lease in self._held.items()
+                if lease.state != HELD and lease.message.queue == queue
+            }
+
+    def wait_released(self, receipts: Iterable[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` until none of ``receipts`` is held here (each one was
+        settled and answered, given up or forgotten); True if none is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            left = set(receipts)
+            while True:
+                left = {r for r in left if r in self._held}
+                wait = deadline - time.monotonic()
+                if not left or wait <= 0:
+                    return not left
+                self._answers.wait(min(wait, 0.25))
+
+    def hidden(self, queue: str) -> tuple[set[str], int]:
+        """Message groups of ``queue`` in which this node hid a job for a retry that it
+        has not received again since (visible again or not), and how many such jobs
+        are still hidden."""
+        now = time.time()
+        groups, hidden = set(), 0
+        with self._cond:
+            for q, group, until in self._hidden.values():
+                if q == queue:
+                    groups.add(group)
+                    hidden += until > now
+        return groups, hidden
+
+    def held(self, state: str | None = None) -> list[Message]:
+        """Messages held (in one ``state``: held, delete or change)."""
+        with self._cond:
+            return [
+                lease.message
+                for lease in self._held.values()
+                if state is None or lease.state == state
+            ]
+
+    # -- settling ----------------------------------------------------------------
+    def delete(self, messages: Sequence[Message]) -> None:
+        """The jobs are done: delete them (they stay held until the broker confirms)."""
+        self._settle(messages, DELETE, 0.0)
+
+    def hide(self, messages: Sequence[Message], seconds: float) -> None:
+        """Make the messages visible again after ``seconds`` (0: at once), in order."""
+        self._settle(messages, CHANGE, seconds)
+
+    def forget(self, messages: Iterable[Message]) -> None:
+        """Stop extending; the broker returns them when their visibility ends."""
+        with self._cond:
+            for m in messages:
+                lease = self._held.pop(m.receipt, None)
+                if lease is not None and lease in self._settling:
+                    self._settling.remove(lease)
+            self._cond.notify_all()
+            self._answers.notify_all()
+
+    def _settle(self, messages: Sequence[Message], kind: str, seconds: float) -> None:
+        now, wall = time.monotonic(), time.time()
+        with self._cond:
+            for m in messages:
+                lease = self._held.get(m.receipt)
+                if lease is None or lease.state != HELD:
+                    continue
+                cap = m.received_at + MAX_VISIBILITY_SECONDS - wall - 1
+                lease.state, lease.seconds, lease.asked = kind, max(0.0, min(seconds, cap)), now
+                self._settling.append(lease)
+                self._asked += 1
+            # The keeper is woken when a batch may be full, or when it would otherwise
+            # sleep past this settle's linger; else it looks when its wait ends.
+            if self._asked >= MAX_BATCH_ENTRIES or self._wake_at > now + self._linger:
+                self._cond.notify_all()
+
+    # -- the keeper's loop ---------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    wait = self._dispatch(now)
+                    self._wake_at = now + wait
+                    self._cond.wait(wait)
+        except BaseException as exc:  # the node notices and stops: see Node.run
+            self.failed = exc
+            log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
+
+    def _dispatch(self, now: float) -> float:
+        """Send what is due (lock held); returns how long to wait for the next thing."""
+        wait = self._interval
+        self._asked = 0
+        requests: dict[tuple[str, str], list[_Request]] = {}
+        groups: dict[tuple[str, str], _Request | None] = {}  # None: wait for an earlier change
+        added: set[int] = set()
+        for lease in self._settling:
+            if lease.busy and lease.state == DELETE:
+                continue  # in flight: its answer wakes the keeper
+            m = lease.message
+            key = (m.queue, m.group_id)
+            waiting = lease.busy or lease.not_before > now
+            if lease.not_before > now:
+                wait = min(wait, lease.not_before - now)
+            if lease.state == CHANGE:
+                if key in groups and groups[key] is None:
+                    continue
+                if waiting:
+                    groups[key] = None  # later changes of the group wait for this one
+                    continue
+                into = groups.get(key)
+                if into is not None and len(into.leases) >= MAX_BATCH_ENTRIES:
+                    continue
+                groups[key] = self._add(requests, lease, CHANGE, lease.seconds, False, into)
+            elif not waiting:
+                self._add(requests, lease, DELETE, 0.0)
+            else:
+                continue
+            added.add(id(lease))
+        if now >= self._extend_at:
+            self._extend_at = self._extensions(requests, added, now)
+        wait = min(wait, self._extend_at - now)
+        for items in requests.values():
+            for request in items:
+                oldest = min(x.asked for x in request.leases)
+                young = now - oldest < self._linger
+                filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
+                if young and filling and not self._closed:
+                    wait = min(wait, self._linger - (now - oldest))
+                    continue  # let it fill up a little
+                for lease in request.leases:
+                    lease.busy = True
+                self._pool.submit(self._send, request, time.monotonic())
+        return max(0.001, wait)
+
+    def _extensions(
+        self, requests: dict[tuple[str, str], list[_Request]], added: set[int], now: float
+    ) -> float:
+        """Add the extensions due to ``requests``; returns when the next one is due."""
+        next_at = now + self._interval
+        for lease in self._held.values():
+            if lease.busy or lease.lost or lease.state == CHANGE or id(lease) in added:
+                continue
+            due = lease.expires - self._margin(lease.visibility_timeout)
+            if due > now:
+                next_at = min(next_at, due)
+                continue
+            seconds = lease.extension(time.time())
+            if seconds is not None:
+                self._add(requests, lease, CHANGE, seconds, True).urgent = True
+        return next_at
+
+    def _margin(self, visibility_timeout: float) -> float:
+        """Extend when less than this remains: half the timeout, two rounds at least."""
+        return max(visibility_timeout / 2, 2 * self._interval)
+
+    def _add(
+        self,
+        requests: dict[tuple[str, str], list[_Request]],
+        lease: Lease,
+        kind: str,
+        seconds: float,
+        extend: bool = False,
+        into: _Request | None = None,
+    ) -> _Request:
+        if into is None:
+            bucket = requests.setdefault((lease.message.queue, kind), [])
+            if not bucket or len(bucket[-1].leases) >= MAX_BATCH_ENTRIES:
+                bucket.append(_Request(lease.message.queue, kind))
+            into = bucket[-1]
+        into.leases.append(lease)
+        into.seconds.append(seconds)
+        into.extends.append(extend)
+        return into
+
+    # -- one request, in a pool thread ------------------------------------------------
+    def _send(self, request: _Request, sent: float) -> None:
+        receipts = [lease.message.receipt for lease in request.leases]
+        try:
+            if request.kind == DELETE:
+                result = self._broker.delete_batch(request.queue, receipts)
+            else:
+                result = self._broker.change_visibility_batch(
+                    request.queue, list(zip(receipts, request.seconds, strict=True))
+                )
+            error: BaseException | None = None
+        except BrokerError as exc:
+            result, error = BatchResult(), exc
+        except Exception as exc:  # a bug, not an outage: the node stops (see alive())
+            log.exception("lease.request_crashed", queue=request.queue)
+            self.failed = exc
+            result, error = BatchResult(), exc
+        with self._cond:
+            self._answered(request, sent, result, error)
+            # A delete answered leaves the keeper nothing to send, unless it failed.
+            if request.kind != DELETE or error is not None:
+                self._cond.notify_all()
+            self._answers.notify_all()
+
+    def _answered(
+        self, request: _Request, sent: float, result: BatchResult, error: BaseException | None
+    ) -> None:
+        now = time.monotonic()
+        if error is not None:
+            self._on_broker_error("delete" if request.kind == DELETE else "visibility")
+            log.warning(
+                "lease.request_failed",
+                queue=request.queue,
+                operation=request.kind,
+                messages=len(request.leases),
+                error=str(error),
+            )
+        entries = zip(request.leases, request.seconds, request.extends, strict=True)
+        for lease, seconds, extension in entries:
+            refused = result.failed.get(lease.message.receipt)
+            if not lease.answered(seconds, extension, sent, now, error, refused):
+                continue
+            if request.kind == CHANGE and seconds > 0 and error is None and refused is None:
+                m = lease.message
+                self._hidden[m.message_id] = (m.queue, m.group_id, time.time() + seconds)
+                if len(self._hidden) > 10_000:  # forget those long visible again
+                    old = time.time() - 3600
+                    self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
+            self._drop(lease)
+
+    def _drop(self, lease: Lease) -> None:
+        self._held.pop(lease.message.receipt, None)
+        if lease in self._settling:
+            self._settling.remove(lease)

@@ -1,0 +1,153 @@
+"""Prometheus metrics of a node, served on ``--metrics-port`` (``/metrics``).
+
+* ``shardq_jobs_total{worker, outcome, node}``: jobs that succeeded, were retried or
+  were moved to the morgue;
+* ``shardq_job_duration_seconds{worker, node}``: ``perform`` durations;
+* ``shardq_shard_lag_seconds{worker, shard, node}``: the node's estimate of how long
+  the oldest waiting job of each of its shards has waited (0 for idle shards);
+* ``shardq_in_flight_jobs{node}``: jobs the node holds (running or received, not done);
+* ``shardq_broker_errors_total{operation, node}``: failed broker calls.
+
+Every metric carries the ``node`` label (the node's id, as ``shardq nodes`` lists it;
+empty when none is given), so series of several nodes stay apart when one Prometheus
+scrapes them all, and a series that stops can be matched to a node that is gone.
+
+Each node has its own registry, so several nodes in one process (tests) do not
+collide. Lag and in-flight are computed when scraped, not on every job.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shardq.core.errors import MetricsServerError
+from shardq.run.executor import Outcome
+
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
+
+
+class NodeMetrics:
+    """Counters fed by job outcomes; gauges read from the node when scraped."""
+
+    def __init__(
+        self,
+        lags: Callable[[], Iterable[tuple[str, int, float]]],
+        in_flight: Callable[[], int],
+        node: str = "",
+        slots: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        self.node = node
+        self.registry = CollectorRegistry()
+        self.jobs = Counter(
+            "shardq_jobs_total",
+            "Jobs by outcome",
+            ["worker", "outcome", "node"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "shardq_job_duration_seconds",
+            "perform() duration",
+            ["worker", "node"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.broker_errors = Counter(
+            "shardq_broker_errors_total",
+            "Failed broker calls",
+            ["operation", "node"],
+            registry=self.registry,
+        )
+        self.registry.register(_Gauges(lags, in_flight, node, slots))
+        self._jobs: dict[tuple[str, str], Any] = {}  # labelled children, by labels
+        self._durations: dict[str, Any] = {}
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    def job_outcome(self, outcome: Outcome) -> None:
+        key = (outcome.worker, outcome.kind)
+        jobs = self._jobs.get(key)
+        if jobs is None:  # labels() looks the child up under a lock: once per key
+            jobs = self._jobs[key] = self.jobs.labels(*key, self.node)
+        jobs.inc(len(outcome.messages))
+        if outcome.duration:
+            duration = self._durations.get(outcome.worker)
+            if duration is None:
+                duration = self._durations[outcome.worker] = self.duration.labels(
+                    outcome.worker, self.node
+                )
+            duration.observe(outcome.duration)
+
+    def broker_error(self, operation: str) -> None:
+        self.broker_errors.labels(operation, self.node).inc()
+
+    def serve(self, port: int, host: str) -> int:
+        """Serve ``/metrics``; returns the port (useful with port 0)."""
+        with self._lock:
+            try:
+                server, _ = start_http_server(port, addr=host, registry=self.registry)
+            except OSError as exc:
+                raise MetricsServerError(
+                    f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
+                    + (
+                        "another process uses that port: pick a free one with --metrics-port "
+                        "(or metrics_port in the config)"
+                        if exc.errno == errno.EADDRINUSE
+                        else "check --metrics-host and --metrics-port (metrics_host, "
+                        "metrics_port in the config)"
+                    )
+                ) from exc
+            self._server = server
+            return int(server.server_address[1])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.shutdown()
+                self._server.server_close()
+                self._server = None
+
+
+class _Gauges(Collector):
+    def __init__(
+        self,
+        lags: Callable[[], Iterable[tuple[str, int, float]]],
+        in_flight: Callable[[], int],
+        node: str,
+        slots: Callable[[], tuple[int, int]] | None,
+    ) -> None:
+        self._lags, self._in_flight, self._node = lags, in_flight, node
+        self._slots = slots
+
+    def collect(self) -> Iterable[Any]:
+        lag = GaugeMetricFamily(
+            "shardq_shard_lag_seconds",
+            "Age of the oldest job believed waiting in a shard",
+            labels=["worker", "shard", "node"],
+        )
+        for worker, shard, seconds in self._lags():
+            lag.add_metric([worker, str(shard), self._node], seconds)
+        yield lag
+        in_flight = GaugeMetricFamily(
+            "shardq_in_flight_jobs", "Jobs held by this node", labels=["node"]
+        )
+        in_flight.add_metric([self._node], self._in_flight())
+        yield in_flight
+        if self._slots is not None:
+            in_use, concurrency = self._slots()
+            busy = GaugeMetricFamily(
+                "shardq_slots_in_use", "Jobs running now (execution slots busy)", labels=["node"]
+            )
+            busy.add_metric([self._node], in_use)
+            yield busy
+            most = GaugeMetricFamily(
+                "shardq_concurrency", "Most jobs the node runs at once", labels=["node"]
+            )
+            most.add_metric([self._node], concurrency)
+            yield most

@@ -1,0 +1,395 @@
+"""A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
+
+Each **lane** (:mod:`shardq.run.lane`) owns its shards alone: its scheduler picks the
+next shard, it hands that shard's batch, entity by entity, to the node's execution
+slots (:mod:`shardq.run.slots`: up to ``concurrency`` jobs at once, one entity in one
+slot at a time, in order) while its next receives are in flight, and hands shards
+that look empty to the node's idle watch. Every received message is
+held by the node's :class:`~shardq.run.leases.Leases` until it is settled. An elastic
+node runs ``threads`` lanes and takes shards on and hands them back while it runs
+(:meth:`Node.add_shard`, :meth:`Node.drop_shard`, :mod:`shardq.run.ownership`).
+
+The node's own thread only watches: every quarter second it checks that every part
+is alive (a part that died stops the node with exit code 1: a node never keeps
+running with a dead thread), logs ``node.progress`` now and then, runs the broker's
+housekeeping, and notices when ``--until-empty`` has nothing left.
+
+Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): see :mod:`shardq.run.shutdown`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
+from shardq.core.layout import parse_name
+from shardq.core.middleware import notify
+from shardq.core.outcome import Observer, Tally
+from shardq.core.plan import Plan, ShardRef, format_plan
+from shardq.run.executor import Executor
+from shardq.run.idle import Pollers, Watcher
+from shardq.run.intake import Intake
+from shardq.run.job_age import OldJobs
+from shardq.run.lane import Lane
+from shardq.run.leases import Leases
+from shardq.run.metrics import NodeMetrics
+from shardq.run.ownership import Ownership
+from shardq.run.parts import Keeper, Membership
+from shardq.run.progress import Progress
+from shardq.run.shard import Shard
+from shardq.run.shutdown import StopSignals, shut_down
+from shardq.run.slots import Slots
+from shardq.run.timelimit import TimeLimits
+
+if TYPE_CHECKING:
+    from shardq.store.deployment import Deployment
+
+log = structlog.get_logger("shardq.node")
+
+#: Seconds between calls of the broker's housekeeping (``Broker.maintain``).
+MAINTAIN_EVERY_SECONDS = 30.0
+
+
+class Node:
+    """Runs the plan of one node. :meth:`run` blocks until the node stops.
+
+    ``threads``: how many lanes to run, even if the plan has fewer threads (an elastic
+    node starts with an empty plan and is given shards by :meth:`add_shard`); None:
+    one lane per thread of the plan.
+    """
+
+    def __init__(
+        self,
+        app: Deployment,
+        plan: Plan,
+        *,
+        keeper: Callable[[Node], Keeper],
+        fleet: Callable[[Node], Membership] | None = None,
+        threads: int | None = None,
+        until_empty: bool = False,
+        seed: int | None = None,
+        observers: Sequence[Observer] = (),
+        concurrency: int | None = None,
+    ) -> None:
+        self.app = app
+        self.plan = plan
+        self.config = app.config
+        self.until_empty = until_empty
+        self.elastic = threads is not None
+        threads = _lane_count(plan, threads)
+        # Requests overlap their round trips (SQS); a local broker runs one at a time.
+        # A broker that watches many queues at once is local (embedded).
+        self.local = local = app.broker.watch([], 0) is not None
+        self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
+        self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
+        self.leases = Leases(
+            app.broker,
+            self.lease_pool,
+            interval=_lease_interval(app, plan, every_worker=self.elastic),
+            on_broker_error=self._broker_error,
+        )
+        self.intake = Intake(
+            app.broker,
+            self.leases,
+            OldJobs(app.broker, self.config.retention_warning_share),
+            self.pool,
+            fail=self.fail,
+            broker_error=self._broker_error,
+        )
+        self.stopping = self.intake.stopping
+        self.limits = TimeLimits()
+        self.id = make_node_id()
+        #: Fleet membership (elastic: leases; static: reports only; None: neither).
+        self.fleet = fleet(self) if fleet is not None else None
+        self.id = self.fleet.id if self.fleet is not None else self.id
+        self.metrics = NodeMetrics(
+            self.lags,
+            self.leases.count,
+            node=self.id,
+            slots=lambda: (self.slots.in_use(), self.slots.concurrency),
+        )
+        self._tally = Tally()
+        self.observers: list[Observer] = [self.metrics, *observers]
+        self.executor = Executor(
+            app, self.leases, self.limits, self.stopping, [self._tally], router=self.route
+        )
+        #: The execution slots: up to ``concurrency`` jobs at once.
+        self.slots = Slots(
+            self.config.concurrency if concurrency is None else concurrency,
+            self.executor,
+            self.stopping,
+            self.fail,
+        )
+        self.executor.observe(self.observers)
+        self.metrics_port: int | None = None
+        #: The idle watch: one thread for the embedded broker, a poller per shard on SQS.
+        self.idle: Pollers | Watcher = (
+            Watcher(self.intake) if local else Pollers(self.intake, self.config.idle_wait_seconds)
+        )
+        rng = random.Random(seed)
+        refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
+        self.lanes = [
+            Lane(
+                self.intake,
+                self.slots,
+                self.idle,
+                i,
+                [self.make_shard(ref) for ref in mine],
+                random.Random(rng.random()),
+                prefetch=self.config.prefetch,
+            )
+            for i, mine in enumerate(refs)
+        ]
+        self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard)
+        #: The node's part in a reshard (refresh, close old shards, sweep retired ones).
+        self.layout = keeper(self)
+        self.failed = False
+        self.signals = StopSignals(self.stopping)
+        self._progress = Progress(
+            self.config.progress_seconds, self.tally, self.lags, self.leases.count, self.slots
+        )
+
+    def route(self, ref: ShardRef, entity: str) -> str:
+        """Run, wait or relay an entity's jobs from ``ref`` (the lanes' executors ask)."""
+        return self.layout.route(ref, entity)
+
+    def make_shard(self, ref: ShardRef) -> Shard:
+        settings = self.app.settings(ref.worker)
+        queue = self.app.shard_queue(ref.worker, ref.shard, ref.gen)
+        return Shard(ref, queue, settings.visibility_timeout)
+
+    # -- the shards it serves (any thread) ------------------------------------------------
+    def add_shard(self, ref: ShardRef) -> None:
+        """Serve ``ref`` too (a no-op if served). Creates its queue and its worker's
+        morgue queue here (a :class:`BrokerError` is raised to the caller)."""
+        self.ownership.add(ref)
+
+    def drop_shard(self, ref: ShardRef) -> threading.Event:
+        """Serve ``ref`` no more. The event is set once the node holds no message of
+        it that the broker has not confirmed released, hidden or deleted: another node
+        may then receive its queue. Set at once if ``ref`` is not served here."""
+        return self.ownership.drop(ref)
+
+    def shard_refs(self) -> list[ShardRef]:
+        """The shards served now."""
+        return self.ownership.refs()
+
+    # -- running ---------------------------------------------------------------
+    def run(self, signals_before: Callable[[], int] | None = None) -> int:
+        """Run until stopped (or drained with ``until_empty``); returns the exit code.
+        ``signals_before`` tells how many stop signals came before the node's own
+        handlers were installed (the CLI's start-up handlers count them)."""
+        self.signals.install(signals_before() if signals_before else 0)
+        if self.signals.count:
+            self.stop()
+        try:
+            self._start()  # a broker or config error here ends the run (the CLI says why)
+        except BaseException:
+            self.stop()
+            self.metrics.close()
+            self.ownership.finish()
+            raise
+        try:
+            self._watch()
+        except Exception as exc:  # a bug here must still stop the lanes and release jobs
+            self.fail("the node's own thread", exc)
+        return shut_down(self)
+
+    def _watch(self) -> None:
+        """The node's own loop: health, progress, housekeeping, until-empty."""
+        quiet, next_maintain = 0, time.monotonic() + MAINTAIN_EVERY_SECONDS
+        while not self.stopping.wait(0.25):
+            self._check_alive()
+            self._progress.maybe_log()
+            if time.monotonic() >= next_maintain:
+                next_maintain = time.monotonic() + MAINTAIN_EVERY_SECONDS
+                self._maintain()
+            if self.until_empty:
+                quiet = quiet + 1 if self._idle() else 0
+                if quiet >= 2 and self._drained():  # asks the broker once idle a while
+                    log.info("node.drained", detail="every shard is empty; stopping")
+                    self.stop()
+                elif quiet >= 2:
+                    quiet = 0
+
+    def _start(self) -> None:
+        self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
+        log.info(
+            "node.starting",
+            node=self.plan.node,
+            nodes=self.plan.nodes,
+            threads=len(self.lanes),
+            shards=len(self.plan.shards),
+            broker=self.app.broker.kind,
+        )
+        if self.elastic and not self.plan.shards:  # its shards come later
+            log.info("node.elastic", threads=len(self.lanes), detail="shards are added later")
+        else:
+            for line in format_plan([self.plan]).splitlines():
+                log.info("node.plan", line=line)
+        if not self.plan.shards and not self.elastic:
+            log.warning(
+                "node.no_shards",
+                node=self.plan.node,
+                nodes=self.plan.nodes,
+                detail="this node owns no shard: there are more nodes than shards; it "
+                "will idle. Run fewer nodes or give the workers more shards.",
+            )
+        self._ensure_queues()
+        if self.stopping.is_set():
+            return
+        if self.config.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(
+                self.config.metrics_port, self.config.metrics_host
+            )
+            log.info(
+                "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
+            )
+        if isinstance(self.idle, Watcher):
+            self.idle.start()
+        notify(self.app.middleware, "on_node_start", self)
+        self.leases.start()
+        self.ownership.start()
+        if self.fleet is not None and not self.stopping.is_set():
+            self.fleet.join()
+        self.layout.start()
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown (idempotent, callable from any thread)."""
+        self.intake.stop()
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        """A part of the node died for an unexpected reason: stop with exit code 1."""
+        self.failed = True
+        log.error(
+            "node.part_failed",
+            part=what,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+            detail="stopping the node; its jobs are released or reappear",
+        )
+        self.stop()
+
+    def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
+        self.intake.broker_trouble(operation, queue, exc)
+
+    def tally(self) -> Tally:
+        total = Tally()
+        for kind in ("succeeded", "retried", "morgued"):
+            for worker, n in list(getattr(self._tally, kind).items()):
+                total.add(kind, worker, n)
+        return total
+
+    def _broker_error(self, operation: str) -> None:
+        self.metrics.broker_error(operation)
+
+    # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
+    def lags(self) -> list[tuple[str, int, float]]:
+        """``(worker, shard, seconds)`` (the worker with its layout generation, as
+        ``Orders@2``, past the first): how long the oldest job believed waiting in each
+        served shard has waited (0 when none is known to wait)."""
+        now = time.time()
+        return [
+            (
+                s.ref.name,
+                s.ref.shard,
+                0.0 if s.watched or s.head_sent_at is None else max(0.0, now - s.head_sent_at),
+            )
+            for lane in self.lanes
+            for s in lane.shards
+        ]
+
+    # -- the watching thread -----------------------------------------------------------
+    def _check_alive(self) -> None:
+        dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
+        if not self.leases.alive():
+            dead.append("the lease keeper")
+        if not self.slots.alive():
+            dead.append("an execution slot")
+        if not self.idle.alive():
+            dead.append("the idle watch")
+        if self.fleet is not None and not self.fleet.alive():
+            dead.append("the fleet membership")
+        if not self.layout.alive():
+            dead.append("the layout keeper")
+        if dead and not self.stopping.is_set():
+            self.failed = True
+            log.error("node.thread_died", threads=dead, detail="stopping the node")
+            self.stop()
+
+    def _maintain(self) -> None:
+        try:
+            self.app.broker.maintain()
+        except BrokerError as exc:
+            self.broker_trouble("maintain", None, exc)
+
+    def _ensure_queues(self) -> None:
+        for ref in self.plan.shards:
+            if self.stopping.is_set():
+                return
+            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
+
+    def _idle(self) -> bool:
+        return (
+            not self.leases.count()
+            and self.slots.idle()
+            and all(lane.idle() for lane in self.lanes)
+        )
+
+    def _drained(self) -> bool:
+        broker = self.app.broker
+        if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
+            queues = [
+                self.app.shard_queue(worker, n, parse_name(name)[1])
+                for worker in self.app.workers
+                for name, count in self.app.live_shards(worker).items()
+                for n in range(count)
+            ]
+        else:
+            queues = [shard.queue for lane in self.lanes for shard in lane.shards]
+        try:
+            for queue in queues:
+                try:
+                    counts = broker.counts(queue)
+                except QueueNotFoundError:
+                    continue  # nobody created it: nothing was ever published there
+                if counts.waiting or counts.in_flight:
+                    return False
+        except BrokerError:
+            return False
+        return True
+
+
+def _lane_count(plan: Plan, threads: int | None) -> int:
+    if threads is None:
+        return max(1, len(plan.threads))
+    if threads < max(1, len(plan.threads)):
+        raise ConfigError(
+            f"threads={threads}: a node needs at least one lane, and one per thread of its "
+            f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
+        )
+    return threads
+
+
+def _lease_interval(app: Deployment, plan: Plan, *, every_worker: bool) -> float:
+    """Extend often enough for the shortest visibility timeout of the plan (an elastic
+    node: of every registered worker, whose shards it may be given)."""
+    workers = app.workers if every_worker else {ref.worker for ref in plan.shards}
+    shortest = min((app.settings(w).visibility_timeout for w in workers), default=60)
+    return max(0.1, min(1.0, shortest / 6))
+
+
+def make_node_id() -> str:
+    """``host-pid-xxxx``: unique in a fleet, readable in logs."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
+    return f"{host[:60] or 'node'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"

@@ -1,0 +1,160 @@
+"""Which shards a node serves, and taking one on or handing one back while it runs.
+
+Each shard is served by one lane; once the lanes run, a shard reaches or leaves its
+lane through the lane's inbox (:class:`~shardq.run.lane.Join`, :class:`~shardq.run.lane.Leave`),
+between two batches. A drop is a handover: the shard is marked dropped at once (no
+new receive or batch), then in the lane's thread its held retries are hidden for what
+is left of their delay and its unstarted messages released in order; the returned
+event is set once every release and pending delete of its queue was answered. Order
+and "never two runs of one entity" rest on the broker's message groups: a message
+this node holds keeps its group blocked, so what a late long poll brings after the
+event is released unrun.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from shardq.core.errors import ConfigError
+from shardq.core.plan import ShardRef
+from shardq.run.lane import Lane
+from shardq.run.shard import Join, Leave, Shard
+
+if TYPE_CHECKING:
+    from shardq.run.intake import Intake
+    from shardq.store.deployment import Deployment
+
+log = structlog.get_logger("shardq.node")
+
+
+class Ownership:
+    """The shards a node serves, by lane. Thread-safe."""
+
+    def __init__(
+        self,
+        app: Deployment,
+        intake: Intake,
+        lanes: list[Lane],
+        make_shard: Callable[[ShardRef], Shard],
+    ) -> None:
+        self._app, self._intake, self._make_shard = app, intake, make_shard
+        self._lanes = lanes
+        self._lock = threading.Lock()
+        self._served: dict[str, tuple[Lane, Shard]] = {
+            shard.ref.key: (lane, shard) for lane in lanes for shard in lane.shards
+        }
+        self._drops: set[threading.Event] = set()  # not set yet
+        self._started = False
+        self._finished = False
+
+    def shard(self, ref: ShardRef) -> Shard | None:
+        """The shard served as ``ref`` (None if not served here)."""
+        with self._lock:
+            entry = self._served.get(ref.key)
+        return None if entry is None else entry[1]
+
+    def refs(self) -> list[ShardRef]:
+        with self._lock:
+            return [shard.ref for _, shard in self._served.values()]
+
+    def start(self) -> None:
+        """Start the lanes; from now on shards come and go through their inboxes."""
+        with self._lock:
+            self._started = True
+            for lane in self._lanes:
+                if not self._intake.stopping.is_set():
+                    lane.start()
+
+    def add(self, ref: ShardRef) -> None:
+        """Serve ``ref`` too, on the lane with the fewest shards (a no-op if served)."""
+        key = ref.key
+        with self._lock:
+            if key in self._served:
+                return
+        shard = self._shard(ref)
+        app = self._app
+        app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
+        with self._lock:
+            if key in self._served:
+                return
+            load = [0] * len(self._lanes)
+            for lane, _ in self._served.values():
+                load[lane.index] += 1
+            lane = self._lanes[load.index(min(load))]
+            self._served[key] = (lane, shard)
+            if self._started:
+                lane.inbox.put(Join(shard))
+            else:
+                lane.set_shards([*lane.shards, shard])
+        log.info("node.shard_added", shard=str(ref), lane=lane.index)
+
+    def drop(self, ref: ShardRef) -> threading.Event:
+        """Serve ``ref`` no more; the event is set once the node holds nothing of it
+        that the broker did not confirm (see the module doc)."""
+        done = threading.Event()
+        with self._lock:
+            entry = self._served.pop(ref.key, None)
+            if entry is None:  # not served here
+                done.set()
+                return done
+            lane, shard = entry
+            shard.dropped = True
+            if not self._started:
+                lane.set_shards([s for s in lane.shards if s is not shard])
+                done.set()
+            elif self._finished:
+                done.set()
+            else:
+                self._drops.add(done)
+                lane.inbox.put(Leave(shard, lambda: self._swept(shard, done)))
+        log.info("node.shard_dropped", shard=str(ref))
+        return done
+
+    def finish(self) -> None:
+        """The node stopped (its shutdown sweep is over): every drop is done."""
+        with self._lock:
+            self._finished = True
+            drops, self._drops = self._drops, set()
+        for done in drops:
+            done.set()
+
+    # -- in the lane's thread, then a waiting thread ----------------------------------
+    def _swept(self, shard: Shard, done: threading.Event) -> None:
+        receipts = self._intake.leases.settling(shard.queue)
+        waiter = threading.Thread(
+            target=self._settle, args=(shard, receipts, done), name=f"shardq-drop-{shard.ref}"
+        )
+        waiter.daemon = True
+        waiter.start()
+
+    def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:
+        intake = self._intake
+        while not intake.leases.wait_released(receipts, 0.25):
+            if intake.stopping.is_set():
+                return  # the shutdown sweep takes over; finish() sets the event
+        with self._lock:
+            self._drops.discard(done)
+        done.set()
+        log.info("node.shard_released", shard=str(shard.ref))
+
+    def _shard(self, ref: ShardRef) -> Shard:
+        app = self._app
+        settings = app.settings(ref.worker)  # an unknown worker: UnknownWorkerError
+        count = app.live_shards(ref.worker).get(ref.name, 0)
+        if not 0 <= ref.shard < count:
+            raise ConfigError(
+                f"{ref.name} has {count} shards now; shard {ref.shard} does not exist. "
+                "Check the shard number, the worker's shards setting or its live layout "
+                "(shardq stats)."
+            )
+        if ref.priority != settings.priority:
+            raise ConfigError(
+                f"shard {ref} has priority {ref.priority} but worker {ref.worker} has "
+                f"priority {settings.priority}; build shard refs from the app's settings "
+                "(App.plan, or shardq.core.plan.all_shards)."
+            )
+        return self._make_shard(ref)

@@ -1,0 +1,28 @@
+"""The parts a node is given from above (:meth:`shardq.App.node` wires them): its
+membership in a fleet and its share of a reshard. The run layer knows only these."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shardq.core.plan import ShardRef
+
+
+class Membership(Protocol):
+    """A node's membership in its fleet (:class:`shardq.fleet.Fleet`)."""
+
+    id: str
+    #: True: shards are leased and balanced; False: the node only reports.
+    elastic: bool
+
+    def join(self) -> None: ...
+    def leave(self) -> None: ...
+    def alive(self) -> bool: ...
+
+
+class Keeper(Protocol):
+    """A node's part in a reshard (:class:`shardq.reshard.layout_keeper.LayoutKeeper`)."""
+
+    def route(self, ref: ShardRef, entity: str) -> str: ...
+    def start(self) -> None: ...
+    def alive(self) -> bool: ...

@@ -1,0 +1,73 @@
+"""One ``perform`` call: a sync worker's in the calling thread, an async worker's on the
+node's event loop; inside the app's middleware; within the worker's ``time_limit``.
+Any ``BaseException`` it raises is a failed attempt, returned, never raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
+
+from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
+from shardq.core.middleware import Middleware, PerformContext, run_around
+from shardq.run.aio import EventLoop, is_async
+from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
+
+
+class Performer:
+    """Calls workers' ``perform`` for a node (any thread)."""
+
+    def __init__(self, limits: TimeLimits, middleware: Sequence[Middleware]) -> None:
+        self._limits = limits
+        self._middleware = middleware  # the app's list: middleware added later counts
+        self._async: dict[type[WorkerLike], bool] = {}
+        #: The event loop of async workers (started on first use).
+        self.loop = EventLoop()
+
+    def __call__(
+        self,
+        worker: WorkerLike,
+        settings: WorkerSettings,
+        entity: str,
+        payloads: list[Any],
+        jobs: list[JobInfo],
+    ) -> tuple[BaseException | None, float]:
+        """``worker.perform(entity, payloads)``: (the error or None, seconds it took)."""
+        worker.jobs, worker.attempt = jobs, jobs[0].attempt
+        kind = type(worker)
+        if kind not in self._async:
+            self._async[kind] = is_async(kind.perform)
+        limit = settings.time_limit
+        call: Callable[[], None]
+        if self._async[kind]:  # on the node's loop, the limit by cancellation there
+
+            def call() -> None:
+                self.loop.run(
+                    lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
+                    settings.time_limit,
+                )
+
+            limit = None
+        else:
+
+            def call() -> None:
+                worker.perform(entity, payloads)
+
+        if self._middleware:
+            ids, metas = [j.message_id for j in jobs], [j.meta for j in jobs]
+            ctx = PerformContext(settings.name, entity, payloads, worker.attempt, ids, metas)
+            inner = call
+
+            def call() -> None:
+                run_around(self._middleware, "around_perform", inner, ctx)
+
+        started = time.monotonic()
+        try:
+            _, overran = self._limits.run(call, limit)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
+            return exc, time.monotonic() - started
+        duration = time.monotonic() - started
+        if overran:
+            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s"), duration
+        return None, duration

@@ -1,0 +1,56 @@
+"""``node.progress``: a node's throughput and lag, logged now and then."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from shardq.core.outcome import Tally
+    from shardq.run.slots import Slots
+
+log = structlog.get_logger("shardq.node")
+
+
+class Progress:
+    """``node.progress`` every ``progress_seconds``: jobs/s per worker and the max lag."""
+
+    def __init__(
+        self,
+        every: float,
+        tally: Callable[[], Tally],
+        lags: Callable[[], list[tuple[str, int, float]]],
+        held: Callable[[], int],
+        slots: Slots,
+    ) -> None:
+        self._tally, self._lags, self._held, self._slots = tally, lags, held, slots
+        self._every = every
+        self._last = time.monotonic()
+        self._done: dict[str, int] = {}
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        if not self._every or now - self._last < self._every:
+            return
+        tally = self._tally()
+        done: dict[str, int] = {}
+        for kind in (tally.succeeded, tally.morgued):
+            for worker, n in kind.items():
+                done[worker] = done.get(worker, 0) + n
+        rates = {
+            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
+        }
+        lags = [lag for _, _, lag in self._lags()]
+        log.info(
+            "node.progress",
+            jobs_per_second=rates,
+            done=sum(done.values()),
+            max_lag=round(max(lags, default=0.0), 3),
+            held=self._held(),
+            slots_in_use=self._slots.in_use(),
+            concurrency=self._slots.concurrency,
+        )
+        self._last, self._done = now, done

@@ -1,0 +1,180 @@
+"""A node's graceful shutdown (first SIGTERM/SIGINT/SIGHUP, or ``Node.stop``).
+
+No new jobs start; the running ``perform`` calls finish within ``grace_seconds``;
+every message received but not started is released (visible again at once), held
+retries are hidden for what is left of their delay, with their entity's later jobs
+behind them (:func:`hand_back`); pending deletes are sent, and the process exits 0.
+A second signal exits at once. A message whose job is still running is never
+released: if the grace period runs out it becomes visible when its visibility
+timeout ends (exit code 3). Long polls still waiting on SQS are abandoned, not
+waited for: a job one of them receives afterwards is not run; it is released if the
+process still runs, or reappears after its visibility timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from shardq.broker.base import Message
+from shardq.core.lease import HELD
+from shardq.core.middleware import notify
+from shardq.core.signals import STOP_SIGNALS
+
+if TYPE_CHECKING:
+    from shardq.core.config import Config
+    from shardq.core.outcome import Tally
+    from shardq.run.executor import Executor
+    from shardq.run.lane import Lane
+    from shardq.run.leases import Leases
+    from shardq.run.metrics import NodeMetrics
+    from shardq.run.ownership import Ownership
+    from shardq.run.parts import Membership
+    from shardq.run.slots import Slots
+    from shardq.run.timelimit import TimeLimits
+    from shardq.store.deployment import Deployment
+
+
+class Stopping(Protocol):
+    """What a shutdown stops: the parts of a :class:`~shardq.run.node.Node`."""
+
+    app: Deployment
+    config: Config
+    signals: StopSignals
+    lanes: list[Lane]
+    slots: Slots
+    executor: Executor
+    pool: ThreadPoolExecutor
+    lease_pool: ThreadPoolExecutor
+    leases: Leases
+    fleet: Membership | None
+    limits: TimeLimits
+    metrics: NodeMetrics
+    ownership: Ownership
+    failed: bool
+
+    @property
+    def id(self) -> str: ...
+    def tally(self) -> Tally: ...
+
+
+log = structlog.get_logger("shardq.node")
+
+#: Longest wait for pending deletes and releases at shutdown.
+FLUSH_SECONDS = 5.0
+
+
+def hand_back(
+    held: list[Message], running: set[str], retries: list[tuple[float, list[Message]]], now: float
+) -> list[tuple[list[Message], float]]:
+    """What a stopping node hides, in this order, and for how many seconds: each held
+    retry for what is left of its delay, the jobs not started behind a retry of their
+    entity for as long, one by one, the other jobs not started at once, in order.
+    ``running``: receipts of jobs still running, and of their entities' later jobs."""
+    out: list[tuple[list[Message], float]] = []
+    retry_due: dict[tuple[str, str], float] = {}
+    for due, messages in sorted(retries, key=lambda r: r[0]):
+        out.append((messages, max(0.0, due - now)))
+        retry_due[(messages[0].queue, messages[0].group_id)] = due
+    taken = running | {m.receipt for _, messages in retries for m in messages}
+    unstarted = sorted(
+        (m for m in held if m.receipt not in taken), key=lambda m: (m.queue, m.sequence)
+    )
+    for m in unstarted:
+        behind = retry_due.get((m.queue, m.group_id))
+        if behind is not None:
+            out.append(([m], max(0.0, behind - now)))
+    out.append(([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0))
+    return out
+
+
+def shut_down(node: Stopping) -> int:
+    """Stop every part of a node that was asked to stop; returns its exit code."""
+    if node.signals.name:
+        log.info(
+            "node.signal",
+            signal=node.signals.name,
+            detail="finishing running jobs; send it again to exit at once",
+        )
+    node.app.broker.wake_waiters()
+    log.info("node.stopping", grace_seconds=node.config.grace_seconds)
+    deadline = time.monotonic() + node.config.grace_seconds
+    for lane in node.lanes:
+        if lane.ident is not None:
+            lane.join(max(0.0, deadline - time.monotonic()))
+    node.slots.close()
+    node.slots.join(max(0.0, deadline - time.monotonic()))
+    node.executor.perform.loop.close()
+    # Receives still in flight are not waited for: what they bring is released as a
+    # straggler (see Lane._fetch).
+    node.pool.shutdown(wait=False, cancel_futures=True)
+    # A job still running keeps its entity's later jobs (they reappear after it).
+    running = {m.receipt for m in node.slots.running()}
+    held = node.leases.held(HELD)
+    for messages, seconds in hand_back(held, running, node.slots.retries(), time.monotonic()):
+        node.leases.hide(messages, seconds)
+    flushed = node.leases.close(FLUSH_SECONDS)
+    if node.fleet is not None:
+        node.fleet.leave()  # after every job message is settled: hand the shards back
+    node.lease_pool.shutdown(wait=False)
+    node.limits.close()
+    node.metrics.close()
+    notify(node.app.middleware, "on_node_stop", node)
+    node.ownership.finish()
+    tally = node.tally()
+    log.info(
+        "node.stopped",
+        succeeded=sum(tally.succeeded.values()),
+        retried=sum(tally.retried.values()),
+        morgued=sum(tally.morgued.values()),
+        released=len([m for m in held if m.receipt not in running]),
+        abandoned_running=len(running),
+    )
+    if not flushed:
+        log.warning(
+            "node.unsettled",
+            messages=node.leases.count(),
+            detail="the broker did not confirm every delete or release in time; those "
+            "jobs reappear after their visibility timeout",
+        )
+    if running:
+        log.warning(
+            "node.grace_expired",
+            running_jobs=len(running),
+            detail="their messages reappear after their visibility timeout",
+        )
+        return 3
+    failed = node.failed or not node.leases.alive() or any(lane.failed for lane in node.lanes)
+    return 1 if failed else 0
+
+
+class StopSignals:
+    """Counts stop signals: the first sets ``stopping``, a second exits at once."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self.stopping = stopping
+        self.count = 0
+        self.name: str | None = None
+
+    def install(self, before: int) -> None:
+        """Handle them from now on (in the main thread only), counting ``before``
+        signals that came earlier."""
+        self.count = before
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:  # SIGTERM, SIGINT and SIGHUP
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        # Only flags here: a handler that logged or took a lock could deadlock with
+        # the interrupted code. The node's loop logs it and wakes the waiters.
+        self.count += 1
+        if self.count > 1:
+            os._exit(128 + signum)
+        self.name = signal.Signals(signum).name
+        self.stopping.set()

@@ -1,0 +1,378 @@
+"""Execution slots: a node runs up to ``concurrency`` entities' jobs at once.
+
+A lane (:mod:`shardq.run.lane`) receives and schedules its shards' batches; it hands each
+entity's consecutive jobs of a batch to the node's :class:`Slots`, which run them
+in a pool of up to ``concurrency`` threads. Order and exclusion rest on **entity
+chains**: the node keeps one chain per entity (``(queue, entity)``) that has jobs
+running, waiting for a slot, held for a local retry, or not started at a stop
+(:mod:`shardq.run.chain`). Jobs of an entity that has a chain join its end (so order
+holds even on a broker that would hand out a later job of a group too early; a copy
+of a running job delivered again waits for that run's end), and a chain runs in one
+slot at a time, its jobs in order (:meth:`shardq.run.executor.Executor.run_entity`).
+
+How a run ends decides what the jobs that joined meanwhile do
+(:class:`~shardq.core.outcome.EntityEnd`): a local retry holds them behind the failed
+job (the chain waits until the retry is due, then takes a slot again); a retry
+hidden at the broker hides them for what is left of the delay; a lapse gives them
+up; a stop leaves them held, for the node's shutdown sweep or a handover to release.
+
+Back-pressure: a lane starts another batch only while fewer than ``concurrency``
+jobs wait for a slot (:func:`may_take`), so a node holds no more than it can start
+soon, and every held job stays extended by the node's leases meanwhile.
+
+Jobs that take almost no time (a mean ``perform`` below :data:`INLINE_BELOW_SECONDS`)
+are cheaper to run in the lane itself than to hand over: while a slot is free
+(:func:`run_inline`), a lane runs the entities of its batch that have no chain one
+after the other itself, in one slot (:meth:`Slots.hand`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from shardq.broker.base import Message
+from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
+from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
+from shardq.run.executor import Executor
+
+if TYPE_CHECKING:
+    from shardq.run.shard import Shard
+
+#: A worker whose mean ``perform`` takes less than this runs in its lane, not a slot.
+INLINE_BELOW_SECONDS = 0.0005
+#: Weight of the newest duration in a worker's mean.
+_ALPHA = 0.1
+
+
+def may_take(waiting_jobs: int, concurrency: int) -> bool:
+    """May a lane start another batch? While fewer jobs than slots wait for one."""
+    return waiting_jobs < concurrency
+
+
+def run_inline(mean_seconds: float | None, busy: int, concurrency: int) -> bool:
+    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
+    hand-over costs more than its jobs), while a slot is free. A worker not measured
+    yet runs in slots: its first jobs may wait long, or on each other."""
+    quick = mean_seconds is not None and mean_seconds < INLINE_BELOW_SECONDS
+    return quick and busy < concurrency
+
+
+class Slots:
+    """The node's execution slots and entity chains. Thread-safe."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        executor: Executor,
+        stopping: threading.Event,
+        on_failure: Callable[[str, BaseException], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.concurrency = concurrency
+        self._executor = executor
+        self._stopping = stopping
+        self._on_failure = on_failure
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._chains: dict[Key, Chain] = {}
+        self._ready: deque[Chain] = deque()
+        self._deferred: list[tuple[float, int, Chain]] = []
+        self._seq = 0
+        self._busy = 0
+        self._idle_threads = 0
+        self._threads: list[threading.Thread] = []
+        # by equality: a lane's or poller's bound method is one waker however often given
+        self._wakers: set[Callable[[], None]] = set()
+        self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
+        self._closed = False
+        self._means: dict[str, float] = {}
+        self.peak = 0  # most slots in use at once
+
+    # -- what lanes call ---------------------------------------------------------------
+    def submit(self, shard: Shard, messages: list[Message]) -> None:
+        """Run one entity's jobs (in order) in a slot, after any it has here already."""
+        with self._cond:
+            self._submit(shard, messages)
+
+    def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
+        """Each entity's jobs of a batch to a slot (:meth:`submit`); or, when
+        :func:`run_inline` says so for the worker, those of entities without a chain
+        are run here, one after the other, in one slot."""
+        mean = self._means.get(shard.ref.worker)
+        here: list[Chain] = []
+        with self._cond:
+            inline = run_inline(mean, self._busy, self.concurrency)
+            for messages in groups:
+                key = (shard.queue, messages[0].group_id)
+                if not inline or key in self._chains:
+                    self._submit(shard, messages)
+                    continue
+                chain = self._chains[key] = Chain(key, shard, [], RUNNING)
+                chain.running = messages
+                here.append(chain)
+            if here:
+                self._took()
+        if here:
+            self._run(shard, here)
+
+    def room(self, wake: Callable[[], None]) -> bool:
+        """May a lane start another batch (:func:`may_take`)? If not, ``wake`` is
+        called once there is room."""
+        with self._cond:
+            if may_take(self._waiting(), self.concurrency):
+                return True
+            self._wakers.add(wake)
+            return False
+
+    def sweep(self, shard: Shard, unstarted: list[Message], done: Callable[[], None]) -> None:
+        """A handover: the shard's held retries are hidden for what is left of their
+        delay, its jobs not started are released in order (``unstarted``: the lane's,
+        after any of their entity here); ``done`` is called once its running chains
+        finished and were swept too."""
+        with self._cond:
+            for m in unstarted:
+                chain = self._chains.get((shard.queue, m.group_id))
+                if chain is not None:
+                    chain.pending.append(m)
+            loose = [m for m in unstarted if (shard.queue, m.group_id) not in self._chains]
+            now = self._clock()
+            for chain in [c for c in self._chains.values() if c.shard is shard]:
+                if chain.state != RUNNING:
+                    self._dispose(chain, now)
+            self._executor.release(sorted(loose, key=lambda m: m.sequence))
+            if any(c.shard is shard and c.state == RUNNING for c in self._chains.values()):
+                self._sweeps[id(shard)] = (shard, done)
+                return
+        done()
+
+    def _run(self, shard: Shard, chains: list[Chain]) -> None:
+        """Run chains taken by a slot or by :meth:`hand` (only the shard's lane joins
+        them meanwhile) in this thread, one after the other, settled together at the
+        end; one that a job joined meanwhile waits for a slot again."""
+        ends: list[EntityEnd] = []
+
+        def stop() -> bool:
+            return self._stopping.is_set() or shard.dropped
+
+        try:
+            for chain in chains:
+                ends.append(self._executor.run_entity(shard.ref, chain.running, stop=stop))
+        except BaseException as exc:
+            self._on_failure(f"a run of jobs of {shard.ref}", exc)
+        finally:
+            with self._cond:
+                jobs, performed, ran = 0, 0.0, True  # every job ran: time them
+                for chain, end in zip(chains, ends, strict=False):
+                    jobs, performed = jobs + len(chain.running), performed + end.performed
+                    ran = ran and end.kind == DONE
+                    if chain.again:
+                        end = self._settle_again(chain, end)
+                    chain.running = []
+                    if self._after(chain, end):  # a job joined it meanwhile
+                        chain.state = READY
+                        self._queue(chain)
+                if ran and jobs:
+                    self._timed(shard.ref.worker, performed / jobs)
+                for chain in chains[len(ends) :]:  # not run: the node is failing
+                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
+                    chain.pending, chain.running = [*end.messages, *chain.pending], []
+                    chain.state = PARKED
+                self._free(shard)
+
+    # -- what the node reads -------------------------------------------------------------
+    def in_use(self) -> int:
+        return self._busy
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._chains
+
+    def alive(self) -> bool:
+        return self._closed or all(t.is_alive() for t in self._threads)
+
+    def close(self) -> None:
+        """No chain starts any more (the node is stopping); running ones end."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the running chains; True if none runs."""
+        deadline = self._clock() + timeout
+        with self._cond:
+            while self._busy and self._clock() < deadline:
+                self._cond.wait(max(0.0, min(0.1, deadline - self._clock())))
+            return not self._busy
+
+    def running(self) -> list[Message]:
+        """Messages of the chains still running: their jobs and the later ones held."""
+        with self._cond:
+            return [
+                m
+                for c in self._chains.values()
+                if c.state == RUNNING
+                for m in [*c.running, *c.again.values(), *c.pending]
+            ]
+
+    def retries(self) -> list[tuple[float, list[Message]]]:
+        """``(due, messages)`` of each chain held for a local retry."""
+        with self._cond:
+            return [(c.due, list(c.pending)) for c in self._chains.values() if c.state == DEFERRED]
+
+    # -- inside (the lock held) --------------------------------------------------------
+    def _submit(self, shard: Shard, messages: list[Message]) -> None:
+        key = (shard.queue, messages[0].group_id)
+        chain = self._chains.get(key)
+        if chain is not None:
+            stale = join(chain, messages)
+            if stale:
+                self._executor.give_up_later(stale)
+            return
+        self._queue(self._chains.setdefault(key, Chain(key, shard, list(messages), READY)))
+
+    def _queue(self, chain: Chain) -> None:
+        """A chain waits for a slot."""
+        self._ready.append(chain)
+        # a thread per chain waiting (a woken thread may still count as idle)
+        if len(self._ready) > self._idle_threads and len(self._threads) < self.concurrency:
+            self._start_thread()
+        self._cond.notify()
+
+    def _settle_again(self, chain: Chain, end: EntityEnd) -> EntityEnd:
+        end, ended, stale = settle_again(chain, end)
+        if ended:
+            self._executor.delete(ended)
+        if stale:
+            self._executor.give_up_later(stale)
+        return end
+
+    def _waiting(self) -> int:
+        return sum(len(c.pending) for c in self._ready if c.state == READY)
+
+    def _free(self, shard: Shard) -> None:
+        """A run ended: its slot is free."""
+        self._busy -= 1
+        self._wake_lanes()
+        self._end_sweep(shard)
+        if self._ready:  # a slot is free for a chain waiting
+            self._cond.notify()
+
+    def _timed(self, worker: str, each: float) -> None:
+        """A worker's mean time per job run (for :func:`run_inline`)."""
+        mean = self._means.get(worker)
+        self._means[worker] = each if mean is None else mean + _ALPHA * (each - mean)
+
+    def _took(self) -> None:
+        self._busy += 1
+        self.peak = max(self.peak, self._busy)
+
+    def _wake_lanes(self) -> None:
+        if self._wakers and may_take(self._waiting(), self.concurrency):
+            wakers, self._wakers = self._wakers, set()
+            for wake in wakers:
+                wake()
+
+    def _after(self, chain: Chain, end: EntityEnd) -> bool:
+        """Settle a run's end; True if the chain runs on in this slot."""
+        if end.kind == HIDDEN:
+            if chain.pending:
+                self._executor.hide_later(chain.pending, max(0.0, end.due - self._clock()))
+            return self._remove(chain)
+        if end.kind == GAVE_UP:
+            if chain.pending:
+                self._executor.give_up_later(chain.pending)
+            return self._remove(chain)
+        if end.kind in (LATER, STOPPED):
+            chain.pending = [*end.messages, *chain.pending]
+        if end.kind == LATER:
+            chain.state, chain.due = DEFERRED, end.due
+            self._seq += 1
+            heapq.heappush(self._deferred, (end.due, self._seq, chain))
+            if self._idle_threads == 0 and len(self._threads) < self.concurrency:
+                self._start_thread()  # a slot thread runs it when due
+            self._cond.notify()  # a waiting thread looks at the new due time
+        elif not chain.pending:  # DONE, nothing joined
+            return self._remove(chain)
+        elif end.kind == DONE and not (self._stopping.is_set() or chain.shard.dropped):
+            return True
+        else:
+            chain.state = PARKED
+        if id(chain.shard) in self._sweeps:
+            self._dispose(chain, self._clock())
+        return False
+
+    def _remove(self, chain: Chain) -> bool:
+        chain.state = GONE
+        self._chains.pop(chain.key, None)
+        return False
+
+    def _dispose(self, chain: Chain, now: float) -> None:
+        """Hand a chain back to the broker (a handover): a held retry hidden for what
+        is left of its delay, jobs not started released, in order."""
+        delay = max(0.0, chain.due - now) if chain.state == DEFERRED else 0.0
+        self._remove(chain)
+        if chain.pending:
+            if delay:
+                self._executor.hide(chain.pending, delay)
+            else:
+                self._executor.release(chain.pending)
+        chain.pending = []
+
+    def _end_sweep(self, shard: Shard) -> None:
+        sweep = self._sweeps.get(id(shard))
+        if sweep is None:
+            return
+        if not any(c.shard is shard and c.state == RUNNING for c in self._chains.values()):
+            del self._sweeps[id(shard)]
+            sweep[1]()
+
+    # -- the slot threads --------------------------------------------------------------
+    def _start_thread(self) -> None:
+        thread = threading.Thread(
+            target=self._slot, name=f"shardq-slot-{len(self._threads)}", daemon=True
+        )
+        thread.start()  # then listed: alive() reads the list without the lock
+        self._threads.append(thread)
+
+    def _slot(self) -> None:
+        while True:
+            with self._cond:
+                chain = self._take()
+            if chain is None:
+                return
+            self._run(chain.shard, [chain])
+
+    def _take(self) -> Chain | None:
+        """The next chain to run (the lock held); None once closed."""
+        while not self._closed:
+            if not self._stopping.is_set():
+                now = self._clock()
+                while self._deferred and self._deferred[0][0] <= now:
+                    due, _, chain = heapq.heappop(self._deferred)
+                    if chain.state == DEFERRED and chain.due == due:
+                        if chain.shard.dropped:  # its handover's sweep hands it back
+                            continue
+                        chain.state = READY
+                        self._ready.append(chain)
+                while self._ready and self._busy < self.concurrency:
+                    chain = self._ready.popleft()
+                    if chain.state != READY:
+                        continue
+                    if chain.shard.dropped:  # its handover's sweep releases it
+                        chain.state = PARKED
+                        continue
+                    chain.state = RUNNING
+                    chain.running, chain.pending = chain.pending, []
+                    self._took()
+                    self._wake_lanes()
+                    return chain
+            wait = self._deferred[0][0] - self._clock() if self._deferred else 1.0
+            self._idle_threads += 1
+            self._cond.wait(min(1.0, max(0.005, wait)))
+            self._idle_threads -= 1
+        return None

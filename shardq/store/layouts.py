@@ -1,0 +1,195 @@
+"""An app's copies of its layouts (``layout/<Worker>`` items in the state store).
+
+Each copy remembers, on this process's monotonic clock, when it was read and when
+each state was first observed. A copy older than its layout's ``trust`` is never
+used to publish: :meth:`Layouts.get` reads again, and refuses if it cannot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import structlog
+
+from shardq.core.config import Config
+from shardq.core.errors import LayoutError, ShardqError
+from shardq.core.jobs import WorkerSettings
+from shardq.core.layout import WorkerLayout, may_switch, switch
+from shardq.store.base import Store, StoreConflict
+
+
+class Registry(Protocol):
+    """What layouts read of an app: its config, store and workers' settings."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def workers(self) -> Mapping[str, object]: ...
+
+    def worker(self, name: str) -> object: ...
+    def settings(self, worker: str) -> WorkerSettings: ...
+
+
+log = structlog.get_logger("shardq.layout")
+
+PREFIX = "layout/"
+
+
+class Layouts:
+    """One app's view of its live layouts. Thread-safe; no I/O until first used."""
+
+    def __init__(self, app: Registry, clock: Callable[[], float] = time.monotonic) -> None:
+        self._app = app
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._copies: dict[str, tuple[WorkerLayout, int, float]] = {}  # layout, version, read at
+        self._seen: dict[tuple[str, int, str], float] = {}  # (worker, gen, state) -> first seen
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, worker: str) -> WorkerLayout:
+        """``worker``'s layout from a copy at most ``layout_refresh_seconds`` old. If it
+        cannot be read, a copy younger than its ``trust`` is used; an older one never:
+        :class:`LayoutError`."""
+        copy = self._copies.get(worker)
+        if copy is not None and self.clock() - copy[2] <= self._app.config.layout_refresh_seconds:
+            return copy[0]
+        try:
+            return self.read(worker)
+        except LayoutError:
+            raise
+        except ShardqError as exc:
+            copy = self._copies.get(worker)
+            if copy is None:
+                raise  # no copy to fall back on: the store's own error says what to do
+            age = self.clock() - copy[2]
+            if age > copy[0].trust:
+                raise LayoutError(
+                    f"cannot read the layout of {worker} from the state store ({exc}); the "
+                    f"copy in hand was read {age:.0f} s ago, longer than its trust window "
+                    f"({copy[0].trust:.0f} s), so it may be stale and no job of it is "
+                    "published by it. Check the store (its table or file, credentials, "
+                    "network) and try again"
+                ) from exc
+            log.warning("layout.read_failed", worker=worker, error=str(exc))
+            return copy[0]
+
+    def read(self, worker: str) -> WorkerLayout:
+        """Read ``worker``'s item now, recording it (the code's ``shards``) if absent.
+        Raises :class:`LayoutError` if the code disagrees with a never-resharded one."""
+        self._app.worker(worker)
+        store, key = self._app.store, PREFIX + worker
+        while True:
+            item = store.get(key)
+            if item is not None:
+                break
+            code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+            try:
+                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
+                break
+            except StoreConflict:
+                continue  # another process recorded it first: read theirs
+        layout = self._keep(worker, WorkerLayout.from_value(worker, item.value), item.version)
+        self.check(worker, layout)
+        return layout
+
+    def check(self, worker: str, layout: WorkerLayout) -> None:
+        """Refuse a class whose ``shards`` disagrees with a never-resharded layout."""
+        code = self._app.settings(worker).shards
+        if layout.gen == 0 and layout.moving is None and layout.shards != code:
+            raise LayoutError(
+                f"{worker} has shards = {code} in this code, but its queues were recorded "
+                f"with {layout.shards} shards (by the first publisher or node of this "
+                f"queue_prefix); changing shards in code strands the jobs in the other "
+                f"shards. Run `shardq reshard {worker} --shards {code}` to move to {code} "
+                f"while keeping each entity's order, or set shards = {layout.shards} again "
+                "(or give this app another queue_prefix)"
+            )
+
+    def refresh(self) -> dict[str, WorkerLayout]:
+        """Read every layout item of the app's workers now (one query), recording the
+        missing ones. :class:`StoreError` if the store cannot be read, :class:`LayoutError`
+        if a class's ``shards`` disagrees with its recorded layout (the copies are kept)."""
+        found = {}
+        for item in self._app.store.query_all(PREFIX):
+            worker = item.key[len(PREFIX) :]
+            if worker in self._app.workers:
+                layout = WorkerLayout.from_value(worker, item.value)
+                found[worker] = self._keep(worker, layout, item.version)
+        for worker in self._app.workers:
+            if worker in found:
+                self.check(worker, found[worker])
+            else:
+                found[worker] = self.read(worker)
+        return found
+
+    def cached(self, worker: str) -> WorkerLayout:
+        """``worker``'s layout from the copy in hand (no request): generation 0 with the
+        code's shards before the first read."""
+        copy = self._copies.get(worker)
+        return copy[0] if copy is not None else WorkerLayout(0, self._app.settings(worker).shards)
+
+    def age(self, worker: str) -> float:
+        """Seconds since ``worker``'s copy was read (infinite before the first read)."""
+        copy = self._copies.get(worker)
+        return float("inf") if copy is None else self.clock() - copy[2]
+
+    def seen(self, worker: str, gen: int, state: str) -> float | None:
+        """When this process first observed ``worker`` in ``state`` of generation ``gen``."""
+        return self._seen.get((worker, gen, state))
+
+    def moving(self) -> bool:
+        """Whether a copy in hand shows a reshard in progress or retired queues left."""
+        return any(c[0].moving is not None or c[0].retired for c in self._copies.values())
+
+    # -- writing -----------------------------------------------------------------------
+    def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
+        """Apply ``change`` to ``worker``'s layout by a conditional put on the version
+        read (read again and decide again on a conflict)."""
+        self.read(worker)
+        store, key = self._app.store, PREFIX + worker
+        for _ in range(20):
+            layout, version, _ = self._copies[worker]
+            after = change(layout)
+            if after == layout:
+                return layout
+            try:
+                item = store.put(key, after.to_value(), version=version)
+            except StoreConflict:
+                self.read(worker)
+                continue
+            return self._keep(worker, after, item.version)
+        raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
+
+    def switch_if_due(self, worker: str) -> WorkerLayout:
+        """Write the switch of ``worker``'s announced move once its trust window has
+        passed since this process observed the announce; the layout in hand."""
+        layout = self.cached(worker)
+        seen = self.seen(worker, layout.gen, "announced")
+        if seen is None or not may_switch(layout, seen, self.clock()):
+            return layout
+        layout = self.update(worker, lambda w: switch(w, layout.gen))
+        log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
+        return layout
+
+    def _keep(self, worker: str, layout: WorkerLayout, version: int) -> WorkerLayout:
+        now = self.clock()
+        with self._lock:
+            copy = self._copies.get(worker)
+            if copy is not None and copy[1] > version:
+                return copy[0]  # an older read finished after a newer one
+            self._copies[worker] = (layout, version, now)
+            self._seen.setdefault((worker, layout.gen, layout.state), now)
+            for old in layout.retired:
+                self._seen.setdefault((worker, old.gen, "retired"), now)
+        return layout
+
+    def forget(self) -> None:
+        """Drop the copies in hand (the app's config, broker or store changed)."""
+        with self._lock:
+            self._copies.clear()
+            self._seen.clear()
