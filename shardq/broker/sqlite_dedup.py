@@ -29,9 +29,9 @@ import hashlib
 import math
 import re
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from shardq.core.clock import Clock, wall
 from shardq.core.limits import DEDUP_WINDOW_SECONDS
 
 #: Seconds of sends per bucket table.
@@ -74,7 +74,7 @@ class DedupIds:
     ``clock`` gives the time in seconds since the epoch (tests move it on).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Clock = wall) -> None:
         self.clock = clock
         self._buckets: set[int] = set()
         self._schema = -1  # the schema_version self._buckets was read at

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import platform
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -19,6 +17,7 @@ import botocore
 import botocore.config
 import botocore.exceptions
 
+from shardq.core.clock import Clock, monotonic
 from shardq.core.errors import BrokerError
 from shardq.core.limits import MAX_WAIT_SECONDS
 
@@ -52,7 +51,7 @@ class Unanswered:
     ``hold`` is 0 (off) unless a one-shot command turns it on: a node's threads keep
     asking on their own terms."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Clock = monotonic) -> None:
         self.hold = 0.0
         self._clock = clock
         self._lock = threading.Lock()

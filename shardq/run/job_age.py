@@ -11,13 +11,13 @@ broker keeps messages until they are deleted: nothing to warn about there.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import structlog
 
 from shardq.broker.base import Broker, Message
+from shardq.core.clock import Clock, wall
 from shardq.core.errors import BrokerError
 
 log = structlog.get_logger("shardq.node")
@@ -39,7 +39,7 @@ class OldJobs:
     """Warns (``job.old``) once per message about received jobs :func:`too_old`."""
 
     def __init__(
-        self, broker: Broker, share: float, clock: Callable[[], float] = time.time
+        self, broker: Broker, share: float, clock: Clock = wall
     ) -> None:
         self.broker = broker
         self.share = share

@@ -31,7 +31,6 @@ again or was received elsewhere) is logged once and dropped.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor as Pool
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from shardq.broker.base import BatchResult, Broker, Message
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import CHANGE, DELETE, HELD, Lease
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
@@ -66,7 +66,10 @@ class Leases:
         *,
         interval: float = 1.0,
         on_broker_error: Callable[[str], None] = lambda operation: None,
+        clock: Clock = monotonic,
+        wall_clock: Clock = wall,
     ) -> None:
+        self._clock, self._wall = clock, wall_clock
         self._broker = broker
         self._linger = broker.settle_linger
         self._pool = pool
@@ -106,11 +109,11 @@ class Leases:
 
     def flush(self, timeout: float) -> bool:
         """Wait until every settle asked for so far was sent and answered."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         with self._cond:
             self._cond.notify_all()
             while self._settling:
-                left = deadline - time.monotonic()
+                left = deadline - self._clock()
                 if left <= 0 or not self._thread.is_alive():
                     return False
                 self._answers.wait(min(left, 0.05))
@@ -119,7 +122,7 @@ class Leases:
     # -- holding -----------------------------------------------------------------
     def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
         """Hold messages just received with ``visibility_timeout``."""
-        now = time.monotonic()
+        now = self._clock()
         due = now + visibility_timeout - self._margin(visibility_timeout)
         with self._cond:
             for m in messages:
@@ -130,13 +133,13 @@ class Leases:
     def lapsed(self, message: Message) -> bool:
         """:meth:`shardq.core.lease.Lease.lapsed`; a message not held here is not lapsed."""
         lease = self._held.get(message.receipt)  # no lock: one read of each field
-        return lease is not None and lease.lapsed(time.monotonic())
+        return lease is not None and lease.lapsed(self._clock())
 
     def may_start(self, message: Message) -> bool:
         """True while this message is held here, not being settled and not
         :meth:`lapsed`: a job waiting for its turn must be so to start."""
         lease = self._held.get(message.receipt)  # no lock: one read of each field
-        return lease is not None and lease.state == HELD and lease.may_start(time.monotonic())
+        return lease is not None and lease.state == HELD and lease.may_start(self._clock())
 
     def count(self) -> int:
         with self._cond:
@@ -154,12 +157,12 @@ class Leases:
     def wait_released(self, receipts: Iterable[str], timeout: float) -> bool:
         """Wait up to ``timeout`` until none of ``receipts`` is held here (each one was
         settled and answered, given up or forgotten); True if none is."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         with self._cond:
             left = set(receipts)
             while True:
                 left = {r for r in left if r in self._held}
-                wait = deadline - time.monotonic()
+                wait = deadline - self._clock()
                 if not left or wait <= 0:
                     return not left
                 self._answers.wait(min(wait, 0.25))
@@ -168,7 +171,7 @@ class Leases:
         """Message groups of ``queue`` in which this node hid a job for a retry that it
         has not received again since (visible again or not), and how many such jobs
         are still hidden."""
-        now = time.time()
+        now = self._wall()
         groups, hidden = set(), 0
         with self._cond:
             for q, group, until in self._hidden.values():
@@ -206,7 +209,7 @@ class Leases:
             self._answers.notify_all()
 
     def _settle(self, messages: Sequence[Message], kind: str, seconds: float) -> None:
-        now, wall = time.monotonic(), time.time()
+        now, wall = self._clock(), self._wall()
         with self._cond:
             for m in messages:
                 lease = self._held.get(m.receipt)
@@ -226,7 +229,7 @@ class Leases:
         try:
             with self._cond:
                 while not self._closed:
-                    now = time.monotonic()
+                    now = self._clock()
                     wait = self._dispatch(now)
                     self._wake_at = now + wait
                     self._cond.wait(wait)
@@ -277,7 +280,7 @@ class Leases:
                     continue  # let it fill up a little
                 for lease in request.leases:
                     lease.busy = True
-                self._pool.submit(self._send, request, time.monotonic())
+                self._pool.submit(self._send, request, self._clock())
         return max(0.001, wait)
 
     def _extensions(
@@ -292,7 +295,7 @@ class Leases:
             if due > now:
                 next_at = min(next_at, due)
                 continue
-            seconds = lease.extension(time.time())
+            seconds = lease.extension(self._wall())
             if seconds is not None:
                 self._add(requests, lease, CHANGE, seconds, True).urgent = True
         return next_at
@@ -347,7 +350,7 @@ class Leases:
     def _answered(
         self, request: _Request, sent: float, result: BatchResult, error: BaseException | None
     ) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if error is not None:
             self._on_broker_error("delete" if request.kind == DELETE else "visibility")
             log.warning(
@@ -364,9 +367,9 @@ class Leases:
                 continue
             if request.kind == CHANGE and seconds > 0 and error is None and refused is None:
                 m = lease.message
-                self._hidden[m.message_id] = (m.queue, m.group_id, time.time() + seconds)
+                self._hidden[m.message_id] = (m.queue, m.group_id, self._wall() + seconds)
                 if len(self._hidden) > 10_000:  # forget those long visible again
-                    old = time.time() - 3600
+                    old = self._wall() - 3600
                     self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
             self._drop(lease)
 

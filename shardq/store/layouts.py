@@ -8,12 +8,12 @@ used to publish: :meth:`Layouts.get` reads again, and refuses if it cannot.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import structlog
 
+from shardq.core.clock import Clock, monotonic
 from shardq.core.config import Config
 from shardq.core.errors import LayoutError, ShardqError
 from shardq.core.jobs import WorkerSettings
@@ -43,7 +43,7 @@ PREFIX = "layout/"
 class Layouts:
     """One app's view of its live layouts. Thread-safe; no I/O until first used."""
 
-    def __init__(self, app: Registry, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, app: Registry, clock: Clock = monotonic) -> None:
         self._app = app
         self.clock = clock
         self._lock = threading.Lock()
