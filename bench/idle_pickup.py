@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     import shardq
     import shardq.ops.logs
     from shardq.broker.sqs import SqsBroker
-    from shardq.core.sharding import shard_for
+    from shardq.core.topology import shard_for
 
     shardq.ops.logs.configure(fmt="json", level="warning", stream=open(os.devnull, "w"))  # noqa: SIM115
     broker = SqsBroker(region="us-east-1", endpoint_url=endpoint)

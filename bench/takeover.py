@@ -44,7 +44,7 @@ from typing import Any
 from _common import ROOT, git_head, machine
 
 from shardq.core.config import Config
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from tests import emulator as emu
 from tests.apps import ledger
 

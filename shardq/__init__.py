@@ -76,7 +76,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    try:  # a submodule (``shardq.core.sharding``) reached as an attribute
+    try:  # a submodule (``shardq.core.topology``) reached as an attribute
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":

@@ -73,7 +73,7 @@ from typing import IO, Any
 from shardq import morgue
 from shardq.core.config import Config
 from shardq.core.errors import QueueNotFoundError, ShardqError
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.publish import Job
 from tests import chaos_reshard
 from tests.apps import ledger

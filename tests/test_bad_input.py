@@ -25,7 +25,7 @@ from shardq import morgue
 from shardq.broker import MemoryBroker, SendEntry
 from shardq.core import envelope
 from shardq.core.errors import EnvelopeError
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.morgue.migrate import move_queue_morgue
 from tests import emulator as emu
 from tests.apps import ledger

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import SendEntry
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from tests.apps import ledger
 from tests.children import ROOT, Env
 from tests.conftest import needs_shared_store

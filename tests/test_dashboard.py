@@ -36,7 +36,7 @@ from shardq.broker.base import SendEntry
 from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.morgue import Morgue
 from shardq.morgue.migrate import move_queue_morgue
 from shardq.ops.dashboard import DashboardServer, make_server

@@ -13,7 +13,7 @@ from shardq.core import layout as rules
 from shardq.core.errors import ConfigError, LayoutError
 from shardq.core.layout import Move, Retired, WorkerLayout
 from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.ops import reshard
 
 

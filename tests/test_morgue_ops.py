@@ -17,7 +17,7 @@ from shardq import morgue
 from shardq.broker import Message
 from shardq.core import envelope
 from shardq.core.config import Config
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.morgue import Filter, Morgue
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import ensure_state_table

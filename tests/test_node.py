@@ -156,7 +156,7 @@ def test_an_invalid_message_goes_to_the_morgue_and_the_node_stays_up(
 ) -> None:
     # given garbage, an envelope of another version and one for an unknown worker,
     # then a good job
-    queue = app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     app.ensure_queue(queue, "Ledgered")
     stranger = shardq.core.envelope.encode(shardq.core.envelope.Envelope("Gone", "e", {}))
     app.broker.send_batch(
@@ -268,7 +268,7 @@ def test_stop_releases_received_jobs_that_did_not_start(app: shardq.App, ledger_
     # then job 0 finished, jobs 1..4 never started and are visible again at once
     events = [(e["event"], e["n"]) for e in ledger.read(ledger_path)]
     assert events == [("start", 0), ("end", 0)]
-    queue = app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     counts = app.broker.counts(queue)
     assert (counts.waiting, counts.in_flight) == (4, 0)
 
@@ -300,7 +300,7 @@ def test_a_broker_bug_in_a_background_thread_stops_the_node_with_exit_1_and_lose
     assert any(
         e["event"] == "node.thread_died" and e["threads"] == ["the lease keeper"] for e in logs
     )
-    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     counts = broker.counts(queue)
     assert counts.waiting + counts.in_flight == 1
 
@@ -407,7 +407,7 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
     down = MorgueDownAtFirst(ledger.app.store)
     monkeypatch.setattr(ledger.app.store, "put", down)
     ledger.app.ensure_queues()
-    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     Ledgered.publish("e", {"n": 0})
     broker.send_batch(queue, [SendEntry("0", "not a job", "e", "garbage")])
     Ledgered.publish("e", {"n": 2})

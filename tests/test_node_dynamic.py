@@ -17,7 +17,7 @@ from shardq.broker.base import Message
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.plan import Plan, ShardRef
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
 from shardq.run.node import Node
 from tests.apps import ledger

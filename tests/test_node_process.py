@@ -53,7 +53,7 @@ def test_sigterm_lets_the_running_job_finish_and_releases_the_rest(env: Env) -> 
     assert node.wait(30) == 0
     assert env.events() == [("start", "e", 0), ("end", "e", 0)]
     # and jobs 1 and 2 are visible again at once (released, not left in flight)
-    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     counts = ledger.app.broker.counts(queue)
     assert (counts.waiting, counts.in_flight) == (2, 0)
 
@@ -123,7 +123,7 @@ def test_main_returns_instead_of_exiting_on_help(capsys: pytest.CaptureFixture[s
 
 
 def queued(env: Env, entity: str = "e") -> tuple[int, int]:
-    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for(entity, 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for(entity, 3))
     counts = ledger.app.broker.counts(queue)
     return counts.waiting, counts.in_flight
 

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 import shardq
 from shardq.core.config import Config
 from shardq.core.plan import ShardRef
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
 from shardq.run.executor import Executor
 from shardq.run.leases import Leases

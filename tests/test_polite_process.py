@@ -31,7 +31,7 @@ def test_sighup_is_a_graceful_stop_like_sigterm(env: Env) -> None:
     assert node.wait(30) == 0
     assert env.events() == [("start", "e", 0), ("end", "e", 0)]
     # and jobs 1 and 2 are visible again at once (released, not left in flight)
-    queue = ledger.app.shard_queue("Ledgered", shardq.core.sharding.shard_for("e", 3))
+    queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
     counts = ledger.app.broker.counts(queue)
     assert (counts.waiting, counts.in_flight) == (2, 0)
     assert node.stderr is not None and b"SIGHUP" in node.stderr.read()

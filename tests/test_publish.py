@@ -31,7 +31,7 @@ from shardq.core.errors import (
     UnknownWorkerError,
 )
 from shardq.core.limits import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 
 
 class WrappingBroker(Broker):

@@ -22,7 +22,7 @@ from shardq.core import layout as rules
 from shardq.core.config import Config
 from shardq.core.errors import LayoutError, QueueNotFoundError
 from shardq.core.plan import ShardRef
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.ops import reshard
 from shardq.ops.cli import main
 from shardq.ops.ensure import ensure_state_table

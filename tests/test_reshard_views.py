@@ -17,7 +17,7 @@ import shardq
 from shardq.broker import SendEntry
 from shardq.core import envelope
 from shardq.core import layout as rules
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.ops import reshard
 from shardq.ops.admin import NO_REPORT, _nodes, _stats
 from shardq.ops.ensure import ensure, ensure_state_table

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shardq.core.errors import InvalidEntityIdError
-from shardq.core.sharding import check_entity_id, shard_for
+from shardq.core.topology import check_entity_id, shard_for
 
 # -- shard_for -----------------------------------------------------------------------
 

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.core.jobs import MAX_BASE_NAME_LENGTH, WorkerSettings, default_queue_name
 from shardq.core.errors import (
     ConfigError,
     PermanentError,
     UnknownWorkerError,
     WorkerDefinitionError,
 )
+from shardq.core.jobs import MAX_BASE_NAME_LENGTH, WorkerSettings, default_queue_name
 from shardq.core.limits import MAX_VISIBILITY_SECONDS
 
 

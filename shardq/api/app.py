@@ -19,10 +19,10 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
 from shardq.core.fleet_rules import ELASTIC
 from shardq.core.jobs import WorkerSettings
-from shardq.core.layout import shard_name
-from shardq.core.limits import FIFO_SUFFIX, MAX_QUEUE_NAME_LENGTH
+from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.core.middleware import Middleware
 from shardq.core.plan import Plan, make_plan
+from shardq.core.topology import morgue_queue, parse_name, shard_name, shard_queue
 from shardq.fleet import Fleet
 from shardq.publish import Publisher
 from shardq.reshard.layout_keeper import LayoutKeeper
@@ -234,8 +234,7 @@ class App:
     def shard_queue(self, worker: type[Worker] | str, shard: int, gen: int = 0) -> str:
         """The queue of shard ``shard`` of layout generation ``gen``."""
         settings = self.settings(worker)
-        part = f"-{shard}" if gen == 0 else f"-g{gen}-{shard}"
-        return f"{self.config.queue_prefix}{settings.queue_name}{part}{FIFO_SUFFIX}"
+        return shard_queue(self.config.queue_prefix, settings.queue_name, shard, gen)
 
     def live_shards(self, worker: str) -> dict[str, int]:
         """Shards to serve now by generation name (``Orders``, ``Orders@2``): the
@@ -248,7 +247,7 @@ class App:
 
     def morgue_queue(self, worker: type[Worker] | str) -> str:
         settings = self.settings(worker)
-        return f"{self.config.queue_prefix}{settings.queue_name}-morgue{FIFO_SUFFIX}"
+        return morgue_queue(self.config.queue_prefix, settings.queue_name)
 
     def ensure_queue(self, queue: str, worker: type[Worker] | str) -> None:
         """Create ``queue`` once per app (a no-op after the first call)."""
@@ -267,7 +266,7 @@ class App:
         for name in self._workers:
             queues = []
             for gen_name, count in self.live_shards(name).items():
-                gen = int(gen_name.rpartition("@")[2]) if "@" in gen_name else 0
+                gen = parse_name(gen_name)[1]
                 queues += [self.shard_queue(name, s, gen) for s in range(count)]
             for queue in queues:
                 self.ensure_queue(queue, name)

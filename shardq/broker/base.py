@@ -172,8 +172,7 @@ def release_now(broker: Broker, messages: Sequence[Message]) -> int:
         by_queue.setdefault(m.queue, []).append(m)
     for queue, items in by_queue.items():
         items.sort(key=lambda m: m.sequence)
-        for start in range(0, len(items), MAX_BATCH_ENTRIES):
-            chunk = items[start : start + MAX_BATCH_ENTRIES]
+        for chunk in batches(items):
             try:
                 result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])
             except BrokerError as exc:

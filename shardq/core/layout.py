@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from shardq.core.errors import ConfigError, LayoutError
+from shardq.core.errors import LayoutError
 from shardq.core.jobs import MAX_SHARDS
-from shardq.core.sharding import shard_for
+from shardq.core.topology import parse_name as parse_name
+from shardq.core.topology import shard_for
+from shardq.core.topology import shard_name as shard_name
 
 #: Default of the config's ``reshard_trust_seconds``: how long a copy is trusted.
 TRUST_SECONDS = 60.0
@@ -208,18 +210,3 @@ def publish_to(layout: WorkerLayout) -> tuple[int, int]:
     if move is not None and not move.switched:
         return move.gen, move.shards
     return layout.gen, layout.shards
-
-
-def shard_name(worker: str, gen: int) -> str:
-    """The name of a generation in shard keys: ``Orders`` (0), ``Orders@2``."""
-    return worker if gen == 0 else f"{worker}@{gen}"
-
-
-def parse_name(name: str) -> tuple[str, int]:
-    """``"Orders@2"`` as ``("Orders", 2)``; ``"Orders"`` as ``("Orders", 0)``."""
-    worker, at, gen = name.rpartition("@")
-    if not at:
-        return name, 0
-    if not (gen.isascii() and gen.isdigit()) or not worker:
-        raise ConfigError(f"{name!r} is not a worker name with a generation (Orders@2)")
-    return worker, int(gen)

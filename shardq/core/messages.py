@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,17 @@ class QueueSettings:
 T = TypeVar("T")
 
 
-def batches(items: Sequence[T]) -> Iterator[list[T]]:
-    """Consecutive slices of at most 10 items: one batch call each."""
-    for start in range(0, len(items), MAX_BATCH_ENTRIES):
-        yield list(items[start : start + MAX_BATCH_ENTRIES])
+def batches(items: Iterable[T], size_of: Callable[[T], int] | None = None) -> Iterator[list[T]]:
+    """Consecutive runs of at most 10 items (and, given ``size_of``, at most 1 MiB): one
+    batch call each."""
+    chunk: list[T] = []
+    size = 0
+    for item in items:
+        bytes_ = size_of(item) if size_of is not None else 0
+        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or size + bytes_ > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += bytes_
+    if chunk:
+        yield chunk

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardq.core.errors import ConfigError
-from shardq.core.layout import parse_name
+from shardq.core.topology import parse_name
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardq.broker.base import SendEntry
+from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
 from shardq.core.decide import (
     REASON_INVALID,
@@ -35,8 +35,7 @@ from shardq.core.decide import (
 )
 from shardq.core.errors import BrokerError, EnvelopeError
 from shardq.core.layout import publish_to
-from shardq.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 from shardq.morgue.record import (
     KIND,
     VERSION,
@@ -295,7 +294,7 @@ class Morgue:
         sent: list[MorgueRecord] = []
         for queue, queued in by_queue.items():
             self.app.ensure_queue(queue, self.worker)
-            for chunk in _chunks(queued):
+            for chunk in batches(queued, lambda record: record.body_bytes):
                 chunk = [r for r in chunk if r.entity_id not in stopped]
                 entries = [
                     SendEntry(str(i), r.body, r.entity_id, uuid.uuid4().hex)
@@ -311,22 +310,6 @@ class Morgue:
                     else:
                         stopped.add(record.entity_id)
         return sent
-
-
-def _chunks(records: list[MorgueRecord]) -> Iterator[list[MorgueRecord]]:
-    """Consecutive runs of at most 10 records and 1 MiB: one SendMessageBatch each."""
-    chunk: list[MorgueRecord] = []
-    size = 0
-    for record in records:
-        if chunk and (
-            len(chunk) == MAX_BATCH_ENTRIES or size + record.body_bytes > MAX_BATCH_BYTES
-        ):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(record)
-        size += record.body_bytes
-    if chunk:
-        yield chunk
 
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:

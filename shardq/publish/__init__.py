@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardq.broker.base import SendEntry
+from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
 from shardq.core.errors import (
     BrokerError,
@@ -32,9 +32,8 @@ from shardq.core.errors import (
 )
 from shardq.core.jobs import Job, JobSpec
 from shardq.core.layout import WorkerLayout, publish_to
-from shardq.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from shardq.core.middleware import PublishContext, run_around
-from shardq.core.sharding import check_entity_id, shard_for
+from shardq.core.topology import check_entity_id, shard_for
 
 if TYPE_CHECKING:
     from shardq.core.jobs import WorkerLike
@@ -191,7 +190,7 @@ class Publisher:
         broker = self._app.broker
         failed_entities: set[str] = set()
         jobs_first: list[_Prepared] | None = None
-        for chunk in _chunks(jobs):
+        for chunk in batches(jobs, lambda job: job.size):
             jobs_first = jobs_first or chunk
             sendable = []
             for job in chunk:
@@ -224,20 +223,6 @@ class Publisher:
                     report.message_ids[job.index] = message_id
                     if job.entity_id in failed_entities:  # refused earlier in this batch
                         report.gaps.append((job.index, job.entity_id))
-
-
-def _chunks(jobs: list[_Prepared]) -> Iterable[list[_Prepared]]:
-    """Consecutive runs of at most 10 jobs and at most 1 MiB."""
-    chunk: list[_Prepared] = []
-    size = 0
-    for job in jobs:
-        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or size + job.size > MAX_BATCH_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(job)
-        size += job.size
-    if chunk:
-        yield chunk
 
 
 def _dedup_key(where: str, dedup_id: object) -> str:

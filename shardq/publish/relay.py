@@ -14,7 +14,7 @@ import structlog
 
 from shardq.broker.base import Broker, Message, SendEntry, batches
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.sharding import shard_for
+from shardq.core.topology import shard_for
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment

@@ -38,9 +38,7 @@ def too_old(sent_at: float, now: float, retention: float | None, share: float) -
 class OldJobs:
     """Warns (``job.old``) once per message about received jobs :func:`too_old`."""
 
-    def __init__(
-        self, broker: Broker, share: float, clock: Clock = wall
-    ) -> None:
+    def __init__(self, broker: Broker, share: float, clock: Clock = wall) -> None:
         self.broker = broker
         self.share = share
         self.clock = clock

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
-from shardq.core.layout import parse_name
 from shardq.core.middleware import notify
 from shardq.core.outcome import Observer, Tally
 from shardq.core.plan import Plan, ShardRef, format_plan
+from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
 from shardq.run.idle import Pollers, Watcher
 from shardq.run.intake import Intake
