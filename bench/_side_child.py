@@ -5,7 +5,7 @@ and ``LANE_CHECKOUT=<checkout>`` (see ``_sides.Side.env``). Prints one line
 ``RESULT <json>`` on stdout; logs go to stderr. It imports nothing from ``_common``
 (which would put this repository's shardq first on the path) and uses only the
 public surface both sides share: ``shardq.App``/``Config``/``Worker``,
-``shardq.ops.logs.configure``, ``shardq.run.node.Node(app, plan, until_empty=True).run()``,
+``shardq.ops.logs.configure``, ``app.node(plan, until_empty=True).run()``,
 ``app.plan(threads=...)``, ``app.ensure_queues()``, ``app.broker`` and the broker's
 ``receive``/``delete_batch``.
 
@@ -141,13 +141,34 @@ class ThreadCpu(threading.Thread):
         return out
 
 
+def make_node(app: Any, plan: Any, **options: Any) -> Any:
+    """``app.node(plan, ...)``; a checkout from before the layered packages has no
+    ``App.node``: its ``shardq.node.Node(app, plan, ...)``."""
+    if hasattr(app, "node"):
+        return app.node(plan, **options)
+    import importlib
+
+    return importlib.import_module("shardq.node").Node(app, plan, **options)
+
+
+def configure_logs(*args: Any, **kwargs: Any) -> None:
+    """``shardq.ops.logs.configure`` (``shardq.logs`` before the layered packages)."""
+    import importlib
+
+    try:
+        logs = importlib.import_module("shardq.ops.logs")
+    except ImportError:
+        logs = importlib.import_module("shardq.logs")
+    logs.configure(*args, **kwargs)
+
+
 def run_node(app: Any, threads: int, thread_cpu: bool = False) -> dict[str, Any]:
     """``Node(app, plan, until_empty=True).run()``, timed and CPU-counted around the run
     (``cpu_s``) and up to the end of the last job (``busy_cpu_s``: without the
     until-empty detection and the shutdown)."""
     import lane_worker
 
-    node = app.node(app.plan(threads=threads), until_empty=True)
+    node = make_node(app, app.plan(threads=threads), until_empty=True)
     done_before = lane_worker.PROGRESS.count
     trace = CpuTrace()
     trace.start()
@@ -174,9 +195,8 @@ def cmd_sqs(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.ops.logs
 
-    shardq.ops.logs.configure(fmt="json", level=spec["log_level"])
+    configure_logs(fmt="json", level=spec["log_level"])
     if spec["scenario"] == "blank":
         app, worker = lane_worker.blank_app, lane_worker.Blank
     else:
@@ -273,10 +293,9 @@ def cmd_embedded(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.ops.logs
 
     defaults = shardq.Config()  # the CLI's log setup: logs.configure(format, level) to stderr
-    shardq.ops.logs.configure(defaults.log_format, defaults.log_level)
+    configure_logs(defaults.log_format, defaults.log_level)
     app, threads, shards = lane_worker.blank_app, spec["threads"], spec["shards"]
     out: dict[str, Any] = {"log": f"{defaults.log_format}/{defaults.log_level}"}
     for phase in dict.fromkeys(("raw-1", f"raw-{threads}", "node")):  # raw-1 once if T = 1
@@ -312,10 +331,9 @@ def cmd_io(spec: dict[str, Any]) -> dict[str, Any]:
     import lane_worker
 
     import shardq
-    import shardq.ops.logs
 
     os.environ["LANE_SLEEP_MS"] = str(spec["sleep_ms"])
-    shardq.ops.logs.configure(fmt="json", level="warning")
+    configure_logs(fmt="json", level="warning")
     if spec["kind"] == "async":
         app, worker = lane_worker.io_async_app, lane_worker.SleepAsync
     else:

@@ -56,11 +56,6 @@ class QueueNotFoundError(BrokerError):
     """A queue does not exist; run ``shardq queues ensure`` or let the node create it."""
 
 
-class FleetError(ShardqError):
-    """The fleet's shared state cannot be read or written; the message says why and
-    what to do (usually: check the broker, or upgrade shardq on this machine)."""
-
-
 class LayoutError(ShardqError):
     """A reshard was refused, a layout item is damaged or too old to trust, or a class's
     ``shards`` disagrees with its recorded layout."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
 from shardq.core.errors import ConfigError
@@ -146,8 +146,6 @@ def default_queue_name(class_name: str) -> str:
     """``SyncOrder`` -> ``sync-order``; ``HTTPPing`` -> ``http-ping``."""
     return _CAMEL.sub("-", class_name).lower().replace("_", "-")
 
-
-SETTING_NAMES = tuple(f.name for f in fields(WorkerSettings) if f.name != "name")
 
 
 class WorkerLike(Protocol):
