@@ -156,7 +156,11 @@ class Node:
         self.failed = False
         self.signals = StopSignals(self.stopping)
         self._progress = Progress(
-            self.config.progress_seconds, self.tally, self.lags, self.leases.count, self.slots
+            self.config.progress_seconds,
+            self.tally,
+            self.lags,
+            self.leases.count,
+            lambda: (self.slots.in_use(), self.slots.concurrency),
         )
 
     def route(self, ref: ShardRef, entity: str) -> str:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
 
+from shardq.core.clock import Clock, monotonic
+
 if TYPE_CHECKING:
     from shardq.core.outcome import Tally
-    from shardq.run.slots import Slots
 
 log = structlog.get_logger("shardq.node")
 
@@ -24,15 +24,17 @@ class Progress:
         tally: Callable[[], Tally],
         lags: Callable[[], list[tuple[str, int, float]]],
         held: Callable[[], int],
-        slots: Slots,
+        slots: Callable[[], tuple[int, int]],
+        clock: Clock = monotonic,
     ) -> None:
+        """``slots``: (in use, concurrency)."""
         self._tally, self._lags, self._held, self._slots = tally, lags, held, slots
-        self._every = every
-        self._last = time.monotonic()
+        self._every, self._clock = every, clock
+        self._last = self._clock()
         self._done: dict[str, int] = {}
 
     def maybe_log(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if not self._every or now - self._last < self._every:
             return
         tally = self._tally()
@@ -44,13 +46,14 @@ class Progress:
             w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
         }
         lags = [lag for _, _, lag in self._lags()]
+        in_use, concurrency = self._slots()
         log.info(
             "node.progress",
             jobs_per_second=rates,
             done=sum(done.values()),
             max_lag=round(max(lags, default=0.0), 3),
             held=self._held(),
-            slots_in_use=self._slots.in_use(),
-            concurrency=self._slots.concurrency,
+            slots_in_use=in_use,
+            concurrency=concurrency,
         )
         self._last, self._done = now, done
