@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.api.worker import Worker
 from shardq.broker import Broker, broker_from_url
@@ -23,12 +23,12 @@ from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.core.middleware import Middleware
 from shardq.core.plan import Plan, make_plan
 from shardq.core.topology import morgue_queue, parse_name, shard_name, shard_queue
-from shardq.fleet import Fleet
 from shardq.publish import Publisher
-from shardq.reshard.layout_keeper import LayoutKeeper
-from shardq.run.node import Node
 from shardq.store import Store, store_for
 from shardq.store.layouts import Layouts
+
+if TYPE_CHECKING:
+    from shardq.run.node import Node
 
 W = TypeVar("W", bound=type[Worker])
 
@@ -155,8 +155,13 @@ class App:
         """A node of this app running ``plan`` (default: every shard on one node), with
         its part in reshards and, given ``membership`` (``elastic``/``static``), in a
         fleet. ``options``: those of :class:`~shardq.run.node.Node`."""
+        from shardq.fleet import Fleet  # a node's parts: imported by who runs one
+        from shardq.reshard.layout_keeper import LayoutKeeper
+        from shardq.run.node import Node
+
         fleet = None if membership is None else (lambda n: Fleet(n, elastic=membership == ELASTIC))
-        return Node(self, plan or self.plan(), keeper=LayoutKeeper, fleet=fleet, **options)
+        plan = self.plan() if plan is None else plan
+        return Node(self, plan, keeper=LayoutKeeper, fleet=fleet, **options)
 
     # -- config and broker -----------------------------------------------------
     @property

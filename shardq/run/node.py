@@ -98,10 +98,12 @@ class Node:
             interval=_lease_interval(app, plan, every_worker=self.elastic),
             on_broker_error=self._broker_error,
         )
+        #: Warns of jobs whose age nears their queue's retention.
+        self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
         self.intake = Intake(
             app.broker,
             self.leases,
-            OldJobs(app.broker, self.config.retention_warning_share),
+            self.old_jobs,
             self.pool,
             fail=self.fail,
             broker_error=self._broker_error,
