@@ -1,13 +1,11 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
 
 Each **lane** (:mod:`shardq.run.lane`) owns its shards alone: its scheduler picks the
-next shard, it hands that shard's batch, entity by entity, to the node's execution
-slots (:mod:`shardq.run.slots`: up to ``concurrency`` jobs at once, one entity in one
-slot at a time, in order) while its next receives are in flight, and hands shards
-that look empty to the node's idle watch. Every received message is
-held by the node's :class:`~shardq.run.leases.Leases` until it is settled. An elastic
-node runs ``threads`` lanes and takes shards on and hands them back while it runs
-(:meth:`Node.add_shard`, :meth:`Node.drop_shard`, :mod:`shardq.run.ownership`).
+next shard, it hands that shard's batch, entity by entity, to the execution slots
+(:mod:`shardq.run.slots`) while its next receives are in flight, and hands shards that
+look empty to the idle watch. Every received message is held by the node's
+:class:`~shardq.run.leases.Leases` until it is settled. An elastic node takes shards on
+and hands them back while it runs (:mod:`shardq.run.ownership`).
 
 The node's own thread only watches: every quarter second it checks that every part
 is alive (a part that died stops the node with exit code 1: a node never keeps
