@@ -120,12 +120,12 @@ class LayoutKeeper:
         move = layout.moving
         assert move is not None
         seen = self.app.layouts.seen(worker, layout.gen, "switched")
+        if seen is None:
+            return
         held = self.node.leases.held()
         done = []
         for ref in self.node.shard_refs():
-            if ref.worker != worker or seen is None:
-                continue
-            if not rules.may_close(layout, ref.gen, ref.shard, seen, now):
+            if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
             queue = self.app.shard_queue(worker, ref.shard, ref.gen)
             mine = any(m.queue == queue for m in held)
@@ -192,7 +192,6 @@ class LayoutKeeper:
         return True
 
     def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
-
         def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:
             for gen, shard in shards:
                 layout = step(layout, gen, shard)
