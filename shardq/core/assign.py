@@ -1,12 +1,6 @@
-"""Which live node should hold each shard: a pure function of a fleet snapshot.
-
-With N live nodes, :func:`assign` gives every node floor or ceil of each worker's
-shards and of all shards; no assignment so balanced leaves more shards with their
-live holders (a holder over its quota of a worker keeps its lowest shard numbers;
-free shards go by rendezvous hashing to the nodes with room); the same snapshot gives
-the same answer in every process, and a balanced holding is returned as it is.
-``tests/test_assign.py`` checks each of these.
-"""
+"""Which live node should hold each shard: every node gets floor or ceil of each worker's
+shards and of all shards, with the fewest moves; holders over quota keep their lowest
+numbers; free shards go by rendezvous hashing. Deterministic (tests/test_assign.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ def assign(
     nodes: Sequence[str],
     holders: Mapping[ShardKey, str],
 ) -> dict[ShardKey, str]:
-    """The node that should hold each shard of ``shards`` (worker -> number of shards),
-    over the live ``nodes``, given who holds what now (``holders``; entries for unknown
-    workers, shards out of range or nodes not live are ignored). No nodes: ``{}``."""
+    """Shard -> node over the live ``nodes`` (none: ``{}``) given the current ``holders``
+    (entries for unknown workers, shards or nodes are ignored)."""
     counts = sorted((w, c) for w, c in shards.items() if c)
     live = sorted(set(nodes))
     if not live:
@@ -58,15 +51,9 @@ def _holdings(
 def _extras(
     counts: list[tuple[str, int]], live: list[str], held: dict[str, dict[str | None, list[int]]]
 ) -> dict[str, list[str]]:
-    """Worker -> the nodes that get ceil(S/N) of its shards rather than floor(S/N).
-
-    Each worker with S % N != 0 has that many extra places; over all workers every node
-    gets lo or lo + 1 of them (lo, k = divmod(sum, N); exactly k nodes get lo + 1), which
-    is what keeps the totals within one. A place is *wanted* by a node already holding
-    more than the floor: giving it there moves one shard less. The places are first dealt
-    round the nodes in turn, then moved along negative cycles (``_improve``) until the
-    number of wanted places given is the largest possible.
-    """
+    """Worker -> the nodes that get ceil(S/N) of its shards: S % N extra places, every
+    node lo or lo + 1 of them in all (totals within one); dealt round the nodes, then
+    moved until most go to nodes *wanting* them (holding over the floor: one move less)."""
     n = len(live)
     workers = [(worker, count) for worker, count in counts if count % n]
     rows = [count % n for _, count in workers]
@@ -84,18 +71,10 @@ def _extras(
 
 
 def _improve(picks: list[set[int]], wants: list[list[bool]], n: int, lo: int) -> None:
-    """Move extra places along negative cycles until none is left: then as many places
-    as can be are wanted ones (min-cost flow optimality).
-
-    ``picks[i]`` is the set of nodes with an extra place of worker ``i``. The residual
-    graph has the workers, the nodes and a hub: worker -> node takes a place (cost -1 if
-    wanted), node -> worker gives one back (+1 if wanted), node -> hub -> node moves a
-    place from a node with lo + 1 to one with lo. Turning a cycle around keeps every
-    count. Bellman-Ford runs over it from all vertices at once; each cycle among the
-    edges that last lowered a distance is negative and is turned around at once. A pass
-    that lowers nothing proves no negative cycle is left; each turn adds a wanted place,
-    so this ends.
-    """
+    """Turn negative cycles of the residual graph (workers, nodes, a hub; worker -> node
+    takes a place, -1 if wanted; node -> worker gives it back; node -> hub -> node moves
+    one between a node at lo + 1 and one at lo) found by Bellman-Ford until none is left:
+    min-cost flow optimality. Each turn adds a wanted place, so this ends."""
     m = len(picks)
     hub = m + n
     counts = [0] * n

@@ -1,13 +1,7 @@
-"""The live layout of each worker and its reshard transitions (pure).
+"""A worker's live layout (item ``layout/<Worker>``) and its reshard transitions, pure.
 
-Each worker's layout is one versioned item, ``layout/<Worker>`` (see
-:mod:`shardq.store.layouts`): generation ``gen`` with ``shards`` shards, a move in progress
-from an old generation (announced, switched, its old shards closing) and retired
-generations whose queues are not all deleted. Every transition is written by a
-conditional put; every wait is measured on the waiting process's own monotonic clock
-from when it observed a state. Procedure and guarantees: docs/operations.md,
-"Resharding a live worker".
-"""
+Each transition is written by a conditional put; each wait is measured on the waiting
+process's own monotonic clock (docs/operations.md, "Resharding a live worker")."""
 
 from __future__ import annotations
 
@@ -33,7 +27,7 @@ RUN, WAIT, RELAY = "run", "wait", "relay"
 
 @dataclass(frozen=True)
 class Move:
-    """A reshard in progress from generation ``gen`` with ``shards`` shards."""
+    """A reshard in progress from generation ``gen``; ``left``: old shards still open."""
 
     gen: int
     shards: int
@@ -43,13 +37,12 @@ class Move:
 
     @property
     def left(self) -> list[int]:
-        """Old shards not closed yet."""
         return [s for s in range(self.shards) if s not in self.closed]
 
 
 @dataclass(frozen=True)
 class Retired:
-    """An old generation whose move ended; ``deleted`` lists its queues gone."""
+    """An ended move's old generation; ``left``: its queues not deleted yet."""
 
     gen: int
     shards: int
@@ -72,7 +65,6 @@ class WorkerLayout:
 
     @property
     def state(self) -> str:
-        """``stable``, ``announced`` or ``switched``."""
         if self.moving is None:
             return "stable"
         return "switched" if self.moving.switched else "announced"
@@ -112,11 +104,10 @@ def _count(value: Any, low: int = 1) -> int:
     return value
 
 
-# -- transitions (pure: each is written by a conditional put on the version read) ----
+# -- transitions ------------------------------------------------------------------------
 def announce(
     layout: WorkerLayout, worker: str, shards: int, trust: float, by: str = ""
 ) -> WorkerLayout:
-    """``layout`` with a move to ``shards`` announced; :class:`LayoutError` if refused."""
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
         raise LayoutError(f"--shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
     if layout.moving is not None:
@@ -135,14 +126,13 @@ def announce(
 
 
 def switch(layout: WorkerLayout, gen: int) -> WorkerLayout:
-    """``layout`` with the move to ``gen`` switched (publishers send to it)."""
     if layout.moving is None or layout.gen != gen or layout.moving.switched:
         return layout
     return replace(layout, moving=replace(layout.moving, switched=True))
 
 
 def close(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
-    """``layout`` with old shard ``shard`` of ``gen`` closed; the last one retires ``gen``."""
+    """The last old shard closed retires ``gen``."""
     move = layout.moving
     if move is None or move.gen != gen or not move.switched or shard in move.closed:
         return layout
@@ -153,7 +143,6 @@ def close(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
 
 
 def deleted(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
-    """``layout`` after retired queue ``shard`` of ``gen`` was deleted."""
     kept = []
     for old in layout.retired:
         if old.gen == gen:
@@ -163,16 +152,14 @@ def deleted(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
     return replace(layout, retired=tuple(kept))
 
 
-# -- decisions (pure) ------------------------------------------------------------------
+# -- decisions --------------------------------------------------------------------------
 def may_switch(layout: WorkerLayout, observed: float, now: float) -> bool:
-    """Whether a process that observed the announce at ``observed`` may write the switch
-    at ``now`` (both on its own monotonic clock)."""
+    """Whether a process that observed the announce at ``observed`` may switch."""
     return layout.state == "announced" and now - observed >= layout.trust
 
 
 def may_close(layout: WorkerLayout, gen: int, shard: int, observed: float, now: float) -> bool:
-    """Whether old shard ``shard`` of ``gen`` may close once found empty, by a node
-    that observed the switch at ``observed``."""
+    """Whether an old shard found empty may close, by a node that saw the switch then."""
     move = layout.moving
     return (
         move is not None
@@ -184,14 +171,12 @@ def may_close(layout: WorkerLayout, gen: int, shard: int, observed: float, now: 
 
 
 def may_delete(observed: float, now: float, trust: float) -> bool:
-    """Whether a retired queue, observed retired at ``observed``, may go once empty."""
     return now - observed >= 2 * trust
 
 
 def route(layout: WorkerLayout, gen: int, shard: int, entity: str) -> str:
-    """What a node does with a job of ``entity`` received from shard ``shard`` of
-    generation ``gen``: :data:`RUN` it, :data:`WAIT` (hold it, in order, and look
-    again) or :data:`RELAY` it to the current generation."""
+    """:data:`RUN` a job of ``entity`` received from ``shard`` of ``gen``, :data:`WAIT`
+    (hold it, in order) or :data:`RELAY` it to the current generation."""
     move = layout.moving
     if gen == layout.gen:
         if move is not None and shard_for(entity, move.shards) not in move.closed:
@@ -205,7 +190,7 @@ def route(layout: WorkerLayout, gen: int, shard: int, entity: str) -> str:
 
 
 def publish_to(layout: WorkerLayout) -> tuple[int, int]:
-    """``(generation, shards)`` a job goes to: the old layout until the switch."""
+    """``(gen, shards)`` a job goes to: the old layout until the switch."""
     move = layout.moving
     if move is not None and not move.switched:
         return move.gen, move.shards

@@ -1,13 +1,5 @@
-"""A node's membership of its app's fleet, kept in the state store.
-
-Items: ``node/<id>``, the node's heartbeat (its version is the heartbeat counter, its
-value the node's report), rewritten every beat by a conditional put and deleted at a
-graceful leave; ``shard/<key>``, a shard's owner, written only when ownership changes
-(taken on the version read, freed by naming nobody, so versions only grow). Each
-round an elastic node reads both and applies :func:`shardq.core.fleet_rules.decide`. A
-node that cannot beat for nearly the expiry stops serving its shards first. The whole
-protocol: docs/deployment.md, "Running an elastic fleet".
-"""
+"""A node's membership of its app's fleet: ``node/<id>`` heartbeats and ``shard/<key>``
+owners in the state store, moved by conditional writes (docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -34,8 +26,8 @@ from shardq.core.fleet_rules import (
     parse_key,
     timing,
 )
-from shardq.core.layout import parse_name
 from shardq.core.plan import ShardRef
+from shardq.core.topology import parse_name
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
 
@@ -51,23 +43,8 @@ GONE_KEPT_SECONDS = 3600.0
 REFUSED_SECONDS = 30.0
 
 
-def read_beat(item: Item) -> Beat:
-    value = item.value
-    return Beat(
-        node=item.key[len(NODE_PREFIX) :],
-        counter=item.version,
-        mode=str(value.get("mode", ELASTIC)),
-        gone=str(value.get("gone", "") or ""),
-    )
-
-
-def read_owner(item: Item) -> Owner:
-    return Owner(item.key[len(SHARD_PREFIX) :], str(item.value.get("owner", "")), item.version)
-
-
 class Fleet:
-    """One node's membership: joined by the node, left after its shutdown sweep.
-    ``clock``: monotonic seconds (tests pass their own and call :meth:`step`)."""
+    """One node's membership; ``clock``: monotonic seconds (tests call :meth:`step`)."""
 
     def __init__(
         self,
@@ -100,8 +77,7 @@ class Fleet:
 
     # -- life -----------------------------------------------------------------------
     def join(self) -> None:
-        """Write the first heartbeat and start the thread. Store errors propagate
-        (the node does not start)."""
+        """Write the first heartbeat (a store error stops the node) and start the thread."""
         self._beat(self.clock())
         log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
         self._thread = threading.Thread(target=self._guard, name="shardq-fleet", daemon=True)
@@ -111,8 +87,7 @@ class Fleet:
         return self._stop.is_set() or self._thread is None or self._thread.is_alive()
 
     def leave(self) -> None:
-        """After the node's shutdown sweep (every job message settled): free every
-        shard, delete the heartbeat. The others take the shards at their next round."""
+        """After the node's shutdown sweep: free every shard, delete the heartbeat."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -122,12 +97,11 @@ class Fleet:
             self._owned.clear()
             self._draining.clear()
         for key, version in owned.items():
-            self._free(key, version)
-        self._delete(NODE_PREFIX + self.id, None)
+            self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
+        self._write(self.store.delete, NODE_PREFIX + self.id, version=None)
         log.info("fleet.left", node=self.id, released=len(owned))
 
     def held(self) -> list[str]:
-        """Keys of the shards this node owns."""
         with self._lock:
             return sorted({*self._owned, *self._draining})
 
@@ -141,7 +115,6 @@ class Fleet:
             self.node.fail("the fleet membership", exc)
 
     def step(self) -> None:
-        """One round: the heartbeat when due; for an elastic node, read and act."""
         now = self.clock()
         if now >= self._next_beat:
             try:
@@ -156,15 +129,18 @@ class Fleet:
             return
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
-            owners = [read_owner(i) for i in self.store.query_all(SHARD_PREFIX)]
+            owned = self.store.query_all(SHARD_PREFIX)
             items = self.store.query_all(NODE_PREFIX)
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
-        self._act(now, {o.key: o for o in owners}, items)
+        owners = {}
+        for i in owned:
+            key = i.key[len(SHARD_PREFIX) :]
+            owners[key] = Owner(key, str(i.value.get("owner", "")), i.version)
+        self._act(now, owners, items)
 
     def _beat(self, now: float) -> None:
-        """Bump the heartbeat counter (a conditional put on this node's version)."""
         key, report = NODE_PREFIX + self.id, self.report()
         try:
             item = self.store.put(key, report, version=self._version)
@@ -184,24 +160,28 @@ class Fleet:
         self._next_beat = now + self.beat_seconds
 
     def _act(self, now: float, owners: Mapping[str, Owner], items: list[Item]) -> None:
-        beats = {b.node: b for b in map(read_beat, items)}
+        by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
+        beats = {
+            n: Beat(n, i.version, str(i.value.get("mode", ELASTIC)), str(i.value.get("gone") or ""))
+            for n, i in by_key.items()
+        }
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
         live = live_nodes(beats, self._seen, now, self.expire_seconds) | {self.id}
-        by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         for node in expired(beats, self._seen, now, self.expire_seconds):
             if node != self.id:
                 self._mark_gone(by_key[node])
-        self._sweep_gone(beats, now)
+        for node, beat in beats.items():  # marked gone and still for an hour: delete
+            if beat.gone and now - self._seen[node][1] >= GONE_KEPT_SECONDS:
+                self._write(self.store.delete, NODE_PREFIX + node, version=beat.counter)
         self._refused = {k: t for k, t in self._refused.items() if now - t < REFUSED_SECONDS}
         with self._lock:
             busy = {*self._draining, *self._refused}
         serving = {ref.key for ref in self.node.shard_refs()}
         moves = decide(self.id, self._shards(), live, owners, serving, busy)
         for key in moves.lost:
-            owner = owners[key].node if key in owners else None
-            log.warning("fleet.shard_lost", shard=key, owner=owner)
+            log.warning("fleet.shard_lost", shard=key, owner=owners[key].node)
             with self._lock:
                 self._owned.pop(key, None)
             self.node.drop_shard(self._ref(key))
@@ -211,7 +191,7 @@ class Fleet:
                 self._owned.pop(key, None)
                 self._draining[key] = (done, version)
         for key, version in moves.purge.items():
-            self._delete(SHARD_PREFIX + key, version)
+            self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
             self._take(key, owners[key].version, write=False, now=now)
         for key, claim in moves.claim.items():
@@ -242,7 +222,7 @@ class Fleet:
             with self._lock:
                 self._owned.pop(key, None)
                 self._refused[key] = now
-            self._free(key, version)
+            self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
             return
         log.info("fleet.took", shard=key)
 
@@ -252,7 +232,7 @@ class Fleet:
             for key, _ in done:
                 del self._draining[key]
         for key, version in done:
-            self._free(key, version)
+            self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
             log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
@@ -269,12 +249,6 @@ class Fleet:
         except StoreError:
             return
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
-
-    def _sweep_gone(self, beats: Mapping[str, Beat], now: float) -> None:
-        """Delete the heartbeats marked gone that stood still for GONE_KEPT_SECONDS."""
-        for node, beat in beats.items():
-            if beat.gone and now - self._seen[node][1] >= GONE_KEPT_SECONDS:
-                self._delete(NODE_PREFIX + node, beat.counter)
 
     # -- the report -----------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -319,7 +293,6 @@ class Fleet:
 
     # -- helpers --------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:
-        """Shards of the live layout by generation name (``Orders``, ``Orders@2``)."""
         return {
             name: count
             for worker in self.app.workers
@@ -331,20 +304,12 @@ class Fleet:
         worker, gen = parse_name(name)
         return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
 
-    def _free(self, key: str, version: int) -> None:
-        """Free a shard: its owner item names nobody (a conditional write: versions keep
-        growing, so a stale version can never free a later owner's item)."""
+    def _write(self, call: Callable[..., object], *args: Any, version: int | None) -> None:
+        """A conditional write (free names nobody: versions keep growing, so a stale
+        version never frees a later owner's item); a conflict waits for the next round."""
         try:
-            self.store.put(SHARD_PREFIX + key, {"owner": ""}, version=version)
+            call(*args, version=version)
         except StoreConflict:
-            pass  # changed since read: the next round reads it again
-        except StoreError as exc:
-            log.warning("fleet.store_failed", error=str(exc))
-
-    def _delete(self, key: str, version: int | None) -> None:
-        try:
-            self.store.delete(key, version=version)
-        except StoreConflict:
-            pass  # changed since read: the next round reads it again
+            pass
         except StoreError as exc:
             log.warning("fleet.store_failed", error=str(exc))

@@ -1,10 +1,5 @@
-"""``shardq reshard WORKER --shards N``: change a live worker's number of shards.
-
-Creates the new generation's queues, announces the move and (unless ``--no-wait``)
-follows it, writing the switch once the trust window has passed on its own clock.
-The nodes do the rest, so killing this command leaves nothing half done. See
-:mod:`shardq.core.layout` and docs/operations.md.
-"""
+"""``shardq reshard WORKER --shards N``: create the new queues, announce the move, and
+follow it (writing the switch when due); the nodes do the rest (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -42,8 +37,7 @@ twice the trust window later. `shardq stats` shows a reshard in progress.
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a reshard stands: the layout read, and the move as `shardq stats` shows
-    it (old shards open, jobs in them, who serves them) while there is one."""
+    """The layout read, and the move as `shardq stats` shows it while there is one."""
 
     worker: str
     layout: WorkerLayout
@@ -55,9 +49,8 @@ class Progress:
 
 
 def start(app: App, worker: str, shards: int, *, by: str | None = None) -> WorkerLayout:
-    """Announce a move of ``worker`` to ``shards`` shards; returns the new layout. Raises
-    :class:`~shardq.core.errors.LayoutError` if refused (a reshard under way, same count,
-    out of range), before creating anything."""
+    """Announce a move of ``worker`` to ``shards`` shards; LayoutError if refused, before
+    creating anything."""
     app.worker(worker)
     trust = app.config.reshard_trust_seconds
     who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
@@ -75,8 +68,7 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
 
 
 def progress(app: App, worker: str) -> Progress:
-    """A fresh look at ``worker``'s reshard (one request per old queue); writes the
-    switch once ``trust`` has passed since this process observed the announce."""
+    """A fresh look at ``worker``'s reshard; writes the switch when due."""
     app.layouts.read(worker)
     layout = app.layouts.switch_if_due(worker)
     try:
@@ -93,18 +85,6 @@ def describe(p: Progress) -> str:
     if p.view is None:
         return f"{p.worker}: {p.layout.shards} shards (generation {p.layout.gen}); no reshard"
     return p.view.text()
-
-
-def follow(
-    app: App, worker: str, out: Callable[[str], None], every: float = FOLLOW_SECONDS
-) -> Progress:
-    """Print progress every ``every`` seconds until the move ends."""
-    while True:
-        p = progress(app, worker)
-        out(describe(p))
-        if p.done:
-            return p
-        time.sleep(every)
 
 
 # -- the command -------------------------------------------------------------------------
@@ -139,7 +119,12 @@ def _reshard(app: App, args: argparse.Namespace) -> int:
         return 0
     print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
     try:
-        follow(app, args.worker, lambda line: print(line, flush=True))
+        while True:
+            p = progress(app, args.worker)
+            print(describe(p), flush=True)
+            if p.done:
+                break
+            time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
         print("\nstopped following; the reshard goes on", file=sys.stderr)
         return 0

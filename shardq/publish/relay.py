@@ -1,9 +1,5 @@
-"""Relaying: jobs that reached a closed or retired shard go on to the current layout.
-
-A relayed job is sent, body unchanged, to its entity's shard of the current
-generation, then deleted where it was; its deduplication id comes from its message
-id, so a relay cut short and done again within SQS's 5 minutes is not sent twice.
-"""
+"""Relaying jobs that reached a closed or retired shard to the current layout, body
+unchanged; deduplicated by message id, so a relay done again is not sent twice."""
 
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ log = structlog.get_logger("shardq.layout")
 
 
 def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
-    """Send ``messages`` (in receive order) to the current layout of ``worker``.
-    Raises :class:`BrokerError` unless every one was accepted; the caller deletes
-    them only then (sending them again later is safe: see the module doc)."""
+    """Send ``messages`` (in receive order) to ``worker``'s current layout; BrokerError
+    unless every one was accepted (the caller deletes them only then)."""
     layout = app.layouts.cached(worker)
     by_queue: dict[str, list[Message]] = {}
     for m in messages:
@@ -41,18 +36,12 @@ def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
             result = app.broker.send_batch(queue, entries)
             if result.failed:
                 raise BrokerError(f"relaying {len(result.failed)} jobs to {queue} failed")
-    log.info(
-        "layout.relayed",
-        worker=worker,
-        jobs=len(messages),
-        to_gen=layout.gen,
-        detail="jobs that reached a closed shard of an old layout went to the current one",
-    )
+    log.info("layout.relayed", worker=worker, jobs=len(messages), to_gen=layout.gen)
 
 
 def holding(broker: Broker, queue: str) -> str:
-    """What ``queue`` still holds, "" if a receive finds it empty (the broker's counts,
-    approximate on SQS, may only veto). A queue that does not exist holds nothing."""
+    """What ``queue`` holds, "" if a receive finds it empty or it does not exist (the
+    broker's counts, approximate on SQS, may only veto)."""
     try:
         counts = broker.counts(queue)
         if counts.waiting or counts.in_flight:

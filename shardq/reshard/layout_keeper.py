@@ -1,11 +1,7 @@
-"""A node's part in a reshard (the procedure: :mod:`shardq.core.layout`).
-
-The ``shardq-layout`` thread reads every layout (more often while a reshard is under
-way), writes the switch once the trust window passed since it observed the announce,
-moves a static node's plan to the live layouts, closes the old shards it serves once
-allowed, settled and found empty (it relays from then on), and sweeps retired queues
-mapped to the shards it serves (relays late jobs, deletes each once empty).
-"""
+"""A node's part in a reshard (:mod:`shardq.core.layout`), in the ``shardq-layout`` thread:
+read the layouts, write the switch when due, move a static plan to the live layouts,
+close the old shards served here once settled and empty, and relay from then on, and
+relay from retired queues mapped here, deleting each once empty."""
 
 from __future__ import annotations
 
@@ -35,7 +31,7 @@ SWEEP_EVERY_SECONDS = 10.0
 
 
 class LayoutKeeper:
-    """See the module doc. Started by the node after its lanes; a daemon thread."""
+    """Started by the node after its lanes."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -57,7 +53,6 @@ class LayoutKeeper:
         return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
 
     def route(self, ref: ShardRef, entity: str) -> str:
-        """The executor's router: the layout's decision, or relay for a shard found empty."""
         if ref.key in self.relaying:
             return rules.RELAY
         return rules.route(self.app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
@@ -101,7 +96,6 @@ class LayoutKeeper:
 
     # -- static nodes: the plan over the live layout -----------------------------------
     def _sync_plan(self) -> None:
-        """Serve the shards of this node's plan over the live layouts, once they changed."""
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
         if layouts == self._versions:
             return
@@ -126,12 +120,12 @@ class LayoutKeeper:
         move = layout.moving
         assert move is not None
         seen = self.app.layouts.seen(worker, layout.gen, "switched")
+        if seen is None:
+            return
         held = self.node.leases.held()
         done = []
         for ref in self.node.shard_refs():
-            if ref.worker != worker or seen is None:
-                continue
-            if not rules.may_close(layout, ref.gen, ref.shard, seen, now):
+            if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
             queue = self.app.shard_queue(worker, ref.shard, ref.gen)
             mine = any(m.queue == queue for m in held)
@@ -145,8 +139,7 @@ class LayoutKeeper:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
 
     def _empty(self, queue: str) -> bool:
-        """Whether ``queue`` holds nothing: no retry hidden by this node, and a receive
-        finds nothing (:func:`shardq.publish.relay.holding`)."""
+        """No retry hidden here, and a receive finds nothing."""
         if self.node.leases.hidden(queue)[1]:
             return False
         try:
@@ -199,8 +192,6 @@ class LayoutKeeper:
         return True
 
     def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
-        """Write ``step`` (a transition) for each ``(gen, shard)`` in one conditional put."""
-
         def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:
             for gen, shard in shards:
                 layout = step(layout, gen, shard)

@@ -20,16 +20,12 @@ __all__ = [
     "StoreConflict",
     "StoreError",
     "store_for",
-    "store_parameters",
 ]
-
-#: The query parameters a ``dynamodb://`` store_url accepts.
 
 
 def store_for(config: Config, broker: Broker) -> Store:
-    """The store an app uses with ``broker``: DynamoDB if ``store_url`` says so or for
-    ``sqs://`` (in the SQS region and endpoint unless ``store_url`` names others), the
-    same SQLite file for the embedded broker, memory for ``memory://``."""
+    """DynamoDB for ``store_url`` or ``sqs://`` (SQS's region and endpoint by default),
+    the embedded broker's SQLite file, else memory."""
     from shardq.broker.sqlite import SqliteBroker
 
     if config.store_url is not None or broker.kind == "sqs":

@@ -1,11 +1,5 @@
-"""The state store: a few versioned items with compare-and-set.
-
-Fleet and layout state lives here, never in a message (SQS deletes messages older
-than the retention). Keys are ``<namespace>/<rest>``; values are JSON objects.
-Every write bumps an item's ``version`` (1 when new); :meth:`Store.put` writes only
-if the item is at ``version`` (None: absent), else :class:`StoreConflict`. One
-contract suite (``tests/test_store_contract.py``) runs on every implementation.
-"""
+"""The state store: versioned JSON items keyed ``<namespace>/<rest>``, with compare-and-set
+(every write bumps ``version``, 1 when new). Contract: tests/test_store_contract.py."""
 
 from __future__ import annotations
 
@@ -17,8 +11,7 @@ from typing import Any
 
 from shardq.core.errors import ShardqError
 
-#: Largest encoded value an item may hold (DynamoDB's item limit is 400 KB, keys
-#: and attribute names included).
+#: Largest encoded value (DynamoDB's item limit, 400 KB, counts keys and names too).
 MAX_VALUE_BYTES = 350 * 1024
 #: Longest key, in UTF-8 bytes (DynamoDB's limit for a sort key).
 MAX_KEY_BYTES = 1024
@@ -27,26 +20,21 @@ MAX_QUERY_ITEMS = 1000
 
 
 class StoreError(ShardqError):
-    """The state store could not be read or written; the message names the call.
-    Check the store (the DynamoDB table, or the embedded file) and try again."""
+    """The state store could not be read or written; the message names the call."""
 
 
 class StoreConflict(StoreError):
-    """A conditional write found the item changed (or present, or gone) since it was
-    read: read it again and decide again."""
+    """A conditional write found the item changed since it was read."""
 
 
 @dataclass(frozen=True)
 class Item:
-    """A stored item: its key, its value (a JSON object) and its version (>= 1)."""
-
     key: str
     value: Mapping[str, Any]
     version: int
 
 
 def namespace(key: str) -> tuple[str, str]:
-    """``"node/ab12"`` -> ``("node", "ab12")``; a key without a namespace is refused."""
     space, slash, rest = key.partition("/")
     if not slash or not space:
         raise ValueError(f"store key {key!r} has no namespace: use '<namespace>/<rest>'")
@@ -56,7 +44,6 @@ def namespace(key: str) -> tuple[str, str]:
 
 
 def encode(value: Mapping[str, Any]) -> str:
-    """The value as compact JSON; too large or not JSON raises ValueError."""
     try:
         text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -69,7 +56,6 @@ def encode(value: Mapping[str, Any]) -> str:
 
 
 def conflict(key: str, expected: int | None, current: int | None) -> str:
-    """The message of a failed compare-and-set."""
     want = "absent" if expected is None else f"at version {expected}"
     now = "absent" if current is None else f"at version {current}"
     return f"store item {key!r} was expected {want} but is {now}; read it again and decide again"
@@ -78,7 +64,6 @@ def conflict(key: str, expected: int | None, current: int | None) -> str:
 class Store(abc.ABC):
     """Versioned items with compare-and-set. Thread-safe."""
 
-    #: ``memory``, ``sqlite`` or ``dynamodb`` (for logs and views).
     kind: str = "store"
 
     @abc.abstractmethod
@@ -87,23 +72,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
-        """Write ``value`` if the item is at ``version`` (None: if it does not exist);
-        returns the item written (its version one higher). Raises StoreConflict."""
+        """Write ``value`` if the item is at ``version`` (None: absent), else StoreConflict."""
 
     @abc.abstractmethod
     def delete(self, key: str, *, version: int | None = None) -> bool:
-        """Delete the item (only at ``version`` if given: else StoreConflict); False if
-        there was none."""
+        """Delete the item (at ``version`` if given, else StoreConflict); False if none."""
 
     @abc.abstractmethod
     def query(
         self, prefix: str, *, start_after: str | None = None, limit: int = MAX_QUERY_ITEMS
     ) -> list[Item]:
-        """Items whose key starts with ``prefix`` (which includes its namespace and
-        slash), in key order, after ``start_after``, at most ``limit``."""
+        """Items under ``prefix`` (namespace included) in key order after ``start_after``."""
 
     def query_all(self, prefix: str) -> list[Item]:
-        """Every item under ``prefix`` (pages through :meth:`query`)."""
         items: list[Item] = []
         after: str | None = None
         while True:
@@ -114,9 +95,8 @@ class Store(abc.ABC):
             after = page[-1].key
 
     def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
-        """Create what the store keeps its items in, unless it exists; True if it was
-        created here. (The embedded and memory stores make theirs when opened.)"""
+        """Create the table unless it exists; True if created here (SQLite: when opened)."""
         return False
 
     def close(self) -> None:  # noqa: B027 - optional for implementations
-        """Release connections (optional)."""
+        pass

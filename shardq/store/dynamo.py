@@ -1,9 +1,5 @@
-"""The state store as one on-demand DynamoDB table (``{queue_prefix}shardq-state``).
-
-Partition key ``ns`` (the key's namespace), sort key ``key`` (the whole key, so an
-item keyed ``node/`` has a non-empty sort key), ``value`` (JSON text) and ``version``
-(a number). Reads and queries are strongly consistent; every write is conditional.
-"""
+"""The state store as one on-demand DynamoDB table: partition key ``ns`` (the namespace),
+sort key ``key`` (the whole key), ``value`` (JSON) and ``version``; consistent reads."""
 
 from __future__ import annotations
 
@@ -70,9 +66,7 @@ class DynamoStore(Store):
         try:
             yield
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            response: Any = (
-                getattr(exc, "response", None) or {}
-            )  # ClientError: the service's answer
+            response: Any = getattr(exc, "response", None) or {}  # ClientError's answer
             code = response.get("Error", {}).get("Code", "")
             if code == "ConditionalCheckFailedException":
                 old = response.get("Item")
@@ -158,8 +152,6 @@ class DynamoStore(Store):
         return items[:limit]
 
     def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
-        """Create the table (on demand) unless it exists and wait until it is ACTIVE;
-        True if it was created here."""
         created = False
         with self._call("CreateTable"):
             try:
@@ -189,8 +181,8 @@ def _key(key: str) -> dict[str, Any]:
 
 
 def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) -> bool:
-    """Whether a put failed its condition only because an earlier attempt of the same
-    call (retried after its answer was lost) wrote ``record``: the item holds it."""
+    """Whether a put failed its condition only because its own earlier attempt (whose
+    answer was lost) wrote ``record``."""
     retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
     found: Any = exc.response.get("Item")
     return retried and found is not None and all(found.get(k) == v for k, v in record.items())
@@ -201,7 +193,6 @@ def _item(found: Mapping[str, Any]) -> Item:
 
 
 def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:
-    """A write's condition: at ``version``, or absent (None; a delete: no condition)."""
     if version is None and exists:
         return {}
     condition: dict[str, Any] = {

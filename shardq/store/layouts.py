@@ -1,9 +1,6 @@
-"""An app's copies of its layouts (``layout/<Worker>`` items in the state store).
-
-Each copy remembers, on this process's monotonic clock, when it was read and when
-each state was first observed. A copy older than its layout's ``trust`` is never
-used to publish: :meth:`Layouts.get` reads again, and refuses if it cannot.
-"""
+"""An app's copies of its ``layout/<Worker>`` items, each with when (on this process's
+monotonic clock) it was read and each state first observed. A copy older than its
+``trust`` is never used to publish: :meth:`Layouts.get` refuses then."""
 
 from __future__ import annotations
 
@@ -22,8 +19,6 @@ from shardq.store.base import Store, StoreConflict
 
 
 class Registry(Protocol):
-    """What layouts read of an app: its config, store and workers' settings."""
-
     @property
     def config(self) -> Config: ...
     @property
@@ -41,7 +36,7 @@ PREFIX = "layout/"
 
 
 class Layouts:
-    """One app's view of its live layouts. Thread-safe; no I/O until first used."""
+    """Thread-safe; no I/O until first used."""
 
     def __init__(self, app: Registry, clock: Clock = monotonic) -> None:
         self._app = app
@@ -52,9 +47,8 @@ class Layouts:
 
     # -- reading -----------------------------------------------------------------------
     def get(self, worker: str) -> WorkerLayout:
-        """``worker``'s layout from a copy at most ``layout_refresh_seconds`` old. If it
-        cannot be read, a copy younger than its ``trust`` is used; an older one never:
-        :class:`LayoutError`."""
+        """From a copy at most ``layout_refresh_seconds`` old, else read; if that fails, a
+        copy younger than its ``trust``, else :class:`LayoutError`."""
         copy = self._copies.get(worker)
         if copy is not None and self.clock() - copy[2] <= self._app.config.layout_refresh_seconds:
             return copy[0]
@@ -79,20 +73,16 @@ class Layouts:
             return copy[0]
 
     def read(self, worker: str) -> WorkerLayout:
-        """Read ``worker``'s item now, recording it (the code's ``shards``) if absent.
-        Raises :class:`LayoutError` if the code disagrees with a never-resharded one."""
+        """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
         self._app.worker(worker)
         store, key = self._app.store, PREFIX + worker
-        while True:
-            item = store.get(key)
-            if item is not None:
-                break
-            code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+        code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+        item = store.get(key)
+        while item is None:
             try:
                 item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
-                break
-            except StoreConflict:
-                continue  # another process recorded it first: read theirs
+            except StoreConflict:  # another process recorded it first: read theirs
+                item = store.get(key)
         layout = self._keep(worker, WorkerLayout.from_value(worker, item.value), item.version)
         self.check(worker, layout)
         return layout
@@ -111,9 +101,7 @@ class Layouts:
             )
 
     def refresh(self) -> dict[str, WorkerLayout]:
-        """Read every layout item of the app's workers now (one query), recording the
-        missing ones. :class:`StoreError` if the store cannot be read, :class:`LayoutError`
-        if a class's ``shards`` disagrees with its recorded layout (the copies are kept)."""
+        """Read every layout of the app's workers now (one query), as :meth:`read`."""
         found = {}
         for item in self._app.store.query_all(PREFIX):
             worker = item.key[len(PREFIX) :]
@@ -128,18 +116,11 @@ class Layouts:
         return found
 
     def cached(self, worker: str) -> WorkerLayout:
-        """``worker``'s layout from the copy in hand (no request): generation 0 with the
-        code's shards before the first read."""
+        """The copy in hand (no request); the code's shards before the first read."""
         copy = self._copies.get(worker)
         return copy[0] if copy is not None else WorkerLayout(0, self._app.settings(worker).shards)
 
-    def age(self, worker: str) -> float:
-        """Seconds since ``worker``'s copy was read (infinite before the first read)."""
-        copy = self._copies.get(worker)
-        return float("inf") if copy is None else self.clock() - copy[2]
-
     def seen(self, worker: str, gen: int, state: str) -> float | None:
-        """When this process first observed ``worker`` in ``state`` of generation ``gen``."""
         return self._seen.get((worker, gen, state))
 
     def moving(self) -> bool:
@@ -148,8 +129,7 @@ class Layouts:
 
     # -- writing -----------------------------------------------------------------------
     def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
-        """Apply ``change`` to ``worker``'s layout by a conditional put on the version
-        read (read again and decide again on a conflict)."""
+        """Apply ``change`` by a conditional put on the version read (again on a conflict)."""
         self.read(worker)
         store, key = self._app.store, PREFIX + worker
         for _ in range(20):
@@ -166,8 +146,7 @@ class Layouts:
         raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
 
     def switch_if_due(self, worker: str) -> WorkerLayout:
-        """Write the switch of ``worker``'s announced move once its trust window has
-        passed since this process observed the announce; the layout in hand."""
+        """Write the switch once the trust window passed since this process saw the announce."""
         layout = self.cached(worker)
         seen = self.seen(worker, layout.gen, "announced")
         if seen is None or not may_switch(layout, seen, self.clock()):
@@ -189,7 +168,6 @@ class Layouts:
         return layout
 
     def forget(self) -> None:
-        """Drop the copies in hand (the app's config, broker or store changed)."""
         with self._lock:
             self._copies.clear()
             self._seen.clear()

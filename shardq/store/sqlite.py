@@ -1,9 +1,5 @@
-"""The state store as one table (``shardq_state``) in the embedded broker's file, or
-in memory (tests, ``memory://`` apps).
-
-Safe for several threads (one connection behind a lock) and several processes (WAL
-journal, a 30 s busy timeout, every write one ``BEGIN IMMEDIATE`` transaction).
-"""
+"""The state store as the table ``shardq_state`` of the embedded broker's file, or in
+memory; one connection behind a lock, WAL, each write one ``BEGIN IMMEDIATE``."""
 
 from __future__ import annotations
 
@@ -26,8 +22,6 @@ _SCHEMA = (
 
 
 class SqliteStore(Store):
-    """Items in the table ``shardq_state`` of the SQLite file ``path``."""
-
     kind = "sqlite"
 
     def __init__(self, path: str) -> None:
@@ -110,8 +104,6 @@ class SqliteStore(Store):
 
 
 class MemoryStore(SqliteStore):
-    """The same engine on an in-memory database: no file, nothing shared."""
-
     kind = "memory"
 
     def __init__(self) -> None:
