@@ -1,10 +1,5 @@
-"""``shardq morgue list | requeue | purge``: every dead job of a worker, from the store.
-
-All three take the same filters (``--entity``, ``--id``, ``--error-type``,
-``--since``/``--until``); ``requeue`` and ``purge`` need at least one of them or an
-explicit ``--all``. ``list`` pages with ``--limit`` and ``--after CURSOR`` (the cursor
-of the next page is printed on stderr).
-"""
+"""``shardq morgue list | requeue | purge``: a worker's dead jobs, from the store, with
+the same filters; ``requeue`` and ``purge`` need a filter or ``--all``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The dashboard's morgue API: a page of dead jobs as JSON, and requeue or purge of a
-selection, with the checks on what a request may ask.
-
-``GET /api/v1/morgue/<worker>?entity=&error_type=&since=&until=&limit=&after=`` is
-:func:`morgue_page`; ``POST .../requeue`` and ``.../purge`` are :func:`morgue_act`.
-"""
+"""The dashboard's morgue API: a page of dead jobs (:func:`morgue_page`), and requeue or
+purge of a selection (:func:`morgue_act`)."""
 
 from __future__ import annotations
 

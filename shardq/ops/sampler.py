@@ -1,20 +1,8 @@
-"""The dashboard's background sample: the stats, the fleet, and throughput.
-
-Every ``refresh`` seconds one thread reads the stats (:func:`shardq.ops.stats.collect`,
-which reads the fleet items too), and in between the fleet items alone every
-second (:data:`FLEET_REFRESH`); requests only read the latest sample, so
-clients never make the broker busier. Throughput is jobs finished (succeeded or
-moved to the morgue) per minute, kept 30 minutes, from one source:
-
-* ``broker``: the embedded broker counts deleted jobs: per worker, exact.
-* ``scrape`` (``--scrape URL``, on SQS): per worker, the change of each node's
-  ``shardq_jobs_total``. A node that does not answer is left out of the figures and
-  named in ``throughput_excludes`` until it answers again.
-* ``reports`` (SQS without ``--scrape``): the total only, the sum of the live nodes'
-  reported jobs per second (their reports carry no per-worker rate). Nodes gone in
-  the window are named in ``throughput_excludes``.
-* none: SQS, no ``--scrape`` and no node ever reported.
-"""
+"""The dashboard's background sample: the stats every ``refresh`` seconds, the fleet items
+alone every second in between, and throughput (jobs finished per minute, 30 minutes) from
+one source: ``broker`` (embedded: exact, per worker), ``scrape`` (``--scrape URL`` on SQS:
+each node's ``shardq_jobs_total``), ``reports`` (SQS: the total of the live nodes'
+reports) or none. Requests only read the latest sample."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which dead jobs a requeue or purge acts on, said the same way by the JSON API and
-the ``shardq morgue`` options: an entity, message ids, an error type, a time range,
-several of them, or all of them, and "all" only when said explicitly. Anything else
-is refused before a job is touched.
-"""
+"""Which dead jobs a requeue or purge acts on, said the same way by the JSON API and the
+``shardq morgue`` options; "all" only when said explicitly, anything unclear refused."""
 
 from __future__ import annotations
 
