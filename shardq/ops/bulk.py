@@ -158,12 +158,7 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
 
 
 def _not_published(
-    lines: Sequence[Line],
-    sent: int,
-    failed: list[int],
-    rest: int,
-    reason: str,
-    gaps: list[int],
+    lines: Sequence[Line], sent: int, failed: list[int], rest: int, reason: str, gaps: list[int]
 ) -> BulkPublishError:
     missing = failed + [line.number for line in lines[rest:]]
     text = (
