@@ -15,7 +15,7 @@ from shardq.core.errors import ConfigError, ShardqError
 from shardq.core.tables import table
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
-from shardq.ops.selection import TIME_FORMS, Selection, SelectionError, act, parse_time
+from shardq.ops.selection import DONE, TIME_FORMS, Selection, act, parse_range
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 #: Most dead jobs one ``list`` prints.
@@ -94,16 +94,9 @@ def add_morgue(
 def _list(app: App, args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= MAX_LIST:
         raise ConfigError(f"--limit must be from 1 to {MAX_LIST}, got {args.limit}")
-    try:
-        where = Filter(
-            args.entity,
-            args.error_type,
-            None if args.since is None else parse_time("--since", args.since),
-            None if args.until is None else parse_time("--until", args.until),
-            None if args.ids is None else frozenset(args.ids),
-        )
-    except SelectionError as exc:
-        raise ConfigError(str(exc)) from None
+    since, until = parse_range(args.since, args.until, "--")
+    ids = None if args.ids is None else frozenset(args.ids)
+    where = Filter(args.entity, args.error_type, since, until, ids)
     morgue = Morgue(app, args.worker)
     page = morgue.page(where, args.limit, args.after)
     if args.json:
@@ -147,19 +140,11 @@ def _requeue(app: App, args: argparse.Namespace) -> int:
     def refuse(record: MorgueRecord, why: str) -> None:
         refused[record.message_id] = (record, why)
 
-    done = [0]
-    with Progress("requeued") as progress:
-
-        def tell(n: int) -> None:
-            done[0] = n
-            progress(n)
-
-        try:
-            act(app, worker, "requeue", selection, tell, refuse)
-        except (KeyboardInterrupt, ShardqError) as exc:
-            return _interrupted("requeue", worker, done[0], exc)
+    done, stopped = _act(app, worker, "requeue", selection, refuse)
+    if stopped is not None:
+        return stopped
     print(
-        f"requeued {plural(done[0], f'dead {worker} job')}{selection.scope()}, each at the "
+        f"requeued {plural(done, f'dead {worker} job')}{selection.scope()}, each at the "
         "tail of its entity's jobs",
         file=sys.stderr,
     )
@@ -185,25 +170,35 @@ def _purge(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
+    done, stopped = _act(app, worker, "purge", selection)
+    if stopped is not None:
+        return stopped
+    print(f"purged {plural(done, f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _act(
+    app: App, worker: str, action: str, selection: Selection, refuse: Any = None
+) -> tuple[int, int | None]:
+    """Requeue or purge with a progress line: how many, and the exit code if it stopped."""
     done = [0]
-    with Progress("purged") as progress:
+    with Progress(DONE[action]) as progress:
 
         def tell(n: int) -> None:
             done[0] = n
             progress(n)
 
         try:
-            act(app, worker, "purge", selection, tell)
+            act(app, worker, action, selection, tell, refuse)
         except (KeyboardInterrupt, ShardqError) as exc:
-            return _interrupted("purge", worker, done[0], exc)
-    print(f"purged {plural(done[0], f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
-    return EXIT_OK
+            return done[0], _interrupted(action, worker, done[0], exc)
+    return done[0], None
 
 
 def _interrupted(action: str, worker: str, done: int, exc: BaseException) -> int:
     """Say what an interrupted requeue or purge did, and what is left."""
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
-    verb = "requeued" if action == "requeue" else "purged"
+    verb = DONE[action]
     last = (
         " (up to 10 jobs of the last batch may have been sent and still be listed: check "
         "them with `shardq morgue list` first)"

@@ -23,6 +23,7 @@ from shardq.core.errors import BrokerError, ConfigError, ShardqError
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
 from shardq.core.terminal import plural
+from shardq.core.version import VERSION
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
 from shardq.ops.early import EarlyStop
@@ -114,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
     )
-    parser.add_argument("--version", action="version", version=f"shardq {_version()}")
+    parser.add_argument("--version", action="version", version=f"shardq {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser(
@@ -303,9 +304,3 @@ def _print_summary(node: Any, elapsed: float) -> None:
                 f"  {tally.morgued.get(w, 0):>7}",
                 file=sys.stderr,
             )
-
-
-def _version() -> str:
-    from shardq.core.version import VERSION as __version__
-
-    return __version__

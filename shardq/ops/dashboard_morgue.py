@@ -12,7 +12,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
-from shardq.ops.selection import Selection, SelectionError, act, parse_time
+from shardq.ops.selection import DONE, Selection, SelectionError, act, parse_range
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -52,7 +52,7 @@ def morgue_act(
     with lock:
         n = act(app, morgue.worker, action, selection)
     log.info(f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(), count=n)
-    return {"requeued" if action == "requeue" else "purged": n}
+    return {DONE[action]: n}
 
 
 def _record_dict(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
@@ -87,15 +87,10 @@ def _param(query: dict[str, list[str]], name: str) -> str | None:
 def _filter(query: dict[str, list[str]]) -> Filter:
     """The morgue listing's search: entity, error type, time range."""
     try:
-        since, until = _param(query, "since"), _param(query, "until")
-        return Filter(
-            entity=_param(query, "entity"),
-            error_type=_param(query, "error_type"),
-            since=None if since is None else parse_time("since", since),
-            until=None if until is None else parse_time("until", until),
-        )
+        since, until = parse_range(_param(query, "since"), _param(query, "until"))
     except SelectionError as exc:
         raise HttpError(400, str(exc)) from None
+    return Filter(_param(query, "entity"), _param(query, "error_type"), since, until)
 
 
 def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:

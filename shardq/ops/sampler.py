@@ -17,7 +17,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.ops.fleet_view import FleetView, fleet_view
-from shardq.ops.stats import collect, live_shards, read_fleet
+from shardq.ops.stats import KNOWS_AGES, collect, live_shards, read_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -116,7 +116,7 @@ class Sampler:
         rates: dict[str, float] | None = None
         total: float | None = None
         excludes: list[dict[str, Any]] = []
-        if data["broker"] in ("sqlite", "memory") or any(d is not None for d in done):
+        if data["broker"] in KNOWS_AGES or any(d is not None for d in done):
             source = "broker"  # a queue not created yet has done None: nothing done
             counts = {
                 name: float(sum(s["done"] or 0 for s in w["shards"]))
@@ -133,10 +133,7 @@ class Sampler:
         elif stats.fleet.reported:
             source = "reports"
             total = stats.fleet.jobs_per_second * 60.0
-            excludes = [
-                {"node": g.report.node, "since": g.gone_at, "reason": g.reason}
-                for g in stats.fleet.gone_since(now - WINDOW)
-            ]
+            excludes = stats.fleet.excludes(now - WINDOW)
         else:
             source = None
         if rates is not None:
