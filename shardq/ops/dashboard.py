@@ -286,24 +286,18 @@ def make_server(
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
 
 
-def serve(
-    app: App,
-    host: str = "127.0.0.1",
-    port: int = 8642,
-    token: str | None = None,
-    refresh: float = 5.0,
-    scrape: Iterable[str] = (),
-) -> None:
-    """Serve the dashboard until Ctrl-C or SIGTERM."""
-    urls = list(scrape)
-    server = make_server(app, host, port, token=token, refresh=refresh, scrape=urls)
+def serve(app: App, **options: Any) -> None:
+    """Serve the dashboard (``options`` as :func:`make_server` takes them) until Ctrl-C
+    or SIGTERM."""
+    server = make_server(app, **options)
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     server.start()
-    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=len(urls))
+    scrape = len(server.sampler.scrape)
+    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=scrape)
     try:
         while not stop.wait(0.5):
             pass

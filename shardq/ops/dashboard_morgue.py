@@ -41,9 +41,8 @@ def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str,
 def morgue_act(
     app: App, worker: str, action: str, body: Callable[[], Any], lock: threading.Lock
 ) -> dict[str, int]:
-    """Requeue or purge the dead jobs the request's body (read by ``body`` once the
-    worker is known) selects, one action at a time under ``lock``: ``{"requeued": N}``
-    or ``{"purged": N}``."""
+    """Requeue or purge what the body (read once the worker is known) selects, one
+    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
     morgue = Morgue(app, worker)
     try:
         selection = Selection.from_body(body())

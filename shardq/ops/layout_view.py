@@ -147,10 +147,8 @@ def layout_view(
     owners: Mapping[int, str | None] | None = None,
     last_held: Mapping[int, str] | None = None,
 ) -> LayoutView:
-    """The view of ``worker``'s ``layout``; ``old_jobs`` counts the jobs in the old
-    generation's queues during a move; ``owners`` gives the node holding each old shard
-    (None: held by nobody), if known, and ``last_held`` the node not live now that held
-    an old shard nobody holds."""
+    """The view of ``worker``'s ``layout``, with the jobs in its old generation's queues,
+    the node holding each old shard (None: nobody) and the one that held it last, if known."""
     move = layout.moving
     reshard = None
     if move is not None:

@@ -69,10 +69,8 @@ DONE = {"requeue": "requeued", "purge": "purged"}
 
 @dataclass(frozen=True)
 class Selection:
-    """The dead jobs a requeue or purge acts on: those matching every filter given
-    (entity, message ids, error type, time range), or every one (``everything``).
-    "Every one" is only ever said explicitly: no selection, an unknown key or a
-    contradiction is refused."""
+    """The dead jobs a requeue or purge acts on: those matching every filter given, or
+    every one (``everything``, only ever said explicitly)."""
 
     entity: str | None = None
     message_ids: tuple[str, ...] | None = None

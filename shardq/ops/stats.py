@@ -108,10 +108,8 @@ class Stats:
 
 
 def collect(app: App) -> Stats:
-    """Read the layouts, the counts of every shard queue of the workers' live
-    layouts, the morgue's size in the store (plus any old morgue queue), and the fleet
-    items (state store) for each shard's owner (and lag, where the broker cannot tell
-    it)."""
+    """Read the layouts, every live shard queue's counts, the morgues' sizes and the fleet
+    items (each shard's owner, and its lag where the broker cannot tell it)."""
     now = time.time()
     try:
         app.layouts.refresh()
@@ -204,15 +202,9 @@ def _shard_stats(
         lag = None
     else:
         lag = max(0.0, now - counts.oldest_sent_at)
+    owner = fleet.owner(name, shard, gen)
     return ShardStats(
-        shard,
-        queue,
-        counts.waiting,
-        counts.in_flight,
-        lag,
-        counts.deleted_total,
-        fleet.owner(name, shard, gen),
-        gen,
+        shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total, owner, gen
     )
 
 

@@ -97,13 +97,8 @@ _draining = threading.local()
 
 
 def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
-    """Run every queued job of every worker in this thread until none is left.
-
-    Jobs run in order per entity, in batches as on a node; failures are retried
-    (without waiting out retry delays) until they succeed or reach the morgue.
-    Jobs published by ``perform`` are run too. Raises :class:`ShardqError` if more
-    than ``max_runs`` outcomes happen (a job that never stops retrying).
-    """
+    """Run every queued job (and those they publish) in this thread, in order per entity,
+    retrying at once, until none is left; ShardqError after ``max_runs`` outcomes."""
     result = DrainResult()
     pool = ThreadPoolExecutor(1, "shardq-drain")
     leases = Leases(app.broker, pool, interval=0.5)
