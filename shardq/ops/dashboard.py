@@ -23,7 +23,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
-from shardq.ops.dashboard_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.admin_morgue import ACTIONS, HttpError, morgue_act, morgue_page
 from shardq.ops.sampler import Sampler, SampleUnavailable
 
 log = structlog.get_logger("shardq.dashboard")
