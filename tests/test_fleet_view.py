@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from shardq.ops.fleet_text import fleet_lines, nodes_text
-from shardq.ops.fleet_view import NOT_REPORTING, fleet_view, key_order, read_fleet
+from shardq.ops.fleet_view import (
+    NOT_REPORTING,
+    fleet_lines,
+    fleet_view,
+    key_order,
+    nodes_text,
+    read_fleet,
+)
 from shardq.store import MemoryStore
 from tests.fleet_items import heartbeat
 

@@ -147,7 +147,6 @@ def default_queue_name(class_name: str) -> str:
     return _CAMEL.sub("-", class_name).lower().replace("_", "-")
 
 
-
 class WorkerLike(Protocol):
     """What running and publishing use of a worker class (:class:`shardq.Worker`)."""
 

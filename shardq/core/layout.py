@@ -11,9 +11,7 @@ from typing import Any
 
 from shardq.core.errors import LayoutError
 from shardq.core.jobs import MAX_SHARDS
-from shardq.core.topology import parse_name as parse_name
 from shardq.core.topology import shard_for
-from shardq.core.topology import shard_name as shard_name
 
 #: Default of the config's ``reshard_trust_seconds``: how long a copy is trusted.
 TRUST_SECONDS = 60.0

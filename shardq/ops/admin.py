@@ -1,8 +1,5 @@
-"""Operations commands: ``stats``, ``nodes``, ``morgue``, ``publish``, ``queues ensure``,
-``dashboard``.
-
-Each works the same on the embedded broker and on SQS.
-"""
+"""The operations commands (``stats``, ``nodes``, ``morgue``, ``publish``, ``queues
+ensure``, ``dashboard``, ``reshard``), the same on the embedded broker and on SQS."""
 
 from __future__ import annotations
 
@@ -16,16 +13,18 @@ from typing import Any
 from shardq.api.app import App
 from shardq.core.envelope import refuse_constant
 from shardq.core.errors import ConfigError
+from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
 from shardq.core.terminal import plural
 from shardq.ops import bulk
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_text import NODES_JSON_HELP, fleet_lines, nodes_text
-from shardq.ops.fleet_view import fleet_view
-from shardq.ops.layout_text import layout_lines
-from shardq.ops.layout_view import reshards
+from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text
+from shardq.ops.layout_view import layout_lines, reshards
+from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
+from shardq.ops.reshard import reshard_command
 from shardq.ops.stats import (
+    Stats,
     backlog,
     collect,
     live_shards,
@@ -45,6 +44,33 @@ NO_REPORT = (
 
 Loader = Callable[[argparse.Namespace], App]
 RAW = argparse.RawDescriptionHelpFormatter
+NODES_JSON_HELP = """\
+--json prints {"time": T, "nodes": [NODE, ...], "gone": [NODE, ...], "unserved":
+["Worker:shard", ...] (shards of the live layout no live node serves), "no_live_node"
+(nodes ran before and none is live now)}, plus
+"reshards": [RESHARD, ...] while a reshard is in progress (times are Unix seconds;
+GET /api/v1/nodes on the dashboard answers the same):
+  NODE   {"node", "host", "pid", "mode" ("elastic" or "static"), "version",
+          "threads", "concurrency" (execution slots), "slots_in_use" (jobs
+          running now), "started", "seen" (its last heartbeat,
+          by its own clock), "shards" (how many it
+          holds), "held" (["Worker:shard", ...]; a shard of layout generation g > 0
+          is "Worker@g:shard"), "jobs_per_second", "done" (jobs since it started),
+          "retried", "failed" (jobs moved to the morgue), "by_worker" ({worker:
+          {"done", "retried", "failed"}}, since it started), "max_lag" (seconds)}
+  RESHARD  a reshard in progress: {"worker", "from", "to" (shards), "from_gen",
+          "to_gen", "trust", "phase" ("announced" or "switched"),
+          "old_shards_open", "old_shards", "open", "old_jobs" (waiting or in
+          flight in the old layout), "by", "unserved" (open old shards no live
+          node holds), "last_held" ({"shard": node gone that held it last}),
+          "stuck" (why it cannot end, or null)}
+  a gone NODE also has "gone_at", "reason" ("lease expired": its heartbeat stood
+  still for the lease on another node's clock; "not reporting": no live node is
+  left to judge and its last heartbeat is old) and "unserved" (shards it held that
+  no live node serves yet).
+Nodes write a heartbeat (their report) every lease_seconds/5 to the state store; a
+node that stops gracefully deletes it and is not listed. Gone nodes are shown an hour.
+"""
 
 
 def add_commands(
@@ -52,8 +78,10 @@ def add_commands(
 ) -> None:
     """Register the operations subcommands on the ``shardq`` parser."""
 
-    def command(name: str, help: str, examples: str, handler: Callable[..., int]) -> Any:
-        p = commands.add_parser(
+    def command(
+        name: str, help: str, examples: str, handler: Callable[..., int], parent: Any = commands
+    ) -> Any:
+        p = parent.add_parser(
             name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
         )
         common(p)
@@ -103,22 +131,23 @@ def add_commands(
 
     queues = commands.add_parser("queues", help="create or check the queues")
     qa = queues.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ensure_cmd = qa.add_parser(
+    ensure_cmd = command(
         "ensure",
-        formatter_class=RAW,
-        help="create missing queues and the state table; report settings that drifted",
-        description="Create every shard queue of the live layouts (after a reshard, not "
+        "create missing queues and the state table; report settings that drifted",
+        "  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n"
+        "  shardq queues ensure --prune   # also delete empty retired queues\n",
+        lambda app, args: ensure(app, with_prune=args.prune),
+        qa,
+    )
+    ensure_cmd.description = (
+        "Create every shard queue of the live layouts (after a reshard, not "
         "what the code's shards say) and every morgue queue that is missing, each keeping "
         "messages 14 days (the SQS maximum), and, for sqs://, the DynamoDB state table "
         "(waiting until it is ACTIVE); check the existing queues: FIFO, no content-based "
         "dedup, the worker's visibility timeout, the 14-day retention. "
-        "Exit 4 if any queue drifted.",
-        epilog="examples:\n  SHARDQ_BROKER_URL=sqs:// shardq queues ensure\n"
-        "  shardq queues ensure --prune   # also delete empty retired queues\n",
+        "Exit 4 if any queue drifted."
     )
-    common(ensure_cmd)
     ensure_cmd.add_argument("--prune", action="store_true", help=PRUNE_HELP)
-    ensure_cmd.set_defaults(handler=lambda args: _ensure(load(args), args))
 
     dash = command(
         "dashboard",
@@ -131,8 +160,7 @@ def add_commands(
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
     dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
-    dash.add_argument("--log-format", choices=("auto", "console", "json"))
-    dash.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    log_options(dash)
     dash.add_argument(
         "--scrape",
         action="append",
@@ -140,6 +168,24 @@ def add_commands(
         metavar="URL",
         help="a node's Prometheus metrics URL, for throughput on SQS (repeatable)",
     )
+    reshard = command(
+        "reshard",
+        "change a live worker's number of shards, keeping each entity's order",
+        RESHARD_EXAMPLES,
+        reshard_command,
+    )
+    reshard.description = "Change a live worker's number of shards while publishers and nodes run."
+    reshard.add_argument("worker", help="the worker class name")
+    reshard.add_argument(
+        "--shards", type=int, required=True, help=f"the new number (1..{MAX_SHARDS})"
+    )
+    reshard.add_argument("--no-wait", action="store_true", help="return once the reshard has begun")
+
+
+def log_options(p: argparse.ArgumentParser) -> None:
+    """``--log-format`` and ``--log-level`` (``shardq run`` and ``shardq dashboard``)."""
+    p.add_argument("--log-format", choices=("auto", "console", "json"))
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
 
 
 # -- handlers ---------------------------------------------------------------------
@@ -152,50 +198,31 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.json:
         return EXIT_OK
-    rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
-    for w in stats.workers:
-        rows.append(
-            (
-                w.name,
-                str(w.length),
-                str(w.in_flight),
-                str(w.morgue_length),
-                lag_cell(w.lag, w.unknown_lags),
-                optional(w.done),
-                "",
-            )
-        )
-        for s in w.shards:
-            rows.append(
-                (
-                    f"  [{s.shard}]" if s.gen == 0 else f"  [@{s.gen}:{s.shard}]",
-                    str(s.length),
-                    str(s.in_flight),
-                    "",
-                    lag_cell(s.lag, int(s.lag is None and s.length > 0)),
-                    optional(s.done),
-                    s.owner or "-",
-                )
-            )
-    total = stats.to_dict()["total"]
-    rows.append(
-        (
-            "total",
-            str(total["length"]),
-            str(total["in_flight"]),
-            str(total["morgue_length"]),
-            lag_cell(total["lag"], sum(w.unknown_lags for w in stats.workers)),
-            optional(total["done"]),
-            "",
-        )
-    )
-    print(table(rows, align="lrrrrrl"))
+    print(_stats_table(stats))
+    views = [w.layout for w in stats.workers if w.layout is not None]
     fleet = fleet_lines(stats.fleet, stats.lag_source, stats_backlog(stats))
-    for line in [*layout_lines(stats), *fleet]:
+    for line in [*layout_lines(views, stats.layout_error), *fleet]:
         print(line, file=sys.stderr)
     if stats.fleet_error:
         print(f"cannot read the fleet from the state store: {stats.fleet_error}", file=sys.stderr)
     return EXIT_OK
+
+
+def _stats_table(stats: Stats) -> str:
+    """A row per worker, then one per shard of it; the total last."""
+    rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
+
+    def add(name: str, c: dict[str, Any], unknown: int, owner: str = "") -> None:
+        counts = (str(c["length"]), str(c["in_flight"]), str(c.get("morgue_length", "")))
+        rows.append((name, *counts, lag_cell(c["lag"], unknown), optional(c["done"]), owner))
+
+    for w in stats.workers:
+        add(w.name, vars(w), w.unknown_lags)
+        for s in w.shards:
+            name = f"  [{s.shard}]" if s.gen == 0 else f"  [@{s.gen}:{s.shard}]"
+            add(name, vars(s), int(s.lag is None and s.length > 0), s.owner or "-")
+    add("total", stats.to_dict()["total"], sum(w.unknown_lags for w in stats.workers))
+    return table(rows, align="lrrrrrl")
 
 
 def lag_cell(lag: float | None, unknown: int) -> str:
@@ -266,10 +293,6 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
     n = bulk.publish_lines(app, worker, lines)
     print(f"published {plural(n, f'{worker} job')} from {source}", file=sys.stderr)
     return EXIT_OK
-
-
-def _ensure(app: App, args: argparse.Namespace) -> int:
-    return ensure(app, with_prune=args.prune)
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:

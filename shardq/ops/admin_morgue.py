@@ -1,10 +1,6 @@
-"""``shardq morgue list | requeue | purge``: every dead job of a worker, from the store.
-
-All three take the same filters (``--entity``, ``--id``, ``--error-type``,
-``--since``/``--until``); ``requeue`` and ``purge`` need at least one of them or an
-explicit ``--all``. ``list`` pages with ``--limit`` and ``--after CURSOR`` (the cursor
-of the next page is printed on stderr).
-"""
+"""A worker's dead jobs, from the store: ``shardq morgue list | requeue | purge`` (the
+same filters; ``requeue`` and ``purge`` need one or ``--all``), and the dashboard's
+``/api/v1/morgue`` API (:func:`morgue_page`, :func:`morgue_act`)."""
 
 from __future__ import annotations
 
@@ -12,20 +8,27 @@ import argparse
 import datetime as dt
 import json
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError
 from shardq.core.tables import table
 from shardq.core.terminal import Progress, plural
-from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
-from shardq.ops.selection import TIME_FORMS, Selection, SelectionError, act, parse_time
+from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
+from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, act, parse_range
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 #: Most dead jobs one ``list`` prints.
 MAX_LIST = 100_000
 RAW = argparse.RawDescriptionHelpFormatter
+log = structlog.get_logger("shardq.dashboard")
+MAX_RAW = 4000  # characters of an unreadable record the API shows
+MAX_LIMIT = 1000  # most dead jobs on one page of the API
+ACTIONS = {("POST", "requeue"), ("POST", "purge")}  # besides GET of a page
 
 EXAMPLES = {
     "list": "  shardq morgue list SyncOrder\n"
@@ -99,16 +102,9 @@ def add_morgue(
 def _list(app: App, args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= MAX_LIST:
         raise ConfigError(f"--limit must be from 1 to {MAX_LIST}, got {args.limit}")
-    try:
-        where = Filter(
-            args.entity,
-            args.error_type,
-            None if args.since is None else parse_time("--since", args.since),
-            None if args.until is None else parse_time("--until", args.until),
-            None if args.ids is None else frozenset(args.ids),
-        )
-    except SelectionError as exc:
-        raise ConfigError(str(exc)) from None
+    since, until = parse_range(args.since, args.until, "--")
+    ids = None if args.ids is None else frozenset(args.ids)
+    where = Filter(args.entity, args.error_type, since, until, ids)
     morgue = Morgue(app, args.worker)
     page = morgue.page(where, args.limit, args.after)
     if args.json:
@@ -152,19 +148,11 @@ def _requeue(app: App, args: argparse.Namespace) -> int:
     def refuse(record: MorgueRecord, why: str) -> None:
         refused[record.message_id] = (record, why)
 
-    done = [0]
-    with Progress("requeued") as progress:
-
-        def tell(n: int) -> None:
-            done[0] = n
-            progress(n)
-
-        try:
-            act(app, worker, "requeue", selection, tell, refuse)
-        except (KeyboardInterrupt, ShardqError) as exc:
-            return _interrupted("requeue", worker, done[0], exc)
+    done, stopped = _act(app, worker, "requeue", selection, refuse)
+    if stopped is not None:
+        return stopped
     print(
-        f"requeued {plural(done[0], f'dead {worker} job')}{selection.scope()}, each at the "
+        f"requeued {plural(done, f'dead {worker} job')}{selection.scope()}, each at the "
         "tail of its entity's jobs",
         file=sys.stderr,
     )
@@ -190,25 +178,35 @@ def _purge(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
+    done, stopped = _act(app, worker, "purge", selection)
+    if stopped is not None:
+        return stopped
+    print(f"purged {plural(done, f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _act(
+    app: App, worker: str, action: str, selection: Selection, refuse: Any = None
+) -> tuple[int, int | None]:
+    """Requeue or purge with a progress line: how many, and the exit code if it stopped."""
     done = [0]
-    with Progress("purged") as progress:
+    with Progress(DONE[action]) as progress:
 
         def tell(n: int) -> None:
             done[0] = n
             progress(n)
 
         try:
-            act(app, worker, "purge", selection, tell)
+            act(app, worker, action, selection, tell, refuse)
         except (KeyboardInterrupt, ShardqError) as exc:
-            return _interrupted("purge", worker, done[0], exc)
-    print(f"purged {plural(done[0], f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
-    return EXIT_OK
+            return done[0], _interrupted(action, worker, done[0], exc)
+    return done[0], None
 
 
 def _interrupted(action: str, worker: str, done: int, exc: BaseException) -> int:
     """Say what an interrupted requeue or purge did, and what is left."""
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
-    verb = "requeued" if action == "requeue" else "purged"
+    verb = DONE[action]
     last = (
         " (up to 10 jobs of the last batch may have been sent and still be listed: check "
         "them with `shardq morgue list` first)"
@@ -230,3 +228,87 @@ def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, An
     out["meta"] = dict(record.meta)
     out["payload"] = payload_of(record, signing_key)
     return out
+
+
+# -- the dashboard's JSON API ---------------------------------------------------------
+
+
+class HttpError(Exception):
+    """An answer other than 200: its status, and the ``Allow`` header of a 405."""
+
+    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.allow = status, allow
+
+
+def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str, Any]:
+    """``{"jobs": [...], "next": CURSOR or None, "size": N}``: the page of ``worker``'s
+    dead jobs the query's search, ``limit`` and ``after`` cursor select."""
+    morgue = Morgue(app, worker)
+    page = morgue.page(_filter(query), _int_param(query, "limit", 100), _param(query, "after"))
+    jobs = _records_json([_api_record(r, app.signing_key) for r in page.records])
+    return {"jobs": jobs, "next": page.next, "size": morgue.size()}
+
+
+def morgue_act(
+    app: App, worker: str, action: str, body: Callable[[], Any], lock: threading.Lock
+) -> dict[str, int]:
+    """Requeue or purge what the body (read once the worker is known) selects, one
+    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
+    morgue = Morgue(app, worker)
+    try:
+        selection = Selection.from_body(body())
+    except SelectionError as exc:
+        raise HttpError(400, str(exc)) from None
+    with lock:
+        n = act(app, morgue.worker, action, selection)
+    log.info(f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(), count=n)
+    return {DONE[action]: n}
+
+
+def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
+    """A dead job as the API shows it: a record that is not shardq's, or whose job body
+    cannot be read, is ``unreadable`` and shows its ``raw`` text."""
+    doc = record_dict(record, key)
+    unreadable = record.reason == REASON_UNREADABLE or doc["payload"] is None
+    return {**doc, "unreadable": unreadable, "raw": record.body[:MAX_RAW] if unreadable else None}
+
+
+def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``docs``, with any job whose payload JSON cannot carry (NaN, nested too deeply)
+    shown as unreadable instead."""
+    try:
+        json.dumps(docs, allow_nan=False)
+        return docs
+    except (ValueError, RecursionError):
+        pass
+    for doc in docs:
+        try:
+            json.dumps(doc["payload"], allow_nan=False)
+        except (ValueError, RecursionError):
+            doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
+    return docs
+
+
+def _param(query: dict[str, list[str]], name: str) -> str | None:
+    return query.get(name, [""])[-1] or None
+
+
+def _filter(query: dict[str, list[str]]) -> Filter:
+    """The morgue listing's search: entity, error type, time range."""
+    try:
+        since, until = parse_range(_param(query, "since"), _param(query, "until"))
+    except SelectionError as exc:
+        raise HttpError(400, str(exc)) from None
+    return Filter(_param(query, "entity"), _param(query, "error_type"), since, until)
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
+    text = query.get(name, [str(default)])[-1]
+    try:
+        value = int(text)
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise HttpError(400, f"{name} must be between 1 and {MAX_LIMIT}, got {value}")
+    return value

@@ -1,18 +1,8 @@
-"""Publishing many jobs from JSON lines (``shardq publish WORKER --file PATH``).
-
-One job per line: ``{"entity": "order-42", "payload": {...}}`` with optional
-``"dedup_id"`` (a string) and ``"meta"`` (an object); blank lines are skipped, any
-other key is refused. Every line is read and checked first (JSON, keys, entity id,
-payload, size), so a bad line publishes nothing and is named by its number. The jobs
-are then published in order, in batches; if the broker refuses some, publishing
-stops there (later jobs of their entities must not overtake them) and the report
-names exactly the lines that were not published.
-
-Ctrl-C (SIGINT) while publishing stops after the batch being sent and names the last
-line published and the first not published (:class:`PublishInterrupted`); a second
-Ctrl-C stops at once and names the lines whose batch was cut short, which may or may
-not have been published.
-"""
+"""``shardq publish WORKER --file PATH``: one job per JSON line (``entity``, ``payload``,
+optional ``dedup_id`` and ``meta``). Every line is checked first, so a bad line publishes
+nothing; jobs are then published in order, in batches, stopping at the first refused
+(later jobs of its entity must not overtake it). Errors, and Ctrl-C (the first stops after
+the batch being sent, a second at once), name the lines not published."""
 
 from __future__ import annotations
 
@@ -168,12 +158,7 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
 
 
 def _not_published(
-    lines: Sequence[Line],
-    sent: int,
-    failed: list[int],
-    rest: int,
-    reason: str,
-    gaps: list[int],
+    lines: Sequence[Line], sent: int, failed: list[int], rest: int, reason: str, gaps: list[int]
 ) -> BulkPublishError:
     missing = failed + [line.number for line in lines[rest:]]
     text = (

@@ -23,10 +23,10 @@ from shardq.core.errors import BrokerError, ConfigError, ShardqError
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
 from shardq.core.terminal import plural
-from shardq.ops.admin import add_commands
+from shardq.core.version import VERSION
+from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
 from shardq.ops.early import EarlyStop
-from shardq.ops.reshard import add_command as add_reshard
 from shardq.store import StoreError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -35,6 +35,19 @@ EXIT_INTERRUPTED = 128 + 2
 #: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
 EXIT_PIPE = 128 + 13
 
+#: The options that override the config file and the environment.
+OVERRIDES = (
+    "app",
+    "broker_url",
+    "queue_prefix",
+    "threads",
+    "concurrency",
+    "grace_seconds",
+    "log_format",
+    "log_level",
+    "metrics_port",
+    "metrics_host",
+)
 _EPILOG_RUN = """examples:
   shardq run                                     # join the app's elastic fleet
   shardq run --until-empty                       # process what is queued, then exit
@@ -102,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
     )
-    parser.add_argument("--version", action="version", version=f"shardq {_version()}")
+    parser.add_argument("--version", action="version", version=f"shardq {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser(
@@ -123,8 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         help="stop (exit 0) once every shard of the node is empty",
     )
     run.add_argument("--grace-seconds", type=float, help="time running jobs get at shutdown")
-    run.add_argument("--log-format", choices=("auto", "console", "json"))
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    log_options(run)
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     run.add_argument("--metrics-host", help="address of /metrics (default 127.0.0.1)")
     run.add_argument("--seed", type=int, help="seed the schedulers' lottery (reproducible runs)")
@@ -140,7 +152,6 @@ def _parser() -> argparse.ArgumentParser:
     _placement(plan, node_default=None)
     plan.set_defaults(handler=_plan)
     add_commands(commands, _common, lambda args: one_shot(load(args)[0]))
-    add_reshard(commands, _common, lambda args: one_shot(load(args)[0]))
     return parser
 
 
@@ -167,21 +178,7 @@ def _placement(
 
 def load(args: argparse.Namespace) -> tuple[App, Config]:
     """The config (file < env < flags) and the app it names, configured with it."""
-    overrides = {
-        key: getattr(args, key, None)
-        for key in (
-            "app",
-            "broker_url",
-            "queue_prefix",
-            "threads",
-            "concurrency",
-            "grace_seconds",
-            "log_format",
-            "log_level",
-            "metrics_port",
-            "metrics_host",
-        )
-    }
+    overrides = {key: getattr(args, key, None) for key in OVERRIDES}
     config = Config.load(args.config, overrides=overrides)
     app = load_app(config.app)
     if app.base_config is not None:
@@ -307,9 +304,3 @@ def _print_summary(node: Any, elapsed: float) -> None:
                 f"  {tally.morgued.get(w, 0):>7}",
                 file=sys.stderr,
             )
-
-
-def _version() -> str:
-    from shardq.core.version import VERSION as __version__
-
-    return __version__

@@ -1,28 +1,8 @@
-"""The web dashboard: one page (``static/dashboard.html``) and a JSON API, on the stdlib server.
-
-* ``GET /api/v1/stats``: :func:`shardq.ops.stats.collect` plus ``throughput`` (per worker
-  ``[[unix_time, jobs_per_minute], ...]`` over 30 minutes, or null), ``throughput_total``
-  (the same for all workers, or null), ``throughput_source`` (``broker``, ``scrape``,
-  ``reports`` or null), ``throughput_note`` and ``throughput_excludes`` (``[{"node",
-  "since", "reason"}]``: nodes the figures leave out); see :mod:`shardq.ops.sampler`.
-* ``GET /api/v1/nodes``: the live nodes and the nodes gone in the last hour, as
-  ``shardq nodes --json`` prints them (:meth:`shardq.ops.fleet_view.FleetView.to_json`).
-* ``GET /api/v1/morgue/<worker>?entity=&error_type=&since=&until=&limit=&after=``
-  answers ``{"jobs": [...], "next": CURSOR or null, "size": N}``: a page of dead jobs
-  in death order (pass ``after=CURSOR`` for the next one) and how many the worker has;
-  ``POST .../requeue`` and ``.../purge`` take ``{"message_ids": [...]}``,
-  ``{"entity": ...}``, ``{"error_type": ...}``, ``{"since": ..., "until": ...}`` (any
-  of them together) or ``{"all": true}``, with a Content-Length; anything else (no
-  body, an unknown key) is refused and changes nothing (:class:`shardq.ops.selection.Selection`).
-
-Any other method (PUT, DELETE, HEAD, ...), or a POST where only GET is served, is a
-JSON 405 whose ``Allow`` header names the methods served there.
-
-Stats and nodes come from a background sample (:class:`shardq.ops.sampler.Sampler`), never
-from a broker call per request. With a token, POSTs need ``Authorization: Bearer``;
-without one the server binds to loopback only, answers only a loopback ``Host`` (DNS
-rebinding) and refuses cross-origin POSTs.
-"""
+"""The web dashboard: one page (``static/dashboard.html``) and a JSON API on the stdlib
+server (the endpoints: docs/operations.md). Stats and nodes come from a background sample
+(:class:`shardq.ops.sampler.Sampler`), never a broker call per request. With a token,
+POSTs and dead jobs need ``Authorization: Bearer``; without one the server binds to
+loopback only, answers only a loopback ``Host`` and refuses cross-origin POSTs."""
 
 from __future__ import annotations
 
@@ -43,7 +23,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
-from shardq.ops.dashboard_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.admin_morgue import ACTIONS, HttpError, morgue_act, morgue_page
 from shardq.ops.sampler import Sampler, SampleUnavailable
 
 log = structlog.get_logger("shardq.dashboard")
@@ -306,24 +286,18 @@ def make_server(
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
 
 
-def serve(
-    app: App,
-    host: str = "127.0.0.1",
-    port: int = 8642,
-    token: str | None = None,
-    refresh: float = 5.0,
-    scrape: Iterable[str] = (),
-) -> None:
-    """Serve the dashboard until Ctrl-C or SIGTERM."""
-    urls = list(scrape)
-    server = make_server(app, host, port, token=token, refresh=refresh, scrape=urls)
+def serve(app: App, **options: Any) -> None:
+    """Serve the dashboard (``options`` as :func:`make_server` takes them) until Ctrl-C
+    or SIGTERM."""
+    server = make_server(app, **options)
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     server.start()
-    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=len(urls))
+    scrape = len(server.sampler.scrape)
+    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=scrape)
     try:
         while not stop.wait(0.5):
             pass

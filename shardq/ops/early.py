@@ -1,11 +1,5 @@
-"""The command line's first moments (its entry point is :mod:`shardq.__main__`).
-
-``shardq run`` may get SIGTERM while Python is still importing shardq (an orchestrator
-that scales in right after it scaled out). The handler is installed here, before
-anything heavy is imported, so such a node stops cleanly (exit 0, nothing lost)
-instead of dying of the signal. Only ``run`` gets it: other commands keep the usual
-Ctrl-C.
-"""
+"""The command line's first moments: ``shardq run`` may get SIGTERM while Python still
+imports shardq, so its handler is installed before anything heavy (only for ``run``)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,16 @@
-"""``shardq queues ensure``: create the queues of the live layouts, report drift.
-
-Creates every shard queue of each worker's live layout (the current generation and,
-during a reshard, the old one: see :mod:`shardq.core.layout`), each keeping messages 14
-days (the SQS maximum), and the DynamoDB state table of an ``sqs://`` app (the fleet,
-the layouts and the dead jobs live there, not in queues); checks the existing queues
-(FIFO, no content-based dedup, the worker's visibility timeout, the retention); moves
-the dead jobs of old morgue queues into the store and applies ``morgue_retention_days``
-(:mod:`shardq.morgue.migrate`); says which workers' code no longer gives the live
-number of shards; with ``--prune``, deletes retired queues (:mod:`shardq.reshard.prune`).
-"""
+"""``shardq queues ensure``: create the queues of the live layouts (the old generation's
+too during a reshard) and the DynamoDB state table of ``sqs://``, report queues that
+drifted, tend the morgue (:mod:`shardq.morgue.migrate`), and with ``--prune`` delete
+retired queues (:mod:`shardq.reshard.prune`)."""
 
 from __future__ import annotations
 
 import sys
 
 from shardq.api.app import App
-from shardq.core.layout import parse_name
 from shardq.core.limits import MAX_RETENTION_SECONDS
 from shardq.core.terminal import plural
+from shardq.core.topology import parse_name
 from shardq.morgue.migrate import tend
 from shardq.ops.layout_view import layout_view
 from shardq.reshard.prune import prune

@@ -1,34 +1,25 @@
-"""What operators see of a fleet: live nodes, nodes gone in the last hour, which node
-serves each shard with what lag, and the shards no live node serves.
-
-Built from the state store's fleet items (:mod:`shardq.fleet`): the heartbeats
-(``node/<id>``, each node's report) and the ownership items (``shard/<key>``).
-``shardq nodes``, ``shardq stats``, ``/api/v1/nodes`` and the dashboard show it.
-
-* A heartbeat that a live node marked gone (its counter stood still for the lease,
-  on that node's clock) is shown gone with the reason; a node that left gracefully
-  deleted its heartbeat and is not shown.
-* When no elastic node's heartbeat is recent by this machine's clock (nobody is left
-  to mark the others gone), a heartbeat older than :func:`stale_after` is shown
-  gone, ``not reporting``: for display only; nothing decides on it.
-* A shard's owner is the live node of its ownership item (a static node: the shards
-  its report lists); ``unserved`` lists the shards of the live layout no live node
-  serves. Their lag is unknown to the fleet (never 0): ``shardq stats`` shows the
-  broker's age of their oldest job where the broker knows it, and their backlog.
-"""
+"""The fleet as ``shardq nodes``, ``shardq stats`` and the dashboard show it, from the
+heartbeats (``node/<id>``) and ownership items (``shard/<key>``): live nodes, nodes gone
+in the last hour (marked gone by a live node, or not reporting: :func:`stale_after`),
+each shard's owner and reported lag, and the shards no live node serves (lag unknown)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core.errors import ConfigError
 from shardq.core.fleet_rules import ELASTIC, shard_keys
-from shardq.core.layout import parse_name, shard_name
+from shardq.core.tables import age, table, utc
+from shardq.core.terminal import plural
+from shardq.core.topology import parse_name, shard_name
 from shardq.store import Item, Store
 
 NOT_REPORTING = "not reporting"
+NO_LIVE_NODE = "no live node at all: no shard is served"
 COUNTS = ("done", "retried", "failed")
 GONE_KEPT_SECONDS = 3600.0
 
@@ -41,13 +32,11 @@ def shard_key(worker: str, shard: int, gen: int = 0) -> str:
 def key_order(key: str) -> tuple[str, int, int, str]:
     """Sort key for shard keys: by worker, generation, shard number."""
     name, _, shard = key.rpartition(":")
-    try:
+    with suppress(ConfigError):
         worker, gen = parse_name(name)
-    except ConfigError:
-        return (key, -1, -1, key)
-    if not (shard.isascii() and shard.isdigit()):
-        return (key, -1, -1, key)
-    return (worker, gen, int(shard), "")
+        if shard.isascii() and shard.isdigit():
+            return (worker, gen, int(shard), "")
+    return (key, -1, -1, key)
 
 
 @dataclass(frozen=True)
@@ -78,11 +67,9 @@ class NodeReport:
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
-        raw = v.get("lags")
-        raw = raw if isinstance(raw, dict) else {}
+        raw = v["lags"] if isinstance(v.get("lags"), dict) else {}
         lags = {str(k): float(x) for k, x in raw.items() if isinstance(x, (int, float))}
-        held = v.get("held")
-        held = held if isinstance(held, list) else []
+        held = v["held"] if isinstance(v.get("held"), list) else []
         return cls(
             node=node,
             host=str(v.get("host", "")),
@@ -107,15 +94,13 @@ class NodeReport:
 
 
 def stale_after(report: NodeReport) -> float:
-    """Seconds after its own time from which a heartbeat is shown ``not reporting``
-    when no live node judges it (three leases, at least a minute)."""
+    """Age from which a heartbeat no live node judges is ``not reporting`` (3 leases, >= 60 s)."""
     return max(60.0, 3 * report.expire)
 
 
 @dataclass(frozen=True)
 class GoneView:
-    """A node gone: its last report, when (the marker's clock) and why, and the shards
-    it held that no live node serves yet (``unserved``)."""
+    """A node gone: its last report, when (marker's clock), why, and its shards unserved."""
 
     report: NodeReport
     gone_at: float
@@ -137,8 +122,7 @@ class FleetView:
     lags: Mapping[str, float] = field(default_factory=dict)
     #: Keys of the live layout's shards no live node serves (when the layout was given).
     unserved: tuple[str, ...] = ()
-    #: Shard key -> the node not live (gone, or no longer reporting) that held it last,
-    #: for shards no live node serves.
+    #: Shard key -> the node not live now that held it last, for shards no live node serves.
     last_held: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -177,20 +161,19 @@ class FleetView:
     def gone_since(self, since: float) -> tuple[GoneView, ...]:
         return tuple(g for g in self.gone if g.gone_at >= since)
 
+    def excludes(self, since: float = -math.inf) -> list[dict[str, Any]]:
+        """``[{"node", "since", "reason"}]``: nodes gone since ``since``, left out of figures."""
+        return [
+            {"node": g.report.node, "since": g.gone_at, "reason": g.reason}
+            for g in self.gone_since(since)
+        ]
+
     def to_json(self) -> dict[str, Any]:
         """As ``shardq nodes --json`` prints it (and ``/api/v1/nodes`` answers)."""
         return {
             "time": self.time,
             "nodes": [_node_json(n) for n in self.nodes],
-            "gone": [
-                {
-                    **_node_json(g.report),
-                    "gone_at": g.gone_at,
-                    "reason": g.reason,
-                    "unserved": list(g.unserved),
-                }
-                for g in self.gone
-            ],
+            "gone": [_gone_json(g) for g in self.gone],
             "unserved": list(self.unserved),
             "no_live_node": self.no_live_node,
         }
@@ -273,7 +256,7 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return _opt_int(value) or 0
 
 
 def _worker_counts(value: Any) -> dict[str, dict[str, int]]:
@@ -292,6 +275,11 @@ def _opt_int(value: Any) -> int | None:
 def _float(value: Any) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if ok else 0.0
+
+
+def _gone_json(g: GoneView) -> dict[str, Any]:
+    gone = {"gone_at": g.gone_at, "reason": g.reason, "unserved": list(g.unserved)}
+    return {**_node_json(g.report), **gone}
 
 
 def _node_json(report: NodeReport) -> dict[str, Any]:
@@ -318,3 +306,92 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
     if report.slots_in_use is not None:
         data["slots_in_use"] = report.slots_in_use
     return data
+
+
+# -- as text -------------------------------------------------------------------------
+def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str:
+    """``shardq nodes``: the live nodes, then the nodes gone in the last hour, as tables."""
+    parts = [NO_LIVE_NODE]
+    if view.nodes:
+        parts[0] = _columns(
+            view.nodes,
+            ("node", "l", lambda n: n.node),
+            ("host", "l", lambda n: n.host),
+            ("pid", "l", lambda n: str(n.pid)),
+            ("mode", "l", lambda n: n.mode),
+            ("started (UTC)", "l", lambda n: utc(n.started)),
+            ("last seen", "r", lambda n: f"{age(max(0.0, view.time - n.seen))} ago"),
+            ("shards", "r", lambda n: str(len(set(n.held)))),
+            ("slots", "r", lambda n: slots_text(n.slots_in_use, n.concurrency)),
+            ("jobs/s", "r", lambda n: f"{n.jobs_per_second:.1f}"),
+            ("done", "r", lambda n: str(n.done)),
+            ("retried", "r", lambda n: str(n.retried)),
+            ("failed", "r", lambda n: str(n.failed)),
+            ("max lag", "r", lambda n: age(n.max_lag)),
+        )
+    if view.gone:
+        gone = _columns(
+            view.gone,
+            ("node", "l", lambda g: g.report.node),
+            ("host", "l", lambda g: g.report.host),
+            ("pid", "r", lambda g: str(g.report.pid)),
+            ("last seen (UTC)", "l", lambda g: utc(g.report.seen)),
+            ("gone (UTC)", "l", lambda g: utc(g.gone_at)),
+            ("reason", "l", lambda g: g.reason),
+            ("shards", "r", lambda g: str(len(set(g.report.held)))),
+            ("unserved", "r", lambda g: str(len(g.unserved))),
+        )
+        parts.append("gone in the last hour:\n" + gone)
+    return "\n\n".join(parts + unserved_lines(view, backlog or {}))
+
+
+def _columns(items: Iterable[Any], *columns: tuple[str, str, Callable[[Any], str]]) -> str:
+    """A table of ``items``, one column per (header, ``l``/``r`` alignment, cell)."""
+    rows = [tuple(c[0] for c in columns)]
+    rows += [tuple(cell(item) for _, _, cell in columns) for item in items]
+    return table(rows, align="".join(c[1] for c in columns))
+
+
+def slots_text(in_use: int | None, concurrency: int | None) -> str:
+    """``"12/32"``: execution slots in use out of the node's ``concurrency``."""
+    if concurrency is None:
+        return "-"
+    return f"{'?' if in_use is None else in_use}/{concurrency}"
+
+
+def unserved_lines(view: FleetView, backlog: Mapping[str, int]) -> list[str]:
+    """The shards no live node serves, with the jobs waiting in each (if known)."""
+    if not view.unserved:
+        return []
+    jobs = [f"{k} ({backlog[k]} waiting)" if k in backlog else k for k in view.unserved]
+    return [
+        f"{plural(len(view.unserved), 'shard')} served by no live node (lag unknown): "
+        + ", ".join(jobs)
+    ]
+
+
+def fleet_lines(
+    view: FleetView, lag_source: str | None, backlog: Mapping[str, int] | None = None
+) -> list[str]:
+    """What ``shardq stats`` says about the fleet under its table."""
+    if not view.reported:
+        lags = "; on SQS lags come from their reports" if lag_source is None else ""
+        return [f"no node has reported yet: owners unknown{lags} (see `shardq nodes`)"]
+    lags = "; lags are their owners' reports, a few seconds old"
+    lines = [
+        f"{plural(len(view.nodes), 'node')} live, {view.jobs_per_second:.1f} jobs/s together "
+        f"(from their reports){lags if lag_source == 'reports' else ''}"
+    ]
+    if not view.nodes:
+        lines = [NO_LIVE_NODE]
+    elif lag_source != "broker":  # SQS counts no jobs done: the nodes do
+        lines.append(f"  since they started: {_counts_text(view.counts())} (from their reports)")
+        lines += [f"    {w}: {_counts_text(view.counts(w))}" for w in view.counted_workers]
+    lines += [
+        f"  excludes {g.report.node}: {g.reason} since {utc(g.gone_at)} UTC" for g in view.gone
+    ]
+    return lines + unserved_lines(view, backlog or {})
+
+
+def _counts_text(c: Mapping[str, int]) -> str:
+    return f"{c['done']} done, {c['retried']} retried, {c['failed']} failed"

@@ -1,21 +1,17 @@
-"""What operators see of the live layouts: each worker's generation and shards, a
-reshard in progress, and where the code's ``shards`` no longer says what runs.
-
-``shardq stats``, ``shardq nodes`` and the dashboard show this view. The pure part
-(:func:`layout_view`) takes a layout, the job counts of its old generation and
-who holds its old shards; the
-rest reads them (:func:`reshards`: one request per old queue of a worker resharding).
-"""
+"""What operators see of the live layouts (each worker's generation and shards, a
+reshard in progress, the code's ``shards`` when it differs), in ``shardq stats``,
+``shardq nodes`` and the dashboard: :func:`layout_view` is pure, :func:`reshards` reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.layout import WorkerLayout, shard_name
+from shardq.core.layout import WorkerLayout
 from shardq.core.terminal import plural
+from shardq.core.topology import shard_name
 
 if TYPE_CHECKING:
     from shardq.api.app import App
@@ -152,10 +148,8 @@ def layout_view(
     owners: Mapping[int, str | None] | None = None,
     last_held: Mapping[int, str] | None = None,
 ) -> LayoutView:
-    """The view of ``worker``'s ``layout``; ``old_jobs`` counts the jobs in the old
-    generation's queues during a move; ``owners`` gives the node holding each old shard
-    (None: held by nobody), if known, and ``last_held`` the node not live now that held
-    an old shard nobody holds."""
+    """The view of ``worker``'s ``layout``, with the jobs in its old generation's queues,
+    the node holding each old shard (None: nobody) and the one that held it last, if known."""
     move = layout.moving
     reshard = None
     if move is not None:
@@ -208,3 +202,29 @@ def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
         if view.reshard is not None:
             found.append(view.reshard)
     return found
+
+
+def layout_lines(views: Sequence[LayoutView], error: str | None) -> list[str]:
+    """What ``shardq stats`` prints under its table: the live layouts on one line, then
+    a line per code/layout mismatch, reshard in progress and retired generation with
+    queues left, and why the layouts could not be read (``error``)."""
+    lines = []
+    if views:
+        lines.append(
+            "live layouts: "
+            + "; ".join(f"{v.worker} {v.shards} shards (generation {v.gen})" for v in views)
+        )
+    for view in views:
+        if view.note:
+            lines.append(view.note)
+        if view.reshard is not None:
+            lines.append(view.reshard.text())
+        for gen, shards, left in view.retired:
+            lines.append(
+                f"{view.worker}: generation {gen} retired ({shards} shards); {left} of its queues "
+                "not deleted yet (they relay late jobs; nodes delete them once empty after "
+                "twice the trust window, or `shardq queues ensure --prune`)"
+            )
+    if error:
+        lines.append(f"layouts: {error}; shown as last read (else as the code says)")
+    return lines

@@ -1,10 +1,5 @@
-"""Structured logs with structlog: readable in a terminal, one JSON object per line in
-production. Job events carry worker, shard, entity, message id, attempt and duration;
-payloads are never logged at info level.
-
-Called once by the CLI; a library user who embeds a node configures structlog as
-they like instead.
-"""
+"""Structured logs (structlog): readable on a terminal, one JSON object per line in
+production; payloads are never logged at info level. The CLI calls :func:`configure`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The pytest plugin shipped with shardq (registered as ``shardq`` in ``pytest11``).
-
-Fixtures:
-
-* ``shardq_testing``: call it with your app to run the test on a fresh in-memory
-  broker; returns a :class:`shardq.ops.testing.Harness` (``.drain()``, ``.eager()``,
-  ``.broker``). The app's config and broker are restored after the test.
-* ``shardq_memory_broker``: a bare :class:`shardq.MemoryBroker`, closed after the test.
-"""
+"""shardq's pytest plugin (``pytest11`` entry ``shardq``): ``shardq_testing(app)`` puts
+the app on a fresh in-memory broker for the test and returns a
+:class:`shardq.ops.testing.Harness`; ``shardq_memory_broker`` is a bare MemoryBroker."""
 
 from __future__ import annotations
 

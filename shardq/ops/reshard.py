@@ -8,14 +8,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from shardq.api.app import App
 from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
-from shardq.core.jobs import MAX_SHARDS
 from shardq.core.layout import WorkerLayout
 from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.ops.layout_view import ReshardView, layout_view
@@ -24,7 +21,7 @@ from shardq.ops.stats import collect
 #: Seconds between two progress lines of ``shardq reshard``.
 FOLLOW_SECONDS = 5.0
 
-_EXAMPLES = """examples:
+EXAMPLES = """\
   shardq reshard SyncOrder --shards 16          # start, then follow until it ends
   shardq reshard SyncOrder --shards 4 --no-wait # start and return
 
@@ -87,25 +84,8 @@ def describe(p: Progress) -> str:
     return p.view.text()
 
 
-# -- the command -------------------------------------------------------------------------
-def add_command(
-    commands: Any, common: Callable[[argparse.ArgumentParser], None], load: Any
-) -> None:
-    p = commands.add_parser(
-        "reshard",
-        help="change a live worker's number of shards, keeping each entity's order",
-        description="Change a live worker's number of shards while publishers and nodes run.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_EXAMPLES,
-    )
-    common(p)
-    p.add_argument("worker", help="the worker class name")
-    p.add_argument("--shards", type=int, required=True, help=f"the new number (1..{MAX_SHARDS})")
-    p.add_argument("--no-wait", action="store_true", help="return once the reshard has begun")
-    p.set_defaults(handler=lambda args: _reshard(load(args), args))
-
-
-def _reshard(app: App, args: argparse.Namespace) -> int:
+def reshard_command(app: App, args: argparse.Namespace) -> int:
+    """The ``shardq reshard`` command (registered in :mod:`shardq.ops.admin`)."""
     before = app.layouts.read(args.worker)
     after = start(app, args.worker, args.shards)
     print(

@@ -1,20 +1,8 @@
-"""The dashboard's background sample: the stats, the fleet, and throughput.
-
-Every ``refresh`` seconds one thread reads the stats (:func:`shardq.ops.stats.collect`,
-which reads the fleet items too), and in between the fleet items alone every
-second (:data:`FLEET_REFRESH`); requests only read the latest sample, so
-clients never make the broker busier. Throughput is jobs finished (succeeded or
-moved to the morgue) per minute, kept 30 minutes, from one source:
-
-* ``broker``: the embedded broker counts deleted jobs: per worker, exact.
-* ``scrape`` (``--scrape URL``, on SQS): per worker, the change of each node's
-  ``shardq_jobs_total``. A node that does not answer is left out of the figures and
-  named in ``throughput_excludes`` until it answers again.
-* ``reports`` (SQS without ``--scrape``): the total only, the sum of the live nodes'
-  reported jobs per second (their reports carry no per-worker rate). Nodes gone in
-  the window are named in ``throughput_excludes``.
-* none: SQS, no ``--scrape`` and no node ever reported.
-"""
+"""The dashboard's background sample: the stats every ``refresh`` seconds, the fleet items
+alone every second in between, and throughput (jobs finished per minute, 30 minutes) from
+one source: ``broker`` (embedded: exact, per worker), ``scrape`` (``--scrape URL`` on SQS:
+each node's ``shardq_jobs_total``), ``reports`` (SQS: the total of the live nodes'
+reports) or none. Requests only read the latest sample."""
 
 from __future__ import annotations
 
@@ -29,7 +17,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.ops.fleet_view import FleetView, fleet_view
-from shardq.ops.stats import collect, live_shards, read_fleet
+from shardq.ops.stats import KNOWS_AGES, collect, live_shards, read_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -128,7 +116,7 @@ class Sampler:
         rates: dict[str, float] | None = None
         total: float | None = None
         excludes: list[dict[str, Any]] = []
-        if data["broker"] in ("sqlite", "memory") or any(d is not None for d in done):
+        if data["broker"] in KNOWS_AGES or any(d is not None for d in done):
             source = "broker"  # a queue not created yet has done None: nothing done
             counts = {
                 name: float(sum(s["done"] or 0 for s in w["shards"]))
@@ -145,10 +133,7 @@ class Sampler:
         elif stats.fleet.reported:
             source = "reports"
             total = stats.fleet.jobs_per_second * 60.0
-            excludes = [
-                {"node": g.report.node, "since": g.gone_at, "reason": g.reason}
-                for g in stats.fleet.gone_since(now - WINDOW)
-            ]
+            excludes = stats.fleet.excludes(now - WINDOW)
         else:
             source = None
         if rates is not None:

@@ -1,8 +1,5 @@
-"""Which dead jobs a requeue or purge acts on, said the same way by the JSON API and
-the ``shardq morgue`` options: an entity, message ids, an error type, a time range,
-several of them, or all of them, and "all" only when said explicitly. Anything else
-is refused before a job is touched.
-"""
+"""Which dead jobs a requeue or purge acts on, said the same way by the JSON API and the
+``shardq morgue`` options; "all" only when said explicitly, anything unclear refused."""
 
 from __future__ import annotations
 
@@ -58,12 +55,22 @@ def parse_time(name: str, text: Any, now: float | None = None) -> float:
     return at.timestamp()
 
 
+def parse_range(since: Any, until: Any, prefix: str = "") -> tuple[float | None, float | None]:
+    """``since`` and ``until`` (None: open) as Unix times; errors name ``prefix`` + the key."""
+    return (
+        None if since is None else parse_time(f"{prefix}since", since),
+        None if until is None else parse_time(f"{prefix}until", until),
+    )
+
+
+#: The past tense of each action, as answers and messages say it.
+DONE = {"requeue": "requeued", "purge": "purged"}
+
+
 @dataclass(frozen=True)
 class Selection:
-    """The dead jobs a requeue or purge acts on: those matching every filter given
-    (entity, message ids, error type, time range), or every one (``everything``).
-    "Every one" is only ever said explicitly: no selection, an unknown key or a
-    contradiction is refused."""
+    """The dead jobs a requeue or purge acts on: those matching every filter given, or
+    every one (``everything``, only ever said explicitly)."""
 
     entity: str | None = None
     message_ids: tuple[str, ...] | None = None
@@ -85,15 +92,9 @@ class Selection:
             )
         if "all" in doc and doc["all"] is not True:
             raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
-        return cls._checked(
-            doc.get("entity"),
-            doc.get("message_ids"),
-            "all" in doc,
-            BODY_FORMS,
-            doc.get("error_type"),
-            None if doc.get("since") is None else parse_time("since", doc["since"]),
-            None if doc.get("until") is None else parse_time("until", doc["until"]),
-        )
+        entity, ids, error_type = doc.get("entity"), doc.get("message_ids"), doc.get("error_type")
+        when = parse_range(doc.get("since"), doc.get("until"))
+        return cls._checked(entity, ids, "all" in doc, BODY_FORMS, error_type, *when)
 
     @classmethod
     def from_args(
@@ -106,15 +107,8 @@ class Selection:
         until: str | None = None,
     ) -> Selection:
         """From the options of ``shardq morgue requeue|purge``."""
-        return cls._checked(
-            entity,
-            ids,
-            everything,
-            ARG_FORMS,
-            error_type,
-            None if since is None else parse_time("--since", since),
-            None if until is None else parse_time("--until", until),
-        )
+        when = parse_range(since, until, "--")
+        return cls._checked(entity, ids, everything, ARG_FORMS, error_type, *when)
 
     @classmethod
     def _checked(

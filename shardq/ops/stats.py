@@ -1,43 +1,6 @@
-"""Queue statistics per worker and per shard, in the shape of Lowkiq's stats API.
-
-* ``length``: jobs waiting; ``in_flight``: jobs received and not yet done (running,
-  held by a node, or waiting out a retry delay); ``morgue_length``: dead jobs.
-* ``lag``: seconds since the oldest job still in the queue was published. The
-  embedded broker knows it exactly (``lag_source`` ``"broker"``); SQS exposes no
-  message ages, so there it is what the shard's owner last reported (``"reports"``,
-  a heartbeat old: ``lease_seconds / 5``, 6 s by default), or ``None`` when no live
-  node reports holding the shard (its lag is then unknown, never 0).
-* ``owner``: the live node holding the shard, from the nodes' reports (every
-  broker), or ``None``.
-* ``done``: jobs ever deleted from the shard queues (succeeded or moved to the
-  morgue), where the broker counts them (embedded); ``None`` on SQS.
-* ``reported`` (per worker): ``{"done", "retried", "failed"}``, the worker's jobs
-  done, retried and failed (morgued) since each live node started, summed over the
-  live nodes' reports (what SQS cannot count); ``None`` when no node ever reported.
-* ``fleet_error``: why the fleet items could not be read from the state store (owners and reported
-  lags are then unknown), else ``None``.
-* Shards are those of the *live* layout (:mod:`shardq.core.layout`): the current
-  generation's first (``shards[n]`` is shard ``n`` of the layout publishers use), then,
-  during a reshard, the old generation's; each row says its ``gen``. A worker's
-  ``layout`` is :meth:`shardq.ops.layout_view.LayoutView.to_json`: its ``gen`` and
-  ``shards``, the code's ``code_shards`` and a ``note`` when they differ, and
-  ``reshard`` (``{"from", "to", "from_gen", "to_gen", "trust", "phase",
-  "old_shards_open", "old_shards", "open", "old_jobs", "by", "unserved",
-  "last_held", "stuck"}``, or ``None``): ``old_jobs`` is the jobs waiting or in
-  flight in the old generation's queues, ``last_held`` the node not live that held
-  each unserved old shard last, ``stuck`` why the reshard cannot end.
-* ``layout_error``: why the layouts could not be read (the code's layouts
-  are then shown), else ``None``.
-* ``no_queues``: when none of the workers' shard and morgue queues exists (a
-  mistyped ``queue_prefix``, or nothing published or ensured yet), a message saying
-  so, else ``None``: the zeros then mean "nothing there", not "nothing waiting".
-* ``fleet``: ``None`` when no node ever reported, else ``{"nodes", "jobs_per_second",
-  "done", "retried", "failed", "excludes"}``: the live nodes' number, reported jobs
-  per second and jobs done/retried/failed since they started together, and
-  the nodes gone in the last hour that this total leaves out (``{"node", "since",
-  "reason"}``), and ``unserved``: the shards no live node serves (their ``owner`` is
-  ``None`` and, on SQS, their ``lag`` unknown: never 0).
-"""
+"""Queue statistics per worker and per shard (lengths, in flight, morgue sizes, lag,
+owners, live layouts and the fleet), as ``shardq stats`` and ``/api/v1/stats`` show them.
+The fields are described in docs/operations.md (``shardq stats``)."""
 
 from __future__ import annotations
 
@@ -48,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
-from shardq.core.layout import parse_name
+from shardq.core.topology import parse_name
 from shardq.morgue import Morgue
 from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, shard_key
 from shardq.ops.fleet_view import read_fleet as read_items
@@ -109,11 +72,6 @@ class Stats:
     no_queues: str | None = None
 
     @property
-    def reshards(self) -> list[LayoutView]:
-        """The workers with a reshard in progress."""
-        return [w.layout for w in self.workers if w.layout and w.layout.reshard]
-
-    @property
     def lag_source(self) -> str | None:
         """Where the lags come from: ``broker``, ``reports`` or None (unknown)."""
         if self.broker in KNOWS_AGES:
@@ -150,10 +108,8 @@ class Stats:
 
 
 def collect(app: App) -> Stats:
-    """Read the layouts, the counts of every shard queue of the workers' live
-    layouts, the morgue's size in the store (plus any old morgue queue), and the fleet
-    items (state store) for each shard's owner (and lag, where the broker cannot tell
-    it)."""
+    """Read the layouts, every live shard queue's counts, the morgues' sizes and the fleet
+    items (each shard's owner, and its lag where the broker cannot tell it)."""
     now = time.time()
     try:
         app.layouts.refresh()
@@ -246,15 +202,9 @@ def _shard_stats(
         lag = None
     else:
         lag = max(0.0, now - counts.oldest_sent_at)
+    owner = fleet.owner(name, shard, gen)
     return ShardStats(
-        shard,
-        queue,
-        counts.waiting,
-        counts.in_flight,
-        lag,
-        counts.deleted_total,
-        fleet.owner(name, shard, gen),
-        gen,
+        shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total, owner, gen
     )
 
 
@@ -291,9 +241,7 @@ def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
         "nodes": len(fleet.nodes),
         "jobs_per_second": round(fleet.jobs_per_second, 3),
         **fleet.counts(),
-        "excludes": [
-            {"node": g.report.node, "since": g.gone_at, "reason": g.reason} for g in fleet.gone
-        ],
+        "excludes": fleet.excludes(),
         "unserved": list(fleet.unserved),
     }
 

@@ -1,31 +1,7 @@
-"""Testing your workers: an in-memory broker, ``drain()`` and an eager mode.
-
-::
-
-    from shardq.ops.testing import drain, use_memory_broker
-    from myapp.workers import app, SyncOrder
-
-    def test_sync_order_applies_updates_in_order():
-        use_memory_broker(app)
-        SyncOrder.publish("order-42", {"status": "paid"})
-        SyncOrder.publish("order-42", {"status": "shipped"})
-        result = drain(app)
-        assert result.payloads("SyncOrder", "order-42") == [
-            {"status": "paid"}, {"status": "shipped"}]
-
-With the pytest plugin (installed with shardq) the ``shardq_testing`` fixture does
-the same and puts the app back as it was after the test::
-
-    def test_it(shardq_testing):
-        harness = shardq_testing(app)          # app now on a fresh in-memory broker
-        SyncOrder.publish("order-42", {...})
-        assert harness.drain().morgued == []
-
-``drain`` runs the jobs in this thread with the node's own executor, so ordering,
-batching, retries and the morgue behave as on a node; only retry delays are not
-waited out. ``eager(app)`` makes every publish drain at once, so ``perform`` runs
-inside ``publish``; a job that ends in the morgue raises :class:`JobFailed` there.
-"""
+"""Testing your workers (docs/testing.md): an in-memory broker, :func:`drain` (runs every
+queued job in this thread with the node's own executor, not waiting out retry delays) and
+:func:`eager` (each publish runs its jobs; a job that ends in the morgue raises
+:class:`JobFailed`)."""
 
 from __future__ import annotations
 
@@ -121,13 +97,8 @@ _draining = threading.local()
 
 
 def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
-    """Run every queued job of every worker in this thread until none is left.
-
-    Jobs run in order per entity, in batches as on a node; failures are retried
-    (without waiting out retry delays) until they succeed or reach the morgue.
-    Jobs published by ``perform`` are run too. Raises :class:`ShardqError` if more
-    than ``max_runs`` outcomes happen (a job that never stops retrying).
-    """
+    """Run every queued job (and those they publish) in this thread, in order per entity,
+    retrying at once, until none is left; ShardqError after ``max_runs`` outcomes."""
     result = DrainResult()
     pool = ThreadPoolExecutor(1, "shardq-drain")
     leases = Leases(app.broker, pool, interval=0.5)
