@@ -4,7 +4,7 @@ Publish with an entity id; each entity's jobs run one after another, in publish
 order, while different entities run in parallel across shards, threads and nodes.
 
 The public names are imported on first use, so that ``import shardq`` (and the
-command line's first moments, see :mod:`shardq.ops.early`) stays quick.
+command line's first moments, see :mod:`shardq.__main__`) stays quick.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +23,11 @@ from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError, ShardqError
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
+from shardq.core.signals import StopSignals
 from shardq.core.terminal import plural
 from shardq.core.version import VERSION
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
-from shardq.ops.early import EarlyStop
 from shardq.store import StoreError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
@@ -65,7 +66,7 @@ _EPILOG_PLAN = """examples:
 """
 
 
-def main(argv: Sequence[str] | None = None, *, early: EarlyStop | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, early: StopSignals | None = None) -> int:
     """The command line. ``early``: the signal handlers ``shardq run`` installed before
     its imports (:func:`shardq.__main__.entry`); made here when it is called directly."""
     parser = _parser()
@@ -227,7 +228,10 @@ def load_app(spec: str) -> App:
 
 
 def _run(args: argparse.Namespace) -> int:
-    early = args.early or EarlyStop()  # a SIGTERM while the node starts up stops it cleanly
+    early = args.early  # a SIGTERM while the node starts up stops it cleanly
+    if early is None:
+        early = StopSignals(threading.Event())
+        early.install()
     app, config = load(args)
     from shardq.ops import logs
 
@@ -251,11 +255,11 @@ def _run(args: argparse.Namespace) -> int:
         plan = app.plan(node=args.node, nodes=nodes)
         _warn_idle_threads(config.threads, len(plan.shards))
         node = app.node(plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
-    if early.signals:
+    if early.count:
         print("shardq: stopped before the node started", file=sys.stderr)
         return EXIT_OK
     started = time.monotonic()
-    code = node.run(lambda: early.signals)
+    code = node.run(lambda: early.count)
     _print_summary(node, time.monotonic() - started)
     return code
 

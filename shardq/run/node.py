@@ -33,6 +33,7 @@ from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.core.middleware import notify
 from shardq.core.outcome import Observer, Tally
 from shardq.core.plan import Plan, ShardRef, format_plan
+from shardq.core.signals import StopSignals
 from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
 from shardq.run.idle import Pollers, Watcher
@@ -45,7 +46,7 @@ from shardq.run.ownership import Ownership
 from shardq.run.parts import Keeper, Membership
 from shardq.run.progress import Progress
 from shardq.run.shard import Shard
-from shardq.run.shutdown import StopSignals, shut_down
+from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
 from shardq.run.timelimit import TimeLimits
 

@@ -13,23 +13,20 @@ process still runs, or reappears after its visibility timeout.
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from shardq.broker.base import Message
 from shardq.core.lease import HELD
 from shardq.core.middleware import notify
-from shardq.core.signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from shardq.core.config import Config
     from shardq.core.outcome import Tally
+    from shardq.core.signals import StopSignals
     from shardq.run.executor import Executor
     from shardq.run.lane import Lane
     from shardq.run.leases import Leases
@@ -152,29 +149,3 @@ def shut_down(node: Stopping) -> int:
         return 3
     failed = node.failed or not node.leases.alive() or any(lane.failed for lane in node.lanes)
     return 1 if failed else 0
-
-
-class StopSignals:
-    """Counts stop signals: the first sets ``stopping``, a second exits at once."""
-
-    def __init__(self, stopping: threading.Event) -> None:
-        self.stopping = stopping
-        self.count = 0
-        self.name: str | None = None
-
-    def install(self, before: int) -> None:
-        """Handle them from now on (in the main thread only), counting ``before``
-        signals that came earlier."""
-        self.count = before
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:  # SIGTERM, SIGINT and SIGHUP
-                signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        # Only flags here: a handler that logged or took a lock could deadlock with
-        # the interrupted code. The node's loop logs it and wakes the waiters.
-        self.count += 1
-        if self.count > 1:
-            os._exit(128 + signum)
-        self.name = signal.Signals(signum).name
-        self.stopping.set()
