@@ -114,7 +114,7 @@ class Reporter:
         error: BaseException | None = None,
         **extra: Any,
     ) -> None:
-        level = _level(kind, error)
+        level = logging.DEBUG if kind == "succeeded" else _level(kind, error)
         if level == logging.DEBUG:
             now = time.monotonic()
             if now >= self._debug_until:  # asked once a second, not once per job

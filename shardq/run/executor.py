@@ -183,19 +183,25 @@ class Executor:
         if action == layouts.RELAY:
             return EntityEnd(DONE)
         i, isolate_until, performed = 0, 0, 0.0
+        may_start, attempt_of = self._leases.may_start, self.attempt
         while i < len(jobs):
             if stop():  # shutting down or handed over: the node releases what has not run
                 return EntityEnd(STOPPED, [j.message for j in jobs[i:]])
             chunk = self._chunk(jobs, i, 1 if i < isolate_until else settings.batch_size)
-            if not all([self._leases.may_start(j.message) for j in chunk]):
-                self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
-                return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
+            payloads: list[Any] = []
+            infos: list[JobInfo] = []
+            for j in chunk:  # one pass: may it start, its payload, its job info
+                m = j.message
+                if not may_start(m):
+                    self._give_up(ref, jobs[i:])  # lapsed, or no longer held here
+                    return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
+                payloads.append(j.payload)
+                infos.append(JobInfo(m.message_id, attempt_of(m), m.sent_at, j.meta))
             if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
                 if self._bury_invalid(ref, chunk[0]):
                     i += 1
                     continue
                 return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
-            payloads, infos = [j.payload for j in chunk], [self._info(j) for j in chunk]
             error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
             performed += duration
             if error is None:
@@ -246,14 +252,12 @@ class Executor:
                 chunk.append(job)
         return chunk
 
-    def _info(self, job: _Job) -> JobInfo:
-        m = job.message
-        return JobInfo(m.message_id, self.attempt(m), m.sent_at, job.meta)
-
     def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
-        self._leases.delete([j.message for j in chunk])
-        self._outcome("succeeded", ref, chunk, duration)
-        self._attempts.forget(j.message for j in chunk)
+        messages = [j.message for j in chunk]
+        self._leases.delete(messages)
+        payloads = [j.payload for j in chunk]
+        self._report.outcome("succeeded", ref, messages, payloads, self.attempt, duration)
+        self._attempts.forget(messages)
 
     def _retry(
         self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float

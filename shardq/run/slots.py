@@ -78,7 +78,8 @@ class Slots:
         self._stopping = stopping
         self._on_failure = on_failure
         self._clock = clock
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly where nothing waits on _cond
+        self._cond = threading.Condition(self._lock)
         self._chains: dict[Key, Chain] = {}
         self._ready: deque[Chain] = deque()
         self._deferred: list[tuple[float, int, Chain]] = []
@@ -86,6 +87,8 @@ class Slots:
         self._busy = 0
         self._idle_threads = 0
         self._threads: list[threading.Thread] = []
+        self._asked_threads = 0  # slot threads asked for, not started yet
+        self._starting = 0  # slot threads being started
         # by equality: a lane's or poller's bound method is one waker however often given
         self._wakers: set[Callable[[], None]] = set()
         self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
@@ -98,31 +101,39 @@ class Slots:
         """Run one entity's jobs (in order) in a slot, after any it has here already."""
         with self._cond:
             self._submit(shard, messages)
+        self._start_threads()
 
     def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
         """Each entity's jobs of a batch to a slot (:meth:`submit`); or, when
         :func:`run_inline` says so for the worker, those of entities without a chain
         are run here, one after the other, in one slot."""
         mean = self._means.get(shard.ref.worker)
+        made: list[Chain] = []  # made before the lock is taken: it is held briefly
+        if run_inline(mean, 0, self.concurrency):
+            made = [Chain((shard.queue, m[0].group_id), shard, [], RUNNING) for m in groups]
         here: list[Chain] = []
-        with self._cond:
-            inline = run_inline(mean, self._busy, self.concurrency)
-            for messages in groups:
-                key = (shard.queue, messages[0].group_id)
-                if not inline or key in self._chains:
+        with self._lock:
+            inline = bool(made) and run_inline(mean, self._busy, self.concurrency)
+            chains = self._chains
+            for i, messages in enumerate(groups):
+                chain = made[i] if inline else None
+                if chain is None or chain.key in chains:
                     self._submit(shard, messages)
                     continue
-                chain = self._chains[key] = Chain(key, shard, [], RUNNING)
+                chains[chain.key] = chain
                 chain.running = messages
                 here.append(chain)
             if here:
                 self._took()
+        self._start_threads()
         if here:
             self._run(shard, here)
 
     def room(self, wake: Callable[[], None]) -> bool:
         """May a lane start another batch (:func:`may_take`)? If not, ``wake`` is
         called once there is room."""
+        if not self._ready and may_take(0, self.concurrency):
+            return True  # nothing waits for a slot: no lock (lanes ask before each batch)
         with self._cond:
             if may_take(self._waiting(), self.concurrency):
                 return True
@@ -165,11 +176,15 @@ class Slots:
         except BaseException as exc:
             self._on_failure(f"a run of jobs of {shard.ref}", exc)
         finally:
-            with self._cond:
+            with self._lock:
                 jobs, performed, ran = 0, 0.0, True  # every job ran: time them
                 for chain, end in zip(chains, ends, strict=False):
                     jobs, performed = jobs + len(chain.running), performed + end.performed
                     ran = ran and end.kind == DONE
+                    if end.kind == DONE and not (chain.again or chain.pending):
+                        chain.running, chain.state = [], GONE  # done, nothing joined it
+                        self._chains.pop(chain.key, None)
+                        continue
                     if chain.again:
                         end = self._settle_again(chain, end)
                     chain.running = []
@@ -183,6 +198,7 @@ class Slots:
                     chain.pending, chain.running = [*end.messages, *chain.pending], []
                     chain.state = PARKED
                 self._free(shard)
+            self._start_threads()
 
     # -- what the node reads -------------------------------------------------------------
     def in_use(self) -> int:
@@ -239,7 +255,7 @@ class Slots:
         """A chain waits for a slot."""
         self._ready.append(chain)
         # a thread per chain waiting (a woken thread may still count as idle)
-        if len(self._ready) > self._idle_threads and len(self._threads) < self.concurrency:
+        if len(self._ready) > self._idle_threads and self._thread_count() < self.concurrency:
             self._start_thread()
         self._cond.notify()
 
@@ -293,7 +309,7 @@ class Slots:
             chain.state, chain.due = DEFERRED, end.due
             self._seq += 1
             heapq.heappush(self._deferred, (end.due, self._seq, chain))
-            if self._idle_threads == 0 and len(self._threads) < self.concurrency:
+            if self._idle_threads == 0 and self._thread_count() < self.concurrency:
                 self._start_thread()  # a slot thread runs it when due
             self._cond.notify()  # a waiting thread looks at the new due time
         elif not chain.pending:  # DONE, nothing joined
@@ -332,12 +348,33 @@ class Slots:
             sweep[1]()
 
     # -- the slot threads --------------------------------------------------------------
+    def _thread_count(self) -> int:
+        """Slot threads started, being started or asked for (the lock held)."""
+        return len(self._threads) + self._asked_threads + self._starting
+
     def _start_thread(self) -> None:
-        thread = threading.Thread(
-            target=self._slot, name=f"shardq-slot-{len(self._threads)}", daemon=True
-        )
-        thread.start()  # then listed: alive() reads the list without the lock
-        self._threads.append(thread)
+        """Ask for one more slot thread (the lock held): :meth:`_start_threads` starts it
+        once the lock is released (a start waits for the new thread to run, and lanes
+        would wait for the lock meanwhile)."""
+        self._asked_threads += 1
+
+    def _start_threads(self) -> None:
+        """Start the slot threads asked for (the lock not held)."""
+        while self._asked_threads:  # read without the lock: a later ask is started later
+            with self._lock:
+                if not self._asked_threads or self._closed:
+                    return
+                self._asked_threads -= 1
+                self._starting += 1
+                name = f"shardq-slot-{len(self._threads) + self._starting - 1}"
+            thread = threading.Thread(target=self._slot, name=name, daemon=True)
+            try:
+                thread.start()
+            finally:
+                with self._lock:  # listed once started: alive() reads it without the lock
+                    self._starting -= 1
+                    if thread.ident is not None:
+                        self._threads.append(thread)
 
     def _slot(self) -> None:
         while True:
