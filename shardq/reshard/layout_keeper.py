@@ -53,7 +53,7 @@ class LayoutKeeper:
         return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
 
     def route(self, ref: ShardRef, entity: str) -> str:
-        if ref.key in self.relaying:
+        if self.relaying and ref.key in self.relaying:  # (ref.key builds a string)
             return rules.RELAY
         return rules.route(self.app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
 
