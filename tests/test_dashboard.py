@@ -568,6 +568,11 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
     assert shard_length(filled, "SyncOrder", "o1") == before + 2
 
 
+# On DynamoDB (the SQS apps' store) the morgue's pages, searches and bulk actions are
+# test_morgue_ops' (cursor pages, filters, requeue and purge by filter, [sqs]); the
+# dashboard serves them the same way on any store, as test_morgue_list_requeue_and_purge
+# above shows on both.
+@pytest.mark.parametrize("kind", ["sqlite"])
 def test_the_morgue_pages_through_every_dead_job_with_search_and_bulk_actions(
     server: DashboardServer,
 ) -> None:
@@ -1006,6 +1011,7 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
         srv.stop()
 
 
+@pytest.mark.parametrize("kind", ["sqlite"])  # the same page and API on any store: see above
 def test_page_pages_through_the_morgue_and_acts_on_all_that_match_a_search(
     browser: Any, filled: shardq.App
 ) -> None:
