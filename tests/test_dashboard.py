@@ -186,9 +186,11 @@ def test_stats_are_sampled_in_the_background_not_per_request(filled: shardq.App)
     srv = make_server(filled, "127.0.0.1", 0, refresh=1.0).start()
     try:
         first = call(srv, "GET", "/api/v1/stats")[1]["time"]
-        # when five requests come at once, then they read at most two samples
+        # when five requests come at once, then they read at most two samples (one
+        # more per second they took, on a machine too loaded to answer them at once)
+        asked = time.monotonic()
         times = {call(srv, "GET", "/api/v1/stats")[1]["time"] for _ in range(5)}
-        assert len(times) <= 2
+        assert len(times) <= 2 + int(time.monotonic() - asked)
         # and a newer sample comes in the background (within a few refreshes, even
         # on a loaded machine)
         deadline = time.monotonic() + 15
@@ -857,7 +859,7 @@ def test_page_shows_the_queues_and_requeues_a_dead_job(browser: Any, filled: sha
 
     srv = make_server(filled, "127.0.0.1", 0, token=TOKEN, refresh=0.5).start()
     try:
-        wait = WebDriverWait(browser, 15)
+        wait = WebDriverWait(browser, 60)
         browser.get(srv.url)
         sync = '[data-worker="SyncOrder"]'
         wait.until(lambda d: text_of(d, f'{sync} [data-k="length"]') == "5")
@@ -943,7 +945,7 @@ def test_page_fits_1400_and_420_px_and_acts_on_the_dead_jobs_shown(
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
         # rows read while the page redraws them go stale: the wait reads them again
-        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
         browser.get(srv.url)
         wait.until(
             lambda d: text_of(d, '[data-worker="SyncOrder"] [data-k="morgue_length"]') == "4"
@@ -1030,7 +1032,7 @@ def test_page_pages_through_the_morgue_and_acts_on_all_that_match_a_search(
     morgue.bury(filled.store, "SyncOrder", records)
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
-        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
         set_width(browser, 1400)
         browser.get(srv.url)
         wait.until(lambda d: d.find_element(By.ID, "m-worker").get_attribute("value"))
@@ -1077,7 +1079,7 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
     write_fleet(filled, time.time())
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
-        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
         set_width(browser, 1400)
         browser.get(srv.url)
         # then the live node is listed with what it reported
@@ -1263,9 +1265,9 @@ def test_screenshot(browser: Any, tmp_path: Path) -> None:
         )
         browser.set_window_size(1400, 1000)
         browser.get(srv.url)
-        WebDriverWait(browser, 15).until(lambda d: text_of(d, "#t-length") != "—")
+        WebDriverWait(browser, 60).until(lambda d: text_of(d, "#t-length") != "—")
         browser.find_element(By.ID, "m-show").click()
-        WebDriverWait(browser, 15).until(
+        WebDriverWait(browser, 60).until(
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#m-table tr[data-message-id]")) >= 3
         )
         browser.find_element(By.CSS_SELECTOR, '[data-worker="SendReceipt"] summary').click()
