@@ -617,6 +617,13 @@ def test_the_morgue_pages_through_every_dead_job_with_search_and_bulk_actions(
     assert Morgue(server.app, "SyncOrder").size() == 253 - 120
 
 
+# HTTP handling (refusals, tokens, origins, the page itself) is the same on any broker:
+# SQS would repeat it behind a slower fixture; its morgue actions are
+# test_morgue_list_requeue_and_purge[sqs].
+HTTP_ONLY = pytest.mark.parametrize("kind", ["sqlite"])
+
+
+@HTTP_ONLY
 def test_errors_are_json(server: DashboardServer) -> None:
     status, doc = call(server, "GET", "/api/v1/morgue/NoSuchWorker")
     assert status == 404 and "NoSuchWorker" in doc["error"]
@@ -644,6 +651,7 @@ def raw_post(srv: DashboardServer, path: str, head: str, body: bytes) -> tuple[i
     return int(headers.split()[1]), json.loads(content)
 
 
+@HTTP_ONLY
 def test_a_typo_an_empty_body_or_a_contradiction_selects_nothing(server: DashboardServer) -> None:
     # given a morgue with 3 dead SyncOrder jobs
     morgue = Morgue(server.app, "SyncOrder")
@@ -675,6 +683,7 @@ def test_a_typo_an_empty_body_or_a_contradiction_selects_nothing(server: Dashboa
     assert morgue.size() == 0
 
 
+@HTTP_ONLY
 def test_bodies_without_a_length_are_refused_and_change_nothing(server: DashboardServer) -> None:
     path = "/api/v1/morgue/SyncOrder/purge"
     # given a chunked body (no Content-Length)
@@ -752,6 +761,7 @@ def test_forged_morgue_records_show_as_unreadable_and_the_morgue_keeps_working(
     assert Morgue(filled, "SyncOrder").size() == 0
 
 
+@HTTP_ONLY
 def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
     deep = b'{"message_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", deep)
@@ -759,6 +769,7 @@ def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
     assert Morgue(server.app, "SyncOrder").size() == 3
 
 
+@HTTP_ONLY
 def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
     server: DashboardServer,
 ) -> None:
@@ -773,6 +784,7 @@ def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
     assert call(server, "POST", purge, {"entity": "o2"}, Origin=origin) == (200, {"purged": 1})
 
 
+@HTTP_ONLY
 def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
     srv = make_server(filled, "127.0.0.1", 0, token=TOKEN, refresh=0.2).start()
     try:
@@ -793,6 +805,7 @@ def test_with_a_token_actions_need_it(filled: shardq.App) -> None:
         srv.stop()
 
 
+@HTTP_ONLY
 def test_refuses_to_serve_beyond_loopback_without_a_token(filled: shardq.App) -> None:
     from shardq.dashboard import serve
 
@@ -1156,6 +1169,7 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
         srv.stop()
 
 
+@HTTP_ONLY
 def test_the_page_loads_nothing_from_elsewhere(server: DashboardServer) -> None:
     with urllib.request.urlopen(server.url, timeout=10) as res:
         page = res.read().decode()
