@@ -360,11 +360,10 @@ def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
     return node, runner
 
 
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
-    moved: shardq.App, request: pytest.FixtureRequest
+    moved: shardq.App,
 ) -> None:
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the same on every broker; this one is quick")
     # given Z stuck in Sticky's old shard 0 (its job retries in 30 s, 1 more behind
     # it), Y done; a node running on a clock the test moves
     z = next(f"z{i}" for i in range(1000) if shard_for(f"z{i}", 2) == 0)
@@ -391,12 +390,11 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
         runner.join(30)
 
 
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
-    moved: shardq.App, request: pytest.FixtureRequest
+    moved: shardq.App,
 ) -> None:
     # (as after every node was killed, or `shardq reshard --no-wait`)
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the same on every broker; this one is quick")
     # given jobs of 20 entities in the old layout, a reshard from 2 to 3 shards
     # announced while no node runs, and a node started on a clock the test moves
     clock = Clock()
