@@ -95,7 +95,10 @@ def entity_in(old_shard: int, shards: int) -> str:
 def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item(
     moved: shardq.App,
 ) -> None:
-    # given a reshard of Moved from 2 to 5 shards announced
+    # given a reshard of Moved from 2 to 5 shards announced, and a publisher on a clock
+    # the test moves
+    clock = Clock()
+    moved.layouts.clock = clock
     layout = begin(moved, 5)
     # when a job is published, then it goes to the old layout
     Moved.publish("order-7", {"n": 1})
@@ -103,7 +106,7 @@ def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item
     assert [m.group_id for m in take(moved.broker, old)] == ["order-7"]
     # when the switch is written and the publisher reads again (its copy is 0.1 s old)
     moved.layouts.update("Moved", lambda w: rules.switch(w, layout.gen))
-    time.sleep(0.15)
+    clock.offset += 0.15
     Moved.publish("order-7", {"n": 2})
     # then the job is in the entity's shard of generation 1
     queue = moved.shard_queue("Moved", shard_for("order-7", 5), layout.gen)
