@@ -377,14 +377,14 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
     Sticky.publish_many([(z, {"stuck": True}), (z, {"n": 1}), (y, {"n": 0})])
     node, runner = run_node(moved, clock)
     try:
-        wait_for(lambda: (y, [{"n": 0}]) in performed and (z, [{"stuck": True}]) in performed, 10)
+        wait_for(lambda: (y, [{"n": 0}]) in performed and (z, [{"stuck": True}]) in performed, 60)
         # when Sticky is resharded to 3, switched, and the trust window passes
         layout = reshard.start(moved, "Sticky", 3)
         moved.layouts.update("Sticky", lambda w: rules.switch(w, layout.gen))
         time.sleep(1.0)  # the node observes the switch
         clock.offset = 100.0
         # then old shard 1 (empty) closes, while shard 0 stays open behind Z's retry
-        wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 10)  # type: ignore[union-attr]
+        wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 60)  # type: ignore[union-attr]
         time.sleep(1.5)
         assert moved.layouts.read("Sticky").moving.closed == (1,)  # type: ignore[union-attr]
         assert f"Sticky:{moved.shard_queue('Sticky', 0, 0)}" not in node.layout.relaying
@@ -411,13 +411,13 @@ def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
         # jobs are published to the new layout, and it passes again
         time.sleep(1.0)
         clock.offset = 61.0
-        wait_for(lambda: moved.layouts.read("Moved").state == "switched", 10)
+        wait_for(lambda: moved.layouts.read("Moved").state == "switched", 60)
         moved.layouts.forget()
         Moved.publish_many([(f"e{i}", {"n": 1}) for i in range(20)])
         clock.offset = 200.0
         # then the reshard completes and every entity ran its jobs in order
         wait_for(lambda: moved.layouts.read("Moved").moving is None, 30)
-        wait_for(lambda: len(performed) == 40, 10)
+        wait_for(lambda: len(performed) == 40, 60)
         for i in range(20):
             mine = [p for entity, p in performed if entity == f"e{i}"]
             assert mine == [[{"n": 0}], [{"n": 1}]]
