@@ -6,8 +6,8 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
