@@ -1095,8 +1095,14 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
         wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
         set_width(browser, 1400)
         browser.get(srv.url)
-        # then the live node is listed with what it reported
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#nodes tr[data-node="node-a"]'))
+        # then the live node is listed with what it reported (once the page drew both
+        # the nodes and the banner: two answers, which a loaded machine may space out)
+        wait.until(
+            lambda d: (
+                d.find_elements(By.CSS_SELECTOR, '#nodes tr[data-node="node-a"]')
+                and len(text_of(d, "#fleet-banner").splitlines()) == 2
+            )
+        )
         live = text_of(browser, '#nodes tr[data-node="node-a"]')
         for part in ("node-a", "ip-10-0-1-6", "4106", "SyncOrder \u00d72", "2.5", "42.0 s", "live"):
             assert part in live, (part, live)
