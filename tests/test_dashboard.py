@@ -1093,6 +1093,11 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
     srv = make_server(filled, "127.0.0.1", 0, refresh=0.5).start()
     try:
         wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
+
+        def shown(css: str) -> str:
+            """The element's text, read again if a redraw (every 0.5 s) replaced it."""
+            return str(wait.until(lambda d: text_of(d, css)))
+
         set_width(browser, 1400)
         browser.get(srv.url)
         # then the live node is listed with what it reported (once the page drew both
@@ -1103,7 +1108,7 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
                 and len(text_of(d, "#fleet-banner").splitlines()) == 2
             )
         )
-        live = text_of(browser, '#nodes tr[data-node="node-a"]')
+        live = shown('#nodes tr[data-node="node-a"]')
         for part in ("node-a", "ip-10-0-1-6", "4106", "SyncOrder \u00d72", "2.5", "42.0 s", "live"):
             assert part in live, (part, live)
         # with its execution slots in use out of its concurrency, and its jobs done
@@ -1115,10 +1120,10 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
         assert [g.split()[0] for g in gone] == ["node-b", "node-c"]
         assert re.search(r"gone \d\d:\d\d:\d\d · lease expired", gone[0]), gone[0]
         assert "lease expired" in gone[1]
-        assert "1 live · 2 gone in the last hour" in text_of(browser, "#nodes-title")
+        assert "1 live · 2 gone in the last hour" in shown("#nodes-title")
         # and a banner says which node went away recently, not the one of 20 minutes ago,
         # and which shards no live node serves
-        went, unserved = text_of(browser, "#fleet-banner").splitlines()
+        went, unserved = shown("#fleet-banner").splitlines()
         assert re.fullmatch(
             r"Node node-b went away \(lease expired\) at \d\d:\d\d:\d\d; its 2 shards are "
             r"being taken over\.",
@@ -1144,10 +1149,14 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             ), unserved
         else:
             assert re.search(r"the oldest for \d+\.\d s\.$", unserved), unserved
-        assert "stale" in (browser.find_element(By.ID, "dot").get_attribute("class") or "")
+        assert "stale" in wait.until(lambda d: d.find_element(By.ID, "dot").get_attribute("class"))
         # and each shard names its owner
         sync = '[data-worker="SyncOrder"]'
-        browser.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click()
+        wait.until(
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, f"{sync} details.shards summary").click() or True
+            )
+        )
         rows = browser.execute_script(
             "return [...document.querySelectorAll(arguments[0])].map(r => r.innerText)",
             f"{sync} details.shards tbody tr",
@@ -1158,13 +1167,13 @@ def test_page_shows_the_nodes_and_says_when_one_went_away(
             # node's, and the total says it leaves the gone nodes out
             assert rows[0].split()[3:5] == ["42.0", "s"]
             # (a lower bound: shards with jobs nobody serves have no known lag)
-            assert text_of(browser, "#t-lag").replace(" ", "") == "\u226542.0s"
+            assert shown("#t-lag").replace(" ", "") == "\u226542.0s"
             # and the jobs done are the live node's reported count (SQS counts none)
-            assert text_of(browser, "#t-done") == "640"
-            title = browser.find_element(By.ID, "t-done").get_attribute("title") or ""
+            assert shown("#t-done") == "640"
+            title = wait.until(lambda d: d.find_element(By.ID, "t-done").get_attribute("title"))
             assert "7 retried, 3 failed" in title, title
             wait.until(lambda d: text_of(d, "#t-rate").startswith("150"))
-            note = text_of(browser, "#t-rate-note")
+            note = shown("#t-rate-note")
             assert note.startswith("excludes node-b (lease expired since ")
             assert "node-c (lease expired since " in note
         # and it fits a phone and a wide screen
