@@ -103,8 +103,9 @@ MIN_AGE = 5.0
 BUSY_SECONDS = 2.0
 #: Seconds around a broker outage within which a job's first success may repeat.
 OUTAGE_MARGIN = 5.0
-#: Seconds past ``outage_at`` the outage waits at most for every node to serve.
-OUTAGE_READY_SECONDS = 30.0
+#: Seconds the outage (past ``outage_at``) or the elastic events (past the start) wait at
+#: most for every node to serve.
+READY_SECONDS = 30.0
 #: Events a node logs when a broker call failed (after boto3's own retries).
 BROKER_TROUBLE = {
     "node.receive_failed",
@@ -846,11 +847,11 @@ def _chaos_phase(
     end = began + settings.duration
     next_kill = began + (rng.uniform(*settings.kill_every) if settings.kill_every else math.inf)
     outage_due = began + settings.outage_at if settings.outage_at is not None else math.inf
-    # the outage waits (up to OUTAGE_READY_SECONDS) for every node to serve: on a loaded
+    # the outage waits (up to READY_SECONDS) for every node to serve: on a loaded
     # machine a node may still be starting, and one that meets the outage then exits
     while (now := time.monotonic()) < end or (outage is not None and outage_due < math.inf):
         nodes.reap_exited()
-        ready = now >= outage_due + OUTAGE_READY_SECONDS or (now >= outage_due and nodes.serving())
+        ready = now >= outage_due + READY_SECONDS or (now >= outage_due and nodes.serving())
         if outage is not None and ready:
             outage_due = math.inf
             say(f"chaos: broker outage for {settings.outage_seconds:g} s")
@@ -885,9 +886,17 @@ def _elastic_phase(
 ) -> None:
     """Every ``event_every`` s, one of kill / join / stop at random, among those that
     keep 1..max_nodes nodes alive; the node to kill or stop is a busy one (see
-    BUSY_SECONDS), and a stop only hits a node at least MIN_AGE s old."""
-    end = began + settings.duration
-    next_event = began + rng.uniform(*settings.event_every)
+    BUSY_SECONDS), and a stop only hits a node at least MIN_AGE s old. The events begin
+    once every node serves (at most READY_SECONDS after the start): on a loaded
+    machine a node may still be starting, and a node killed before it took shards
+    leaves no takeover to measure."""
+    ready = began + READY_SECONDS
+    while time.monotonic() < ready and not nodes.serving():
+        nodes.reap_exited()
+        time.sleep(0.05)
+    start = time.monotonic()
+    end = start + settings.duration
+    next_event = start + rng.uniform(*settings.event_every)
     while time.monotonic() < end:
         nodes.reap_exited()
         nodes.reap_stopped()

@@ -9,12 +9,24 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shardq.broker import Broker, SendEntry, SqliteBroker
+from tests.conftest import make_broker
 from tests.test_broker_contract import bodies, delete, receive, send
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    """The brokers that watch (SQS is asked only whether it can, below)."""
+    instance = make_broker(request.param, tmp_path, request)
+    try:
+        yield instance
+    finally:
+        instance.close()
 
 
 @pytest.fixture
@@ -23,11 +35,6 @@ def queues(broker: Broker) -> list[str]:
     for name in names:
         broker.ensure_queue(name, visibility_timeout=30)
     return names
-
-
-def watching(broker: Broker) -> None:
-    if broker.kind == "sqs":
-        pytest.skip("SQS cannot watch many queues at once")
 
 
 def later(seconds: float, action: object) -> threading.Thread:
@@ -40,18 +47,15 @@ def later(seconds: float, action: object) -> threading.Thread:
     return thread
 
 
+@pytest.mark.parametrize("broker", [pytest.param("sqs", marks=pytest.mark.sqs)], indirect=True)
 def test_sqs_cannot_watch_and_says_so_at_once(broker: Broker, queues: list[str]) -> None:
     started = time.monotonic()
     result = broker.watch(queues, 5)
-    if broker.kind == "sqs":
-        assert result is None
-        assert time.monotonic() - started < 1
-    else:
-        assert result == []
+    assert result is None
+    assert time.monotonic() - started < 1
 
 
 def test_a_watch_with_nothing_happening_times_out_empty(broker: Broker, queues: list[str]) -> None:
-    watching(broker)
     started = time.monotonic()
     assert broker.watch(queues, 0.3) == []
     assert time.monotonic() - started >= 0.29
@@ -60,7 +64,6 @@ def test_a_watch_with_nothing_happening_times_out_empty(broker: Broker, queues: 
 def test_a_queue_with_a_receivable_message_is_returned_at_once(
     broker: Broker, queues: list[str]
 ) -> None:
-    watching(broker)
     send(broker, queues[1], "g", "x")
     started = time.monotonic()
     assert broker.watch(queues, 10) == [queues[1]]
@@ -70,7 +73,6 @@ def test_a_queue_with_a_receivable_message_is_returned_at_once(
 def test_a_send_to_one_watched_queue_wakes_the_watch_with_that_queue(
     broker: Broker, queues: list[str]
 ) -> None:
-    watching(broker)
     # given a watch over three empty queues
     sender = later(0.3, lambda: send(broker, queues[2], "g", "x"))
     started = time.monotonic()
@@ -85,7 +87,6 @@ def test_a_send_to_one_watched_queue_wakes_the_watch_with_that_queue(
 def test_a_queue_whose_messages_are_all_blocked_is_not_returned(
     broker: Broker, queues: list[str]
 ) -> None:
-    watching(broker)
     # given a queue whose only visible message is behind an in-flight one of its group
     send(broker, queues[0], "g", "first", "second")
     assert bodies(receive(broker, queues[0], n=1, vt=30)) == ["first"]
@@ -97,7 +98,6 @@ def test_a_queue_whose_messages_are_all_blocked_is_not_returned(
 def test_a_blocked_group_whose_visibility_ends_wakes_the_watch(
     broker: Broker, queues: list[str]
 ) -> None:
-    watching(broker)
     # given a group blocked by a message hidden for 1 s
     send(broker, queues[0], "g", "first", "second")
     receive(broker, queues[0], n=1, vt=1)
@@ -110,7 +110,6 @@ def test_a_blocked_group_whose_visibility_ends_wakes_the_watch(
 
 
 def test_a_delete_that_unblocks_a_group_wakes_the_watch(broker: Broker, queues: list[str]) -> None:
-    watching(broker)
     send(broker, queues[1], "g", "first", "second")
     first = receive(broker, queues[1], n=1)
     deleter = later(0.3, lambda: delete(broker, queues[1], first))
@@ -122,7 +121,6 @@ def test_a_delete_that_unblocks_a_group_wakes_the_watch(broker: Broker, queues: 
 
 
 def test_wake_waiters_ends_a_watch_at_once_and_empty(broker: Broker, queues: list[str]) -> None:
-    watching(broker)
     waker = later(0.3, broker.wake_waiters)
     started = time.monotonic()
     assert broker.watch(queues, 10) == []

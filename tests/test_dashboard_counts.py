@@ -121,7 +121,7 @@ def test_each_worker_card_shows_its_counts_since_the_live_nodes_started(
         # when the page is shown
         set_width(browser, width)
         browser.get(srv.url)
-        wait = WebDriverWait(browser, 15)
+        wait = WebDriverWait(browser, 60)
 
         def counted(worker: str) -> str:
             css = f'[data-worker="{worker}"] .counted'

@@ -68,7 +68,7 @@ def test_a_listing_answered_late_does_not_overwrite_a_newer_search(
         return list(d.execute_script(script, dead))
 
     try:
-        wait = WebDriverWait(browser, 15)
+        wait = WebDriverWait(browser, 60)
         set_width(browser, 1400)
         browser.get(srv.url)
         wait.until(lambda d: d.find_element(By.ID, "m-worker").get_attribute("value"))
@@ -77,13 +77,13 @@ def test_a_listing_answered_late_does_not_overwrite_a_newer_search(
         # given a refresh of the whole morgue whose answer is slow to come
         gate.armed = True
         browser.find_element(By.ID, "m-show").click()
-        assert gate.held.wait(15), "the listing did not reach the server"
+        assert gate.held.wait(60), "the listing did not reach the server"
         # when an entity is clicked meanwhile, and its dead jobs are shown
         browser.find_element(By.CSS_SELECTOR, f'{dead}[data-entity="o2"] button.entity').click()
         wait.until(lambda d: rows(d) == ["o2"])
         # and then the older answer arrives
         gate.release.set()
-        assert gate.answered.wait(15), "the held listing was not answered"
+        assert gate.answered.wait(60), "the held listing was not answered"
         # then the page keeps the entity's dead jobs: the late answer is dropped
         with pytest.raises(TimeoutException):
             WebDriverWait(browser, 3).until(lambda d: rows(d) != ["o2"])

@@ -62,7 +62,7 @@ def test_a_long_excludes_note_wraps_without_stretching_the_cards(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 15)
+    wait = WebDriverWait(browser, 60)
     set_width(browser, width)
     browser.get(server.url)
     wait.until(lambda d: d.find_element(By.ID, "t-length").text != "—")
@@ -97,7 +97,7 @@ def test_the_page_alerts_when_no_queue_exists(
         set_width(browser, width)
         browser.get(srv.url)
         # then the page shows an alert saying so, and still fits the screen
-        wait = WebDriverWait(browser, 15)
+        wait = WebDriverWait(browser, 60)
         wait.until(lambda d: d.find_element(By.ID, "queues-banner").is_displayed())
         text = browser.find_element(By.ID, "queues-banner").text
         assert text.startswith("No queues of this app exist with queue_prefix 'typo-'"), text

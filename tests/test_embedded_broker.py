@@ -351,15 +351,22 @@ def test_a_node_on_a_full_disk_keeps_going_and_recovers_when_room_returns(
     node = app.node(app.plan(threads=2), until_empty=True)
     runner = threading.Thread(target=node.run)
     with capture_logs() as logs:
-        # when it runs a while with no room, then room returns
+        # when it runs with no room until it met the full file twice (it kept trying),
+        # then room returns
         runner.start()
-        time.sleep(2.0)
+
+        def full_seen() -> int:
+            return sum("is full" in str(e.get("error", "")) for e in list(logs))
+
+        deadline = time.monotonic() + 60
+        while full_seen() < 2 and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         full = list(logs)
         limit_file(broker, None)
         runner.join(60)
     # then it kept running, said why it could not work, and ran every job once, in order
     assert not runner.is_alive()
-    assert any("is full" in str(e.get("error", "")) for e in full)
+    assert sum("is full" in str(e.get("error", "")) for e in full) >= 2
     assert not any(e["event"] in {"node.part_failed", "node.thread_died"} for e in logs)
     assert sorted(done) == list(range(300))
     for entity in range(7):

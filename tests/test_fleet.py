@@ -105,7 +105,7 @@ def test_a_lone_node_takes_every_shard_and_the_store_says_so(app: App, running: 
     # when one elastic node runs
     node = running.start()
     # then it serves every shard, owns every ownership item and keeps one heartbeat
-    wait_for(lambda: keys(node) == ALL, 15, "every shard")
+    wait_for(lambda: keys(node) == ALL, 60, "every shard")
     assert owners(app) == {k: node.id for k in ALL}
     beat = app.store.get(f"node/{node.id}")
     assert beat is not None and beat.value["mode"] == ELASTIC
@@ -117,18 +117,19 @@ def test_a_joining_node_gets_its_share_and_a_stopping_one_hands_back_at_once(
 ) -> None:
     # given a node holding every shard
     first = running.start()
-    wait_for(lambda: keys(first) == ALL, 15, "every shard on the first node")
+    wait_for(lambda: keys(first) == ALL, 60, "every shard on the first node")
     # when a second node joins
     second = running.start()
     # then within two lease periods each serves half, and no shard is served twice
     wait_for(lambda: len(keys(second)) == 3 and len(keys(first)) == 3, 2 * LEASE, "a fair share")
     assert keys(first) | keys(second) == ALL and not keys(first) & keys(second)
-    wait_for(lambda: sorted(owners(app).values()).count(second.id) == 3, 5, "owners")
+    wait_for(lambda: sorted(owners(app).values()).count(second.id) == 3, 30, "owners")
     # when the first stops gracefully
     running.stop(first)
-    # then its heartbeat is gone and the second serves every shard within a few rounds
+    # then its heartbeat is gone and the second serves every shard within a few rounds,
+    # sooner than a dead node's shards could be taken (its counter still for the expiry)
     assert app.store.get(f"node/{first.id}") is None
-    wait_for(lambda: keys(second) == ALL, 4, "the handed-back shards")
+    wait_for(lambda: keys(second) == ALL, timing(LEASE)[1], "the handed-back shards")
     assert owners(app) == {k: second.id for k in ALL}
 
 

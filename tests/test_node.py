@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 import shardq
 from shardq import morgue
-from shardq.broker import SendEntry
+from shardq.broker import Message, SendEntry
 from shardq.core.config import Config
 from shardq.ops.ensure import ensure_state_table
 from shardq.run.node import Node
@@ -223,10 +223,26 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
     app: shardq.App, request: pytest.FixtureRequest, tmp_path: Path, ledger_path: str
 ) -> None:
     # given two nodes, each with its own broker connection, that both own every shard
-    # (jobs of 50 ms: about 2 s of work, so a node that starts late on a loaded machine
-    # still finds some)
+    # (jobs of 50 ms: about 2 s of work)
     expected = publish_numbered(20, 6, sleep=0.05, fail_rate=0.1)
     other = shardq.App(app.config, broker=make_broker(app.broker.kind, tmp_path, request))
+    # (the first node receives once the second has received jobs: on a loaded machine
+    # the node that starts first could otherwise run them all before the other is up)
+    second_has_jobs = threading.Event()
+    first_receive, second_receive = app.broker.receive, other.broker.receive
+
+    def first_receives(*args: Any, **kwargs: Any) -> list[Message]:
+        second_has_jobs.wait(60)
+        return first_receive(*args, **kwargs)
+
+    def second_receives(*args: Any, **kwargs: Any) -> list[Message]:
+        got = second_receive(*args, **kwargs)
+        if got:
+            second_has_jobs.set()
+        return got
+
+    app.broker.receive = first_receives  # type: ignore[method-assign]
+    other.broker.receive = second_receives  # type: ignore[method-assign]
 
     class Ledgered(shardq.Worker):  # the same worker, bound to the second app
         shards = 3

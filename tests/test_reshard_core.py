@@ -96,7 +96,10 @@ def entity_in(old_shard: int, shards: int) -> str:
 def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item(
     moved: shardq.App,
 ) -> None:
-    # given a reshard of Moved from 2 to 5 shards announced
+    # given a reshard of Moved from 2 to 5 shards announced, and a publisher on a clock
+    # the test moves
+    clock = Clock()
+    moved.layouts.clock = clock
     layout = begin(moved, 5)
     # when a job is published, then it goes to the old layout
     Moved.publish("order-7", {"n": 1})
@@ -104,7 +107,7 @@ def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item
     assert [m.group_id for m in take(moved.broker, old)] == ["order-7"]
     # when the switch is written and the publisher reads again (its copy is 0.1 s old)
     moved.layouts.update("Moved", lambda w: rules.switch(w, layout.gen))
-    time.sleep(0.15)
+    clock.offset += 0.15
     Moved.publish("order-7", {"n": 2})
     # then the job is in the entity's shard of generation 1
     queue = moved.shard_queue("Moved", shard_for("order-7", 5), layout.gen)
@@ -360,11 +363,10 @@ def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
     return node, runner
 
 
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
-    moved: shardq.App, request: pytest.FixtureRequest
+    moved: shardq.App,
 ) -> None:
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the same on every broker; this one is quick")
     # given Z stuck in Sticky's old shard 0 (its job retries in 30 s, 1 more behind
     # it), Y done; a node running on a clock the test moves
     z = next(f"z{i}" for i in range(1000) if shard_for(f"z{i}", 2) == 0)
@@ -375,14 +377,14 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
     Sticky.publish_many([(z, {"stuck": True}), (z, {"n": 1}), (y, {"n": 0})])
     node, runner = run_node(moved, clock)
     try:
-        wait_for(lambda: (y, [{"n": 0}]) in performed and (z, [{"stuck": True}]) in performed, 10)
+        wait_for(lambda: (y, [{"n": 0}]) in performed and (z, [{"stuck": True}]) in performed, 60)
         # when Sticky is resharded to 3, switched, and the trust window passes
         layout = reshard.start(moved, "Sticky", 3)
         moved.layouts.update("Sticky", lambda w: rules.switch(w, layout.gen))
         time.sleep(1.0)  # the node observes the switch
         clock.offset = 100.0
         # then old shard 1 (empty) closes, while shard 0 stays open behind Z's retry
-        wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 10)  # type: ignore[union-attr]
+        wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 60)  # type: ignore[union-attr]
         time.sleep(1.5)
         assert moved.layouts.read("Sticky").moving.closed == (1,)  # type: ignore[union-attr]
         assert f"Sticky:{moved.shard_queue('Sticky', 0, 0)}" not in node.layout.relaying
@@ -391,12 +393,11 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
         runner.join(30)
 
 
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
-    moved: shardq.App, request: pytest.FixtureRequest
+    moved: shardq.App,
 ) -> None:
     # (as after every node was killed, or `shardq reshard --no-wait`)
-    if request.node.callspec.params["moved"] != "sqlite":
-        pytest.skip("the same on every broker; this one is quick")
     # given jobs of 20 entities in the old layout, a reshard from 2 to 3 shards
     # announced while no node runs, and a node started on a clock the test moves
     clock = Clock()
@@ -410,13 +411,13 @@ def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
         # jobs are published to the new layout, and it passes again
         time.sleep(1.0)
         clock.offset = 61.0
-        wait_for(lambda: moved.layouts.read("Moved").state == "switched", 10)
+        wait_for(lambda: moved.layouts.read("Moved").state == "switched", 60)
         moved.layouts.forget()
         Moved.publish_many([(f"e{i}", {"n": 1}) for i in range(20)])
         clock.offset = 200.0
         # then the reshard completes and every entity ran its jobs in order
         wait_for(lambda: moved.layouts.read("Moved").moving is None, 30)
-        wait_for(lambda: len(performed) == 40, 10)
+        wait_for(lambda: len(performed) == 40, 60)
         for i in range(20):
             mine = [p for entity, p in performed if entity == f"e{i}"]
             assert mine == [[{"n": 0}], [{"n": 1}]]

@@ -346,7 +346,7 @@ def test_the_page_shows_a_resharding_banner(browser: Any, resharding: shardq.App
     # given a dashboard while SyncOrder moves from 4 to 16 shards
     srv = make_server(resharding, "127.0.0.1", 0, refresh=0.5).start()
     try:
-        wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+        wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])
         set_width(browser, 1400)
         browser.get(srv.url)
         # then a banner says the move: from, to, old shards open, jobs in the old layout

@@ -7,6 +7,7 @@ import multiprocessing
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -120,8 +121,12 @@ def test_query_by_prefix_in_key_order(store: Store) -> None:
 
 def test_query_pages_and_query_all_past_one_page(store: Store) -> None:
     total = MAX_QUERY_ITEMS + 3
-    for n in range(total):
-        store.put(f"morgue/W/{n:05d}", {"n": n}, version=None)
+    with ThreadPoolExecutor(8) as writers:  # the order of the writes does not matter here
+        list(
+            writers.map(
+                lambda n: store.put(f"morgue/W/{n:05d}", {"n": n}, version=None), range(total)
+            )
+        )
     store.put("morgue/X/00000", {}, version=None)
     first = store.query("morgue/W/")
     assert len(first) == MAX_QUERY_ITEMS
