@@ -10,6 +10,7 @@ import pytest
 
 import shardq
 from shardq.core import layout as rules
+from shardq.core import topology
 from shardq.core.errors import ConfigError, LayoutError
 from shardq.core.layout import Move, Retired, WorkerLayout
 from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
@@ -182,12 +183,12 @@ def test_a_damaged_item_is_refused_naming_the_worker_and_the_key(damage: dict[st
 
 
 def test_shard_names_and_their_parsing() -> None:
-    assert rules.shard_name("Orders", 0) == "Orders"
-    assert rules.shard_name("Orders", 2) == "Orders@2"
-    assert rules.parse_name("Orders@2") == ("Orders", 2)
-    assert rules.parse_name("Orders") == ("Orders", 0)
+    assert topology.shard_name("Orders", 0) == "Orders"
+    assert topology.shard_name("Orders", 2) == "Orders@2"
+    assert topology.parse_name("Orders@2") == ("Orders", 2)
+    assert topology.parse_name("Orders") == ("Orders", 0)
     with pytest.raises(ConfigError, match="not a worker name with a generation"):
-        rules.parse_name("Orders@x")
+        topology.parse_name("Orders@x")
 
 
 # -- the app's queue names ----------------------------------------------------------------
