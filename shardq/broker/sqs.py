@@ -257,8 +257,7 @@ class SqsBroker(Broker):
         )
         for ok in response.get("Successful", []):
             result.message_ids[ok["Id"]] = ok["MessageId"]
-        for bad in response.get("Failed", []):
-            result.failed[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message')}"
+        result.failed.update(_refused(response))
         for entry in valid:  # an entry SQS neither accepted nor refused was not sent
             if entry.id not in result.message_ids and entry.id not in result.failed:
                 result.failed[entry.id] = "missing from the SendMessageBatch response"
@@ -341,10 +340,15 @@ def _code(exc: BaseException | None) -> str:
 def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
     result = BatchResult()
     done = {ok["Id"] for ok in response.get("Successful", [])}
-    reasons = {
-        bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
-    }
+    reasons = _refused(response)
     for i, receipt in enumerate(receipts):
         if str(i) not in done:  # refused, or absent from the response: not done
             result.failed[receipt] = reasons.get(str(i), "missing from the batch response")
     return result
+
+
+def _refused(response: dict[str, Any]) -> dict[str, str]:
+    """Why each entry of a batch call SQS refused was refused, by entry id."""
+    return {
+        bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
+    }

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardq.core.errors import ConfigError
-from shardq.core.topology import parse_name
+from shardq.core.topology import parse_name, shard_name
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ShardRef:
     @property
     def name(self) -> str:
         """The worker with its generation, as in shard keys: ``Orders``, ``Orders@2``."""
-        return self.worker if self.gen == 0 else f"{self.worker}@{self.gen}"
+        return shard_name(self.worker, self.gen)
 
     @property
     def key(self) -> str:

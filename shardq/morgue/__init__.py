@@ -8,7 +8,6 @@ lists, requeues (each entity's oldest first) and purges a worker's dead jobs.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +25,7 @@ from shardq.core.decide import (
 )
 from shardq.core.errors import BrokerError, EnvelopeError
 from shardq.core.layout import publish_to
+from shardq.core.tables import utc
 from shardq.core.topology import shard_for
 from shardq.morgue.record import (
     KIND,
@@ -162,12 +162,10 @@ class Morgue:
         item = self.store.get(record.key)
         if item is None:
             return record  # purged meanwhile, or only its summary is left
-        head, _, rest = record.key.partition("/e/")
-        stamp = rest.rpartition("/")[2]
         first = whole(item, [])
         pieces = []
-        for k in range(1, first.pieces):
-            part = self.store.get(f"{head}/p/{stamp}/{k:03d}")
+        for key in keys_of(record.key, first.pieces)[2:]:  # after the summary and record
+            part = self.store.get(key)
             body = None if part is None else part.value.get("body")
             pieces.append(body if isinstance(body, str) else "")
         return whole(item, pieces) if pieces else first
@@ -305,7 +303,7 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
 
 
 def _utc(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{utc(at)} UTC"
 
 
 __all__ = [
