@@ -33,8 +33,8 @@ class Config:
     region: str | None = None
     #: SQS endpoint override, for emulators.
     endpoint_url: str | None = None
-    #: Where the state store lives (None: the broker's file, or DynamoDB for ``sqs://``
-    #: in the SQS region/endpoint); ``dynamodb://?region=..&endpoint_url=..&table=..``.
+    #: The state store, ``dynamodb://?region=..&endpoint_url=..&table=..`` (None: the
+    #: broker's file, or DynamoDB beside SQS).
     store_url: str | None = None
     #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
     queue_prefix: str = ""
@@ -42,8 +42,7 @@ class Config:
     app: str = "workers"
     #: Threads per node; each shard of the node belongs to exactly one (1..256).
     threads: int = 4
-    #: Most jobs a node runs at once, over all its shards (one entity at a time in
-    #: order; 1..MAX_CONCURRENCY).
+    #: Most jobs a node runs at once, over all its shards (1..MAX_CONCURRENCY).
     concurrency: int = 32
     #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
@@ -53,20 +52,17 @@ class Config:
     prefetch: int = 2
     #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
-    #: Elastic fleet: a killed node's shards are taken by others within this (its
-    #: heartbeat counter must stand still that long less a beat and 2 s; 10..600).
+    #: Elastic fleet: a killed node's shards are taken by others within this (10..600).
     lease_seconds: float = 30.0
     #: Unused since the fleet lives in the state store (5..45, still accepted).
     report_seconds: float = 45.0
-    #: Publishers and nodes look at the live layout (``shardq reshard``) again when
-    #: their copy is older than this (0.1..60).
+    #: Publishers and nodes read the live layout again when their copy is this old.
     layout_refresh_seconds: float = 10.0
-    #: ``shardq reshard``: publishers switch to the new layout this long after the
-    #: reshard begins (every one must have looked at the layout by then: 5..3600, and
-    #: at least layout_refresh_seconds + 5).
+    #: ``shardq reshard``: publishers switch to the new layout this long after it
+    #: begins (at least layout_refresh_seconds + 5).
     reshard_trust_seconds: float = 60.0
     #: A node warns (``job.old``) about a job older than this share of its queue's
-    #: retention period (0: never; 0..1).
+    #: retention period (0: never).
     retention_warning_share: float = 0.5
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
@@ -74,8 +70,7 @@ class Config:
     metrics_port: int | None = None
     #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
     metrics_host: str = "127.0.0.1"
-    #: Dead jobs older than this many days are deleted by ``shardq queues ensure``
-    #: (None: kept until purged).
+    #: ``shardq queues ensure`` deletes dead jobs older than this (None: kept).
     morgue_retention_days: int | None = None
     #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
     dashboard_token: str | None = None
@@ -155,11 +150,7 @@ class Config:
 
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
-        for key, high in (
-            ("threads", MAX_THREADS),
-            ("concurrency", MAX_CONCURRENCY),
-            ("prefetch", 10),
-        ):
+        for key, high in _INT_MAX.items():
             problem = int_in(1, high)(getattr(self, key))
             if problem:
                 fail(key, problem)
@@ -218,7 +209,8 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
-#: Settings that take any number in a range, and the range.
+#: Settings that take an integer from 1 to a maximum, and any number in a range.
+_INT_MAX = {"threads": MAX_THREADS, "concurrency": MAX_CONCURRENCY, "prefetch": 10}
 _RANGES = {
     "grace_seconds": (0, 3600),
     "progress_seconds": (0, 86400),
