@@ -192,18 +192,11 @@ class App:
     def configure(self, config: Config | None = None, *, broker: Broker | None = None) -> None:
         """Replace the config and/or broker (the CLI does this before running)."""
         with self._lock:
-            if config is not None:
-                self._config = config
-                self._settings.clear()
-                if broker is None and self._broker is not None:
-                    self._broker.close()
-                    self._broker = None
-                    self._store = None  # made for the old broker and config
-            if broker is not None:
-                self._broker = broker
+            if config is not None and broker is None and self._broker is not None:
+                self._broker.close()  # made for the old config, as is the store
+                self._broker = None
                 self._store = None
-            self._ready.clear()
-            self.layouts.forget()
+            self._use(config, broker)
 
     @contextmanager
     def override(
@@ -211,24 +204,30 @@ class App:
     ) -> Iterator[App]:
         """Use another config and/or broker inside the block, then restore (tests)."""
         with self._lock:
-            saved = (self._config, self._broker, dict(self._settings), set(self._ready))
-            saved_store = self._store
-            if config is not None:
-                self._config = config
-                self._settings.clear()
-            if broker is not None:
-                self._broker = broker
-                self._store = None
-            self._ready.clear()
-            self.layouts.forget()
+            saved = (
+                self._config,
+                self._broker,
+                self._store,
+                dict(self._settings),
+                set(self._ready),
+            )
+            self._use(config, broker)
         try:
             yield self
         finally:
             with self._lock:
-                self._config, self._broker = saved[0], saved[1]
-                self._store = saved_store
-                self._settings, self._ready = saved[2], saved[3]
+                self._config, self._broker, self._store, self._settings, self._ready = saved
                 self.layouts.forget()
+
+    def _use(self, config: Config | None, broker: Broker | None) -> None:
+        if config is not None:
+            self._config = config
+            self._settings.clear()
+        if broker is not None:
+            self._broker = broker
+            self._store = None
+        self._ready.clear()
+        self.layouts.forget()
 
     @property
     def signing_key(self) -> bytes | None:

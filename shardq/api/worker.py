@@ -1,19 +1,6 @@
 """Worker classes: class attributes plus one method, ``perform(entity_id, payloads)``.
 
-::
-
-    app = shardq.App()
-
-    @app.register
-    class SyncOrder(shardq.Worker):
-        shards = 8
-        priority = 5
-        batch_size = 10
-
-        def perform(self, entity_id, payloads):
-            ...
-
-Defining or importing a worker class does no I/O. Invalid attribute values raise
+Defining or importing a worker class does no I/O; invalid attribute values raise
 :class:`~shardq.core.errors.WorkerDefinitionError` when the class is defined.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from shardq.broker.base import (
     BatchResult,
@@ -14,6 +14,7 @@ from shardq.broker.base import (
     SendResult,
 )
 from shardq.broker.sqlite import MemoryBroker, SqliteBroker
+from shardq.core.config import url_parameters
 from shardq.core.errors import ConfigError
 
 __all__ = [
@@ -47,17 +48,11 @@ _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 def broker_from_url(
     url: str, *, region: str | None = None, endpoint_url: str | None = None
 ) -> Broker:
-    """Make a broker from a URL. ``sqs://?region=..&endpoint_url=..`` may carry both.
-
-    ``sqlite:///path.db?allow_other_tables=1`` lets the embedded broker share a file
-    that holds other tables; ``test_reopen_groups=1`` and
-    ``test_stale_visibility=1`` (sqlite and memory) are test-only.
-    Unknown parameters are refused.
-    """
+    """Make a broker from a URL; unknown query parameters are refused."""
     parts = urlsplit(url)
     if parts.scheme not in URL_PARAMETERS:
         raise ConfigError(f"broker_url {url!r} is not supported; use {URL_FORMS}")
-    query = _parameters(url, parts.scheme, parts.query)
+    query = url_parameters("broker_url", url, URL_PARAMETERS[parts.scheme])
     if parts.scheme == "sqlite":
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
@@ -79,18 +74,6 @@ def broker_from_url(
         region=query.get("region", region),
         endpoint_url=query.get("endpoint_url", endpoint_url),
     )
-
-
-def _parameters(url: str, scheme: str, text: str) -> dict[str, str]:
-    query = {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
-    allowed = URL_PARAMETERS[scheme]
-    unknown = sorted(set(query) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"broker_url {url!r} has unknown parameter(s) {', '.join(unknown)}; "
-            f"{scheme}:// URLs take {', '.join(allowed)}"
-        )
-    return query
 
 
 def _flag(url: str, query: dict[str, str], name: str) -> bool:

@@ -1,16 +1,8 @@
 """The broker interface: the few queue operations shardq needs from SQS FIFO.
 
-Every implementation gives the same FIFO semantics (see the contract tests in
-``tests/test_broker_contract.py``):
-
-* messages of one group are received in send order;
-* while a message of a group is in flight (invisible), no other message of that
-  group is received;
-* one receive may return several messages of one group, in order;
-* a receipt handle is valid only until its message becomes visible again;
-* a deduplication id seen within 5 minutes is accepted and dropped, even after
-  the first message was deleted;
-* batch calls report per-entry failures instead of failing whole.
+Every implementation gives SQS FIFO's semantics (a group's messages in send order, none
+while one is in flight; 5-minute deduplication; per-entry batch failures), checked by
+``tests/test_broker_contract.py``.
 """
 
 from __future__ import annotations
@@ -108,22 +100,12 @@ class Broker(abc.ABC):
         raise BrokerError(f"this broker cannot delete queues (asked to delete {queue})")
 
     def wake_waiters(self) -> None:  # noqa: B027 - optional for implementations
-        """Make receives that are waiting return now (empty if nothing came).
-
-        Used at shutdown. Brokers that cannot interrupt a wait (SQS long polls)
-        do nothing; their waits end within ``wait_seconds``.
-        """
+        """Make waiting receives return now, at shutdown (SQS cannot: a no-op)."""
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
-        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message.
-
-        Returns the queues that may (an empty list on timeout or after
-        :meth:`wake_waiters`), or None if this broker cannot watch many queues at
-        once (SQS: the caller then long-polls each queue with :meth:`receive`).
-        A queue is returned only if a receive could return something from it now,
-        or if it was written since the call began, so a watch loop never spins on
-        a queue whose visible messages all belong to blocked groups.
-        """
+        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message
+        (one a receive could return now, or written since the call began); those queues,
+        [] on timeout or wake, or None if this broker cannot watch (SQS: long-poll each)."""
         return None
 
     def maintain(self) -> None:  # noqa: B027 - optional for implementations
@@ -162,10 +144,8 @@ def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:
 
 
 def release_now(broker: Broker, messages: Sequence[Message]) -> int:
-    """Make held messages visible again at once, in this thread, in order (for callers
-    without a node: admin operations, and long polls that answered after shutdown).
-    Failures are logged, never raised: a message not released reappears after its
-    visibility timeout. Returns how many were released."""
+    """Make held messages visible again at once, in order, for callers without a node;
+    how many. Failures are logged: those reappear after their visibility timeout."""
     released = 0
     by_queue: dict[str, list[Message]] = {}
     for m in messages:

@@ -1,18 +1,9 @@
-"""Amazon SQS FIFO through boto3.
+"""Amazon SQS FIFO through boto3 (clients and timeouts: :mod:`shardq.broker.sqs_client`).
 
-Credentials come only from boto3's default chain (environment, shared files,
-instance or task roles); ``region`` and ``endpoint_url`` (for emulators) come from
-the config. Every HTTP request to SQS is counted in :attr:`SqsBroker.requests`, per
-operation, so benchmarks and metrics can report what a workload costs.
-
-boto3 is used as documented: one client shared by the node's threads (and one for
-long polls), botocore's adaptive retry mode (its retry quota and client-side rate
-limiting apply to every call) and explicit connect and read timeouts, short enough
-that an endpoint that never answers fails a call within 17 s
-(:mod:`shardq.broker.sqs_client`). Every receive carries a
-``ReceiveRequestAttemptId``: a receive whose answer was lost (a connection reset or
-a read timeout) is sent again with the same id, so SQS returns the same messages
-instead of hiding them from everyone for a whole visibility timeout.
+Credentials come only from boto3's default chain. Every HTTP request is counted in
+:attr:`SqsBroker.requests`, per operation. Each receive carries a
+``ReceiveRequestAttemptId``, so a receive whose answer was lost returns the same
+messages when botocore sends it again instead of hiding them for a visibility timeout.
 """
 
 from __future__ import annotations
@@ -47,6 +38,7 @@ from shardq.broker.sqs_client import (
     TIMEOUTS,
     Unanswered,
     make_client,
+    no_credentials,
     timed_out,
 )
 from shardq.core.errors import BrokerError, QueueNotFoundError
@@ -121,18 +113,18 @@ class SqsBroker(Broker):
         try:
             return fn(**kwargs)
         except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
+            code = _code(exc)
             if code in _MISSING_QUEUE:
                 raise QueueNotFoundError(
                     f"{what}: the SQS queue does not exist; run `shardq queues ensure`"
                 ) from exc
             raise BrokerError(f"{what}: SQS answered {code}: {exc}") from exc
         except botocore.exceptions.NoCredentialsError as exc:
-            raise _no_credentials(what) from exc
+            raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
             error = timed_out(what, exc, _SAFE.get(what.split()[0], ""))
-            self.unanswered.record(endpoint, str(error))
-            raise error from exc
+            self.unanswered.record(endpoint, error)
+            raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
             meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
@@ -160,19 +152,17 @@ class SqsBroker(Broker):
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
         try:
-            response = self.client.create_queue(QueueName=name, Attributes=attributes)
+            response = self._call(
+                f"creating queue {name}",
+                self.client.create_queue,
+                QueueName=name,
+                Attributes=attributes,
+            )
             self._urls[name] = response["QueueUrl"]
-        except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code not in {"QueueAlreadyExists", "QueueNameExists"}:
-                raise BrokerError(f"creating queue {name}: SQS answered {code}: {exc}") from exc
+        except BrokerError as exc:
+            if _code(exc.__cause__) not in {"QueueAlreadyExists", "QueueNameExists"}:
+                raise
             self.url(name)  # exists with other attributes: use it as it is
-        except botocore.exceptions.NoCredentialsError as exc:
-            raise _no_credentials(f"creating queue {name}") from exc
-        except TIMEOUTS as exc:
-            raise timed_out(f"creating queue {name}", exc) from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise BrokerError(f"creating queue {name}: cannot reach SQS ({exc})") from exc
 
     def delete_queue(self, queue: str) -> None:
         try:
@@ -267,8 +257,7 @@ class SqsBroker(Broker):
         )
         for ok in response.get("Successful", []):
             result.message_ids[ok["Id"]] = ok["MessageId"]
-        for bad in response.get("Failed", []):
-            result.failed[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message')}"
+        result.failed.update(_refused(response))
         for entry in valid:  # an entry SQS neither accepted nor refused was not sent
             if entry.id not in result.message_ids and entry.id not in result.failed:
                 result.failed[entry.id] = "missing from the SendMessageBatch response"
@@ -308,9 +297,7 @@ class SqsBroker(Broker):
         return messages
 
     def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One receive. botocore sends it again, with the same parameters and so the same
-        ReceiveRequestAttemptId, when its answer was lost (a connection error or a read
-        timeout, after which SQS may have hidden messages for it)."""
+        """One receive; botocore's retries resend the same ReceiveRequestAttemptId."""
         client = self._poll_client if params["WaitTimeSeconds"] > 0 else self.client
         response: dict[str, Any] = self._call(
             f"receiving from {queue}", client.receive_message, **params
@@ -343,20 +330,25 @@ class SqsBroker(Broker):
         return _batch_result([r for r, _ in changes], response)
 
 
-def _no_credentials(what: str) -> BrokerError:
-    return BrokerError(
-        f"{what}: no AWS credentials found; configure them for boto3 (environment, "
-        "~/.aws/credentials or an instance role), never in shardq.yaml"
-    )
+def _code(exc: BaseException | None) -> str:
+    """The error code of an SQS error answer ("" for any other exception)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
 
 
 def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
     result = BatchResult()
     done = {ok["Id"] for ok in response.get("Successful", [])}
-    reasons = {
-        bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
-    }
+    reasons = _refused(response)
     for i, receipt in enumerate(receipts):
         if str(i) not in done:  # refused, or absent from the response: not done
             result.failed[receipt] = reasons.get(str(i), "missing from the batch response")
     return result
+
+
+def _refused(response: dict[str, Any]) -> dict[str, str]:
+    """Why each entry of a batch call SQS refused was refused, by entry id."""
+    return {
+        bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
+    }

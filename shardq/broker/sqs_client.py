@@ -1,9 +1,6 @@
 """The boto3 SQS clients of :class:`shardq.broker.sqs.SqsBroker`: bounded timeouts and
-retries, so an endpoint that accepts connections and never answers fails a call with a
-clear error in seconds (:func:`worst_call_seconds`), not minutes.
-
-Long polls (``ReceiveMessage`` with a wait) get a client of their own whose read timeout
-covers the longest poll; every other call gets :data:`READ_TIMEOUT`.
+retries, so an endpoint that never answers fails a call in seconds, not minutes
+(long polls get a client of their own whose read timeout covers the longest poll).
 """
 
 from __future__ import annotations
@@ -23,9 +20,7 @@ from shardq.core.limits import MAX_WAIT_SECONDS
 
 #: What botocore raises when an attempt did not connect or was not answered in time.
 TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError)
-#: Seconds to open a connection to SQS, and to wait for the answer to a call that is
-#: not a long poll (SQS answers those in milliseconds; an endpoint that accepts and
-#: never answers must not hold a command or a web request for minutes).
+#: Seconds to connect, and to wait for the answer to a call that is not a long poll.
 CONNECT_TIMEOUT = 2
 READ_TIMEOUT = 6
 #: Attempts per call, the first included (botocore's adaptive retry mode).
@@ -43,13 +38,9 @@ def worst_call_seconds() -> float:
 
 
 class Unanswered:
-    """An endpoint that let a whole call time out, remembered for ``hold`` seconds on
-    this process's monotonic clock: a call to it within that time fails at once with the
-    first error instead of waiting out its own timeouts, so a command that makes several
-    calls (the state table, then SQS, on one endpoint) fails within one call's bound.
-
-    ``hold`` is 0 (off) unless a one-shot command turns it on: a node's threads keep
-    asking on their own terms."""
+    """An endpoint that let a whole call time out, remembered for ``hold`` seconds: later
+    calls to it fail at once with that error, so a one-shot command fails within one
+    call's bound. ``hold`` is 0 (off) unless such a command turns it on."""
 
     def __init__(self, clock: Clock = monotonic) -> None:
         self.hold = 0.0
@@ -78,8 +69,8 @@ class Unanswered:
 
 
 def make_client(region: str | None, endpoint_url: str | None, connections: int, read: float) -> Any:
-    """A boto3 SQS client with these timeouts, adaptive retries and no per-request
-    validation; BrokerError if no region is known."""
+    """A boto3 SQS client with these timeouts and adaptive retries; BrokerError if no
+    region is known."""
     config = botocore.config.Config(
         # Few quick retries: callers retry on their own terms (the leases back off per
         # message), and a request stuck in long retries holds a thread.
@@ -87,11 +78,9 @@ def make_client(region: str | None, endpoint_url: str | None, connections: int, 
         max_pool_connections=connections,
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=read,
-        # shardq checks every request before it is made (names, sizes, counts):
-        # botocore's own validation of each request is pure overhead.
+        # shardq checks every request itself (names, sizes, counts).
         parameter_validation=False,
-        # A fixed User-Agent: botocore otherwise rebuilds it for every request, a sixth
-        # of a node's CPU.
+        # A fixed User-Agent: botocore otherwise rebuilds it per request.
         user_agent=_user_agent(),
     )
     try:
@@ -105,13 +94,20 @@ def make_client(region: str | None, endpoint_url: str | None, connections: int, 
         ) from exc
 
 
-def timed_out(what: str, exc: Exception, meaning: str = "") -> BrokerError:
-    """A call SQS did not answer, every attempt of it; ``meaning``: what that means for
-    the jobs it was about."""
-    return BrokerError(
-        f"{what}: SQS did not answer within {worst_call_seconds():.0f} s ({CALL_ATTEMPTS} "
-        f"attempts, {CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to answer each: {exc}); "
-        "check endpoint_url, the network and SQS's health" + meaning
+def timed_out(what: str, exc: Exception, meaning: str = "", service: str = "SQS") -> str:
+    """Why a call ``service`` did not answer (every attempt of it) failed; ``meaning``:
+    what that means for the jobs it was about."""
+    return (
+        f"{what}: {service} did not answer within {worst_call_seconds():.0f} s "
+        f"({CALL_ATTEMPTS} attempts, {CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to "
+        f"answer each: {exc}); check endpoint_url, the network and {service}'s health" + meaning
+    )
+
+
+def no_credentials(what: str) -> str:
+    return (
+        f"{what}: no AWS credentials found; configure them for boto3 (environment, "
+        "~/.aws/credentials or an instance role), never in shardq.yaml"
     )
 
 

@@ -1,9 +1,6 @@
 """The clock. Time-dependent parts take a :data:`Clock` (default: the system's), so their
-tests set the time instead of sleeping.
-
-Expiry and durations are measured on this process's :data:`monotonic` clock; the
-:data:`wall` clock only stamps what people read or what is compared with a broker's
-own timestamps (a job's ``SentTimestamp``), never another machine's clock.
+tests set the time instead of sleeping. Expiry and durations use :data:`monotonic`;
+:data:`wall` only stamps what people read or what is compared with a broker's timestamps.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Configuration: defaults < ``shardq.yaml`` < ``SHARDQ_*`` environment < CLI flags.
-
-``shardq.yaml`` (YAML, read safely; a key given twice is refused)::
-
-    broker_url: sqs://            # or sqlite:///shardq.db (default), memory://
-    region: eu-west-1
-    endpoint_url: null            # e.g. http://127.0.0.1:4566 for an emulator
-    store_url: null               # e.g. dynamodb://?region=eu-west-2&table=prod-state
-    queue_prefix: prod-
-    threads: 8
-    concurrency: 32
-    workers:
-      SyncOrder: {shards: 16, batch_size: 10}
-
-Every top-level key can be set as ``SHARDQ_<KEY>`` (``SHARDQ_THREADS=8``) and a
-worker setting as ``SHARDQ_WORKERS__<Worker>__<key>`` (``SHARDQ_WORKERS__SyncOrder__shards=16``).
-AWS credentials are never read from here: boto3's default chain provides them.
+"""Configuration: defaults < ``shardq.yaml`` < ``SHARDQ_*`` environment < CLI flags
+(every key and its environment variable: README, "Configuration"). AWS credentials are
+never read from here: boto3's default chain provides them.
 """
 
 from __future__ import annotations
@@ -29,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from shardq.core.config_sources import ENV_PREFIX, coerce, from_env, merge_workers, read_file
 from shardq.core.errors import ConfigError
+from shardq.core.jobs import int_in
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
@@ -46,8 +33,8 @@ class Config:
     region: str | None = None
     #: SQS endpoint override, for emulators.
     endpoint_url: str | None = None
-    #: Where the state store lives (None: the broker's file, or DynamoDB for ``sqs://``
-    #: in the SQS region/endpoint); ``dynamodb://?region=..&endpoint_url=..&table=..``.
+    #: The state store, ``dynamodb://?region=..&endpoint_url=..&table=..`` (None: the
+    #: broker's file, or DynamoDB beside SQS).
     store_url: str | None = None
     #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
     queue_prefix: str = ""
@@ -55,8 +42,7 @@ class Config:
     app: str = "workers"
     #: Threads per node; each shard of the node belongs to exactly one (1..256).
     threads: int = 4
-    #: Most jobs a node runs at once, over all its shards (one entity at a time in
-    #: order; 1..MAX_CONCURRENCY).
+    #: Most jobs a node runs at once, over all its shards (1..MAX_CONCURRENCY).
     concurrency: int = 32
     #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
@@ -66,20 +52,17 @@ class Config:
     prefetch: int = 2
     #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
-    #: Elastic fleet: a killed node's shards are taken by others within this (its
-    #: heartbeat counter must stand still that long less a beat and 2 s; 10..600).
+    #: Elastic fleet: a killed node's shards are taken by others within this (10..600).
     lease_seconds: float = 30.0
     #: Unused since the fleet lives in the state store (5..45, still accepted).
     report_seconds: float = 45.0
-    #: Publishers and nodes look at the live layout (``shardq reshard``) again when
-    #: their copy is older than this (0.1..60).
+    #: Publishers and nodes read the live layout again when their copy is this old.
     layout_refresh_seconds: float = 10.0
-    #: ``shardq reshard``: publishers switch to the new layout this long after the
-    #: reshard begins (every one must have looked at the layout by then: 5..3600, and
-    #: at least layout_refresh_seconds + 5).
+    #: ``shardq reshard``: publishers switch to the new layout this long after it
+    #: begins (at least layout_refresh_seconds + 5).
     reshard_trust_seconds: float = 60.0
     #: A node warns (``job.old``) about a job older than this share of its queue's
-    #: retention period (0: never; 0..1).
+    #: retention period (0: never).
     retention_warning_share: float = 0.5
     #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
@@ -87,8 +70,7 @@ class Config:
     metrics_port: int | None = None
     #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
     metrics_host: str = "127.0.0.1"
-    #: Dead jobs older than this many days are deleted by ``shardq queues ensure``
-    #: (None: kept until purged).
+    #: ``shardq queues ensure`` deletes dead jobs older than this (None: kept).
     morgue_retention_days: int | None = None
     #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
     dashboard_token: str | None = None
@@ -168,40 +150,18 @@ class Config:
 
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
-        if self.threads > MAX_THREADS:
-            fail("threads", f"expected an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
-        if (
-            not isinstance(self.concurrency, int)
-            or isinstance(self.concurrency, bool)
-            or not 1 <= self.concurrency <= MAX_CONCURRENCY
-        ):
-            fail(
-                "concurrency",
-                f"expected an integer from 1 to {MAX_CONCURRENCY}, got {self.concurrency!r}",
-            )
-        if not 0 <= self.grace_seconds <= 3600:
-            fail("grace_seconds", f"expected 0 to 3600, got {self.grace_seconds!r}")
+        for key, high in _INT_MAX.items():
+            problem = int_in(1, high)(getattr(self, key))
+            if problem:
+                fail(key, problem)
+        for key, (low, high) in _RANGES.items():
+            if not low <= getattr(self, key) <= high:
+                fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
-            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
-        if not 1 <= self.prefetch <= 10:
-            fail("prefetch", f"expected an integer from 1 to 10, got {self.prefetch!r}")
-        if not 0 <= self.progress_seconds <= 86400:
-            fail("progress_seconds", f"expected 0 to 86400, got {self.progress_seconds!r}")
         days = self.morgue_retention_days
         if days is not None and (type(days) is not int or not 1 <= days <= 36500):
             fail("morgue_retention_days", f"expected whole days from 1 to 36500, got {days!r}")
-        if not 10 <= self.lease_seconds <= 600:
-            fail("lease_seconds", f"expected 10 to 600, got {self.lease_seconds!r}")
-        if not 5 <= self.report_seconds <= 45:
-            fail("report_seconds", f"expected 5 to 45, got {self.report_seconds!r}")
-        if not 0.1 <= self.layout_refresh_seconds <= 60:
-            fail(
-                "layout_refresh_seconds", f"expected 0.1 to 60, got {self.layout_refresh_seconds!r}"
-            )
-        if not 5 <= self.reshard_trust_seconds <= 3600:
-            fail("reshard_trust_seconds", f"expected 5 to 3600, got {self.reshard_trust_seconds!r}")
         if self.reshard_trust_seconds < self.layout_refresh_seconds + 5:
             fail(
                 "reshard_trust_seconds",
@@ -249,9 +209,33 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
+#: Settings that take an integer from 1 to a maximum, and any number in a range.
+_INT_MAX = {"threads": MAX_THREADS, "concurrency": MAX_CONCURRENCY, "prefetch": 10}
+_RANGES = {
+    "grace_seconds": (0, 3600),
+    "progress_seconds": (0, 86400),
+    "lease_seconds": (10, 600),
+    "report_seconds": (5, 45),
+    "layout_refresh_seconds": (0.1, 60),
+    "reshard_trust_seconds": (5, 3600),
+}
 
 
 STORE_URL_PARAMETERS = ("region", "endpoint_url", "table")
+
+
+def url_parameters(what: str, url: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The query parameters of ``url`` (the last of a repeated one); one outside
+    ``allowed`` raises ConfigError naming ``what`` (``broker_url``)."""
+    parts = urlsplit(url)
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{what} {url!r} has unknown parameter(s) {', '.join(unknown)}; "
+            f"{parts.scheme}:// URLs take {', '.join(allowed)}"
+        )
+    return query
 
 
 def store_parameters(url: str, where: str = "config") -> dict[str, str]:
@@ -264,13 +248,7 @@ def store_parameters(url: str, where: str = "config") -> dict[str, str]:
             "dynamodb://?region=..&endpoint_url=..&table=.. (each optional), or leave "
             "store_url unset for the broker's own store"
         )
-    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = sorted(set(query) - set(STORE_URL_PARAMETERS))
-    if unknown:
-        raise ConfigError(
-            f"{where}: store_url {url!r} has unknown parameter(s) {', '.join(unknown)}; "
-            f"dynamodb:// URLs take {', '.join(STORE_URL_PARAMETERS)}"
-        )
+    query = url_parameters(f"{where}: store_url", url, STORE_URL_PARAMETERS)
     empty = sorted(k for k, v in query.items() if not v)
     if empty:
         raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")

@@ -1,8 +1,6 @@
-"""Where configuration values come from: the YAML file, ``SHARDQ_*`` environment
-variables, and text turned into the types of the settings.
-
-:mod:`shardq.core.config` layers them (defaults < file < environment < CLI flags) and
-validates the result; nothing here knows the settings' ranges.
+"""Where configuration values come from: the YAML file and ``SHARDQ_*`` environment
+variables, with text turned into the settings' types (:mod:`shardq.core.config` layers
+and validates them).
 """
 
 from __future__ import annotations

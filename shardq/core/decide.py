@@ -1,9 +1,6 @@
-"""What becomes of a failed ``perform``: retry after a delay, or the morgue.
-
-Pure functions of the error, the attempt number and the worker's settings, so the
-rules are tested with plain data (``tests/test_decide.py``) and the executor only
-carries them out.
-"""
+"""What becomes of a failed ``perform``: retry after a delay, or the morgue. Pure
+functions of the error, the attempt and the worker's settings; the executor carries
+them out."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ QUEUE_SUFFIX_ROOM = len("-morgue") + len(FIFO_SUFFIX)
 MAX_BASE_NAME_LENGTH = MAX_QUEUE_NAME_LENGTH - QUEUE_SUFFIX_ROOM
 
 
-def _int_in(low: int, high: int) -> Any:
+def int_in(low: int, high: int) -> Any:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             return f"expected an integer from {low} to {high}, got {value!r}"
@@ -56,11 +56,11 @@ def _queue_name(value: Any) -> str | None:
 
 #: The settings a worker class declares and a config file may override.
 SETTING_CHECKS = {
-    "shards": _int_in(1, MAX_SHARDS),
-    "priority": _int_in(1, MAX_PRIORITY),
-    "batch_size": _int_in(1, MAX_BATCH_ENTRIES),
-    "max_retries": _int_in(0, 10_000),
-    "visibility_timeout": _int_in(1, MAX_VISIBILITY_SECONDS),
+    "shards": int_in(1, MAX_SHARDS),
+    "priority": int_in(1, MAX_PRIORITY),
+    "batch_size": int_in(1, MAX_BATCH_ENTRIES),
+    "max_retries": int_in(0, 10_000),
+    "visibility_timeout": int_in(1, MAX_VISIBILITY_SECONDS),
     "time_limit": _time_limit,
     "queue_name": _queue_name,
 }

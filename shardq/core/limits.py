@@ -25,9 +25,8 @@ MAX_RETENTION_SECONDS = 14 * 24 * 60 * 60
 MAX_WAIT_SECONDS = 20
 #: How long SQS remembers a MessageDeduplicationId.
 DEDUP_WINDOW_SECONDS = 5 * 60
-#: Longest MessageGroupId / MessageDeduplicationId.
+#: Longest MessageGroupId.
 MAX_GROUP_ID_LENGTH = 128
-MAX_DEDUP_ID_LENGTH = 128
 #: Longest queue name, ``.fifo`` suffix included.
 MAX_QUEUE_NAME_LENGTH = 80
 FIFO_SUFFIX = ".fifo"

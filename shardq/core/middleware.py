@@ -13,17 +13,11 @@ Subclass :class:`Middleware`, override what you need, and add it to the app::
 
     app.add_middleware(Tracing())
 
-Middleware run in the order added (the first is outermost). A middleware that
-raises is logged with its context and never kills a node: if it failed before
-calling ``call``, the job (or publish) runs without it; if it failed after, the
-outcome of the job stands. A job's own exception passes through middleware as the
-job's failure, even if a middleware swallows it.
-
-Middleware stay synchronous, also for ``async def perform``: ``around_perform`` runs in
-the execution slot's thread and its ``call()`` runs the whole awaited ``perform`` on
-the node's event loop and returns when it ended (:mod:`shardq.run.aio`). So a middleware
-works unchanged for both kinds of worker; one that needs the loop's context (a
-``contextvars`` value seen inside ``perform``) sets it in ``perform`` instead.
+Middleware run in the order added (the first is outermost). One that raises is logged
+and never kills a node: before ``call``, the job runs without it; after, the job's
+outcome stands. A job's own exception stays its failure, even if a middleware swallows
+it. Middleware stay synchronous: for ``async def perform``, ``call()`` runs the whole
+awaited ``perform`` on the node's event loop (:mod:`shardq.run.aio`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The plan: which node and which thread own each shard. A pure function.
-
-All shards of all workers, ordered by worker name then shard number, are dealt
-round-robin over the nodes (shard ``i`` of that list goes to node ``i % nodes``, as
-Lowkiq's by-node splitter does), then each node's shards are dealt round-robin over
-its threads. Every shard has exactly one owner thread; different workers interleave
-so each thread gets a mix of priorities.
+"""The plan: which node and which thread own each shard. A pure function: all shards,
+ordered by worker name then shard number, are dealt round-robin over the nodes, then
+each node's over its threads, so each thread gets a mix of workers and priorities.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardq.core.errors import ConfigError
-from shardq.core.topology import parse_name
+from shardq.core.topology import parse_name, shard_name
 
 
 @dataclass(frozen=True)
@@ -28,7 +24,7 @@ class ShardRef:
     @property
     def name(self) -> str:
         """The worker with its generation, as in shard keys: ``Orders``, ``Orders@2``."""
-        return self.worker if self.gen == 0 else f"{self.worker}@{self.gen}"
+        return shard_name(self.worker, self.gen)
 
     @property
     def key(self) -> str:

@@ -1,9 +1,6 @@
-"""The signals that stop a node gracefully, SIGTERM (orchestrators), SIGINT (Ctrl-C) and
-SIGHUP (its terminal or SSH session went away), and their one handler.
-
-``shardq run`` installs it before anything heavy is imported (:mod:`shardq.__main__`: a
-SIGTERM while Python still imports shardq stops the node cleanly), and the node takes it
-over with the count so far.
+"""The signals that stop a node gracefully (SIGTERM, SIGINT, SIGHUP) and their one
+handler, installed by :mod:`shardq.__main__` before the heavy imports and taken over by
+the node with the count so far.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""The morgue: dead jobs in the app's state store, one record per job.
+"""The morgue: dead jobs in the app's state store, one record per job (keys and values
+in :mod:`shardq.morgue.record`).
 
-Nodes write a record (:func:`bury`) and only then delete the job from its shard.
-:class:`Morgue` lists a worker's dead jobs in death order, page by page, filtered by
-entity, error type, time range or message ids (:class:`Filter`); requeues them (each
-entity's oldest first, to the tail of its entity's jobs, then deletes the record) and
-purges them. Records stay until purged, or until ``morgue_retention_days`` passes and
-``shardq queues ensure`` deletes them (:meth:`Morgue.expire`). Keys and values are in
-:mod:`shardq.morgue.record`.
-
-A job is recorded once per message id: a node that dies between writing a record and
-deleting the job, or whose delete came after the job's visibility ran out, runs the job
-again later and, if it dies again, finds its record and does not write another. A requeue that is
-interrupted between sending a job and deleting its record leaves it listed though it
-was sent: the interrupted command says how many it finished.
+Nodes write a record (:func:`bury`) and only then delete the job, so a job is recorded
+once per message id even if it dies again after its delete came too late. :class:`Morgue`
+lists, requeues (each entity's oldest first) and purges a worker's dead jobs.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +25,7 @@ from shardq.core.decide import (
 )
 from shardq.core.errors import BrokerError, EnvelopeError
 from shardq.core.layout import publish_to
+from shardq.core.tables import utc
 from shardq.core.topology import shard_for
 from shardq.morgue.record import (
     KIND,
@@ -113,20 +104,19 @@ class Page:
 
 
 def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
-    """Write the records of dead jobs, in order (StoreError if the store refuses), each
-    job once: a job whose record is already whole in the morgue (the same message died
-    again, its delete having come after its visibility ran out) is not written again."""
+    """Write the records of dead jobs in order, each job once (StoreError if refused)."""
     for record in records:
-        if not buried(store, worker, record):
-            for key, value in items(worker, record, stamps.next()):
-                store.put(key, value, version=None)
+        _write(store, worker, record, None)
 
 
 def keep(store: Store, worker: str, record: MorgueRecord) -> None:
-    """Write a record at its own death time (jobs moved from the old queue morgue),
-    unless it is there already (a move that was interrupted and run again)."""
+    """Write a record at its own death time (moved from the old queue morgue), once."""
+    _write(store, worker, record, record.failed_at)
+
+
+def _write(store: Store, worker: str, record: MorgueRecord, at: float | None) -> None:
     if not buried(store, worker, record):
-        for key, value in items(worker, record, stamps.next(record.failed_at)):
+        for key, value in items(worker, record, stamps.next(at)):
             store.put(key, value, version=None)
 
 
@@ -150,13 +140,7 @@ class Morgue:
 
     def size(self) -> int:
         """How many dead jobs the worker has."""
-        base, n, after = f"morgue/{self.worker}/t/", 0, None
-        while page := self.store.query(base, start_after=after):
-            n += len(page)
-            if len(page) < MAX_QUERY_ITEMS:
-                break
-            after = page[-1].key
-        return n
+        return len(self.store.query_all(f"morgue/{self.worker}/t/"))
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
@@ -178,12 +162,10 @@ class Morgue:
         item = self.store.get(record.key)
         if item is None:
             return record  # purged meanwhile, or only its summary is left
-        head, _, rest = record.key.partition("/e/")
-        stamp = rest.rpartition("/")[2]
         first = whole(item, [])
         pieces = []
-        for k in range(1, first.pieces):
-            part = self.store.get(f"{head}/p/{stamp}/{k:03d}")
+        for key in keys_of(record.key, first.pieces)[2:]:  # after the summary and record
+            part = self.store.get(key)
             body = None if part is None else part.value.get("body")
             pieces.append(body if isinstance(body, str) else "")
         return whole(item, pieces) if pieces else first
@@ -194,11 +176,9 @@ class Morgue:
         progress: Progress | None = None,
         refused: Refused | None = None,
     ) -> int:
-        """Send matching dead jobs back to their shard, each entity's oldest first, at
-        the tail of the entity's jobs, then delete their records; how many.
-
-        A dead job that cannot be requeued (an unreadable record) stays and is passed
-        to ``refused``; so do its entity's later matches, which must not overtake it."""
+        """Send matching dead jobs back to their shard, each entity's oldest first, then
+        delete their records; how many. One that cannot be requeued stays and is passed
+        to ``refused``, as are its entity's later matches (they must not overtake it)."""
         count = [0]
 
         def deleted(record: MorgueRecord) -> None:
@@ -323,7 +303,7 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
 
 
 def _utc(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{utc(at)} UTC"
 
 
 __all__ = [

@@ -1,14 +1,9 @@
 """Upkeep of the morgue by ``shardq queues ensure``: moving the dead jobs of the old
-queue-based morgue (one FIFO queue per worker, ``...-morgue.fifo``) into the store,
-and deleting records older than ``morgue_retention_days``.
+queue-based morgue (``...-morgue.fifo``, record versions 1 and 2) into the store, and
+deleting records older than ``morgue_retention_days``.
 
-A move receives a batch from the old morgue queue, writes each record to the store
-at its original death time, and only then deletes the messages it wrote: a failure
-leaves the rest in the queue (and releases them) for the next run, so no dead job is
-lost. A message that is not a readable morgue record is moved too, as an unreadable
-record holding the message verbatim. Both old formats are read: version 1 (one JSON
-object with the body as a field) and version 2 (a JSON header line, a newline, the
-body verbatim; ``body_kept: false`` when the body was too large to keep).
+A move writes each record at its original death time before deleting its message, so
+a failure loses no dead job; an unreadable message is moved as an unreadable record.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from shardq.core.envelope import refuse_constant
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
 from shardq.morgue import Morgue, keep
-from shardq.morgue.record import KIND, MorgueRecord
+from shardq.morgue.record import KIND, MorgueRecord, checked
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
@@ -114,15 +109,8 @@ def _decode(message: Message) -> MorgueRecord:
 
 
 def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
-    for key in (*_HEADER, "message_id"):
-        if not isinstance(doc.get(key), str):
-            raise ValueError(f"field {key} is not a string")
-    attempts, failed_at = doc.get("attempts"), doc.get("failed_at")
-    if type(attempts) is not int or attempts < 0:
-        raise ValueError("field attempts is not a whole number")
-    if isinstance(failed_at, bool) or not isinstance(failed_at, (int, float)):
-        raise ValueError("field failed_at is not a time")
-    if not 0 <= failed_at < 1e11:
+    checked(doc, (*_HEADER, "message_id", "attempts", "failed_at"))
+    if not 0 <= doc["failed_at"] < 1e11:
         raise ValueError("field failed_at is not a time")
     if doc["entity_id"] != message.group_id:
         raise ValueError(
@@ -131,8 +119,8 @@ def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
     return MorgueRecord(
         **{k: doc[k] for k in _HEADER},
         message_id=doc["message_id"],
-        attempts=attempts,
-        failed_at=float(failed_at),
+        attempts=doc["attempts"],
+        failed_at=float(doc["failed_at"]),
         first_sent_at=0.0,  # the old records did not keep it
         body=body,
     )

@@ -183,7 +183,7 @@ def summary(item: Item) -> MorgueRecord:
     """A record from its summary or record item, without traceback, meta or body."""
     key = item.key if "/e/" in item.key else record_key(item.key)
     try:
-        v = _checked(item.value, _SUMMARY, body=False)
+        v = checked(item.value, _SUMMARY, body=False)
         return MorgueRecord(
             **{k: v[k] for k in _STRINGS[:4]},
             error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
@@ -201,7 +201,7 @@ def summary(item: Item) -> MorgueRecord:
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
     """A record from its record item and the rest of its body's pieces."""
     try:
-        v = _checked(item.value, (*_STRINGS, "attempts", "failed_at", "first_sent_at"), body=True)
+        v = checked(item.value, (*_STRINGS, "attempts", "failed_at", "first_sent_at"), body=True)
         body = "".join([v["body"], *pieces])
         raw = body.encode("utf-8", "surrogatepass")
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
@@ -259,7 +259,10 @@ def requeue_problem(record: MorgueRecord) -> str | None:
     return None
 
 
-def _checked(value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool) -> Mapping[str, Any]:
+def checked(
+    value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool = False
+) -> Mapping[str, Any]:
+    """``value``, once its ``fields`` (and body fields) have their types; else ValueError."""
     for key in fields:
         found = value.get(key)
         if key in ("attempts",):

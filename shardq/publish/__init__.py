@@ -1,14 +1,8 @@
 """Publishing: validate every job first, then send in batches of up to 10 per shard queue.
 
-Nothing is sent when any job is invalid (bad entity id, payload that is not JSON,
-message over the queue's size limit, unknown worker). When the broker refuses some
-entries, the jobs after a refused one of the same entity are not sent either, so an
-entity is never published out of order; :class:`~shardq.core.errors.PublishError` lists
-exactly which jobs were not published.
-
-One case cannot be prevented: inside a single SendMessageBatch, SQS may refuse one
-entry and accept a later entry of the same entity. That later job is published
-after a gap; the error lists it in ``gaps`` so the caller can decide what to do.
+Nothing is sent when any job is invalid. After a refused job, later jobs of its entity
+are not sent, so an entity is never published out of order; the one case SQS allows
+(a later entry of one batch accepted after a refused one) is listed in ``gaps``.
 """
 
 from __future__ import annotations

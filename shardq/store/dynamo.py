@@ -18,7 +18,8 @@ from shardq.broker.sqs_client import (
     READ_TIMEOUT,
     TIMEOUTS,
     Unanswered,
-    worst_call_seconds,
+    no_credentials,
+    timed_out,
 )
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
@@ -73,17 +74,9 @@ class DynamoStore(Store):
                 current = int(old["version"]["N"]) if old else None
                 raise StoreConflict(base.conflict(key, expected, current)) from None
             if isinstance(exc, botocore.exceptions.NoCredentialsError):
-                raise StoreError(
-                    f"DynamoDB {call}: no AWS credentials found; configure them for boto3 "
-                    "(environment, ~/.aws/credentials or an instance role), never in shardq.yaml"
-                ) from None
+                raise StoreError(no_credentials(f"DynamoDB {call}")) from None
             if isinstance(exc, TIMEOUTS):
-                error = (
-                    f"DynamoDB {call}: the state table's endpoint did not answer within "
-                    f"{worst_call_seconds():.0f} s ({CALL_ATTEMPTS} attempts, "
-                    f"{CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to answer each); "
-                    "check the endpoint and the network, then retry"
-                )
+                error = timed_out(f"DynamoDB {call}", exc, service="the state table")
                 self.unanswered.record(endpoint, error)
                 raise StoreError(error) from None
             if code == "ResourceNotFoundException":
