@@ -13,9 +13,9 @@ from shardq.core.fleet_rules import (
     expired,
     live_nodes,
     observe,
-    parse_key,
     timing,
 )
+from shardq.core.topology import parse_key
 
 EXPIRE = 10.0
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Set
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from shardq.core.assign import ShardKey, assign
+from shardq.core.assign import assign
+from shardq.core.topology import parse_key
 
 ELASTIC, STATIC = "elastic", "static"
 #: Seconds between two rounds (two prefix queries) of an elastic node.
@@ -76,19 +77,6 @@ class Moves:
     free: Mapping[str, int] = field(default_factory=dict)  # owned here, meant elsewhere
     lost: tuple[str, ...] = ()  # served here, owned elsewhere: stop at once
     purge: Mapping[str, int] = field(default_factory=dict)  # ended generations, dead owners
-
-
-def shard_keys(shards: Mapping[str, int]) -> list[str]:
-    """``name:n`` of every shard (``shards``: generation name -> count), sorted."""
-    return [f"{name}:{n}" for name in sorted(shards) for n in range(shards[name])]
-
-
-def parse_key(key: str) -> ShardKey:
-    """``"Orders@2:3"`` as ``("Orders@2", 3)``; ValueError naming a damaged key."""
-    name, _, number = key.rpartition(":")
-    if not name or not (number.isascii() and number.isdigit()) or number != str(int(number)):
-        raise ValueError(f"shard key {key!r} is not 'name:shard', e.g. 'Orders:3'")
-    return name, int(number)
 
 
 def decide(

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardq.core.errors import ConfigError
-from shardq.core.topology import parse_name, shard_name
+from shardq.core.topology import parse_name, shard_key, shard_name
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ShardRef:
     @property
     def key(self) -> str:
         """The shard key of the fleet's ownership items: ``Orders:3``, ``Orders@2:3``."""
-        return f"{self.name}:{self.shard}"
+        return shard_key(self.worker, self.shard, self.gen)
 
     def __str__(self) -> str:
         return f"{self.name}[{self.shard}]"

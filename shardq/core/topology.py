@@ -7,6 +7,7 @@ Pure functions, identical in every process and Python version.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from shardq.core.errors import ConfigError, InvalidEntityIdError
@@ -65,3 +66,21 @@ def parse_name(name: str) -> tuple[str, int]:
     if not (gen.isascii() and gen.isdigit()) or not worker:
         raise ConfigError(f"{name!r} is not a worker name with a generation (Orders@2)")
     return worker, int(gen)
+
+
+def shard_key(worker: str, shard: int, gen: int = 0) -> str:
+    """``"Orders:3"`` (generation 0), ``"Orders@2:3"`` (generation 2)."""
+    return f"{shard_name(worker, gen)}:{shard}"
+
+
+def shard_keys(shards: Mapping[str, int]) -> list[str]:
+    """``name:n`` of every shard (``shards``: generation name -> count), sorted."""
+    return [f"{name}:{n}" for name in sorted(shards) for n in range(shards[name])]
+
+
+def parse_key(key: str) -> tuple[str, int]:
+    """``"Orders@2:3"`` as ``("Orders@2", 3)``; ValueError naming a damaged key."""
+    name, _, number = key.rpartition(":")
+    if not name or not (number.isascii() and number.isdigit()) or number != str(int(number)):
+        raise ValueError(f"shard key {key!r} is not 'name:shard', e.g. 'Orders:3'")
+    return name, int(number)

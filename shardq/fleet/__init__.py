@@ -23,11 +23,10 @@ from shardq.core.fleet_rules import (
     expired,
     live_nodes,
     observe,
-    parse_key,
     timing,
 )
 from shardq.core.plan import ShardRef
-from shardq.core.topology import parse_name
+from shardq.core.topology import parse_key, parse_name
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
 

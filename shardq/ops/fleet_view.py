@@ -12,21 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.core.errors import ConfigError
-from shardq.core.fleet_rules import ELASTIC, shard_keys
+from shardq.core.fleet_rules import ELASTIC
 from shardq.core.tables import age, table, utc
 from shardq.core.terminal import plural
-from shardq.core.topology import parse_name, shard_name
+from shardq.core.topology import parse_name, shard_key, shard_keys
 from shardq.store import Item, Store
 
 NOT_REPORTING = "not reporting"
 NO_LIVE_NODE = "no live node at all: no shard is served"
 COUNTS = ("done", "retried", "failed")
 GONE_KEPT_SECONDS = 3600.0
-
-
-def shard_key(worker: str, shard: int, gen: int = 0) -> str:
-    """``"Orders:3"`` (generation 0), ``"Orders@2:3"`` (generation 2)."""
-    return f"{shard_name(worker, gen)}:{shard}"
 
 
 def key_order(key: str) -> tuple[str, int, int, str]:

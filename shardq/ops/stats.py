@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
-from shardq.core.topology import parse_name
+from shardq.core.topology import parse_name, shard_key
 from shardq.morgue import Morgue
-from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, shard_key
+from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view
 from shardq.ops.fleet_view import read_fleet as read_items
 from shardq.ops.layout_view import LayoutView, layout_view
 from shardq.store import StoreError
