@@ -1,29 +1,18 @@
 """Execution slots: a node runs up to ``concurrency`` entities' jobs at once.
 
-A lane (:mod:`shardq.run.lane`) receives and schedules its shards' batches; it hands each
-entity's consecutive jobs of a batch to the node's :class:`Slots`, which run them
-in a pool of up to ``concurrency`` threads. Order and exclusion rest on **entity
-chains**: the node keeps one chain per entity (``(queue, entity)``) that has jobs
-running, waiting for a slot, held for a local retry, or not started at a stop
-(:mod:`shardq.run.chain`). Jobs of an entity that has a chain join its end (so order
-holds even on a broker that would hand out a later job of a group too early; a copy
-of a running job delivered again waits for that run's end), and a chain runs in one
-slot at a time, its jobs in order (:meth:`shardq.run.executor.Executor.run_entity`).
+A lane hands each entity's consecutive jobs of a batch to the node's :class:`Slots`,
+which run them in up to ``concurrency`` threads. Order and exclusion rest on **entity
+chains** (:mod:`shardq.run.chain`): one per entity with jobs running, waiting, held for a
+local retry or not started at a stop. Later jobs of the entity join its end (also a
+copy of a running job delivered again), and a chain runs in one slot at a time, in order.
+How a run ends (:class:`~shardq.core.outcome.EntityEnd`) decides what the jobs that
+joined meanwhile do: wait behind a local retry, hide with a retry hidden at the broker,
+be given up after a lapse, or stay held at a stop for the shutdown sweep.
 
-How a run ends decides what the jobs that joined meanwhile do
-(:class:`~shardq.core.outcome.EntityEnd`): a local retry holds them behind the failed
-job (the chain waits until the retry is due, then takes a slot again); a retry
-hidden at the broker hides them for what is left of the delay; a lapse gives them
-up; a stop leaves them held, for the node's shutdown sweep or a handover to release.
-
-Back-pressure: a lane starts another batch only while fewer than ``concurrency``
-jobs wait for a slot (:func:`may_take`), so a node holds no more than it can start
-soon, and every held job stays extended by the node's leases meanwhile.
-
-Jobs that take almost no time (a mean ``perform`` below :data:`INLINE_BELOW_SECONDS`)
-are cheaper to run in the lane itself than to hand over: while a slot is free
-(:func:`run_inline`), a lane runs the entities of its batch that have no chain one
-after the other itself, in one slot (:meth:`Slots.hand`).
+Back-pressure: a lane starts another batch only while fewer than ``concurrency`` jobs
+wait for a slot (:func:`may_take`). Jobs whose mean ``perform`` is below
+:data:`INLINE_BELOW_SECONDS` run in the lane itself while a slot is free
+(:func:`run_inline`): cheaper than a hand-over.
 """
 
 from __future__ import annotations
