@@ -317,8 +317,8 @@ class Slots:
         return False
 
     def _dispose(self, chain: Chain, now: float) -> None:
-        """Hand a chain back to the broker (a handover): a held retry hidden for what
-        is left of its delay, jobs not started released, in order."""
+        """Hand a chain back (a handover): a held retry hidden for the rest of its delay,
+        jobs not started released, in order."""
         delay = max(0.0, chain.due - now) if chain.state == DEFERRED else 0.0
         self._remove(chain)
         if chain.pending:
@@ -342,9 +342,7 @@ class Slots:
         return len(self._threads) + self._asked_threads + self._starting
 
     def _start_thread(self) -> None:
-        """Ask for one more slot thread (the lock held): :meth:`_start_threads` starts it
-        once the lock is released (a start waits for the new thread to run, and lanes
-        would wait for the lock meanwhile)."""
+        """Ask for a slot thread (the lock held); started once it is released."""
         self._asked_threads += 1
 
     def _start_threads(self) -> None:
