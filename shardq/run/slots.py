@@ -93,9 +93,8 @@ class Slots:
         self._start_threads()
 
     def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
-        """Each entity's jobs of a batch to a slot (:meth:`submit`); or, when
-        :func:`run_inline` says so for the worker, those of entities without a chain
-        are run here, one after the other, in one slot."""
+        """Each entity's jobs of a batch to a slot (:meth:`submit`), or, when
+        :func:`run_inline` says so, those without a chain run here, in one slot."""
         mean = self._means.get(shard.ref.worker)
         made: list[Chain] = []  # made before the lock is taken: it is held briefly
         if run_inline(mean, 0, self.concurrency):
@@ -151,9 +150,8 @@ class Slots:
         done()
 
     def _run(self, shard: Shard, chains: list[Chain]) -> None:
-        """Run chains taken by a slot or by :meth:`hand` (only the shard's lane joins
-        them meanwhile) in this thread, one after the other, settled together at the
-        end; one that a job joined meanwhile waits for a slot again."""
+        """Run chains (from a slot or :meth:`hand`) here one after the other, settled
+        together at the end; one that a job joined meanwhile waits for a slot again."""
         ends: list[EntityEnd] = []
 
         def stop() -> bool:
