@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shardq.core.clock import Clock, wall
 from shardq.core.errors import ShardqError
 from shardq.core.fleet_rules import (
     ELASTIC,
@@ -43,7 +43,8 @@ REFUSED_SECONDS = 30.0
 
 
 class Fleet:
-    """One node's membership; ``clock``: monotonic seconds (tests call :meth:`step`)."""
+    """One node's membership; ``clock``: monotonic seconds (default: the node's; tests
+    call :meth:`step`), ``wall_clock``: Unix time for the stamps others read."""
 
     def __init__(
         self,
@@ -51,16 +52,18 @@ class Fleet:
         *,
         elastic: bool,
         node_id: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
+        wall_clock: Clock = wall,
     ) -> None:
         self.node = node
         self.app = node.app
         self.store: Store = node.app.store
         self.id = node_id or node.id
         self.elastic = elastic
-        self.clock = clock
+        self.clock = clock = node.clock if clock is None else clock
+        self.wall = wall_clock
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
-        self.started = time.time()
+        self.started = wall_clock()
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded
         self._next_beat = 0.0
@@ -242,7 +245,7 @@ class Fleet:
             self.node.drop_shard(self._ref(key))
 
     def _mark_gone(self, item: Item) -> None:
-        value = {**item.value, "gone": "lease expired", "gone_at": time.time(), "by": self.id}
+        value = {**item.value, "gone": "lease expired", "gone_at": self.wall(), "by": self.id}
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
@@ -266,7 +269,7 @@ class Fleet:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": self.started,
-            "at": time.time(),
+            "at": self.wall(),
             "mode": ELASTIC if self.elastic else STATIC,
             "threads": len(node.lanes),
             "held": held,

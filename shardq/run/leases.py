@@ -377,3 +377,9 @@ class Leases:
         self._held.pop(lease.message.receipt, None)
         if lease in self._settling:
             self._settling.remove(lease)
+
+
+def extend_interval(visibility_timeouts: Iterable[float]) -> float:
+    """Seconds between looks for extensions due: often enough for the shortest of
+    ``visibility_timeouts`` (60 s if there is none)."""
+    return max(0.1, min(1.0, min(visibility_timeouts, default=60) / 6))

@@ -7,10 +7,9 @@ look empty to the idle watch. Every received message is held by the node's
 :class:`~shardq.run.leases.Leases` until it is settled. An elastic node takes shards on
 and hands them back while it runs (:mod:`shardq.run.ownership`).
 
-The node's own thread only watches: every quarter second it checks that every part
-is alive (a part that died stops the node with exit code 1: a node never keeps
-running with a dead thread), logs ``node.progress`` now and then, runs the broker's
-housekeeping, and notices when ``--until-empty`` has nothing left.
+The node's own thread only watches: every quarter second it checks that every part is
+alive (a dead part stops the node with exit code 1), logs ``node.progress`` now and
+then, runs the broker's housekeeping, and notices when ``--until-empty`` is done.
 
 Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): see :mod:`shardq.run.shutdown`.
 """
@@ -21,7 +20,6 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
 from shardq.core.middleware import notify
 from shardq.core.outcome import Observer, Tally
@@ -40,7 +39,7 @@ from shardq.run.idle import Pollers, Watcher
 from shardq.run.intake import Intake
 from shardq.run.job_age import OldJobs
 from shardq.run.lane import Lane
-from shardq.run.leases import Leases
+from shardq.run.leases import Leases, extend_interval
 from shardq.run.metrics import NodeMetrics
 from shardq.run.ownership import Ownership
 from shardq.run.parts import Keeper, Membership
@@ -64,7 +63,8 @@ class Node:
 
     ``threads``: how many lanes to run, even if the plan has fewer threads (an elastic
     node starts with an empty plan and is given shards by :meth:`add_shard`); None:
-    one lane per thread of the plan.
+    one lane per thread of the plan. Its parts decide by ``clock`` (monotonic seconds;
+    Unix time, ``wall_clock``, where compared with the broker's or other nodes' stamps).
     """
 
     def __init__(
@@ -79,8 +79,10 @@ class Node:
         seed: int | None = None,
         observers: Sequence[Observer] = (),
         concurrency: int | None = None,
+        clock: Clock = monotonic,
+        wall_clock: Clock = wall,
     ) -> None:
-        self.app = app
+        self.app, self.clock, self.wall = app, clock, wall_clock
         self.plan = plan
         self.config = app.config
         self.until_empty = until_empty
@@ -91,11 +93,15 @@ class Node:
         self.local = local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
         self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
+        # leases of the plan's workers (an elastic node: of any, whose shards it may be given)
+        workers = app.workers if self.elastic else {ref.worker for ref in plan.shards}
         self.leases = Leases(
             app.broker,
             self.lease_pool,
-            interval=_lease_interval(app, plan, every_worker=self.elastic),
+            interval=extend_interval(app.settings(w).visibility_timeout for w in workers),
             on_broker_error=self._broker_error,
+            clock=clock,
+            wall_clock=wall_clock,
         )
         #: Warns of jobs whose age nears their queue's retention.
         self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
@@ -162,6 +168,7 @@ class Node:
             self.lags,
             self.leases.count,
             lambda: (self.slots.in_use(), self.slots.concurrency),
+            clock=clock,
         )
 
     def route(self, ref: ShardRef, entity: str) -> str:
@@ -212,12 +219,12 @@ class Node:
 
     def _watch(self) -> None:
         """The node's own loop: health, progress, housekeeping, until-empty."""
-        quiet, next_maintain = 0, time.monotonic() + MAINTAIN_EVERY_SECONDS
+        quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
             self._check_alive()
             self._progress.maybe_log()
-            if time.monotonic() >= next_maintain:
-                next_maintain = time.monotonic() + MAINTAIN_EVERY_SECONDS
+            if (now := self.clock()) >= next_maintain:
+                next_maintain = now + MAINTAIN_EVERY_SECONDS
                 self._maintain()
             if self.until_empty:
                 quiet = quiet + 1 if self._idle() else 0
@@ -303,7 +310,7 @@ class Node:
         """``(worker, shard, seconds)`` (the worker with its layout generation, as
         ``Orders@2``, past the first): how long the oldest job believed waiting in each
         served shard has waited (0 when none is known to wait)."""
-        now = time.time()
+        now = self.wall()
         return [
             (
                 s.ref.name,
@@ -384,14 +391,6 @@ def _lane_count(plan: Plan, threads: int | None) -> int:
             f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
         )
     return threads
-
-
-def _lease_interval(app: Deployment, plan: Plan, *, every_worker: bool) -> float:
-    """Extend often enough for the shortest visibility timeout of the plan (an elastic
-    node: of every registered worker, whose shards it may be given)."""
-    workers = app.workers if every_worker else {ref.worker for ref in plan.shards}
-    shortest = min((app.settings(w).visibility_timeout for w in workers), default=60)
-    return max(0.1, min(1.0, shortest / 6))
 
 
 def make_node_id() -> str:
