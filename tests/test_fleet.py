@@ -294,11 +294,22 @@ def test_with_no_live_node_the_view_shows_every_shard_unserved(app: App) -> None
     assert view.to_json()["no_live_node"] is True
 
 
-def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(app: App) -> None:
-    # given a node with 4 execution slots, and 12 entities whose jobs take 3 s each,
-    # one job that fails once and one that can never succeed
+def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node with 4 execution slots, and 12 entities whose jobs run until the test
+    # lets them end, one job that fails once and one that can never succeed
+    gate = threading.Event()
+
+    def perform(self: ledger.Ledgered, entity_id: str, payloads: list[dict[str, object]]) -> None:
+        for payload in payloads:
+            if payload.get("gate"):
+                gate.wait(60)
+            ledger.run_job(entity_id, payload)
+
+    monkeypatch.setattr(ledger.Ledgered, "perform", perform)
     for entity in range(12):
-        ledger.Ledgered.publish(f"s{entity}", {"n": 0, "sleep": 3})
+        ledger.Ledgered.publish(f"s{entity}", {"n": 0, "gate": True})
     ledger.Ledgered.publish("r", {"n": 0, "fail": 1})
     ledger.Ledgered.publish("p", {"n": 0, "permanent": True})
     node = app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC, concurrency=4)
@@ -309,16 +320,19 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(app: App) 
         return fleet_view(read_fleet(app.store), time.time()).to_json()["nodes"]  # type: ignore[no-any-return]
 
     try:
-        # when its heartbeats are read while the slow jobs run, then its report shows
+        # when its heartbeats are read while the jobs run, then its report shows
         # every slot in use out of its concurrency
         wait_for(
             lambda: [(n["slots_in_use"], n["concurrency"]) for n in nodes()] == [(4, 4)], 20, "4/4"
         )
-        # and once every job is done, no slot in use, with what was done, retried, failed
+        # and once the jobs may end and every job is done, no slot in use, with what was
+        # done, retried, failed
+        gate.set()
         counts = ("slots_in_use", "done", "retried", "failed")
         wait_for(
             lambda: [tuple(n[k] for k in counts) for n in nodes()] == [(0, 14, 1, 1)], 60, "counts"
         )
     finally:
+        gate.set()
         node.stop()
         runner.join(30)
