@@ -34,6 +34,7 @@ from shardq import morgue
 from shardq.broker import MemoryBroker, Message
 from shardq.broker.base import SendEntry
 from shardq.core import envelope
+from shardq.core.clock import ManualClock
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError
 from shardq.core.topology import shard_for
@@ -181,25 +182,23 @@ def test_stats_report_the_queues(server: DashboardServer, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory"])  # the sampler's schedule is the same on any broker
-def test_stats_are_sampled_in_the_background_not_per_request(filled: shardq.App) -> None:
-    # given a dashboard that samples every second
-    srv = make_server(filled, "127.0.0.1", 0, refresh=1.0).start()
-    try:
-        first = call(srv, "GET", "/api/v1/stats")[1]["time"]
-        # when five requests come at once, then they read at most two samples (one
-        # more per second they took, on a machine too loaded to answer them at once)
-        asked = time.monotonic()
-        times = {call(srv, "GET", "/api/v1/stats")[1]["time"] for _ in range(5)}
-        assert len(times) <= 2 + int(time.monotonic() - asked)
-        # and a newer sample comes in the background (within a few refreshes, even
-        # on a loaded machine)
-        deadline = time.monotonic() + 15
-        while (latest := call(srv, "GET", "/api/v1/stats")[1]["time"]) <= first:
-            assert time.monotonic() < deadline, "no newer sample within 15 s"
-            time.sleep(0.1)
-        assert latest > first
-    finally:
-        srv.stop()
+def test_stats_are_sampled_on_a_schedule_not_per_request(filled: shardq.App) -> None:
+    # given a sampler that samples every second, on a clock the test moves
+    clock = ManualClock()
+    sampler = Sampler(filled, refresh=1.0, clock=clock)
+    # when it first steps, it samples at once and steps again within the refresh
+    assert sampler.step() == 1.0
+    first = sampler.snapshot()["time"]
+    # when five requests come, then they read that one sample
+    assert {sampler.snapshot()["time"] for _ in range(5)} == {first}
+    # and a step before the refresh is over takes no new sample
+    clock.advance(0.6)
+    assert sampler.step() == pytest.approx(0.4)
+    assert sampler.snapshot()["time"] == first
+    # and a step once it is over takes a newer one
+    clock.advance(0.4)
+    sampler.step()
+    assert sampler.snapshot()["time"] > first
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])  # SQS: see the scrape test
@@ -359,25 +358,23 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
 
 
 def test_the_fleet_is_read_every_second_between_two_full_samples(filled: shardq.App) -> None:
-    # given a dashboard whose full sample is an hour apart, started before any node reported
-    srv = make_server(filled, "127.0.0.1", 0, refresh=3600).start()
-    try:
-        assert call(srv, "GET", "/api/v1/nodes")[1]["nodes"] == []
-        stats_time = call(srv, "GET", "/api/v1/stats")[1]["time"]
-        # when nodes report
-        write_fleet(filled, time.time())
-        # then the nodes API shows them well before the next full sample
-        deadline = time.monotonic() + 30
-        while not call(srv, "GET", "/api/v1/nodes")[1]["nodes"]:
-            assert time.monotonic() < deadline, "the fleet was not read again"
-            time.sleep(0.1)
-        nodes = call(srv, "GET", "/api/v1/nodes")[1]
-        assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
-        assert [g["node"] for g in nodes["gone"]] == ["node-b", "node-c"]
-        # and the stats were not sampled again (only the fleet document was read)
-        assert call(srv, "GET", "/api/v1/stats")[1]["time"] == stats_time
-    finally:
-        srv.stop()
+    # given a sampler whose full sample is an hour apart, on a clock the test moves, that
+    # sampled before any node reported
+    clock = ManualClock()
+    sampler = Sampler(filled, refresh=3600, clock=clock)
+    sampler.step()
+    assert sampler.nodes()["nodes"] == []
+    stats_time = sampler.snapshot()["time"]
+    # when nodes report and a second passes
+    write_fleet(filled, time.time())
+    clock.advance(1.0)
+    # then the next step, a second later, reads them well before the next full sample
+    assert sampler.step() == 1.0
+    nodes = sampler.nodes()
+    assert [n["node"] for n in nodes["nodes"]] == ["node-a"]
+    assert [g["node"] for g in nodes["gone"]] == ["node-b", "node-c"]
+    # and the stats were not sampled again (only the fleet document was read)
+    assert sampler.snapshot()["time"] == stats_time
 
 
 def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(

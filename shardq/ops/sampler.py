@@ -7,7 +7,6 @@ reports) or none. Requests only read the latest sample."""
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
 from collections import deque
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from typing import Any
 import structlog
 
 from shardq.api.app import App
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.ops.fleet_view import FleetView, fleet_view
 from shardq.ops.stats import KNOWS_AGES, collect, live_shards, read_fleet
 
@@ -44,10 +44,22 @@ class SampleUnavailable(Exception):
 
 
 class Sampler:
-    """Samples the app's stats and fleet every ``refresh`` seconds and derives throughput."""
+    """Samples the app's stats and fleet every ``refresh`` seconds and derives throughput.
+    ``clock`` (monotonic) schedules the samples (:meth:`step`); ``wall_clock`` dates
+    the fleet's reports."""
 
-    def __init__(self, app: App, refresh: float, scrape: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        app: App,
+        refresh: float,
+        scrape: Sequence[str] = (),
+        *,
+        clock: Clock = monotonic,
+        wall_clock: Clock = wall,
+    ) -> None:
         self.app, self.refresh, self.scrape = app, refresh, list(scrape)
+        self.clock, self.wall = clock, wall_clock
+        self._next_sample: float | None = None  # on the clock; None: at once
         #: Seconds between reads of the fleet items alone.
         self.fleet_refresh = min(refresh, FLEET_REFRESH)
         #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
@@ -76,14 +88,19 @@ class Sampler:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        next_sample = time.monotonic()
         while not self._stop.is_set():
-            if time.monotonic() >= next_sample:
-                next_sample = time.monotonic() + self.refresh
-                self.sample()
-            else:
-                self.sample_fleet()
-            self._stop.wait(max(0.0, min(self.fleet_refresh, next_sample - time.monotonic())))
+            self._stop.wait(self.step())
+
+    def step(self) -> float:
+        """Take the full sample if due (the first at once), else read the fleet alone;
+        returns the seconds until the next step."""
+        now = self.clock()
+        if self._next_sample is None or now >= self._next_sample:
+            self._next_sample = now + self.refresh
+            self.sample()
+        else:
+            self.sample_fleet()
+        return max(0.0, min(self.fleet_refresh, self._next_sample - self.clock()))
 
     def sample_fleet(self) -> None:
         """Read the fleet items alone (two store queries), between two full samples, so that a
@@ -96,7 +113,7 @@ class Sampler:
             self._fleet_failing = True
             return
         self._fleet_failing = False
-        fleet = fleet_view(doc, time.time(), live_shards(self.app))
+        fleet = fleet_view(doc, self.wall(), live_shards(self.app))
         with self._lock:
             self._fleet, self._fleet_error = fleet, None
 
