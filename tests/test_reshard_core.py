@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -354,6 +354,18 @@ def wait_for(condition: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def ticks(keeper: Any) -> Callable[[], int]:
+    """How many ticks the layout keeper's thread made from now."""
+    count, tick = [0], keeper.tick
+
+    def counted() -> None:
+        tick()
+        count[0] += 1
+
+    keeper.tick = counted
+    return lambda: count[0]
+
+
 def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
 
     node = app.node(app.plan(threads=2), seed=1, membership="static")
@@ -381,11 +393,11 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
         # when Sticky is resharded to 3, switched, and the trust window passes
         layout = reshard.start(moved, "Sticky", 3)
         moved.layouts.update("Sticky", lambda w: rules.switch(w, layout.gen))
-        time.sleep(1.0)  # the node observes the switch
         clock.offset = 100.0
         # then old shard 1 (empty) closes, while shard 0 stays open behind Z's retry
         wait_for(lambda: moved.layouts.read("Sticky").moving.closed == (1,), 60)  # type: ignore[union-attr]
-        time.sleep(1.5)
+        ticked = ticks(node.layout)
+        wait_for(lambda: ticked() >= 3, 30)  # the keeper looked again, more than once
         assert moved.layouts.read("Sticky").moving.closed == (1,)  # type: ignore[union-attr]
         assert f"Sticky:{moved.shard_queue('Sticky', 0, 0)}" not in node.layout.relaying
     finally:
@@ -409,7 +421,6 @@ def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     try:
         # when the trust window passes on the node's clock (it writes the switch),
         # jobs are published to the new layout, and it passes again
-        time.sleep(1.0)
         clock.offset = 61.0
         wait_for(lambda: moved.layouts.read("Moved").state == "switched", 60)
         moved.layouts.forget()
