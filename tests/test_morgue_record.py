@@ -125,6 +125,15 @@ def test_a_job_buried_again_is_recorded_once_and_another_job_of_its_entity_is_no
     assert len(store.query_all("morgue/W/e/")) == 2
 
 
+def test_a_record_dies_at_the_time_given_and_reads_back_with_it() -> None:
+    # given a job that died at a Unix time the test chose
+    record = morgue.record_for(message("x"), morgue.REASON_PERMANENT, failure(), 1, now=1234.5)
+    # when it is written and read back
+    _, back = stored(record)
+    # then it died then
+    assert record.failed_at == back.failed_at == 1234.5
+
+
 @pytest.mark.parametrize("body_size", [100, 300_000, 500_000, 1_048_576])
 def test_a_body_of_any_size_is_split_over_items_that_fit_and_read_back_verbatim(
     body_size: int,

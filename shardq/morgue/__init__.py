@@ -8,7 +8,6 @@ lists, requeues (each entity's oldest first) and purges a worker's dead jobs.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
+from shardq.core.clock import wall
 from shardq.core.decide import (
     REASON_INVALID,
     REASON_MAX_RETRIES,
@@ -210,7 +210,7 @@ class Morgue:
 
     def expire(self, days: float, now: float | None = None) -> int:
         """Delete the dead jobs that died more than ``days`` ago."""
-        cutoff = (time.time() if now is None else now) - days * 86400
+        cutoff = (wall() if now is None else now) - days * 86400
         return self.purge(Filter(until=cutoff))
 
     def delete(self, record: MorgueRecord) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from shardq.broker.base import Message
+from shardq.core.clock import wall
 from shardq.core.decide import (
     REASON_UNREADABLE,
 )
@@ -112,8 +113,9 @@ def record_for(
     error: BaseException,
     attempts: int,
     meta: Mapping[str, Any] | None = None,
+    now: float | None = None,
 ) -> MorgueRecord:
-    """The record of a job that dies now."""
+    """The record of a job that dies at Unix time ``now`` (default: now)."""
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     raw = message.body.encode("utf-8", "surrogatepass")
     return MorgueRecord(
@@ -124,7 +126,7 @@ def record_for(
         error_message=str(error)[:MAX_ERROR_MESSAGE_CHARS],
         traceback=tb[-MAX_TRACEBACK_CHARS:],
         attempts=attempts,
-        failed_at=time.time(),
+        failed_at=wall() if now is None else now,
         first_sent_at=message.sent_at,
         source_queue=message.queue,
         meta=dict(meta or {}),

@@ -8,7 +8,6 @@ are not sent, so an entity is never published out of order; the one case SQS all
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
+from shardq.core.clock import Clock, wall
 from shardq.core.errors import (
     BrokerError,
     DedupIdError,
@@ -59,8 +59,9 @@ class _Prepared:
 class Publisher:
     """Publishes jobs of an app's workers (reached as ``Worker.publish``)."""
 
-    def __init__(self, app: Deployment) -> None:
-        self._app = app
+    def __init__(self, app: Deployment, wall_clock: Clock = wall) -> None:
+        """``wall_clock``: Unix time, the sent time each job carries."""
+        self._app, self._wall = app, wall_clock
         self._max_bytes: dict[str, int] = {}
 
     def publish_many(
@@ -147,7 +148,7 @@ class Publisher:
         try:
             entity = check_entity_id(job.entity_id)
             body = envelope.encode(
-                envelope.Envelope(worker, entity, job.payload, time.time(), dict(job.meta or {})),
+                envelope.Envelope(worker, entity, job.payload, self._wall(), dict(job.meta or {})),
                 key,
             )
         except ShardqError as exc:
