@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
+import pytest
 from structlog.testing import capture_logs
 
+from shardq.broker import MemoryBroker
 from shardq.core.clock import ManualClock
+from shardq.core.config import Config
 from shardq.core.outcome import Tally
 from shardq.run.progress import Progress
+from tests.apps import ledger
 
 
 def test_progress_is_logged_once_per_period_with_the_rates_since_the_last_one() -> None:
@@ -54,3 +62,37 @@ def test_progress_every_0_is_never_logged() -> None:
         progress.maybe_log()
     # then nothing was logged
     assert logs == []
+
+
+def test_a_running_node_logs_progress_by_the_clock_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node logging progress every hour, running on a clock the test moves
+    monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
+    ledger.app.configure(Config(progress_seconds=3600), broker=MemoryBroker())
+    clock = Skipping()
+    node = ledger.app.node(ledger.app.plan(threads=1), clock=clock)
+    runner = threading.Thread(target=node.run)
+    with capture_logs() as logs:
+        runner.start()
+        try:
+            # when an hour passes on its clock
+            clock.offset += 3600
+            # then it logs its progress within a few of its quarter-second looks
+            deadline = time.monotonic() + 10
+            while not any(e["event"] == "node.progress" for e in logs):
+                assert time.monotonic() < deadline, "no node.progress"
+                node.stopping.wait(0.05)
+        finally:
+            node.stop()
+            runner.join(30)
+
+
+class Skipping:
+    """A monotonic clock the test moves forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
