@@ -19,6 +19,7 @@ from shardq.ops.ensure import ensure_state_table
 from shardq.ops.fleet_view import fleet_view, read_fleet
 from shardq.run.node import Node
 from tests.apps import ledger
+from tests.clocks import Skipping
 from tests.conftest import make_broker
 
 LEASE = 10.0
@@ -50,16 +51,6 @@ def ledger_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     ledger.reset()
     monkeypatch.setenv("LEDGER_PATH", path)
     return path
-
-
-class Skipping:
-    """A monotonic clock the test moves forward (the nodes' parts decide by it)."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.offset
 
 
 class Running:

@@ -15,6 +15,7 @@ from shardq.core.config import Config
 from shardq.core.outcome import Tally
 from shardq.run.progress import Progress
 from tests.apps import ledger
+from tests.clocks import Skipping
 
 
 def test_progress_is_logged_once_per_period_with_the_rates_since_the_last_one() -> None:
@@ -86,13 +87,3 @@ def test_a_running_node_logs_progress_by_the_clock_it_was_given(
         finally:
             node.stop()
             runner.join(30)
-
-
-class Skipping:
-    """A monotonic clock the test moves forward."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.offset

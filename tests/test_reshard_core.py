@@ -31,6 +31,7 @@ from shardq.run.leases import Leases
 from shardq.run.timelimit import TimeLimits
 from shardq.store import Item, MemoryStore, StoreError
 from tests.children import ROOT
+from tests.clocks import Skipping
 from tests.conftest import make_broker
 
 app = shardq.App()
@@ -55,16 +56,6 @@ def moved(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[shardq.App
     ensure_state_table(app)  # DynamoDB's table on ministack (the embedded file has its own)
     yield app
     broker.close()
-
-
-class Clock:
-    """A monotonic clock a test moves forward."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.offset
 
 
 def begin(app: shardq.App, shards: int) -> rules.WorkerLayout:
@@ -98,7 +89,7 @@ def test_publishers_keep_the_old_layout_while_announced_and_switch_with_the_item
 ) -> None:
     # given a reshard of Moved from 2 to 5 shards announced, and a publisher on a clock
     # the test moves
-    clock = Clock()
+    clock = Skipping()
     moved.layouts.clock = clock
     layout = begin(moved, 5)
     # when a job is published, then it goes to the old layout
@@ -118,7 +109,7 @@ def test_the_command_writes_the_switch_once_trust_passed_on_its_own_clock(
     moved: shardq.App,
 ) -> None:
     # given a reshard announced by this process, trust 60 s (the default)
-    clock = Clock()
+    clock = Skipping()
     moved.layouts.clock = clock
     begin(moved, 4)
     # when it looks before the trust window passed, then it is still announced
@@ -271,7 +262,7 @@ def test_a_publisher_that_cannot_read_a_fresh_layout_refuses_after_the_trust_win
 ) -> None:
     # given a publisher that read Moved's layout, then lost its store
     store = Flaky()
-    clock = Clock()
+    clock = Skipping()
     broker = make_broker("sqlite", tmp_path, request)
     config = Config(queue_prefix="flaky-", layout_refresh_seconds=1, reshard_trust_seconds=60)
     with app.override(config, broker=broker):
@@ -366,7 +357,7 @@ def ticks(keeper: Any) -> Callable[[], int]:
     return lambda: count[0]
 
 
-def run_node(app: shardq.App, clock: Clock) -> tuple[Any, threading.Thread]:
+def run_node(app: shardq.App, clock: Skipping) -> tuple[Any, threading.Thread]:
 
     node = app.node(app.plan(threads=2), seed=1, membership="static")
     app.layouts.clock = clock
@@ -383,7 +374,7 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
     # it), Y done; a node running on a clock the test moves
     z = next(f"z{i}" for i in range(1000) if shard_for(f"z{i}", 2) == 0)
     y = next(f"y{i}" for i in range(1000) if shard_for(f"y{i}", 2) == 0)
-    clock = Clock()
+    clock = Skipping()
     moved.layouts.clock = clock
     moved.ensure_queues()
     Sticky.publish_many([(z, {"stuck": True}), (z, {"n": 1}), (y, {"n": 0})])
@@ -412,7 +403,7 @@ def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     # (as after every node was killed, or `shardq reshard --no-wait`)
     # given jobs of 20 entities in the old layout, a reshard from 2 to 3 shards
     # announced while no node runs, and a node started on a clock the test moves
-    clock = Clock()
+    clock = Skipping()
     moved.ensure_queues()
     Moved.publish_many([(f"e{i}", {"n": 0}) for i in range(20)])
     begin(moved, 3)
