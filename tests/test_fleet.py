@@ -160,7 +160,7 @@ def test_a_frozen_node_has_its_shards_taken_within_the_lease_and_is_marked_gone(
     # and a lease period passes on the nodes' clock
     running.clock.offset += lease
     # then the second holds every shard within a few rounds (the nodes' clock decides)
-    wait_for(lambda: keys(second) == ALL, 20, "the takeover")
+    wait_for(lambda: keys(second) == ALL, 30, "the takeover")
     assert owners(app) == {k: second.id for k in ALL}
     beat = app.store.get(f"node/{first.id}")
     assert beat is not None and beat.value["gone"] == "lease expired"
