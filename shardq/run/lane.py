@@ -34,8 +34,7 @@ from shardq.broker.base import Message
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.plan import ShardRef
 from shardq.core.scheduler import Scheduler, ShardView
-from shardq.run.executor import by_entity
-from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept
+from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
