@@ -123,7 +123,7 @@ class Executor:
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
         """Run a received batch of shard ``ref`` entity by entity; returns the retries
         held here."""
-        ends = self.run_entities(ref, list(by_entity(messages)), self._stopping.is_set)
+        ends = self.run_entities(ref, by_entity(messages), self._stopping.is_set)
         return [Deferred(end.due, ref, end.messages) for end in ends if end.kind == LATER]
 
     def run_entity(

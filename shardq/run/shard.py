@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shardq.core.messages import Message
@@ -58,9 +58,9 @@ class Swept:
     shard: Shard
 
 
-def by_entity(messages: list[Message]) -> Iterator[list[Message]]:
+def by_entity(messages: list[Message]) -> list[list[Message]]:
     """A batch's messages by entity, each entity's in receive order."""
     groups: dict[str, list[Message]] = {}
     for m in messages:
         groups.setdefault(m.group_id, []).append(m)
-    return iter(groups.values())
+    return list(groups.values())
