@@ -131,8 +131,7 @@ class Executor:
     ) -> EntityEnd:
         """Run one entity's jobs of shard ``ref`` in order (see the module doc).
         ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
-        settings = self._app.settings(ref.worker)
-        worker = self._worker(ref.worker)
+        settings, worker = self._app.settings(ref.worker), self._worker(ref.worker)
         return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
 
     def run_entities(
