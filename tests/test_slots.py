@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.outcome import DONE, HIDDEN, LATER, EntityEnd
 from shardq.core.plan import ShardRef
+from shardq.run.admit import INLINE_BELOW_SECONDS, may_take, mean_after, run_inline
 from shardq.run.chain import RUNNING, Chain, join, settle_again
 from shardq.run.node import Node
 from shardq.run.shard import Shard
-from shardq.run.slots import INLINE_BELOW_SECONDS, Slots, may_take, run_inline
+from shardq.run.slots import Slots
 from tests.conftest import make_broker
 
 
@@ -49,6 +51,14 @@ def test_quick_jobs_run_in_their_lane_only_while_a_slot_is_free(
     mean: float | None, busy: int, expected: bool
 ) -> None:
     assert run_inline(mean, busy, 4) is expected
+
+
+def test_a_workers_mean_starts_at_its_first_run_and_moves_a_tenth_of_the_way() -> None:
+    # given no mean yet, then runs of 1 ms and 11 ms per job
+    first = mean_after(None, 0.001)
+    # then the first run is the mean, the next moves it a tenth of the way to 11 ms
+    assert first == 0.001
+    assert mean_after(first, 0.011) == pytest.approx(0.002)
 
 
 def test_concurrency_out_of_bounds_is_refused_with_its_name() -> None:
@@ -276,6 +286,31 @@ class Recorder:
         self.deleted.append([m.receipt for m in messages])
 
 
+class Batches(Recorder):
+    """Also runs a batch's entities in the calling thread (``run_entities``), noting
+    the thread; entity ``late`` ends in a local retry due in an hour."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go.set()
+        self.threads: list[int] = []
+
+    def run_entities(self, ref: Any, groups: list[list[Message]], stop: Any) -> Iterator[EntityEnd]:
+        for messages in groups:
+            self.runs.append([m.receipt for m in messages])
+            self.threads.append(threading.get_ident())
+            if messages[0].group_id == "late":
+                yield EntityEnd(LATER, messages, time.monotonic() + 3600)
+            else:
+                yield EntityEnd(DONE)
+
+
+def wait_idle(slots: Slots) -> None:
+    deadline = time.monotonic() + 30
+    while not slots.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def settle(slots: Slots) -> None:
     deadline = time.monotonic() + 30
     while not slots.idle() and time.monotonic() < deadline:
@@ -305,6 +340,32 @@ def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> N
     # given up (not run, not extended)
     assert recorder.runs == [["a-1"], ["b-2", "c-1"]]
     assert recorder.given_up == [["b-1"]]
+    slots.close()
+
+
+def job(entity: str, receipt: str) -> Message:
+    return Message("q", receipt, receipt, "{}", entity, 1, 0.0, receipt)
+
+
+def test_a_quick_workers_entities_run_in_the_lane_and_only_a_retry_gets_a_chain() -> None:
+    # given slots whose first run of a worker (in a slot) found its jobs quick
+    batches = Batches()
+    slots = Slots(4, batches, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.hand(shard, [[job("first", "f-1")]])
+    wait_idle(slots)
+    assert batches.runs == [["f-1"]] and batches.threads == []
+    # when a batch of two entities comes, one of them ending in a local retry
+    slots.hand(shard, [[job("late", "l-1")], [job("quick", "q-1")]])
+    # then both ran in the calling thread, and only the retry is held (in a chain)
+    assert batches.threads == [threading.get_ident()] * 2
+    assert [[m.receipt for m in ms] for _, ms in slots.retries()] == [["l-1"]]
+    assert slots.in_use() == 0 and slots.running() == []
+    # when the next batch brings a later job of each
+    slots.hand(shard, [[job("late", "l-2")], [job("quick", "q-2")]])
+    # then the held entity's job waits behind its retry, in order; the other runs here
+    assert [[m.receipt for m in ms] for _, ms in slots.retries()] == [["l-1", "l-2"]]
+    assert batches.runs[-1] == ["q-2"] and len(batches.threads) == 3
     slots.close()
 
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from shardq.run.shard import Shard
 
 READY = "ready"  # waiting for a slot
-RUNNING = "running"  # in a slot (or in its lane, inline)
+RUNNING = "running"  # in a slot
 DEFERRED = "deferred"  # held for a local retry, due at ``due``
 PARKED = "parked"  # not started at a stop or a handover: released by the sweep
 GONE = "gone"  # no longer the entity's chain

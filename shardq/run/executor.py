@@ -7,15 +7,13 @@ For each entity in the batch, in receive order, its jobs run in chunks of up to
 * failure: :func:`shardq.core.decide.decide` says retry or morgue;
 
   - retry: the failed chunk **and every later job of the entity in the batch** stay
-    together. A retry due within :data:`LOCAL_RETRY_SECONDS` is kept here, held
-    (invisible) and run again by this lane when due; a later one hides them all at
-    the broker for the delay, the failed job first. No later job of the entity ever
-    becomes visible while an earlier one is hidden, so order does not depend on the
-    broker keeping a group blocked (some SQS emulators do not);
-  - morgue: a chunk of several jobs is first run again one job at a time, in order
-    (each job's own outcome decides), so only a job that fails alone goes to the
-    morgue. A job goes to the worker's morgue queue and only then is deleted; the
-    entity's next jobs run;
+    together: held (invisible) here when due within :data:`LOCAL_RETRY_SECONDS`, else
+    hidden at the broker for the delay, the failed job first. No later job of the
+    entity becomes visible while an earlier one is hidden, so order does not depend
+    on the broker keeping a group blocked (some SQS emulators do not);
+  - morgue: a chunk of several jobs is first run again one job at a time, in order,
+    so only a job that fails alone goes to the worker's morgue, and only then is
+    deleted; the entity's next jobs run;
 
 * a body that is not a valid envelope, or names another worker: the morgue in its
   turn (if the morgue cannot be written, it and the entity's later jobs wait 30 s);
@@ -60,6 +58,7 @@ from shardq.core.plan import ShardRef
 from shardq.publish.relay import relay
 from shardq.run.leases import Leases
 from shardq.run.perform import Performer
+from shardq.run.shard import by_entity
 from shardq.run.timelimit import TimeLimits
 
 if TYPE_CHECKING:
@@ -105,7 +104,6 @@ class Executor:
     ) -> None:
         self._app = app
         self._router = router or app_router(app)
-        self._broker = app.broker
         self._leases = leases
         self._limits = limits
         self._stopping = stopping
@@ -125,21 +123,30 @@ class Executor:
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
         """Run a received batch of shard ``ref`` entity by entity; returns the retries
         held here."""
-        deferred: list[Deferred] = []
-        for group in by_entity(messages):
-            end = self.run_entity(ref, group)
-            if end.kind == LATER:
-                deferred.append(Deferred(end.due, ref, end.messages))
-        return deferred
+        ends = self.run_entities(ref, by_entity(messages), self._stopping.is_set)
+        return [Deferred(end.due, ref, end.messages) for end in ends if end.kind == LATER]
 
     def run_entity(
         self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool] | None = None
     ) -> EntityEnd:
         """Run one entity's jobs of shard ``ref`` in order (see the module doc).
         ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
-        settings = self._app.settings(ref.worker)
-        worker = self._worker(ref.worker)
+        settings, worker = self._app.settings(ref.worker), self._worker(ref.worker)
         return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
+
+    def run_entities(
+        self, ref: ShardRef, groups: list[list[Message]], stop: Callable[[], bool]
+    ) -> Iterator[EntityEnd]:
+        """:meth:`run_entity` for each entity's jobs of a batch in turn (one settings and
+        worker look-up); the jobs that succeeded are deleted together at the end."""
+        settings, worker = self._app.settings(ref.worker), self._worker(ref.worker)
+        done: list[Message] = []
+        try:
+            for messages in groups:
+                yield self._run_entity(ref, settings, worker, messages, stop, done)
+        finally:
+            if done:
+                self._leases.delete(done)
 
     def release(self, messages: list[Message]) -> None:
         """Jobs that did not start, visible again at once (in the order given)."""
@@ -173,6 +180,7 @@ class Executor:
         worker: WorkerLike,
         messages: list[Message],
         stop: Callable[[], bool],
+        done: list[Message] | None = None,
     ) -> EntityEnd:
         jobs = [self._decode(ref, m) for m in messages]
         action = self._router(ref, messages[0].group_id)
@@ -205,7 +213,7 @@ class Executor:
             error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
             performed += duration
             if error is None:
-                self._succeeded(ref, chunk, duration)
+                self._succeeded(ref, chunk, duration, done)
                 i += len(chunk)
                 continue
             attempt = self.attempt(chunk[0].message)
@@ -236,7 +244,7 @@ class Executor:
             relay(self._app, ref.worker, messages)
         except BrokerError as exc:
             log.warning("layout.relay_failed", shard=str(ref), error=str(exc))
-            self._broker_error("relay")
+            self._report.broker_error("relay")
             return False
         self._leases.delete(messages)
         return True
@@ -252,9 +260,15 @@ class Executor:
                 chunk.append(job)
         return chunk
 
-    def _succeeded(self, ref: ShardRef, chunk: list[_Job], duration: float) -> None:
+    def _succeeded(
+        self, ref: ShardRef, chunk: list[_Job], duration: float, done: list[Message] | None
+    ) -> None:
+        """Deleted now, or added to ``done`` (deleted by the caller)."""
         messages = [j.message for j in chunk]
-        self._leases.delete(messages)
+        if done is None:
+            self._leases.delete(messages)
+        else:
+            done.extend(messages)
         payloads = [j.payload for j in chunk]
         self._report.outcome("succeeded", ref, messages, payloads, self.attempt, duration)
         self._attempts.forget(messages)
@@ -333,7 +347,7 @@ class Executor:
             )
         except morgue.StoreError as exc:
             log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
-            self._broker_error("morgue")
+            self._report.broker_error("morgue")
             return False
         self._leases.delete([j.message for j in chunk])
         if worker is not None:
@@ -356,18 +370,12 @@ class Executor:
         messages, payloads = [j.message for j in chunk], [j.payload for j in chunk]
         self._report.outcome(kind, ref, messages, payloads, self.attempt, duration, error, **extra)
 
-    def _broker_error(self, operation: str) -> None:
-        self._report.broker_error(operation)
-
     def _worker(self, name: str) -> WorkerLike:
         """This thread's instance of the worker (``jobs`` and ``attempt`` are per call)."""
-        workers: dict[str, WorkerLike] | None = getattr(self._local_workers, "workers", None)
-        if workers is None:
-            workers = self._local_workers.workers = {}
-        worker = workers.get(name)
-        if worker is None:
-            worker = workers[name] = self._app.worker(name)()
-        return worker
+        workers: dict[str, WorkerLike] = vars(self._local_workers).setdefault("workers", {})
+        if name not in workers:
+            workers[name] = self._app.worker(name)()
+        return workers[name]
 
     def _rules_for(self, worker: WorkerLike) -> Rules:
         name = type(worker).__name__
@@ -389,11 +397,3 @@ def app_router(app: Deployment) -> Router:
         return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
 
     return route
-
-
-def by_entity(messages: list[Message]) -> Iterator[list[Message]]:
-    """A batch's messages by entity, each entity's in receive order."""
-    groups: dict[str, list[Message]] = {}
-    for m in messages:
-        groups.setdefault(m.group_id, []).append(m)
-    return iter(groups.values())

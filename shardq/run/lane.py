@@ -34,8 +34,7 @@ from shardq.broker.base import Message
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.plan import ShardRef
 from shardq.core.scheduler import Scheduler, ShardView
-from shardq.run.executor import by_entity
-from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept
+from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
@@ -102,9 +101,10 @@ class Lane(threading.Thread):
             if self.intake.stopping.is_set():
                 return
             self._prefetch()
-            if not can:
+            ready = [s for s in self.shards if s.batches and not s.dropped]
+            if not can and not (ready and slots.room(self._wake)):
                 continue
-            picked = self._pick([s for s in self.shards if s.batches and not s.dropped])
+            picked = self._pick(ready)
             if picked is None:
                 continue
             shard = picked
@@ -117,7 +117,7 @@ class Lane(threading.Thread):
 
     def _dispatch(self, shard: Shard, batch: list[Message]) -> None:
         """Each entity's jobs to a slot (or run here, when that is cheaper)."""
-        self.slots.hand(shard, list(by_entity(batch)))
+        self.slots.hand(shard, by_entity(batch))
 
     def _wake(self) -> None:
         self.inbox.put(WAKE)

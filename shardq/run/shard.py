@@ -1,4 +1,4 @@
-"""A shard as its lane sees it, and what reaches a lane's inbox."""
+"""A shard as its lane sees it, a batch by entity, and what reaches a lane's inbox."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ class Swept:
     """The slots handed back every job of a dropped shard."""
 
     shard: Shard
+
+
+def by_entity(messages: list[Message]) -> list[list[Message]]:
+    """A batch's messages by entity, each entity's in receive order."""
+    groups: dict[str, list[Message]] = {}
+    for m in messages:
+        groups.setdefault(m.group_id, []).append(m)
+    return list(groups.values())

@@ -2,17 +2,17 @@
 
 A lane hands each entity's consecutive jobs of a batch to the node's :class:`Slots`,
 which run them in up to ``concurrency`` threads. Order and exclusion rest on **entity
-chains** (:mod:`shardq.run.chain`): one per entity with jobs running, waiting, held for a
-local retry or not started at a stop. Later jobs of the entity join its end (also a
-copy of a running job delivered again), and a chain runs in one slot at a time, in order.
+chains** (:mod:`shardq.run.chain`): one per entity with jobs running in a slot, waiting,
+held for a local retry or not started at a stop. Later jobs of the entity join its end
+(also a copy of a running job delivered again); a chain runs in one slot at a time.
 How a run ends (:class:`~shardq.core.outcome.EntityEnd`) decides what the jobs that
 joined meanwhile do: wait behind a local retry, hide with a retry hidden at the broker,
 be given up after a lapse, or stay held at a stop for the shutdown sweep.
 
 Back-pressure: a lane starts another batch only while fewer than ``concurrency`` jobs
-wait for a slot (:func:`may_take`). Jobs whose mean ``perform`` is below
-:data:`INLINE_BELOW_SECONDS` run in the lane itself while a slot is free
-(:func:`run_inline`): cheaper than a hand-over.
+wait for a slot (:mod:`shardq.run.admit`). A quick worker's entities without a chain
+run in the lane itself, in one slot, and get none: only the lane of a shard makes
+chains of its entities, so none can start meanwhile.
 """
 
 from __future__ import annotations
@@ -26,29 +26,12 @@ from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
 from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
+from shardq.run.admit import may_take, mean_after, run_inline
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
 
 if TYPE_CHECKING:
     from shardq.run.shard import Shard
-
-#: A worker whose mean ``perform`` takes less than this runs in its lane, not a slot.
-INLINE_BELOW_SECONDS = 0.0005
-#: Weight of the newest duration in a worker's mean.
-_ALPHA = 0.1
-
-
-def may_take(waiting_jobs: int, concurrency: int) -> bool:
-    """May a lane start another batch? While fewer jobs than slots wait for one."""
-    return waiting_jobs < concurrency
-
-
-def run_inline(mean_seconds: float | None, busy: int, concurrency: int) -> bool:
-    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
-    hand-over costs more than its jobs), while a slot is free. A worker not measured
-    yet runs in slots: its first jobs may wait long, or on each other."""
-    quick = mean_seconds is not None and mean_seconds < INLINE_BELOW_SECONDS
-    return quick and busy < concurrency
 
 
 class Slots:
@@ -83,6 +66,7 @@ class Slots:
         self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
         self._closed = False
         self._means: dict[str, float] = {}
+        self._here: dict[int, list[list[Message]]] = {}  # by thread: run in a lane now
         self.peak = 0  # most slots in use at once
 
     # -- what lanes call ---------------------------------------------------------------
@@ -95,27 +79,24 @@ class Slots:
     def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
         """Each entity's jobs of a batch to a slot (:meth:`submit`), or, when
         :func:`run_inline` says so, those without a chain run here, in one slot."""
-        mean = self._means.get(shard.ref.worker)
-        made: list[Chain] = []  # made before the lock is taken: it is held briefly
-        if run_inline(mean, 0, self.concurrency):
-            made = [Chain((shard.queue, m[0].group_id), shard, [], RUNNING) for m in groups]
-        here: list[Chain] = []
+        mean, queue, chains = self._means.get(shard.ref.worker), shard.queue, self._chains
+        here: list[list[Message]] = []
+        rest = groups
+        if run_inline(mean, 0, self.concurrency):  # no lock: only this lane makes its chains
+            here, rest = [], []
+            for messages in groups:
+                (rest if (queue, messages[0].group_id) in chains else here).append(messages)
         with self._lock:
-            inline = bool(made) and run_inline(mean, self._busy, self.concurrency)
-            chains = self._chains
-            for i, messages in enumerate(groups):
-                chain = made[i] if inline else None
-                if chain is None or chain.key in chains:
-                    self._submit(shard, messages)
-                    continue
-                chains[chain.key] = chain
-                chain.running = messages
-                here.append(chain)
-            if here:
+            if here and run_inline(mean, self._busy, self.concurrency):
                 self._took()
+                self._here[threading.get_ident()] = here  # for running()
+            elif here:
+                here, rest = [], groups
+            for messages in rest:
+                self._submit(shard, messages)
         self._start_threads()
         if here:
-            self._run(shard, here)
+            self._run_here(shard, here)
 
     def room(self, wake: Callable[[], None]) -> bool:
         """May a lane start another batch (:func:`may_take`)? If not, ``wake`` is
@@ -149,43 +130,69 @@ class Slots:
                 return
         done()
 
-    def _run(self, shard: Shard, chains: list[Chain]) -> None:
-        """Run chains (from a slot or :meth:`hand`) here one after the other, settled
-        together at the end; one that a job joined meanwhile waits for a slot again."""
-        ends: list[EntityEnd] = []
-
-        def stop() -> bool:
-            return self._stopping.is_set() or shard.dropped
-
+    def _run(self, chain: Chain) -> None:
+        """Run a chain in this slot; one that a job joined meanwhile waits for a slot again."""
+        shard, end = chain.shard, None
         try:
-            for chain in chains:
-                ends.append(self._executor.run_entity(shard.ref, chain.running, stop=stop))
+            end = self._executor.run_entity(shard.ref, chain.running, stop=self._stop(shard))
         except BaseException as exc:
             self._on_failure(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._lock:
-                jobs, performed, ran = 0, 0.0, True  # every job ran: time them
-                for chain, end in zip(chains, ends, strict=False):
-                    jobs, performed = jobs + len(chain.running), performed + end.performed
-                    ran = ran and end.kind == DONE
-                    if end.kind == DONE and not (chain.again or chain.pending):
-                        chain.running, chain.state = [], GONE  # done, nothing joined it
-                        self._chains.pop(chain.key, None)
-                        continue
+                if end is not None and end.kind == DONE:
+                    self._timed(shard, end.performed / len(chain.running))
+                if end is None:  # not run: the node is failing
+                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
+                    chain.pending, chain.running = [*end.messages, *chain.pending], []
+                    chain.state = PARKED
+                elif end.kind == DONE and not (chain.again or chain.pending):
+                    chain.running, chain.state = [], GONE  # done, nothing joined it
+                    self._chains.pop(chain.key, None)
+                else:
                     if chain.again:
                         end = self._settle_again(chain, end)
                     chain.running = []
                     if self._after(chain, end):  # a job joined it meanwhile
                         chain.state = READY
                         self._queue(chain)
-                if ran and jobs:
-                    self._timed(shard.ref.worker, performed / jobs)
-                for chain in chains[len(ends) :]:  # not run: the node is failing
-                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
-                    chain.pending, chain.running = [*end.messages, *chain.pending], []
-                    chain.state = PARKED
                 self._free(shard)
             self._start_threads()
+
+    def _run_here(self, shard: Shard, groups: list[list[Message]]) -> None:
+        """Run entities without a chain here (:meth:`hand`), in one slot; only one
+        whose run did not end (a local retry, a stop) gets a chain."""
+        ends: list[EntityEnd] = []
+        try:
+            for end in self._executor.run_entities(shard.ref, groups, self._stop(shard)):
+                ends.append(end)
+        except BaseException as exc:
+            self._on_failure(f"a run of jobs of {shard.ref}", exc)
+        finally:
+            with self._lock:
+                del self._here[threading.get_ident()]
+                for end in ends:
+                    if end.kind == LATER or end.kind == STOPPED:
+                        self._held(shard, end)
+                for messages in groups[len(ends) :]:  # not run: the node is failing
+                    self._held(shard, EntityEnd(STOPPED, messages))
+                if len(ends) == len(groups) and all(end.kind == DONE for end in ends):
+                    performed = sum(end.performed for end in ends)
+                    self._timed(shard, performed / sum(len(ms) for ms in groups))
+                self._free(shard)
+            self._start_threads()
+
+    def _timed(self, shard: Shard, each: float) -> None:
+        """Its worker's jobs took ``each`` on average (for :func:`run_inline`)."""
+        self._means[shard.ref.worker] = mean_after(self._means.get(shard.ref.worker), each)
+
+    def _held(self, shard: Shard, end: EntityEnd) -> None:
+        """Jobs run here held for a local retry or a stop: they get a chain."""
+        key = (shard.queue, end.messages[0].group_id)
+        self._after(self._chains.setdefault(key, Chain(key, shard, [], RUNNING)), end)
+
+    def _stop(self, shard: Shard) -> Callable[[], bool]:
+        """Asked before each ``perform``: stop when the node stops or drops the shard."""
+        return lambda: self._stopping.is_set() or shard.dropped
 
     # -- what the node reads -------------------------------------------------------------
     def in_use(self) -> int:
@@ -193,7 +200,7 @@ class Slots:
 
     def idle(self) -> bool:
         with self._cond:
-            return not self._chains
+            return not self._chains and not self._here
 
     def alive(self) -> bool:
         return self._closed or all(t.is_alive() for t in self._threads)
@@ -215,7 +222,8 @@ class Slots:
     def running(self) -> list[Message]:
         """Messages of the chains still running: their jobs and the later ones held."""
         with self._cond:
-            return [
+            here = [m for groups in self._here.values() for ms in groups for m in ms]
+            return here + [
                 m
                 for c in self._chains.values()
                 if c.state == RUNNING
@@ -243,7 +251,7 @@ class Slots:
         self._ready.append(chain)
         # a thread per chain waiting (a woken thread may still count as idle)
         if len(self._ready) > self._idle_threads and self._thread_count() < self.concurrency:
-            self._start_thread()
+            self._asked_threads += 1  # started once the lock is released
         self._cond.notify()
 
     def _settle_again(self, chain: Chain, end: EntityEnd) -> EntityEnd:
@@ -264,11 +272,6 @@ class Slots:
         self._end_sweep(shard)
         if self._ready:  # a slot is free for a chain waiting
             self._cond.notify()
-
-    def _timed(self, worker: str, each: float) -> None:
-        """A worker's mean time per job run (for :func:`run_inline`)."""
-        mean = self._means.get(worker)
-        self._means[worker] = each if mean is None else mean + _ALPHA * (each - mean)
 
     def _took(self) -> None:
         self._busy += 1
@@ -297,7 +300,7 @@ class Slots:
             self._seq += 1
             heapq.heappush(self._deferred, (end.due, self._seq, chain))
             if self._idle_threads == 0 and self._thread_count() < self.concurrency:
-                self._start_thread()  # a slot thread runs it when due
+                self._asked_threads += 1  # a slot thread runs it when due
             self._cond.notify()  # a waiting thread looks at the new due time
         elif not chain.pending:  # DONE, nothing joined
             return self._remove(chain)
@@ -339,10 +342,6 @@ class Slots:
         """Slot threads started, being started or asked for (the lock held)."""
         return len(self._threads) + self._asked_threads + self._starting
 
-    def _start_thread(self) -> None:
-        """Ask for a slot thread (the lock held); started once it is released."""
-        self._asked_threads += 1
-
     def _start_threads(self) -> None:
         """Start the slot threads asked for (the lock not held)."""
         while self._asked_threads:  # read without the lock: a later ask is started later
@@ -367,7 +366,7 @@ class Slots:
                 chain = self._take()
             if chain is None:
                 return
-            self._run(chain.shard, [chain])
+            self._run(chain)
 
     def _take(self) -> Chain | None:
         """The next chain to run (the lock held); None once closed."""
