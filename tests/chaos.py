@@ -79,6 +79,7 @@ from tests import chaos_reshard
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.chaos_reshard import PublisherProcess, Refusal, Reshard
+from tests.children import wait_catching
 from tests.takeover import (
     HANDOVER,
     KILL,
@@ -96,15 +97,15 @@ WORKER = "Ledgered"
 LAYOUTS = ("mixed", "overlap", "split", "elastic")
 #: A dead node's shards must be served again within its lease timeout plus this.
 TAKEOVER_SLACK = 10.0
-#: Seconds a node process gets to start before it is sent SIGTERM at the end.
+#: Elastic layout: seconds a node runs at least before it may be stopped with SIGTERM.
 MIN_AGE = 5.0
 #: Elastic layout: a node is killed or stopped at random among those that started a
 #: job in the last BUSY_SECONDS (among all if none did), so events hit serving nodes.
 BUSY_SECONDS = 2.0
 #: Seconds around a broker outage within which a job's first success may repeat.
 OUTAGE_MARGIN = 5.0
-#: Seconds the outage (past ``outage_at``) or the elastic events (past the start) wait at
-#: most for every node to serve.
+#: Seconds the outage (past ``outage_at``), the elastic events or the reshards (past the
+#: start) wait at most for every node to serve.
 READY_SECONDS = 30.0
 #: Events a node logs when a broker call failed (after boto3's own retries).
 BROKER_TROUBLE = {
@@ -167,8 +168,9 @@ class Settings:
     #: (:mod:`tests.chaos_publisher`), reading the layout on its own.
     publisher: str = "thread"
     #: Elastic layout: reshards of the worker, each (seconds into the run, new number of
-    #: shards), each by a ``shardq reshard`` child process; they replace the random
-    #: events (see :mod:`tests.chaos_reshard`). ``reshard_kill``: during each, a busy
+    #: shards), each by a ``shardq reshard`` child process once every node serves and
+    #: the reshard before it ended; they replace the random events (see
+    #: :mod:`tests.chaos_reshard`). ``reshard_kill``: during each, a busy
     #: node gets SIGKILL ``reshard_kill_after`` s after it began and a new one joins.
     reshards: tuple[tuple[float, int], ...] = ()
     reshard_kill: bool = True
@@ -531,11 +533,11 @@ class _Nodes:
     def terminate(self, grace: float) -> list[int]:
         """SIGTERM every running node and wait; returns their exit codes.
 
-        A node gets at least MIN_AGE s to start first: a SIGTERM that arrives before
+        Each node is first waited for until it catches SIGTERM: one that arrives before
         ``shardq run`` installed its handler kills it like any Python process."""
         running = [c for c in self.slots if c is not None and c.poll() is None]
-        youngest = max((self.started[c.pid] for c in running), default=0.0)
-        time.sleep(max(0.0, youngest + MIN_AGE - time.monotonic()))
+        for child in running:
+            wait_catching(child, signal.SIGTERM)
         for child in running:
             child.send_signal(signal.SIGTERM)
         codes = []
@@ -699,6 +701,7 @@ def run(
         publisher.start()
         say(f"chaos: {settings.nodes} nodes ({settings.layout}), publishing, killing ...")
         if settings.reshards:
+            _wait_serving(nodes, began)
             chaos_reshard.reshard_phase(
                 settings, app, {**os.environ, **env}, nodes, report, began, say
             )
@@ -890,10 +893,7 @@ def _elastic_phase(
     once every node serves (at most READY_SECONDS after the start): on a loaded
     machine a node may still be starting, and a node killed before it took shards
     leaves no takeover to measure."""
-    ready = began + READY_SECONDS
-    while time.monotonic() < ready and not nodes.serving():
-        nodes.reap_exited()
-        time.sleep(0.05)
+    _wait_serving(nodes, began)
     start = time.monotonic()
     end = start + settings.duration
     next_event = start + rng.uniform(*settings.event_every)
@@ -903,6 +903,14 @@ def _elastic_phase(
         if time.monotonic() >= next_event:
             _elastic_event(settings, nodes, report, rng, say)
             next_event = time.monotonic() + rng.uniform(*settings.event_every)
+        time.sleep(0.05)
+
+
+def _wait_serving(nodes: _Nodes, began: float) -> None:
+    """Until every node serves, at most until READY_SECONDS past ``began``."""
+    ready = began + READY_SECONDS
+    while time.monotonic() < ready and not nodes.serving():
+        nodes.reap_exited()
         time.sleep(0.05)
 
 

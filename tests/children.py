@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +14,31 @@ from pathlib import Path
 import pytest
 
 from shardq.core.config import Config
-from tests.apps import ledger
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux: its SigCgt mask);
+    False once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line for line in status.splitlines() if line.startswith("SigCgt:")), "")
+    return bool(caught) and bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
+def wait_catching(child: subprocess.Popen[bytes], signum: int, timeout: float = 30) -> None:
+    """Wait until ``child`` has a handler for ``signum``: before that, it is still the
+    bare interpreter starting, which any signal kills. Returns at once if it exited."""
+    deadline = time.monotonic() + timeout
+    while child.poll() is None and not catches(child.pid, signum):
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"process {child.pid} installed no handler for {signum} in {timeout:g} s"
+            )
+        time.sleep(0.01)
 
 
 class Env:
@@ -67,25 +90,20 @@ class Env:
         return child
 
     def wait_until_catching(self, child: subprocess.Popen[bytes], signum: int) -> None:
-        """Wait until ``child`` has a handler for ``signum`` (Linux: its SigCgt mask):
-        before that, it is still the bare interpreter starting, which any signal kills."""
-        status = Path(f"/proc/{child.pid}/status")
-        deadline = time.monotonic() + 30
-        while status.exists() and time.monotonic() < deadline and child.poll() is None:
-            caught = next(
-                (line for line in status.read_text().splitlines() if line.startswith("SigCgt:")),
-                "SigCgt:\t0",
-            )
-            if int(caught.split()[1], 16) >> (signum - 1) & 1:
-                return
-            time.sleep(0.01)
-        if status.exists() and child.poll() is None and time.monotonic() >= deadline:
-            raise AssertionError(f"process {child.pid} installed no handler for {signum} in 30 s")
+        """Wait until ``child`` has a handler for ``signum`` (see :func:`wait_catching`)."""
+        wait_catching(child, signum)
 
     def events(self) -> list[tuple[str, str, int]]:
-        if not Path(self.ledger).exists():
+        """The ledger's complete lines: a node may be writing the last one just now."""
+        try:
+            text = Path(self.ledger).read_text()
+        except FileNotFoundError:
             return []
-        return [(e["event"], e["entity"], e["n"]) for e in ledger.read(self.ledger)]
+        complete = text[: text.rfind("\n") + 1].splitlines()
+        return [
+            (e["event"], e["entity"], e["n"])
+            for e in (json.loads(line) for line in complete if line.strip())
+        ]
 
     def wait_for(self, predicate: object, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

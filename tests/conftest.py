@@ -14,22 +14,26 @@ from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
 
-#: Modules whose tests run the longest scenarios (tens of seconds each): started first.
-LONGEST = ("test_chaos.py", "test_reshard.py", "test_outage.py", "test_reshard_skew.py")
+#: Modules whose tests run the longest scenarios (tens of seconds each), longest first:
+#: they start before anything else.
+LONGEST = ("test_reshard.py", "test_chaos.py", "test_outage.py", "test_reshard_skew.py")
+#: Modules with tests of 10-20 s that are not marked ``slow``: started with those.
+LONG = ("test_sqs_timeouts.py", "test_cli_ops.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: the chaos and reshard scenarios, then tests that start node
-    processes (``slow``), then those on the emulator (``sqs``), then the rest, each in
-    collection order. With ``--maxschedchunk 1`` (pyproject), xdist hands the tests
-    out one by one in this order, so no long test starts near the end of the run."""
+    """Longest first: the reshard and chaos scenarios (in LONGEST's order), then tests
+    that start node processes (``slow``) or wait long (LONG), then those on the
+    emulator (``sqs``), then the rest, each in collection order. With
+    ``--maxschedchunk 1`` (pyproject), xdist hands the tests out one by one in this
+    order, so no long test starts near the end of the run."""
 
     def cost(item: pytest.Item) -> int:
         if item.path.name in LONGEST:
-            return 0
-        if item.get_closest_marker("slow"):
-            return 1
-        return 2 if item.get_closest_marker("sqs") else 3
+            return LONGEST.index(item.path.name)
+        if item.get_closest_marker("slow") or item.path.name in LONG:
+            return len(LONGEST)
+        return len(LONGEST) + (1 if item.get_closest_marker("sqs") else 2)
 
     items.sort(key=cost)  # stable: collection order within each class
 

@@ -17,11 +17,11 @@ from tests.takeover import KILL, figures
 
 pytestmark = pytest.mark.slow
 
-#: 3 processes (2 splitting the shards + 1 owning them all), 150 entities x 10 jobs,
+#: 3 processes (2 splitting the shards + 1 owning them all), 100 entities x 10 jobs,
 #: 10 % of attempts failing, 2 % of jobs failing for good, a kill every 1-3 s for 16 s.
 #: Jobs are hidden 5 s per receive (not 2): on a loaded machine a node process can stall
 #: for seconds, and then the run would be about lapsed extensions, not about kills.
-SMALL = chaos.Settings(duration=16.0, sleep=0.02, visibility_timeout=5)
+SMALL = chaos.Settings(entities=100, duration=16.0, sleep=0.02, visibility_timeout=5)
 
 #: shardq's fleet still lets a dead node's shard wait longer than lease_seconds + 10 s
 #: in some interleavings (RELIABILITY.md, "Elastic fleet"): such a run is reported as
@@ -29,18 +29,19 @@ SMALL = chaos.Settings(duration=16.0, sleep=0.02, visibility_timeout=5)
 TAKEOVER_DELAYS_KNOWN = False
 
 #: An elastic fleet of 3 nodes (1 to 4 alive) over 6 shards, lease timeout 10 s,
-#: reports every 5 s; 600 jobs of 100 entities; an event every 3-6 s for 45 s.
+#: reports every 5 s (both the least shardq allows); 360 jobs of 60 entities; an event
+#: every 2-3.5 s for 27 s (about 10 events, as many as every 3-6 s for 45 s).
 ELASTIC = chaos.Settings(
     layout="elastic",
     nodes=3,
     max_nodes=4,
     shards=6,
-    entities=100,
+    entities=60,
     jobs=6,
     burst=3,
     sleep=0.02,
-    duration=45.0,
-    event_every=(3.0, 6.0),
+    duration=27.0,
+    event_every=(2.0, 3.5),
     publish_share=0.9,
     lease_seconds=10,
     report_seconds=5,
@@ -55,7 +56,7 @@ ELASTIC = chaos.Settings(
 def test_nodes_killed_at_random_lose_nothing_and_keep_every_entity_in_order(
     env: Env, tmp_path: Path
 ) -> None:
-    # given 3 node processes over the same shards, and 1,500 numbered jobs of 150
+    # given 3 node processes over the same shards, and 1,000 numbered jobs of 100
     # entities published in bursts while they run, some failing at random, some for good
     settings = SMALL
     # when a random node is killed with SIGKILL (and restarted) every 1-3 s for 16 s,
@@ -105,10 +106,10 @@ def test_nodes_killed_at_random_keep_order_on_a_broker_that_reopens_message_grou
 def test_an_elastic_fleet_loses_nothing_while_nodes_die_join_and_stop_and_takes_over_in_time(
     env: Env, tmp_path: Path
 ) -> None:
-    # given 3 elastic node processes (no --node) sharing 6 shards by leases, and 600
-    # numbered jobs of 100 entities published while they run, some failing
+    # given 3 elastic node processes (no --node) sharing 6 shards by leases, and 360
+    # numbered jobs of 60 entities published while they run, some failing
     settings = ELASTIC
-    # when, every 3-6 s for 45 s, a node is killed (not restarted), a new node joins
+    # when, every 2-3.5 s for 27 s, a node is killed (not restarted), a new node joins
     # or a node is stopped gracefully, and the fleet then drains the queues
     report = chaos.run(settings, dict(env.vars), tmp_path / "chaos")
     print(report.summary())

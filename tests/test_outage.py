@@ -132,9 +132,10 @@ def test_nodes_ride_out_a_broker_outage_and_lose_nothing(
     def start() -> None:
         server.pid = emu.start(port=server.port, state_dir=state_dir).pid
 
-    # given 3 node processes working through 1,500 numbered jobs on the emulator
+    # given 3 node processes working through 1,000 numbered jobs on the emulator
     settings = chaos.Settings(
-        duration=22.0,
+        entities=100,
+        duration=18.0,
         kill_every=None,
         sleep=0.02,
         outage_at=5.0,

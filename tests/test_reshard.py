@@ -20,25 +20,26 @@ from tests.children import Env
 
 pytestmark = pytest.mark.slow
 
-#: 2 elastic nodes over 8 shards, 1,200 numbered jobs of 120 entities published by a
-#: child process over ~40 s, 10 % of attempts failing at random, 2 % of jobs for good;
-#: reshards to 16 shards 6 s in and to 5 after that one ended (its command SIGKILLed
-#: as soon as it began); a busy node SIGKILLed 2 s into each, and a new one joining.
-#: Publishers re-read the layout every 0.5 s and switch 6 s after a start; old shards
-#: close 5 s after that at the soonest; a dead node's leases lapse after 10 s.
+#: 2 elastic nodes over 8 shards, 800 numbered jobs of 80 entities published by a
+#: child process over ~32 s, 10 % of attempts failing at random, 2 % of jobs for good;
+#: reshards to 16 shards once both nodes serve (2 s in at the soonest) and to 5 as soon
+#: as that one ended (its command SIGKILLed as soon as it began); a busy node SIGKILLed
+#: 2 s into each, and a new one joining. Publishers re-read the layout every 0.5 s and
+#: switch 6 s after a start; old shards close 5 s after that at the soonest; a dead
+#: node's leases lapse after 10 s, so each reshard takes ~20 s and the run ~45 s.
 SMALL = chaos.Settings(
     layout="elastic",
     nodes=2,
     max_nodes=4,
     shards=8,
-    entities=120,
+    entities=80,
     jobs=10,
     burst=2,
     sleep=0.01,
-    duration=45.0,
+    duration=36.0,
     publish_share=0.9,
     publisher="process",
-    reshards=((6.0, 16), (24.0, 5)),
+    reshards=((2.0, 16), (2.0, 5)),
     kill_reshard_command=(1,),
     layout_refresh_seconds=0.5,
     reshard_trust_seconds=6.0,
@@ -51,7 +52,7 @@ def test_a_worker_resharded_twice_while_jobs_flow_and_nodes_die_loses_and_reorde
     env: Env, tmp_path: Path
 ) -> None:
     # given a worker with 8 shards, 2 elastic nodes, and a publisher process sending
-    # numbered jobs of 120 entities with dedup ids, 10 % of attempts failing
+    # numbered jobs of 80 entities with dedup ids, 10 % of attempts failing
     settings = SMALL
     # when the worker is resharded to 16 shards and then to 5 by `shardq reshard`
     # while the publisher goes on, a busy node is SIGKILLed during each reshard (and

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,9 @@ pytestmark = pytest.mark.skipif(
 ENTITIES = 30
 
 
-def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(env: Env) -> None:
+def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(
+    env: Env, tmp_path: Path
+) -> None:
     # given Ledgered (3 shards) with one job of each of 30 entities, a reshard to 5
     # announced, and a trust window of 6 s
     env.vars.update(SHARDQ_RESHARD_TRUST_SECONDS="6", SHARDQ_LAYOUT_REFRESH_SECONDS="0.5")
@@ -43,23 +46,34 @@ def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(env: Env)
     entities = [f"s{i}" for i in range(ENTITIES)]
     ledger.Ledgered.publish_many([(e, {"n": 0}) for e in entities])
     reshard.start(app, "Ledgered", 5)
-    # when a node runs with its wall clock 120 s ahead
-    child = subprocess.Popen(
-        ["faketime", "-f", "+120s", sys.executable, "-m", "shardq", "run", "--node", "0"],
-        cwd=ROOT,
-        # the wall clock only: a faked monotonic clock hangs every timed wait
-        env={**os.environ, **env.vars, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    # when a node runs with its wall clock 120 s ahead (its output in a file: a pipe
+    # nobody reads could fill up and block it)
+    log = tmp_path / "node.log"
+    with open(log, "wb") as out:
+        child = subprocess.Popen(
+            ["faketime", "-f", "+120s", sys.executable, "-m", "shardq", "run", "--node", "0"],
+            cwd=ROOT,
+            # the wall clock only: a faked monotonic clock hangs every timed wait
+            env={**os.environ, **env.vars, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     env.children.append(child)
-    # then it writes the switch (the trust window passed on its clock) ...
-    env.wait_for(lambda: app.layouts.read("Ledgered").state != "announced", 60)
-    # ... publishers that read it send to the new layout ...
-    ledger.Ledgered.publish_many([(e, {"n": 1}) for e in entities])
-    # ... and the old shards close once empty, the move ends
-    env.wait_for(lambda: app.layouts.read("Ledgered").moving is None, 90)
-    env.wait_for(lambda: len({e[1:3] for e in env.events() if e[0] == "end"}) >= 2 * ENTITIES, 30)
+    try:
+        # then it writes the switch (the trust window passed on its clock) ...
+        env.wait_for(lambda: app.layouts.read("Ledgered").state != "announced", 60)
+        # ... publishers that read it send to the new layout ...
+        ledger.Ledgered.publish_many([(e, {"n": 1}) for e in entities])
+        # ... and the old shards close once empty, the move ends
+        env.wait_for(lambda: app.layouts.read("Ledgered").moving is None, 90)
+
+        def ended() -> int:
+            return len({e[1:3] for e in env.events() if e[0] == "end"})
+
+        env.wait_for(lambda: ended() >= 2 * ENTITIES, 30)
+    except AssertionError as exc:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise AssertionError(f"{exc}\nthe node's output (exit {child.poll()}):\n{tail}") from exc
     # and every entity's jobs ran once each, in publish order, never two at once
     problems = ledger.check(ledger.read(env.ledger), dict.fromkeys(entities, 2))
     assert all(not found for found in problems.values()), problems
