@@ -18,7 +18,8 @@ A run:
    * ``elastic``: ``shardq run`` without ``--node``: the processes form a fleet that
      shares the shards by leases (lease timeout ``lease_seconds``, rebalance every
      ``report_seconds``). Instead of kill-and-restart, every ``event_every`` seconds
-     one event at random: a node killed with SIGKILL (not restarted), a new node
+     one event (the first a kill, the others at random): a node killed with SIGKILL
+     (not restarted), a new node
      started (it joins), or a node stopped with SIGTERM (it must exit 0), keeping
      between 1 and ``max_nodes`` nodes alive; the node killed or stopped is one that
      ran a job in the last ``BUSY_SECONDS`` (any, if none did). From the ledger and the nodes' logs,
@@ -931,7 +932,8 @@ def _elastic_event(
             kinds.append(STOP)
     if len(alive) < settings.max_nodes:
         kinds.append("join")
-    kind = rng.choice(kinds)
+    # the first event is a kill, early enough for a takeover to be measured while jobs flow
+    kind = KILL if KILL in kinds and not report.kills else rng.choice(kinds)
     if kind == KILL:
         pid, dead = nodes.kill(rng.choice(busy))
         report.killed[pid] = dead

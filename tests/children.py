@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,9 +115,12 @@ class Env:
         raise AssertionError(f"timed out; ledger: {self.events()}")
 
     def stop_all(self) -> None:
+        """Kill every child (with its own children, if it leads a process group)."""
         for child in self.children:
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the group it leads, if any
+                os.killpg(child.pid, signal.SIGKILL)
             child.wait()
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

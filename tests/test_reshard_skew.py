@@ -57,6 +57,8 @@ def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(
             env={**os.environ, **env.vars, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
             stdout=out,
             stderr=subprocess.STDOUT,
+            # faketime runs the node as its child: a group of their own is stopped whole
+            start_new_session=True,
         )
     env.children.append(child)
     try:
