@@ -8,6 +8,7 @@ and stop the node when a part of it failed.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +44,8 @@ class Intake:
         self.stopping = threading.Event()
         self._fail = fail
         self._broker_error = broker_error
+        self._receiving: dict[str, int] = {}  # queue -> receives in flight
+        self._received = threading.Condition()
 
     def stop(self) -> None:
         """Begin the node's graceful shutdown (idempotent, from any thread)."""
@@ -54,21 +57,44 @@ class Intake:
         self._fail(what, exc)
 
     def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
-        """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed."""
+        """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
+        or if shutdown began meanwhile (what came is released: :meth:`release_straggler`)."""
+        queue = shard.queue
+        with self._received:
+            self._receiving[queue] = self._receiving.get(queue, 0) + 1
         try:
             messages = self.broker.receive(
-                shard.queue,
+                queue,
                 max_messages=MAX_BATCH_ENTRIES,
                 wait_seconds=wait_seconds,
                 visibility_timeout=shard.visibility_timeout,
             )
+            if messages:
+                self.leases.hold(messages, shard.visibility_timeout)
+                self.old_jobs.check(messages)
+            if self.stopping.is_set():
+                self.release_straggler(messages)
+                return None
+            return messages
         except BrokerError as exc:
-            self.broker_trouble("receive", shard.queue, exc)
+            self.broker_trouble("receive", queue, exc)
             return None
-        if messages:
-            self.leases.hold(messages, shard.visibility_timeout)
-            self.old_jobs.check(messages)
-        return messages
+        finally:
+            with self._received:
+                self._receiving[queue] -= 1
+                self._received.notify_all()
+
+    def quiet(self, queues: set[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` until no receive of ``queues`` is in flight: a stopping
+        node that released jobs there lets a long poll that took them release them."""
+        deadline = time.monotonic() + timeout
+        with self._received:
+            while any(self._receiving.get(q) for q in queues):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._received.wait(left)
+        return True
 
     def release_straggler(self, messages: list[Message] | None) -> None:
         """Messages a receive brought after shutdown began, or after their shard was

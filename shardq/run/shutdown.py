@@ -6,9 +6,11 @@ retries are hidden for what is left of their delay, with their entity's later jo
 behind them (:func:`hand_back`); pending deletes are sent, and the process exits 0.
 A second signal exits at once. A message whose job is still running is never
 released: if the grace period runs out it becomes visible when its visibility
-timeout ends (exit code 3). Long polls still waiting on SQS are abandoned, not
-waited for: a job one of them receives afterwards is not run; it is released if the
-process still runs, or reappears after its visibility timeout.
+timeout ends (exit code 3). Long polls still waiting on SQS are abandoned: a job one of
+them receives afterwards is not run but released. Where jobs were released at shutdown,
+the node waits up to :data:`STRAGGLER_SECONDS` for such polls to come back, so one that
+took them releases them before the process exits; one that comes back later releases
+what it took if the process still runs, or that reappears after its visibility timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from shardq.core.outcome import Tally
     from shardq.core.signals import StopSignals
     from shardq.run.executor import Executor
+    from shardq.run.intake import Intake
     from shardq.run.lane import Lane
     from shardq.run.leases import Leases
     from shardq.run.metrics import NodeMetrics
@@ -45,6 +48,7 @@ class Stopping(Protocol):
     config: Config
     signals: StopSignals
     lanes: list[Lane]
+    intake: Intake
     slots: Slots
     executor: Executor
     pool: ThreadPoolExecutor
@@ -65,6 +69,8 @@ log = structlog.get_logger("shardq.node")
 
 #: Longest wait for pending deletes and releases at shutdown.
 FLUSH_SECONDS = 5.0
+#: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
+STRAGGLER_SECONDS = 1.0
 
 
 def hand_back(
@@ -117,6 +123,9 @@ def shut_down(node: Stopping) -> int:
     for messages, seconds in hand_back(held, running, node.slots.retries(), time.monotonic()):
         node.leases.hide(messages, seconds)
     flushed = node.leases.close(FLUSH_SECONDS)
+    # A long poll still in flight on a queue may take what was just released: let it
+    # hand that back before the process may exit (else it reappears after its timeout).
+    node.intake.quiet({m.queue for m in held if m.receipt not in running}, STRAGGLER_SECONDS)
     if node.fleet is not None:
         node.fleet.leave()  # after every job message is settled: hand the shards back
     node.lease_pool.shutdown(wait=False)
