@@ -76,7 +76,7 @@ class _Poller(threading.Thread):
             if not self.wake.wait(0.5) or shard.dropped:
                 continue
             messages = node.receive(shard, wait_seconds=self._wait)
-            if messages is None:  # the broker failed: logged; back off
+            if messages is None:  # the broker failed (logged; back off), or the node stops
                 node.stopping.wait(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue
