@@ -226,16 +226,22 @@ def test_two_nodes_with_overlapping_plans_never_run_an_entity_twice_at_once(
     # (jobs of 50 ms: about 2 s of work)
     expected = publish_numbered(20, 6, sleep=0.05, fail_rate=0.1)
     other = shardq.App(app.config, broker=make_broker(app.broker.kind, tmp_path, request))
-    # (the first node receives once the second has received jobs: on a loaded machine
-    # the node that starts first could otherwise run them all before the other is up)
-    second_has_jobs = threading.Event()
+    # (the first node receives once the second has received jobs, and the second
+    # receives again only once the first has had jobs too: one node could otherwise
+    # hold every entity's group from one receive to the next and run them all)
+    second_has_jobs, first_has_jobs = threading.Event(), threading.Event()
     first_receive, second_receive = app.broker.receive, other.broker.receive
 
     def first_receives(*args: Any, **kwargs: Any) -> list[Message]:
         second_has_jobs.wait(60)
-        return first_receive(*args, **kwargs)
+        got = first_receive(*args, **kwargs)
+        if got:
+            first_has_jobs.set()
+        return got
 
     def second_receives(*args: Any, **kwargs: Any) -> list[Message]:
+        if second_has_jobs.is_set():
+            first_has_jobs.wait(60)
         got = second_receive(*args, **kwargs)
         if got:
             second_has_jobs.set()
