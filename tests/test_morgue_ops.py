@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,7 +258,8 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     deadline = time.monotonic() + 40
     while broker.counts(canary).waiting != 1 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert broker.counts(canary).waiting == 1
+    threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardq"))
+    assert broker.counts(canary).waiting == 1, f"canary still held; live threads: {threads}"
     # when SQS drops every message of those queues, as it does once their retention
     # period has passed (purged here rather than waiting out the 60 s minimum)
     for queue in [*queues, ledger.app.morgue_queue("Ledgered")]:
