@@ -18,7 +18,14 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.outcome import DONE, HIDDEN, LATER, EntityEnd
 from shardq.core.plan import ShardRef
-from shardq.run.admit import INLINE_BELOW_SECONDS, may_take, mean_after, run_inline
+from shardq.run.admit import (
+    INLINE_BELOW_SECONDS,
+    KNOWN_AFTER_JOBS,
+    Timing,
+    may_take,
+    run_inline,
+    timing_after,
+)
 from shardq.run.chain import RUNNING, Chain, join, settle_again
 from shardq.run.node import Node
 from shardq.run.shard import Shard
@@ -37,28 +44,34 @@ def test_a_lane_takes_more_only_while_fewer_jobs_than_slots_wait(
     assert may_take(waiting, concurrency) is expected
 
 
+QUICK = Timing(INLINE_BELOW_SECONDS / 10, KNOWN_AFTER_JOBS)
+
+
 @pytest.mark.parametrize(
-    ("mean", "busy", "expected"),
+    ("timing", "busy", "expected"),
     [
         (None, 0, False),  # nothing known yet: a slot (it may wait long)
-        (INLINE_BELOW_SECONDS / 10, 0, True),  # quick jobs, a free slot
-        (INLINE_BELOW_SECONDS / 10, 3, True),
-        (INLINE_BELOW_SECONDS * 2, 0, False),  # slower jobs: a slot
-        (INLINE_BELOW_SECONDS / 10, 4, False),  # every slot busy: wait for one
+        (QUICK._replace(jobs=KNOWN_AFTER_JOBS - 1), 0, False),  # too few jobs measured
+        (QUICK, 0, True),  # quick jobs, a free slot
+        (QUICK, 3, True),
+        (QUICK._replace(mean=INLINE_BELOW_SECONDS * 2), 0, False),  # slower jobs: a slot
+        (QUICK, 4, False),  # every slot busy: wait for one
     ],
 )
 def test_quick_jobs_run_in_their_lane_only_while_a_slot_is_free(
-    mean: float | None, busy: int, expected: bool
+    timing: Timing | None, busy: int, expected: bool
 ) -> None:
-    assert run_inline(mean, busy, 4) is expected
+    assert run_inline(timing, busy, 4) is expected
 
 
 def test_a_workers_mean_starts_at_its_first_run_and_moves_a_tenth_of_the_way() -> None:
-    # given no mean yet, then runs of 1 ms and 11 ms per job
-    first = mean_after(None, 0.001)
-    # then the first run is the mean, the next moves it a tenth of the way to 11 ms
-    assert first == 0.001
-    assert mean_after(first, 0.011) == pytest.approx(0.002)
+    # given nothing measured yet, then a run of 10 jobs of 1 ms and one of 5 of 11 ms
+    first = timing_after(None, 0.001, 10)
+    # then the first run is the mean, the next moves it a tenth of the way to 11 ms,
+    # and the jobs measured add up
+    assert first == Timing(0.001, 10)
+    second = timing_after(first, 0.011, 5)
+    assert second.mean == pytest.approx(0.002) and second.jobs == 15
 
 
 def test_concurrency_out_of_bounds_is_refused_with_its_name() -> None:
@@ -348,13 +361,16 @@ def job(entity: str, receipt: str) -> Message:
 
 
 def test_a_quick_workers_entities_run_in_the_lane_and_only_a_retry_gets_a_chain() -> None:
-    # given slots whose first run of a worker (in a slot) found its jobs quick
+    # given slots whose first run of a worker (in a slot) found its jobs quick: one job,
+    # then enough to know
     batches = Batches()
     slots = Slots(4, batches, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.hand(shard, [[job("first", "f-1")]])
+    slots.hand(shard, [[job("one", "o-1")]])
     wait_idle(slots)
-    assert batches.runs == [["f-1"]] and batches.threads == []
+    slots.hand(shard, [[job("first", f"f-{n}") for n in range(KNOWN_AFTER_JOBS - 1)]])
+    wait_idle(slots)
+    assert len(batches.runs) == 2 and batches.threads == []  # both in slot threads
     # when a batch of two entities comes, one of them ending in a local retry
     slots.hand(shard, [[job("late", "l-1")], [job("quick", "q-1")]])
     # then both ran in the calling thread, and only the retry is held (in a chain)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
 from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
-from shardq.run.admit import may_take, mean_after, run_inline
+from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
 
@@ -65,7 +65,7 @@ class Slots:
         self._wakers: set[Callable[[], None]] = set()
         self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
         self._closed = False
-        self._means: dict[str, float] = {}
+        self._timings: dict[str, Timing] = {}
         self._here: dict[int, list[list[Message]]] = {}  # by thread: run in a lane now
         self.peak = 0  # most slots in use at once
 
@@ -79,15 +79,15 @@ class Slots:
     def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
         """Each entity's jobs of a batch to a slot (:meth:`submit`), or, when
         :func:`run_inline` says so, those without a chain run here, in one slot."""
-        mean, queue, chains = self._means.get(shard.ref.worker), shard.queue, self._chains
+        timing, queue, chains = self._timings.get(shard.ref.worker), shard.queue, self._chains
         here: list[list[Message]] = []
         rest = groups
-        if run_inline(mean, 0, self.concurrency):  # no lock: only this lane makes its chains
+        if run_inline(timing, 0, self.concurrency):  # no lock: only this lane makes its chains
             here, rest = [], []
             for messages in groups:
                 (rest if (queue, messages[0].group_id) in chains else here).append(messages)
         with self._lock:
-            if here and run_inline(mean, self._busy, self.concurrency):
+            if here and run_inline(timing, self._busy, self.concurrency):
                 self._took()
                 self._here[threading.get_ident()] = here  # for running()
             elif here:
@@ -140,7 +140,7 @@ class Slots:
         finally:
             with self._lock:
                 if end is not None and end.kind == DONE:
-                    self._timed(shard, end.performed / len(chain.running))
+                    self._timed(shard, end.performed, len(chain.running))
                 if end is None:  # not run: the node is failing
                     end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
                     chain.pending, chain.running = [*end.messages, *chain.pending], []
@@ -177,13 +177,14 @@ class Slots:
                     self._held(shard, EntityEnd(STOPPED, messages))
                 if len(ends) == len(groups) and all(end.kind == DONE for end in ends):
                     performed = sum(end.performed for end in ends)
-                    self._timed(shard, performed / sum(len(ms) for ms in groups))
+                    self._timed(shard, performed, sum(len(ms) for ms in groups))
                 self._free(shard)
             self._start_threads()
 
-    def _timed(self, shard: Shard, each: float) -> None:
-        """Its worker's jobs took ``each`` on average (for :func:`run_inline`)."""
-        self._means[shard.ref.worker] = mean_after(self._means.get(shard.ref.worker), each)
+    def _timed(self, shard: Shard, seconds: float, jobs: int) -> None:
+        """Its worker's ``jobs`` took ``seconds`` in all (for :func:`run_inline`)."""
+        worker = shard.ref.worker
+        self._timings[worker] = timing_after(self._timings.get(worker), seconds / jobs, jobs)
 
     def _held(self, shard: Shard, end: EntityEnd) -> None:
         """Jobs run here held for a local retry or a stop: they get a chain."""
