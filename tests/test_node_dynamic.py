@@ -22,7 +22,6 @@ from shardq.ops.ensure import ensure_state_table
 from shardq.run.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
-from tests.clocks import Skipping
 from tests.conftest import make_broker
 
 EMPTY = Plan(node=0, nodes=1, threads=())
@@ -282,27 +281,24 @@ def test_a_drop_waits_for_the_running_job_of_the_shard(
 def test_a_drop_hides_a_held_retry_for_what_is_left_of_its_delay(
     app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # given job 0 of an entity fails once and its retry, due in 8 s, is held by the lane
-    # with job 1 behind it (the visibility timeout is far longer), on a node clock the
-    # test moves
+    # given job 0 of an entity fails once and its retry, due in 2 s, is held by the lane
+    # with job 1 behind it (the visibility timeout is far longer)
     visibility(app, 60)
-    monkeypatch.setattr(Ledgered, "retry_in", lambda self, attempt: 8.0)
+    monkeypatch.setattr(Ledgered, "retry_in", lambda self, attempt: 2.0)
     (entity,) = entities_of(0, 1)
     Ledgered.publish_many([(entity, {"n": 0, "fail": 1}), (entity, {"n": 1})])
-    clock = Skipping()
-    node = app.node(app.plan(threads=1), seed=1, clock=clock)
+    node = app.node(app.plan(threads=1), seed=1)
     runner = start(node)
     wait_for(lambda: Path(ledger_path).exists() and len(ledger.read(ledger_path)) >= 2)
     (fail,) = [e for e in ledger.read(ledger_path) if e["event"] == "fail"]
-    # when 6 s pass on the node's clock and its shard is dropped
-    clock.offset += 6.0
+    # when its shard is dropped
     done = node.drop_shard(ref(0))
     assert done.wait(60)
     # then the node holds nothing of it, and neither job is visible before the retry
-    # is due (2 s after the failure); then both are, in order, and neither ran again here
+    # is due; then both are, in order, and neither ran again here
     queue = app.shard_queue("Ledgered", 0)
     assert held_of(node, queue) == []
-    due = fail["t"] + 8.0 - 6.0
+    due = fail["t"] + 2.0
     seen: list[tuple[str, int]] = []
     while not seen and time.time() < due + 5:
         early = time.time() < due
