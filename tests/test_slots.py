@@ -14,6 +14,7 @@ import pytest
 import shardq
 from shardq import morgue
 from shardq.broker.base import Message
+from shardq.core.clock import Clock, ManualClock, monotonic
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.outcome import DONE, HIDDEN, LATER, EntityEnd
@@ -103,7 +104,7 @@ class Watch:
     """What the workers count: running at once, per entity, in order."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.running = 0
         self.peak = 0
         self.entities: set[str] = set()
@@ -118,6 +119,7 @@ class Watch:
                 self.overlaps += 1
             self.entities.add(entity)
             self.seen.setdefault(entity, []).append(n)
+            self.lock.notify_all()
 
     def leave(self, entity: str) -> None:
         with self.lock:
@@ -199,9 +201,8 @@ def test_a_node_holds_no_more_jobs_than_its_slots_can_start_soon(
     runner.start()
     try:
         # when its 4 slots are busy, for a second of receives
-        deadline = time.monotonic() + 30
-        while watch.running < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        with watch.lock:
+            assert watch.lock.wait_for(lambda: watch.running >= 4, 30)
         held = []
         for _ in range(50):
             held.append(node.leases.count())
@@ -274,22 +275,29 @@ def test_shardq_run_warns_when_threads_exceed_the_shards_they_could_serve() -> N
 # -- entity chains, with a stand-in executor ---------------------------------------------
 class Recorder:
     """Runs nothing: records each run of an entity's jobs, the first one held until
-    ``go`` is set, and what was given up."""
+    ``go`` is set and ending ``first`` (a retry due ``delay`` after it started, on
+    ``clock``), and what was given up, deleted or hidden."""
 
-    def __init__(self, first_fails: bool = False) -> None:
+    def __init__(self, first: str = DONE, delay: float = 0.0, clock: Clock = monotonic) -> None:
         self.go = threading.Event()
         self.started = threading.Event()
-        self.first_fails = first_fails  # the first run ends in a local retry, due at once
+        self.first, self.delay, self.clock = first, delay, clock
+        self.ran = threading.Condition()
         self.runs: list[list[str]] = []
         self.given_up: list[list[str]] = []
         self.deleted: list[list[str]] = []
+        self.hidden: list[tuple[list[str], float]] = []
+        self.was_hidden = threading.Event()
 
     def run_entity(self, ref: Any, messages: list[Message], stop: Any = None) -> EntityEnd:
-        self.runs.append([m.receipt for m in messages])
+        with self.ran:
+            self.runs.append([m.receipt for m in messages])
+            self.ran.notify_all()
+        due = self.clock() + self.delay
         self.started.set()
         assert self.go.wait(30)
-        if self.first_fails and len(self.runs) == 1:
-            return EntityEnd(LATER, messages, 0.0)
+        if self.first != DONE and len(self.runs) == 1:
+            return EntityEnd(self.first, messages, due)
         return EntityEnd(DONE)
 
     def give_up_later(self, messages: list[Message]) -> None:
@@ -297,6 +305,22 @@ class Recorder:
 
     def delete(self, messages: list[Message]) -> None:
         self.deleted.append([m.receipt for m in messages])
+
+    def hide(self, messages: list[Message], seconds: float) -> None:
+        self.hidden.append(([m.receipt for m in messages], seconds))
+        self.was_hidden.set()
+
+    hide_later = hide
+
+    def release(self, messages: list[Message]) -> None:
+        if messages:
+            self.hidden.append(([m.receipt for m in messages], 0.0))
+
+    def wait_runs(self, slots: Slots, count: int) -> None:
+        """Wait until ``count`` runs started and the slots settled them (real time)."""
+        with self.ran:
+            assert self.ran.wait_for(lambda: len(self.runs) >= count, 30)
+        assert slots.join(30) and slots.idle()
 
 
 class Batches(Recorder):
@@ -313,22 +337,9 @@ class Batches(Recorder):
             self.runs.append([m.receipt for m in messages])
             self.threads.append(threading.get_ident())
             if messages[0].group_id == "late":
-                yield EntityEnd(LATER, messages, time.monotonic() + 3600)
+                yield EntityEnd(LATER, messages, self.clock() + 3600)
             else:
                 yield EntityEnd(DONE)
-
-
-def wait_idle(slots: Slots) -> None:
-    deadline = time.monotonic() + 30
-    while not slots.idle() and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def settle(slots: Slots) -> None:
-    deadline = time.monotonic() + 30
-    while not slots.idle() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    slots.close()
 
 
 def message(message_id: str, receipt: str, sequence: str) -> Message:
@@ -346,9 +357,7 @@ def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> N
     # when B is received again (its first copy's visibility ran out), with job C after it
     slots.submit(shard, [message("b", "b-2", "2"), message("c", "c-1", "3")])
     recorder.go.set()
-    deadline = time.monotonic() + 30
-    while not slots.idle() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    recorder.wait_runs(slots, 2)
     # then B runs once, with its new receipt, in its place before C; its first copy is
     # given up (not run, not extended)
     assert recorder.runs == [["a-1"], ["b-2", "c-1"]]
@@ -367,9 +376,9 @@ def test_a_quick_workers_entities_run_in_the_lane_and_only_a_retry_gets_a_chain(
     slots = Slots(4, batches, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.hand(shard, [[job("one", "o-1")]])
-    wait_idle(slots)
+    batches.wait_runs(slots, 1)
     slots.hand(shard, [[job("first", f"f-{n}") for n in range(KNOWN_AFTER_JOBS - 1)]])
-    wait_idle(slots)
+    batches.wait_runs(slots, 2)
     assert len(batches.runs) == 2 and batches.threads == []  # both in slot threads
     # when a batch of two entities comes, one of them ending in a local retry
     slots.hand(shard, [[job("late", "l-1")], [job("quick", "q-1")]])
@@ -394,7 +403,7 @@ def run_with_m_delivered_again(recorder: Recorder) -> None:
     assert recorder.started.wait(30)
     slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
     recorder.go.set()
-    settle(slots)
+    recorder.wait_runs(slots, 2)
     slots.close()
 
 
@@ -411,12 +420,56 @@ def test_a_job_delivered_again_while_it_runs_runs_once_and_its_new_copy_is_delet
 def test_a_job_delivered_again_while_its_run_fails_is_retried_with_its_new_copy() -> None:
     # given slots running job M, whose run fails (a local retry), when M is received
     # again while it runs, with job N after it
-    recorder = Recorder(first_fails=True)
+    recorder = Recorder(first=LATER)
     run_with_m_delivered_again(recorder)
     # then the retry runs the new copy before N; the first copy is given up, none deleted
     assert recorder.runs == [["m-1"], ["m-2", "n-1"]]
     assert recorder.given_up == [["m-1"]]
     assert recorder.deleted == []
+
+
+# -- dues on the executor's clock, which the slots read too --------------------------------
+def test_a_handover_hides_a_held_retry_for_what_is_left_of_its_delay() -> None:
+    # given slots whose run of entity e ends in a local retry due 2 s after it started,
+    # on a clock the test moves, with job B of e joined while it ran
+    clock = ManualClock()
+    recorder = Recorder(first=LATER, delay=2.0, clock=clock)
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("a", "a-1", "1")])
+    assert recorder.started.wait(30)
+    slots.submit(shard, [message("b", "b-1", "2")])
+    recorder.go.set()
+    # when half a second passes and the shard is handed over
+    clock.advance(0.5)
+    swept = threading.Event()
+    slots.sweep(shard, [], swept.set)
+    # then the retry and B behind it are hidden for the 1.5 s left, in order, not run here
+    assert swept.wait(30)
+    assert recorder.hidden == [(["a-1", "b-1"], 1.5)]
+    assert recorder.runs == [["a-1"]] and slots.idle()
+    slots.close()
+
+
+def test_a_job_that_joined_a_run_hidden_for_a_retry_is_hidden_until_the_retry_is_due() -> None:
+    # given slots whose run of entity e ends with its job hidden at the broker for a
+    # retry due 60 s after the run started, on a clock the test moves, and job B of e
+    # joined while it ran
+    clock = ManualClock()
+    recorder = Recorder(first=HIDDEN, delay=60.0, clock=clock)
+    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    shard = Shard(ShardRef("W", 0, 1), "q", 30)
+    slots.submit(shard, [message("a", "a-1", "1")])
+    assert recorder.started.wait(30)
+    slots.submit(shard, [message("b", "b-1", "2")])
+    # when the run ends 20 s later
+    clock.advance(20)
+    recorder.go.set()
+    # then B is hidden for the 40 s left (it reappears behind the retry), not run here
+    assert recorder.was_hidden.wait(30)
+    assert recorder.hidden == [(["b-1"], 40.0)]
+    assert recorder.runs == [["a-1"]] and slots.idle()
+    slots.close()
 
 
 # -- copies delivered again, on plain data -------------------------------------------------

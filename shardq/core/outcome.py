@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
+from shardq.core.clock import Clock, monotonic
 from shardq.core.errors import Retry
 from shardq.core.messages import Message
 from shardq.core.plan import ShardRef
@@ -98,10 +98,9 @@ class Reporter:
     """Logs each job's outcome (one ``job.<kind>`` event per job: success at debug, an
     asked-for retry at info, any other failure at warning) and tells every observer."""
 
-    def __init__(self, observers: Sequence[Observer] = ()) -> None:
-        self.observers = list(observers)
-        self._debug = False
-        self._debug_until = float("-inf")  # when to ask the log's level again
+    def __init__(self, observers: Sequence[Observer] = (), clock: Clock = monotonic) -> None:
+        self.observers, self._clock = list(observers), clock
+        self._debug, self._debug_until = False, float("-inf")  # when to ask the level (``clock``)
 
     def outcome(
         self,
@@ -114,9 +113,9 @@ class Reporter:
         error: BaseException | None = None,
         **extra: Any,
     ) -> None:
-        level = logging.DEBUG if kind == "succeeded" else _level(kind, error)
+        level = logging.DEBUG if kind == "succeeded" else _failure_level(kind, error)
         if level == logging.DEBUG:
-            now = time.monotonic()
+            now = self._clock()
             if now >= self._debug_until:  # asked once a second, not once per job
                 self._debug, self._debug_until = _enabled(logging.DEBUG), now + 1.0
         if level > logging.DEBUG or self._debug:
@@ -148,9 +147,7 @@ class Reporter:
             observer.broker_error(operation)
 
 
-def _level(kind: str, error: BaseException | None) -> int:
-    if kind == "succeeded":
-        return logging.DEBUG
+def _failure_level(kind: str, error: BaseException | None) -> int:
     if kind == "retried" and isinstance(error, Retry):
         return logging.INFO
     return logging.WARNING

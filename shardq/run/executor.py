@@ -27,7 +27,6 @@ Jobs of other entities in the batch are not affected.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from shardq.broker.base import Message
 from shardq.core import envelope
 from shardq.core import layout as layouts
 from shardq.core.attempts import Attempts
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.decide import MORGUE, Decision, Rules, backoff, decide
 from shardq.core.errors import BrokerError, EnvelopeError, UnknownWorkerError
 from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
@@ -90,7 +90,8 @@ class _Job:
 
 class Executor:
     """Runs entities' jobs for a node. Shared by the node's threads: the attempt
-    bookkeeping is locked, each thread has its own worker instances."""
+    bookkeeping is locked, each thread has its own worker instances. Retries are due on
+    :attr:`clock` (the slots' clock too); ``Retry(at=...)`` is read on ``wall_clock``."""
 
     def __init__(
         self,
@@ -101,24 +102,21 @@ class Executor:
         observers: Sequence[Observer] = (),
         max_retry_delay: float | None = None,
         router: Router | None = None,
+        clock: Clock = monotonic,
+        wall_clock: Clock = wall,
     ) -> None:
         self._app = app
         self._router = router or app_router(app)
-        self._leases = leases
-        self._limits = limits
-        self._stopping = stopping
-        self._report = Reporter(observers)
+        self._leases, self._stopping = leases, stopping
+        self.clock, self._wall = clock, wall_clock
+        self._report = Reporter(observers, clock)
         self._max_retry_delay = max_retry_delay
         self._local_workers = threading.local()
-        self.perform = Performer(limits, app.middleware)
+        self.perform = Performer(limits, app.middleware, clock)
         self._rules: dict[str, Rules] = {}
         self._attempts = Attempts()
         self.attempt = self._attempts.of
         self._key = app.signing_key
-
-    def observe(self, observers: Sequence[Observer]) -> None:
-        """Tell these observers too of every outcome (before the executor is used)."""
-        self._report.observers.extend(observers)
 
     def run_batch(self, ref: ShardRef, messages: list[Message]) -> list[Deferred]:
         """Run a received batch of shard ``ref`` entity by entity; returns the retries
@@ -217,7 +215,7 @@ class Executor:
                 i += len(chunk)
                 continue
             attempt = self.attempt(chunk[0].message)
-            decision = decide(error, attempt, self._rules_for(worker), time.time())
+            decision = decide(error, attempt, self._rules_for(worker), self._wall())
             if decision.action == MORGUE and len(chunk) > 1:
                 isolate_until = i + len(chunk)  # run them again one at a time
                 continue
@@ -278,7 +276,7 @@ class Executor:
     ) -> EntityEnd:
         """Keep the failed jobs and the entity's later ones together until the retry."""
         messages = [j.message for j in failed + later]
-        due = time.monotonic() + delay
+        due = self.clock() + delay
         if delay <= LOCAL_RETRY_SECONDS:
             self._attempts.local(j.message for j in failed)
             return EntityEnd(LATER, messages, due)
@@ -299,7 +297,6 @@ class Executor:
                     detail="its visibility ran out before it started; not run here, it is "
                     "delivered again",
                 )
-        # delivered again without having run here
         self.give_up_later([j.message for j in jobs])
 
     def _decode(self, ref: ShardRef, message: Message) -> _Job:

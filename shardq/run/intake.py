@@ -8,13 +8,13 @@ and stop the node when a part of it failed.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from shardq.broker.base import Broker, Message, release_now
+from shardq.core.clock import Clock, monotonic
 from shardq.core.errors import BrokerError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.run.job_age import OldJobs
@@ -34,6 +34,7 @@ class Intake:
         *,
         fail: Callable[[str, BaseException], None],
         broker_error: Callable[[str], None],
+        clock: Clock = monotonic,
     ) -> None:
         self.broker = broker
         self.leases = leases
@@ -42,8 +43,7 @@ class Intake:
         self.pool = pool
         #: Set once the node began to stop: nothing new starts.
         self.stopping = threading.Event()
-        self._fail = fail
-        self._broker_error = broker_error
+        self._fail, self._broker_error, self._clock = fail, broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
         self._received = threading.Condition()
 
@@ -87,10 +87,10 @@ class Intake:
     def quiet(self, queues: set[str], timeout: float) -> bool:
         """Wait up to ``timeout`` until no receive of ``queues`` is in flight: a stopping
         node that released jobs there lets a long poll that took them release them."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         with self._received:
             while any(self._receiving.get(q) for q in queues):
-                left = deadline - time.monotonic()
+                left = deadline - self._clock()
                 if left <= 0:
                     return False
                 self._received.wait(left)

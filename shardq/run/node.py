@@ -82,14 +82,12 @@ class Node:
         clock: Clock = monotonic,
         wall_clock: Clock = wall,
     ) -> None:
-        self.app, self.clock, self.wall = app, clock, wall_clock
-        self.plan = plan
+        self.app, self.plan, self.clock, self.wall = app, plan, clock, wall_clock
         self.config = app.config
         self.until_empty = until_empty
         self.elastic = threads is not None
         threads = _lane_count(plan, threads)
-        # Requests overlap their round trips (SQS); a local broker runs one at a time.
-        # A broker that watches many queues at once is local (embedded).
+        # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
         self.local = local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
         self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
@@ -112,9 +110,10 @@ class Node:
             self.pool,
             fail=self.fail,
             broker_error=self._broker_error,
+            clock=clock,
         )
         self.stopping = self.intake.stopping
-        self.limits = TimeLimits()
+        self.limits = TimeLimits(clock)
         self.id = make_node_id()
         #: Fleet membership (elastic: leases; static: reports only; None: neither).
         self.fleet = fleet(self) if fleet is not None else None
@@ -128,16 +127,18 @@ class Node:
         self._tally = Tally()
         self.observers: list[Observer] = [self.metrics, *observers]
         self.executor = Executor(
-            app, self.leases, self.limits, self.stopping, [self._tally], router=self.route
-        )
-        #: The execution slots: up to ``concurrency`` jobs at once.
-        self.slots = Slots(
-            self.config.concurrency if concurrency is None else concurrency,
-            self.executor,
+            app,
+            self.leases,
+            self.limits,
             self.stopping,
-            self.fail,
+            [self._tally, *self.observers],
+            router=self.route,
+            clock=clock,
+            wall_clock=wall_clock,
         )
-        self.executor.observe(self.observers)
+        concurrency = self.config.concurrency if concurrency is None else concurrency
+        #: The execution slots: up to ``concurrency`` jobs at once.
+        self.slots = Slots(concurrency, self.executor, self.stopping, self.fail)
         self.metrics_port: int | None = None
         #: The idle watch: one thread for the embedded broker, a poller per shard on SQS.
         self.idle: Pollers | Watcher = (

@@ -5,10 +5,10 @@ Any ``BaseException`` it raises is a failed attempt, returned, never raised.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
+from shardq.core.clock import Clock
 from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
 from shardq.core.middleware import Middleware, PerformContext, run_around
 from shardq.run.aio import EventLoop, is_async
@@ -18,8 +18,8 @@ from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
 class Performer:
     """Calls workers' ``perform`` for a node (any thread)."""
 
-    def __init__(self, limits: TimeLimits, middleware: Sequence[Middleware]) -> None:
-        self._limits = limits
+    def __init__(self, limits: TimeLimits, middleware: Sequence[Middleware], clock: Clock) -> None:
+        self._limits, self._clock = limits, clock
         self._middleware = middleware  # the app's list: middleware added later counts
         self._async: dict[type[WorkerLike], bool] = {}
         #: The event loop of async workers (started on first use).
@@ -62,12 +62,12 @@ class Performer:
             def call() -> None:
                 run_around(self._middleware, "around_perform", inner, ctx)
 
-        started = time.monotonic()
+        started = self._clock()  # the node's: the slots decide by durations (run_inline)
         try:
             _, overran = self._limits.run(call, limit)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
-            return exc, time.monotonic() - started
-        duration = time.monotonic() - started
+            return exc, self._clock() - started
+        duration = self._clock() - started
         if overran:
             return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s"), duration
         return None, duration

@@ -15,7 +15,6 @@ what it took if the process still runs, or that reappears after its visibility t
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,6 +25,7 @@ from shardq.core.lease import HELD
 from shardq.core.middleware import notify
 
 if TYPE_CHECKING:
+    from shardq.core.clock import Clock
     from shardq.core.config import Config
     from shardq.core.outcome import Tally
     from shardq.core.signals import StopSignals
@@ -45,6 +45,7 @@ class Stopping(Protocol):
     """What a shutdown stops: the parts of a :class:`~shardq.run.node.Node`."""
 
     app: Deployment
+    clock: Clock
     config: Config
     signals: StopSignals
     lanes: list[Lane]
@@ -107,12 +108,12 @@ def shut_down(node: Stopping) -> int:
         )
     node.app.broker.wake_waiters()
     log.info("node.stopping", grace_seconds=node.config.grace_seconds)
-    deadline = time.monotonic() + node.config.grace_seconds
+    deadline = node.clock() + node.config.grace_seconds
     for lane in node.lanes:
         if lane.ident is not None:
-            lane.join(max(0.0, deadline - time.monotonic()))
+            lane.join(max(0.0, deadline - node.clock()))
     node.slots.close()
-    node.slots.join(max(0.0, deadline - time.monotonic()))
+    node.slots.join(max(0.0, deadline - node.clock()))
     node.executor.perform.loop.close()
     # Receives still in flight are not waited for: what they bring is released as a
     # straggler (see Lane._fetch).
@@ -120,7 +121,7 @@ def shut_down(node: Stopping) -> int:
     # A job still running keeps its entity's later jobs (they reappear after it).
     running = {m.receipt for m in node.slots.running()}
     held = node.leases.held(HELD)
-    for messages, seconds in hand_back(held, running, node.slots.retries(), time.monotonic()):
+    for messages, seconds in hand_back(held, running, node.slots.retries(), node.clock()):
         node.leases.hide(messages, seconds)
     flushed = node.leases.close(FLUSH_SECONDS)
     # A long poll still in flight on a queue may take what was just released: let it

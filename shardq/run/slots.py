@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -43,13 +42,12 @@ class Slots:
         executor: Executor,
         stopping: threading.Event,
         on_failure: Callable[[str, BaseException], None],
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.concurrency = concurrency
         self._executor = executor
         self._stopping = stopping
         self._on_failure = on_failure
-        self._clock = clock
+        self._clock = executor.clock  # one clock for the dues it sets and their turns
         self._lock = threading.Lock()  # taken directly where nothing waits on _cond
         self._cond = threading.Condition(self._lock)
         self._chains: dict[Key, Chain] = {}

@@ -6,19 +6,20 @@ thread runs. Code blocked inside a C call (a socket read with no timeout,
 ``time.sleep``, a database driver call) is interrupted only when that call
 returns. Until ``perform`` actually ends, its messages stay held (the lease keeper
 keeps them invisible), so the entity never runs twice at once. Put timeouts on
-your I/O.
+your I/O. Deadlines are on the node's clock; :func:`overdue` decides which passed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
+
+from shardq.core.clock import Clock, monotonic
 
 T = TypeVar("T")
 log = structlog.get_logger("shardq.timelimit")
@@ -29,7 +30,7 @@ class TimeLimitExceeded(Exception):
 
 
 @dataclass
-class _Running:
+class Running:
     thread_id: int
     deadline: float
     fired: bool = False
@@ -40,9 +41,9 @@ class TimeLimits:
     """Watches running ``perform`` calls that have a time limit (one thread per node,
     started on first use, idle while nothing limited runs)."""
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running: dict[int, _Running] = {}
+    def __init__(self, clock: Clock = monotonic) -> None:
+        self._cond, self._clock = threading.Condition(), clock
+        self._running: dict[int, Running] = {}
         self._next_token = 0
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -57,7 +58,7 @@ class TimeLimits:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
-            self._running[token] = _Running(threading.get_ident(), time.monotonic() + time_limit)
+            self._running[token] = Running(threading.get_ident(), self._clock() + time_limit)
             self._ensure_thread()
             self._cond.notify()
         try:
@@ -95,14 +96,19 @@ class TimeLimits:
     def _watch(self) -> None:
         with self._cond:
             while not self._closed:
-                now = time.monotonic()
-                pending = [j for j in self._running.values() if not j.fired and not j.done]
-                for job in pending:
-                    if now >= job.deadline:
-                        job.fired = True
-                        _async_raise(job.thread_id, TimeLimitExceeded)
-                waits = [j.deadline - now for j in pending if not j.fired]
-                self._cond.wait(max(0.005, min(waits)) if waits else 1.0)
+                due, wait = overdue(self._running.values(), self._clock())
+                for job in due:
+                    job.fired = True
+                    _async_raise(job.thread_id, TimeLimitExceeded)
+                self._cond.wait(wait)
+
+
+def overdue(running: Iterable[Running], now: float) -> tuple[list[Running], float]:
+    """The calls past their deadline at ``now`` (not interrupted, not done yet), and how
+    long to wait before looking again: until the next deadline (at least 5 ms), else 1 s."""
+    pending = [j for j in running if not j.fired and not j.done]
+    waits = [j.deadline - now for j in pending if now < j.deadline]
+    return [j for j in pending if now >= j.deadline], max(0.005, min(waits)) if waits else 1.0
 
 
 def _async_raise(thread_id: int, exc: Any) -> None:
