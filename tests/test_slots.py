@@ -346,14 +346,20 @@ def message(message_id: str, receipt: str, sequence: str) -> Message:
     return Message("q", message_id, receipt, "{}", "e", 1, 0.0, sequence)
 
 
-def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> None:
-    # given slots running job A of entity e, and job B of e waiting behind it
-    recorder = Recorder()
+def running_a_with_b_joined(recorder: Recorder) -> tuple[Slots, Shard]:
+    """Slots running job A of entity e (receipt a-1), and job B of e (b-1) joined."""
     slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.submit(shard, [message("a", "a-1", "1")])
     assert recorder.started.wait(30)
     slots.submit(shard, [message("b", "b-1", "2")])
+    return slots, shard
+
+
+def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> None:
+    # given slots running job A of entity e, and job B of e waiting behind it
+    recorder = Recorder()
+    slots, shard = running_a_with_b_joined(recorder)
     # when B is received again (its first copy's visibility ran out), with job C after it
     slots.submit(shard, [message("b", "b-2", "2"), message("c", "c-1", "3")])
     recorder.go.set()
@@ -434,11 +440,7 @@ def test_a_handover_hides_a_held_retry_for_what_is_left_of_its_delay() -> None:
     # on a clock the test moves, with job B of e joined while it ran
     clock = ManualClock()
     recorder = Recorder(first=LATER, delay=2.0, clock=clock)
-    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
-    shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.submit(shard, [message("a", "a-1", "1")])
-    assert recorder.started.wait(30)
-    slots.submit(shard, [message("b", "b-1", "2")])
+    slots, shard = running_a_with_b_joined(recorder)
     recorder.go.set()
     # when half a second passes and the shard is handed over
     clock.advance(0.5)
@@ -457,11 +459,7 @@ def test_a_job_that_joined_a_run_hidden_for_a_retry_is_hidden_until_the_retry_is
     # joined while it ran
     clock = ManualClock()
     recorder = Recorder(first=HIDDEN, delay=60.0, clock=clock)
-    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
-    shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.submit(shard, [message("a", "a-1", "1")])
-    assert recorder.started.wait(30)
-    slots.submit(shard, [message("b", "b-1", "2")])
+    slots, _ = running_a_with_b_joined(recorder)
     # when the run ends 20 s later
     clock.advance(20)
     recorder.go.set()
