@@ -1,9 +1,6 @@
-"""The app: a registry of worker classes bound to a config and a broker.
-
-Creating an app does no I/O; the config is read and the broker connected on first
-use (or given explicitly, as tests do with a :class:`~shardq.broker.MemoryBroker`).
-There is no global app: workers name theirs, and ``shardq run`` imports the module
-that defines it (``--app``, default ``workers``).
+"""The app: a registry of worker classes bound to a config and a broker. Creating one does
+no I/O (config and broker are made on first use); ``shardq run`` imports the module that
+defines it (``--app``).
 """
 
 from __future__ import annotations
@@ -59,7 +56,6 @@ class App:
         #: Middleware around perform and publish, and node hooks, in order added.
         self.middleware: list[Middleware] = []
 
-    # -- workers ---------------------------------------------------------------
     def register(self, cls: W) -> W:
         """Register a worker class (usable as a class decorator)."""
         if not (isinstance(cls, type) and issubclass(cls, Worker)) or cls is Worker:
@@ -163,7 +159,6 @@ class App:
         plan = self.plan() if plan is None else plan
         return Node(self, plan, keeper=LayoutKeeper, fleet=fleet, **options)
 
-    # -- config and broker -----------------------------------------------------
     @property
     def config(self) -> Config:
         with self._lock:
@@ -234,7 +229,6 @@ class App:
         key = self.config.signing_key
         return key.encode("utf-8") if key else None
 
-    # -- queues ----------------------------------------------------------------
     def shard_queue(self, worker: type[Worker] | str, shard: int, gen: int = 0) -> str:
         """The queue of shard ``shard`` of layout generation ``gen``."""
         settings = self.settings(worker)
@@ -268,11 +262,9 @@ class App:
         self.layouts.refresh()
         names = []
         for name in self._workers:
-            queues = []
             for gen_name, count in self.live_shards(name).items():
                 gen = parse_name(gen_name)[1]
-                queues += [self.shard_queue(name, s, gen) for s in range(count)]
-            for queue in queues:
-                self.ensure_queue(queue, name)
-                names.append(queue)
+                for shard in range(count):
+                    names.append(self.shard_queue(name, shard, gen))
+                    self.ensure_queue(names[-1], name)
         return names

@@ -38,25 +38,9 @@ class Registry(Protocol):
 
 
 class Worker:
-    """Base class of worker classes. Subclass it, set attributes, write ``perform``.
-
-    Attributes (all validated at class definition):
-
-    * ``shards`` (1..1000): FIFO queues the worker's entities are spread over: the
-      initial layout (``shardq reshard`` changes a live worker's shards).
-    * ``priority`` (1..1000): lottery tickets; a level with more wins more often.
-    * ``batch_size`` (1..10): most consecutive jobs of one entity per ``perform`` call.
-    * ``max_retries`` (>= 0): retries after the first attempt before the morgue.
-    * ``visibility_timeout`` (seconds): how long a received job stays hidden before
-      the heartbeat extends it; a crashed node's jobs return after this.
-    * ``time_limit`` (seconds or None): a longer ``perform`` counts as a failure.
-    * ``queue_name``: base of the queue names; defaults from the class name
-      (``SyncOrder`` -> ``sync-order``).
-    * ``permanent_errors``: exception types that skip retries and go to the morgue.
-
-    Inside ``perform``, ``self.attempt`` is the 1-based attempt of the call's first
-    job and ``self.jobs`` gives each job of the call its message id, attempt, sent
-    time and ``meta``. A worker instance belongs to one node thread.
+    """Base class of worker classes: subclass it, set the class attributes (README,
+    "Worker options"; validated at class definition) and write ``perform``. A worker
+    instance belongs to one node thread.
     """
 
     shards: ClassVar[int] = 1

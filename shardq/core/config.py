@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from shardq.core.config_sources import ENV_PREFIX, coerce, from_env, merge_workers, read_file
+from shardq.core.config_sources import ENV_PREFIX, coerce, from_env, read_file
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import int_in
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
@@ -102,40 +102,23 @@ class Config:
         sources = []
         if base is not None:
             values = {key: getattr(base, key) for key in _FIELDS}
-            values["workers"] = {k: dict(v) for k, v in base.workers.items()}
             sources.append("the app's config")
         file_path = path or env.get(ENV_PREFIX + "CONFIG")
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
-        if file_path is not None:
-            from_file = read_file(Path(file_path), _FIELDS)
-            if isinstance(from_file.get("workers"), Mapping) and "workers" in values:
-                from_file["workers"] = merge_workers(values["workers"], from_file["workers"])
-            values.update(from_file)
-            sources.append(str(file_path))
-        env_values = from_env(env, _FIELDS)
-        if env_values:
-            workers = values.get("workers") or {}
-            if not isinstance(workers, Mapping) or not all(
-                isinstance(v, Mapping) for v in workers.values()
-            ):
-                raise ConfigError(
-                    f"{file_path}: workers: expected a mapping of worker name to a mapping "
-                    "of settings"
-                )
-            workers = {k: dict(v) for k, v in workers.items()}
-            for name, settings in env_values.pop("workers", {}).items():
+        layers = [(str(file_path), read_file(Path(file_path), _FIELDS))] if file_path else []
+        layers.append(("environment", from_env(env, _FIELDS)))
+        layers += [(f"--{k.replace('_', '-')}", {k: v}) for k, v in (overrides or {}).items()]
+        for source, layer in layers:
+            if source != str(file_path) and not any(v is not None for v in layer.values()):
+                continue  # an empty environment, an unset flag
+            workers = {name: dict(s) for name, s in values.get("workers", {}).items()}
+            for name, settings in (layer.pop("workers", None) or {}).items():
                 workers.setdefault(name, {}).update(settings)
-            values.update(env_values)
-            if workers:
-                values["workers"] = workers
-            sources.append("environment")
-        for key, value in (overrides or {}).items():
-            if value is not None:
-                values[key] = value
-                sources.append(f"--{key.replace('_', '-')}")
+            values.update(layer, workers=workers)
+            sources.append(source)
         values["source"] = " + ".join(dict.fromkeys(sources)) or "defaults"
-        return cls(**coerce(values, values["source"]))
+        return cls(**coerce(values, values["source"], _TYPES))
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with some values replaced (None values are ignored)."""
@@ -209,6 +192,8 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "source"}
+#: Each setting's type as written (``int``, ``str | None``...): how its text is read.
+_TYPES = {name: str(f.type) for name, f in _FIELDS.items()}
 #: Settings that take an integer from 1 to a maximum, and any number in a range.
 _INT_MAX = {"threads": MAX_THREADS, "concurrency": MAX_CONCURRENCY, "prefetch": 10}
 _RANGES = {

@@ -14,31 +14,6 @@ import yaml
 from shardq.core.errors import ConfigError
 
 ENV_PREFIX = "SHARDQ_"
-# the settings of shardq.core.config.Config by type (their text from the environment is read so)
-_INTS = {"threads", "prefetch", "concurrency"}
-_OPTIONAL_INTS = {"metrics_port", "morgue_retention_days"}
-_FLOATS = {
-    "grace_seconds",
-    "idle_wait_seconds",
-    "progress_seconds",
-    "lease_seconds",
-    "report_seconds",
-    "layout_refresh_seconds",
-    "reshard_trust_seconds",
-    "retention_warning_share",
-}
-
-
-def merge_workers(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-worker settings of ``overrides`` on top of ``base`` (invalid shapes are kept
-    as they are, for validation to report)."""
-    merged = {name: dict(settings) for name, settings in base.items()}
-    for name, settings in overrides.items():
-        if isinstance(settings, Mapping) and isinstance(merged.get(name), dict):
-            merged[name].update(settings)
-        else:
-            merged[name] = settings
-    return merged
 
 
 def read_file(path: Path, known: Collection[str]) -> dict[str, Any]:
@@ -62,6 +37,13 @@ def read_file(path: Path, known: Collection[str]) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: unknown key {', '.join(map(str, unknown))}; known keys: "
             f"{', '.join(sorted(known))}"
+        )
+    workers = data.get("workers") or {}
+    if not isinstance(workers, Mapping) or not all(
+        isinstance(v, Mapping) for v in workers.values()
+    ):
+        raise ConfigError(
+            f"{path}: workers: expected a mapping of worker name to a mapping of settings"
         )
     return data
 
@@ -96,25 +78,24 @@ def from_env(env: Mapping[str, str], known: Collection[str]) -> dict[str, Any]:
     ``SHARDQ_WORKERS__<Worker>__<key>`` gathered under ``workers``; others are refused."""
     values: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
-            continue
         key = name[len(ENV_PREFIX) :]
-        if key.upper().startswith("WORKERS__") and not key.startswith("WORKERS__"):
-            parts = key.split("__")
-            _unknown_env(name, known, ENV_PREFIX + "__".join(["WORKERS", *parts[1:]]))
-        if key.startswith("WORKERS__"):
-            parts = key.split("__")
-            if len(parts) != 3 or not all(parts):
+        if not name.startswith(ENV_PREFIX) or key == "CONFIG":
+            continue
+        head, sep, rest = key.partition("__")
+        if head.upper() == "WORKERS" and sep:
+            if head != "WORKERS":
+                _unknown_env(name, known, f"{ENV_PREFIX}WORKERS__{rest}")
+            parts = rest.split("__")
+            if len(parts) != 2 or not all(parts):
                 raise ConfigError(f"environment: {name}: expected SHARDQ_WORKERS__<Worker>__<key>")
-            values.setdefault("workers", {}).setdefault(parts[1], {})[parts[2].lower()] = (
-                _env_scalar(raw)
-            )
-        elif key.lower() in known and key.lower() != "workers" and key == key.upper():
+            worker = values.setdefault("workers", {}).setdefault(parts[0], {})
+            worker[parts[1].lower()] = _env_scalar(raw)
+        elif key.lower() in known and key.lower() != "workers":
+            if key != key.upper():
+                _unknown_env(name, known, ENV_PREFIX + key.upper())
             values[key.lower()] = raw
-        elif (key.lower() in known and key.lower() != "workers") or key.upper() == "CONFIG":
-            _unknown_env(name, known, ENV_PREFIX + key.upper())
         else:
-            _unknown_env(name, known, None)
+            _unknown_env(name, known, ENV_PREFIX + "CONFIG" if key.upper() == "CONFIG" else None)
     return values
 
 
@@ -140,36 +121,30 @@ def _env_scalar(raw: str) -> Any:
     return value if isinstance(value, (int, float)) or value is None else raw
 
 
-def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """``values`` with text read as the numbers their settings are; a value of the
-    wrong type is refused, naming ``source``."""
+def coerce(values: dict[str, Any], source: str, types: Mapping[str, str]) -> dict[str, Any]:
+    """``values`` with text read as the numbers their settings are (``types``: each
+    setting's annotation); a value of the wrong type is refused, naming ``source``."""
     out = dict(values)
-    for key in _INTS | _FLOATS:
-        if key in out and isinstance(out[key], str):
+    for key, value in values.items():
+        kind = types.get(key)
+        expected = None
+        if kind in ("int", "float", "int | None") and isinstance(value, str):
             try:
-                out[key] = int(out[key]) if key in _INTS else float(out[key])
+                out[key] = float(value) if kind == "float" else int(value)
             except ValueError:
-                kind = "an integer" if key in _INTS else "a number"
-                raise ConfigError(f"{source}: {key}: expected {kind}, got {out[key]!r}") from None
-        elif key in _FLOATS and isinstance(out.get(key), int) and not isinstance(out[key], bool):
-            out[key] = float(out[key])
-        elif key in out and (not isinstance(out[key], (int, float)) or isinstance(out[key], bool)):
-            raise ConfigError(f"{source}: {key}: expected a number, got {out[key]!r}")
-    for key in ("broker_url", "queue_prefix", "app", "log_format", "log_level", "metrics_host"):
-        if key in out and not isinstance(out[key], str):
-            raise ConfigError(f"{source}: {key}: expected a string, got {out[key]!r}")
-    for key in _OPTIONAL_INTS:
-        value = out.get(key)
-        if isinstance(value, str):
-            try:
-                out[key] = int(value)
-            except ValueError:
-                raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}") from None
-        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{source}: {key}: expected an integer or null, got {value!r}")
-    for key in ("region", "endpoint_url", "store_url", "signing_key", "dashboard_token"):
-        if key in out and out[key] is not None and not isinstance(out[key], str):
-            raise ConfigError(f"{source}: {key}: expected a string or null, got {out[key]!r}")
-    if "workers" in out and out["workers"] is None:
-        out["workers"] = {}
+                expected = "a number" if kind == "float" else "an integer"
+        elif kind == "int | None":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                expected = "an integer or null"
+        elif kind in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                expected = "a number"
+            elif kind == "float":
+                out[key] = float(value)
+        elif kind == "str" and not isinstance(value, str):
+            expected = "a string"
+        elif kind == "str | None" and value is not None and not isinstance(value, str):
+            expected = "a string or null"
+        if expected:
+            raise ConfigError(f"{source}: {key}: expected {expected}, got {value!r}")
     return out

@@ -1,23 +1,6 @@
-"""Middleware: code around ``perform`` and ``publish``, and node start/stop hooks.
-
-Subclass :class:`Middleware`, override what you need, and add it to the app::
-
-    class Tracing(shardq.Middleware):
-        def around_publish(self, call, ctx):
-            ctx.jobs[:] = [j.with_meta(trace_id=current_trace_id()) for j in ctx.jobs]
-            return call()
-
-        def around_perform(self, call, ctx):
-            with tracer.span(ctx.worker, trace_id=ctx.metas[0].get("trace_id")):
-                call()
-
-    app.add_middleware(Tracing())
-
-Middleware run in the order added (the first is outermost). One that raises is logged
-and never kills a node: before ``call``, the job runs without it; after, the job's
-outcome stands. A job's own exception stays its failure, even if a middleware swallows
-it. Middleware stay synchronous: for ``async def perform``, ``call()`` runs the whole
-awaited ``perform`` on the node's event loop (:mod:`shardq.run.aio`).
+"""Middleware: code around ``perform`` and ``publish``, and node start/stop hooks (usage:
+docs/operations.md, "Middleware and hooks"). The first added is outermost; one that raises
+is logged and never kills a node, and a job's own exception stays its failure.
 """
 
 from __future__ import annotations
@@ -99,15 +82,14 @@ def notify(middlewares: Sequence[Middleware], hook: str, node: NodeInfo) -> None
             )
 
 
+@dataclass
 class _Call:
-    """What happened to the inner call while a middleware ran."""
+    """The inner call a middleware is given, and what happened to it."""
 
-    def __init__(self, inner: Callable[[], Any]) -> None:
-        self.inner = inner
-        self.called = False
-        self.done = False
-        self.result: Any = None
-        self.error: BaseException | None = None
+    inner: Callable[[], Any]
+    called: bool = False
+    result: Any = None
+    error: BaseException | None = None
 
     def __call__(self) -> Any:
         self.called = True
@@ -116,7 +98,6 @@ class _Call:
         except BaseException as exc:
             self.error = exc
             raise
-        self.done = True
         return self.result
 
 
@@ -125,40 +106,33 @@ def _guarded(
 ) -> Callable[[], T]:
     def run() -> T:
         call = _Call(inner)
+        name = type(middleware).__name__
         try:
             result: T = getattr(middleware, hook)(call, ctx)
         except BaseException as exc:
             if call.error is not None and exc is call.error:
                 raise  # the job's (or publish's) own failure, passing through
-            _log_failure(middleware, hook, ctx, called=call.called)
+            log.exception(
+                "middleware.failed",
+                middleware=name,
+                hook=hook,
+                worker=getattr(ctx, "worker", None),
+                entity=getattr(ctx, "entity_id", None),
+                detail="after the call; its outcome stands"
+                if call.called
+                else "before the call; ran without it",
+            )
             if not call.called:
                 return inner()  # run it without this middleware
             if call.error is not None:
                 raise call.error from None
             return call.result  # type: ignore[no-any-return]
         if not call.called:
-            log.warning(
-                "middleware.skipped_call",
-                middleware=type(middleware).__name__,
-                hook=hook,
-                detail="it did not call call(); running the job anyway",
-            )
+            detail = "it did not call call(); running the job anyway"
+            log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
             return inner()
         if call.error is not None:  # swallowed by the middleware: still a failure
             raise call.error
         return result if hook != "around_perform" else call.result  # type: ignore[no-any-return]
 
     return run
-
-
-def _log_failure(middleware: Middleware, hook: str, ctx: Any, *, called: bool) -> None:
-    log.exception(
-        "middleware.failed",
-        middleware=type(middleware).__name__,
-        hook=hook,
-        worker=getattr(ctx, "worker", None),
-        entity=getattr(ctx, "entity_id", None),
-        detail="after the call; its outcome stands"
-        if called
-        else "before the call; ran without it",
-    )

@@ -1,7 +1,6 @@
-"""What became of jobs: a ``perform`` call's :class:`Outcome` (logged and told to each
-:class:`Observer` by the :class:`Reporter`: the node's :class:`Tally`, its metrics, test
-helpers), and how a run of one entity's jobs ended (:class:`EntityEnd`), which the
-execution slots act on.
+"""What became of jobs: a ``perform`` call's :class:`Outcome`, logged and told to each
+:class:`Observer` by the :class:`Reporter`, and how a run of one entity's jobs ended
+(:class:`EntityEnd`), which the execution slots act on.
 """
 
 from __future__ import annotations
@@ -113,11 +112,17 @@ class Reporter:
         error: BaseException | None = None,
         **extra: Any,
     ) -> None:
-        level = logging.DEBUG if kind == "succeeded" else _failure_level(kind, error)
-        if level == logging.DEBUG:
+        if kind == "succeeded":
+            level = logging.DEBUG
             now = self._clock()
             if now >= self._debug_until:  # asked once a second, not once per job
-                self._debug, self._debug_until = _enabled(logging.DEBUG), now + 1.0
+                check = getattr(log.bind(), "is_enabled_for", None)
+                self._debug = True if check is None else bool(check(logging.DEBUG))
+                self._debug_until = now + 1.0
+        elif kind == "retried" and isinstance(error, Retry):
+            level = logging.INFO
+        else:
+            level = logging.WARNING
         if level > logging.DEBUG or self._debug:
             if error is not None:
                 extra["error"] = f"{type(error).__name__}: {error}"
@@ -145,14 +150,3 @@ class Reporter:
     def broker_error(self, operation: str) -> None:
         for observer in self.observers:
             observer.broker_error(operation)
-
-
-def _failure_level(kind: str, error: BaseException | None) -> int:
-    if kind == "retried" and isinstance(error, Retry):
-        return logging.INFO
-    return logging.WARNING
-
-
-def _enabled(level: int) -> bool:
-    check = getattr(log.bind(), "is_enabled_for", None)
-    return True if check is None else bool(check(level))

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 
 
 def table(rows: Sequence[tuple[str, ...]], align: str = "") -> str:
-    """``rows`` (the first is the header) in aligned columns. ``align`` has one letter
-    per column, ``l`` (left) or ``r`` (right); by default the first column is left
-    aligned and the others right aligned (numbers)."""
+    """``rows`` (the first is the header) in aligned columns; ``align``: ``l`` or ``r``
+    per column (default: the first left, the others right)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     align = align or "l" + "r" * (len(widths) - 1)
     return "\n".join(
@@ -34,7 +33,6 @@ def optional(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def utc(unix: float, with_date: bool = True) -> str:
-    """A Unix time in UTC, ``2025-01-31 12:00:05`` (or ``12:00:05``)."""
-    moment = dt.datetime.fromtimestamp(unix, dt.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
+def utc(unix: float) -> str:
+    """A Unix time in UTC, ``2025-01-31 12:00:05``."""
+    return dt.datetime.fromtimestamp(unix, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from types import TracebackType
 from typing import TextIO
 
 
@@ -14,18 +13,18 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
 
 
 class Progress:
-    """A line on stderr rewritten in place as work advances, shown only on a terminal.
-
-    Use as a context manager and call it with the count done so far; the line is
-    erased at the end, so the command's own summary follows on a clean line.
-    """
+    """A line on stderr rewritten in place as work advances, only on a terminal; call it
+    with the count done so far. Used as a context manager, it erases the line at the end."""
 
     def __init__(
         self, verb: str, total: int | None = None, *, stream: TextIO | None = None
     ) -> None:
         self.verb, self.total = verb, total
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = _is_terminal(self.stream)
+        try:
+            self.enabled = self.stream.isatty()
+        except (AttributeError, ValueError):  # no isatty, or a closed stream
+            self.enabled = False
         self._last = 0.0
         self._shown = False
 
@@ -42,19 +41,7 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
-
-
-def _is_terminal(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
