@@ -1,8 +1,5 @@
-"""Which attempt a job's next run is: its receive count, corrected for what a node saw.
-
-A receive that ended without a run (a job hidden with an earlier failed job of its
-entity, or given up) is not an attempt; a run held here for a local retry is one
-without a receive. So: attempt = receive count - unstarted + local.
+"""Which attempt a job's next run is: its receive count, less receives that ended without
+a run, plus local retries (docs/design/core.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The clock. Time-dependent parts take a :data:`Clock` (default: the system's), so their
-tests set the time instead of sleeping. Expiry and durations use :data:`monotonic`;
-:data:`wall` only stamps what people read or what is compared with a broker's timestamps.
-"""
+"""The clock: time-dependent parts take a :data:`Clock`, so tests set the time instead of
+sleeping. :data:`monotonic` for expiry and durations; :data:`wall` for what people read
+and broker timestamps."""
 
 from __future__ import annotations
 

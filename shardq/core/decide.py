@@ -16,8 +16,7 @@ REASON_MAX_RETRIES = "max_retries"
 REASON_PERMANENT = "permanent_error"
 REASON_INVALID = "invalid_message"
 REASON_UNKNOWN_WORKER = "unknown_worker"
-#: Not a reason shardq writes: a stored record shardq cannot read (written by
-#: something else, damaged, or missing a piece). It is listed as such, never requeued.
+#: Not written by shardq: a stored record it cannot read (listed, never requeued).
 REASON_UNREADABLE = "unreadable_record"
 
 
@@ -81,11 +80,7 @@ def _asked_delay(error: BaseException, now: float) -> float | None:
     """The delay a ``Retry`` exception asks for, or None to use ``retry_in``."""
     if not isinstance(error, Retry):
         return None
-    if error.at is not None:
-        at = error.at
-        if isinstance(at, dt.datetime):
-            at = at.timestamp()
-        return float(at) - now
-    if error.delay is not None:
-        return float(error.delay)
-    return None
+    if error.at is None:
+        return None if error.delay is None else float(error.delay)
+    at = error.at.timestamp() if isinstance(error.at, dt.datetime) else error.at
+    return float(at) - now

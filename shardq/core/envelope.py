@@ -1,10 +1,5 @@
-"""The wire format: a versioned JSON envelope, optionally HMAC-signed.
-
-A body is ``{"v": 1, "worker": ..., "entity": ..., "payload": ..., "published_at": ...,
-"meta": {...}}`` as compact JSON (the contract for producers in other languages is
-docs/envelope.md). With a signing key the body is
-``"sig1:<hex hmac-sha256>:" + json``; the signature is checked before the JSON is
-parsed. Nothing is ever unpickled: writing to a queue never runs code.
+"""The wire format: a versioned JSON envelope, optionally HMAC-signed
+(``"sig1:<hex hmac-sha256>:" + json``, checked before parsing); docs/envelope.md.
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ from shardq.core.errors import EnvelopeError, PayloadError
 
 VERSION = 1
 _SIG_PREFIX = "sig1:"
-#: Said of a body that is not a shardq job at all (a producer that does not follow the
-#: contract), so that nobody upgrades a node for it.
+#: Said of a body that is not a shardq job at all, so that nobody upgrades a node for it.
 NOT_ENVELOPE = (
     ": not a shardq envelope (a JSON object with v, worker, entity, payload, published_at "
     "and meta; see docs/envelope.md)"
@@ -86,7 +80,9 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
     try:
-        doc = _parse(body)
+        if body.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", body, 0)
+        doc = _DECODER.decode(body)
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc}){NOT_ENVELOPE}") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
@@ -128,14 +124,6 @@ def refuse_constant(name: str) -> Any:
 
 #: One decoder for every body (``json.loads`` with arguments builds a new one per call).
 _DECODER = json.JSONDecoder(parse_constant=refuse_constant)
-
-
-def _parse(text: str) -> Any:
-    """``json.loads(text, parse_constant=refuse_constant)`` for a str, without building
-    a decoder per call."""
-    if text.startswith("\ufeff"):  # as json.loads refuses it
-        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-    return _DECODER.decode(text)
 
 
 def _sign(key: bytes, text: str) -> str:

@@ -1,7 +1,5 @@
-"""The exceptions shardq raises. All derive from :class:`ShardqError`.
-
-Each message says what went wrong and what to do about it.
-"""
+"""The exceptions shardq raises, all derived from :class:`ShardqError`; each message says
+what went wrong and what to do about it."""
 
 from __future__ import annotations
 
@@ -62,12 +60,9 @@ class LayoutError(ShardqError):
 
 
 class PublishError(ShardqError):
-    """Some jobs of a publish were not accepted by the broker.
-
-    ``failed`` lists ``(index, entity_id, reason)`` for every job that was not
-    published; every other job was. Publish the failed ones again (with the
-    same ``dedup_id`` to stay idempotent).
-    """
+    """Some jobs of a publish were not accepted by the broker: ``failed`` lists
+    ``(index, entity_id, reason)`` of each (every other job was published). Publish them
+    again with the same ``dedup_id`` to stay idempotent."""
 
     def __init__(
         self,
@@ -85,11 +80,8 @@ class PublishError(ShardqError):
 
 
 class Retry(Exception):
-    """Raise from ``perform`` to retry the job at a chosen time, keeping its order.
-
-    ``Retry(delay=30)`` retries in 30 seconds, ``Retry(at=datetime)`` at that time,
-    ``Retry()`` or ``Retry(delay=0)`` at once. The attempt still counts toward
-    ``max_retries``.
+    """Raise from ``perform`` to retry the job, keeping its order: ``Retry(delay=30)`` in
+    30 s, ``Retry(at=datetime)`` then, ``Retry()`` at once; it counts toward ``max_retries``.
     """
 
     def __init__(self, delay: float | None = None, at: Any = None) -> None:

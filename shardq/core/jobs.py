@@ -1,7 +1,5 @@
-"""Jobs and worker settings as plain values: what a worker declares, what a job is.
-
-The checks of every setting live here, so a config file, an environment variable and a
-class attribute are refused with the same words.
+"""Jobs and worker settings as plain values, and the checks of every setting (so a config
+file, an environment variable and a class attribute are refused with the same words).
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ from shardq.core.limits import (
 )
 
 MAX_SHARDS = 1000
-MAX_PRIORITY = 1000
 #: ``-{shard}`` or ``-morgue`` plus ``.fifo`` follow the queue name.
-QUEUE_SUFFIX_ROOM = len("-morgue") + len(FIFO_SUFFIX)
-MAX_BASE_NAME_LENGTH = MAX_QUEUE_NAME_LENGTH - QUEUE_SUFFIX_ROOM
+MAX_BASE_NAME_LENGTH = MAX_QUEUE_NAME_LENGTH - len("-morgue") - len(FIFO_SUFFIX)
 
 
 def int_in(low: int, high: int) -> Any:
@@ -57,7 +53,7 @@ def _queue_name(value: Any) -> str | None:
 #: The settings a worker class declares and a config file may override.
 SETTING_CHECKS = {
     "shards": int_in(1, MAX_SHARDS),
-    "priority": int_in(1, MAX_PRIORITY),
+    "priority": int_in(1, 1000),
     "batch_size": int_in(1, MAX_BATCH_ENTRIES),
     "max_retries": int_in(0, 10_000),
     "visibility_timeout": int_in(1, MAX_VISIBILITY_SECONDS),

@@ -1,7 +1,5 @@
-"""Limits of Amazon SQS FIFO queues that shardq checks before talking to a broker.
-
-Every broker, the embedded one included, enforces the same limits, so code that
-runs on the embedded broker does not start failing when it moves to SQS.
+"""Limits of Amazon SQS FIFO queues, checked before talking to any broker (the embedded
+one enforces them too, so code does not start failing when it moves to SQS).
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ MIN_MESSAGE_BYTES = 1024
 MAX_BATCH_BYTES = 1024 * 1024
 #: Longest a message can stay invisible, counted from its receive (12 hours).
 MAX_VISIBILITY_SECONDS = 12 * 60 * 60
-#: Longest SQS keeps a message (14 days), received or not: every queue shardq creates
-#: gets it (the default is 4 days). The embedded broker keeps messages until deleted.
+#: Longest SQS keeps a message (14 days; default 4): every queue shardq creates gets it.
 MAX_RETENTION_SECONDS = 14 * 24 * 60 * 60
 #: Longest a long poll can wait.
 MAX_WAIT_SECONDS = 20
@@ -36,8 +33,7 @@ GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~
 #: Queue names: letters, digits, hyphens and underscores.
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 
-#: Most threads one node runs (``threads``): beyond this a node spends its time
-#: switching between idle threads and takes minutes to stop.
+#: Most threads one node runs (beyond, it spends its time switching and is slow to stop).
 MAX_THREADS = 256
 #: Most jobs one node runs at once (``concurrency``).
 MAX_CONCURRENCY = 1000

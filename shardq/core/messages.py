@@ -52,11 +52,8 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class QueueCounts:
-    """Approximate numbers of messages waiting (visible) and in flight (invisible).
-
-    Brokers that can tell also give the send time of the oldest message (for lag)
-    and how many messages were ever deleted (for throughput); SQS gives neither.
-    """
+    """Approximate numbers of messages waiting (visible) and in flight (invisible), and,
+    from brokers that can tell (not SQS), the oldest one's send time and deletes ever."""
 
     waiting: int
     in_flight: int

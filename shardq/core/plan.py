@@ -1,6 +1,5 @@
-"""The plan: which node and which thread own each shard. A pure function: all shards,
-ordered by worker name then shard number, are dealt round-robin over the nodes, then
-each node's over its threads, so each thread gets a mix of workers and priorities.
+"""The plan: which node and which thread own each shard, dealt round-robin (a pure
+function; docs/design/core.md).
 """
 
 from __future__ import annotations
@@ -49,11 +48,8 @@ class Plan:
 
 
 def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
-    """Every shard, ordered by worker name then shard.
-
-    ``workers`` maps a worker name to ``(shards, priority)``; a name ``Orders@2`` is
-    generation 2 of worker ``Orders`` (see :mod:`shardq.core.layout`).
-    """
+    """Every shard, ordered by worker name then shard; ``workers`` maps a worker name
+    (``Orders@2``: generation 2 of ``Orders``) to ``(shards, priority)``."""
     refs = []
     for name in sorted(workers):
         worker, gen = parse_name(name)  # "Orders@2": generation 2 of a resharded worker
@@ -65,11 +61,8 @@ def all_shards(workers: Mapping[str, tuple[int, int]]) -> list[ShardRef]:
 def make_plan(
     workers: Mapping[str, tuple[int, int]], *, node: int, nodes: int, threads: int
 ) -> Plan:
-    """The plan of node ``node`` of ``nodes`` with ``threads`` threads.
-
-    Threads beyond the node's number of shards would have nothing to do and are
-    not planned; a node with no shards has an empty plan.
-    """
+    """The plan of node ``node`` of ``nodes`` with ``threads`` threads (at most one per
+    shard of the node)."""
     if not workers:
         raise ConfigError("no workers are registered; check --app (default: the workers module)")
     if nodes < 1:

@@ -1,14 +1,6 @@
-"""Which shard a thread serves next: a pure strategy over a snapshot.
-
-1. **Lottery across priority levels** (ndkale's ReducedLottery): each level holds
-   tickets equal to its priority; levels with no shard known to have work are out
-   of the draw, so an empty level never wastes a turn and the lowest level still
-   wins its share when it has work.
-2. **Lag picker inside the level** (Lowkiq's lag scheduler): the shard whose oldest
-   waiting job has waited longest; ties go to the shard served least recently.
-
-No broker, no clock, no threads: the caller builds the snapshot and passes a seeded
-:class:`random.Random`, so the strategy is tested with plain data.
+"""Which shard a thread serves next, a pure strategy over a snapshot: a lottery across
+the priority levels that have work, then the laggiest shard of the winning level
+(docs/design/core.md).
 """
 
 from __future__ import annotations

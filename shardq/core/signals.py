@@ -1,7 +1,5 @@
-"""The signals that stop a node gracefully (SIGTERM, SIGINT, SIGHUP) and their one
-handler, installed by :mod:`shardq.__main__` before the heavy imports and taken over by
-the node with the count so far.
-"""
+"""The signals that stop a node gracefully (SIGTERM, SIGINT, SIGHUP) and their handler,
+installed by :mod:`shardq.__main__` early and taken over by the node."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ class StopSignals:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        # Only flags here: a handler that logged or took a lock could deadlock with
-        # the interrupted code. The node's loop logs it and wakes the waiters.
+        # Only flags: logging or a lock here could deadlock with the interrupted code.
         self.count += 1
         if self.count > 1:
             os._exit(128 + signum)

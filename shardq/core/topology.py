@@ -1,7 +1,5 @@
 """Where things live, and their names: entity -> shard, a shard's queue, a generation's
-name in shard keys. The only place these names are built or parsed.
-
-Pure functions, identical in every process and Python version.
+name in shard keys. The only place these names are built or parsed (pure functions).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ class PublishReport:
 class _Prepared:
     index: int
     entity_id: str
+    queue: str
     entry: SendEntry
     size: int
 
@@ -81,7 +82,7 @@ class Publisher:
         payload or dedup_id, message too large), without publishing it."""
         cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
         layout = self._app.layouts.get(cls.__name__)
-        self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key, {})
+        self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key)
 
     def _publish(self, cls: type[WorkerLike], jobs: list[Job]) -> PublishReport:
         app = self._app
@@ -90,8 +91,8 @@ class Publisher:
         by_queue: dict[str, list[_Prepared]] = {}
         for index, job in enumerate(jobs):
             where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
-            prepared = self._prepare(index, where, job, cls.__name__, layout, key, by_queue)
-            by_queue.setdefault(prepared[0], []).append(prepared[1])
+            prepared = self._prepare(index, where, job, cls.__name__, layout, key)
+            by_queue.setdefault(prepared.queue, []).append(prepared)
         count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
         missing: list[str] = []
@@ -143,8 +144,7 @@ class Publisher:
         worker: str,
         layout: WorkerLayout,
         key: bytes | None,
-        by_queue: Mapping[str, list[_Prepared]],
-    ) -> tuple[str, _Prepared]:
+    ) -> _Prepared:
         try:
             entity = check_entity_id(job.entity_id)
             body = envelope.encode(
@@ -172,8 +172,7 @@ class Publisher:
             dedup = hashlib.sha256(
                 f"{entity}\0{_dedup_key(where, job.dedup_id)}".encode()
             ).hexdigest()
-        entry = SendEntry(str(len(by_queue.get(queue, ()))), body, entity, dedup)
-        return queue, _Prepared(index, entity, entry, size)
+        return _Prepared(index, entity, queue, SendEntry(str(index), body, entity, dedup), size)
 
     def _limit(self, queue: str) -> int:
         limit = self._max_bytes.get(queue)
@@ -182,11 +181,8 @@ class Publisher:
         return limit
 
     def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
-        broker = self._app.broker
         failed_entities: set[str] = set()
-        jobs_first: list[_Prepared] | None = None
-        for chunk in batches(jobs, lambda job: job.size):
-            jobs_first = jobs_first or chunk
+        for n, chunk in enumerate(batches(jobs, lambda job: job.size)):
             sendable = []
             for job in chunk:
                 if job.entity_id in failed_entities:
@@ -196,20 +192,18 @@ class Publisher:
                     sendable.append(job)
             if not sendable:
                 continue
+            ids: dict[str, str] = {}
             try:
-                result = broker.send_batch(queue, [j.entry for j in sendable])
-                outcome = {j.entry.id: result.message_ids.get(j.entry.id) for j in sendable}
-                reasons = result.failed
+                result = self._app.broker.send_batch(queue, [j.entry for j in sendable])
+                ids, reasons = result.message_ids, result.failed
             except QueueNotFoundError:
-                if chunk is jobs_first:  # nothing of this queue was sent: publish again
+                if n == 0:  # nothing of this queue was sent: publish again
                     raise
-                outcome = {j.entry.id: None for j in sendable}
                 reasons = {j.entry.id: "its queue was deleted meanwhile" for j in sendable}
             except BrokerError as exc:
-                outcome = {j.entry.id: None for j in sendable}
                 reasons = {j.entry.id: str(exc) for j in sendable}
             for job in sendable:
-                message_id = outcome[job.entry.id]
+                message_id = ids.get(job.entry.id)
                 if message_id is None:
                     failed_entities.add(job.entity_id)
                     reason = reasons.get(job.entry.id, "not accepted by the broker")
