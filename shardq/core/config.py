@@ -19,65 +19,42 @@ from shardq.core.jobs import int_in
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
-_LOG_FORMATS = ("auto", "console", "json")
-_LOG_LEVELS = ("debug", "info", "warning", "error")
+_CHOICES = {
+    "log_format": ("auto", "console", "json"),
+    "log_level": ("debug", "info", "warning", "error"),
+}
 
 
 @dataclass(frozen=True)
 class Config:
-    """Everything a publisher or node needs besides the worker classes."""
+    """Everything a publisher or node needs besides the worker classes; each key is
+    described in README, "Configuration"."""
 
-    #: Where the queues live.
     broker_url: str = "sqlite:///shardq.db"
-    #: AWS region for ``sqs://`` (else boto3's default chain decides).
     region: str | None = None
-    #: SQS endpoint override, for emulators.
     endpoint_url: str | None = None
-    #: The state store, ``dynamodb://?region=..&endpoint_url=..&table=..`` (None: the
-    #: broker's file, or DynamoDB beside SQS).
     store_url: str | None = None
-    #: Prepended to every queue name (``prod-`` -> ``prod-sync-order-3.fifo``).
     queue_prefix: str = ""
-    #: Python module (``pkg.mod`` or ``pkg.mod:app``) defining the app and its workers.
     app: str = "workers"
-    #: Threads per node; each shard of the node belongs to exactly one (1..256).
     threads: int = 4
-    #: Most jobs a node runs at once, over all its shards (1..MAX_CONCURRENCY).
     concurrency: int = 32
-    #: Seconds running jobs get to finish after the first SIGTERM/SIGINT.
     grace_seconds: float = 30.0
-    #: Longest wait of one long poll on an idle shard (SQS allows at most 20).
     idle_wait_seconds: float = 20.0
-    #: Receives each node thread keeps in flight while it runs a batch (1..10).
     prefetch: int = 2
-    #: Seconds between ``node.progress`` log events (0: none).
     progress_seconds: float = 10.0
-    #: Elastic fleet: a killed node's shards are taken by others within this (10..600).
     lease_seconds: float = 30.0
-    #: Unused since the fleet lives in the state store (5..45, still accepted).
+    #: Unused since the fleet lives in the state store (still accepted).
     report_seconds: float = 45.0
-    #: Publishers and nodes read the live layout again when their copy is this old.
     layout_refresh_seconds: float = 10.0
-    #: ``shardq reshard``: publishers switch to the new layout this long after it
-    #: begins (at least layout_refresh_seconds + 5).
     reshard_trust_seconds: float = 60.0
-    #: A node warns (``job.old``) about a job older than this share of its queue's
-    #: retention period (0: never).
     retention_warning_share: float = 0.5
-    #: Shared HMAC key; when set, bodies are signed and unsigned ones refused.
     signing_key: str | None = None
-    #: Port of the node's Prometheus ``/metrics`` endpoint (None: no endpoint).
     metrics_port: int | None = None
-    #: Address the metrics endpoint binds (0.0.0.0 to let Prometheus on another host scrape).
     metrics_host: str = "127.0.0.1"
-    #: ``shardq queues ensure`` deletes dead jobs older than this (None: kept).
     morgue_retention_days: int | None = None
-    #: Token the dashboard's actions require (``Authorization: Bearer <token>``).
     dashboard_token: str | None = None
-    #: ``console`` (readable), ``json`` (one object per line) or ``auto`` (console on a tty).
     log_format: str = "auto"
     log_level: str = "info"
-    #: Per-worker overrides: ``{WorkerName: {setting: value}}``.
     workers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Where the values came from, for error messages.
     source: str = "defaults"
@@ -156,10 +133,9 @@ class Config:
             fail(
                 "queue_prefix", f"expected letters, digits, '-' and '_', got {self.queue_prefix!r}"
             )
-        if self.log_format not in _LOG_FORMATS:
-            fail("log_format", f"expected one of {', '.join(_LOG_FORMATS)}")
-        if self.log_level not in _LOG_LEVELS:
-            fail("log_level", f"expected one of {', '.join(_LOG_LEVELS)}")
+        for key, choices in _CHOICES.items():
+            if getattr(self, key) not in choices:
+                fail(key, f"expected one of {', '.join(choices)}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             fail("metrics_port", f"expected a port from 0 to 65535, got {self.metrics_port!r}")
         if "://" not in self.broker_url:
