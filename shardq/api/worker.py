@@ -1,7 +1,5 @@
 """Worker classes: class attributes plus one method, ``perform(entity_id, payloads)``.
-
-Defining or importing a worker class does no I/O; invalid attribute values raise
-:class:`~shardq.core.errors.WorkerDefinitionError` when the class is defined.
+Defining one does no I/O; invalid attributes raise ``WorkerDefinitionError`` at once.
 """
 
 from __future__ import annotations
@@ -85,15 +83,8 @@ class Worker:
         values = {key: getattr(cls, key) for key in SETTING_CHECKS}
         if values["queue_name"] is None:
             values["queue_name"] = default_queue_name(cls.__name__)
-        for key, value in values.items():
-            problem = SETTING_CHECKS[key](value)
-            if problem:
-                raise WorkerDefinitionError(f"{cls.__name__}.{key}: {problem}")
         settings = WorkerSettings(name=cls.__name__, **values)
-        problem = settings.problem()
-        if problem:
-            raise WorkerDefinitionError(f"{cls.__name__}: {problem}")
-        return settings
+        return settings.checked(cls.__name__, WorkerDefinitionError)
 
     # -- what users write ------------------------------------------------------
     def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:

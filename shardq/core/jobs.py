@@ -5,7 +5,7 @@ file, an environment variable and a class attribute are refused with the same wo
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
@@ -90,32 +90,32 @@ class WorkerSettings:
 
     def with_overrides(self, overrides: Mapping[str, Any], source: str) -> WorkerSettings:
         """Apply config overrides; raises :class:`ConfigError` naming key and source."""
-        for key, value in overrides.items():
-            check = SETTING_CHECKS.get(key)
-            if check is None:
+        for key in overrides:
+            if key not in SETTING_CHECKS:
                 raise ConfigError(
                     f"{source}: workers.{self.name}.{key} is not a worker setting; "
                     f"use one of {', '.join(sorted(SETTING_CHECKS))}"
                 )
-            problem = check(value)
-            if problem:
-                raise ConfigError(f"{source}: workers.{self.name}.{key}: {problem}")
-        settings = replace(self, **dict(overrides))
-        problem = settings.problem()
-        if problem:
-            raise ConfigError(f"{source}: workers.{self.name}: {problem}")
-        return settings
+        where = f"{source}: workers.{self.name}"
+        return replace(self, **dict(overrides)).checked(where, ConfigError, overrides)
 
-    def problem(self) -> str | None:
-        """What is wrong with the settings taken together (None: nothing)."""
+    def checked(
+        self, where: str, error: type[Exception], keys: Iterable[str] = SETTING_CHECKS
+    ) -> WorkerSettings:
+        """These settings, after raising ``error`` (its message starting ``where``) for the
+        first invalid one of ``keys``, or for a time limit not below the visibility."""
+        for key in keys:
+            problem = SETTING_CHECKS[key](getattr(self, key))
+            if problem:
+                raise error(f"{where}.{key}: {problem}")
         limit, visibility = self.time_limit, self.visibility_timeout
         if limit is not None and limit >= visibility:
-            return (
-                f"time_limit ({limit:g} s) must be below visibility_timeout ({visibility} s): "
-                "a job that may run that long must be hidden longer than it runs; raise "
-                "visibility_timeout or lower time_limit"
+            raise error(
+                f"{where}: time_limit ({limit:g} s) must be below visibility_timeout "
+                f"({visibility} s): a job that may run that long must be hidden longer than "
+                "it runs; raise visibility_timeout or lower time_limit"
             )
-        return None
+        return self
 
 
 @dataclass(frozen=True)
