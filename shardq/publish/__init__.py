@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -101,9 +101,15 @@ class Publisher:
                 self._send_queue(queue, queued, report)
             except QueueNotFoundError:
                 missing.append(queue)
-        if missing:  # a retired queue deleted after a reshard: the layout moved on
-            gen = publish_to(layout)[0]
-            self._resend(cls, jobs, by_queue, missing, gen, report)
+        if missing:  # a retired queue deleted after a reshard: publish with a fresh layout
+            indexes = sorted(p.index for q in missing for p in by_queue[q])
+            if publish_to(app.layouts.read(cls.__name__))[0] == publish_to(layout)[0]:
+                reason = f"its queue does not exist ({', '.join(missing)})"
+                report.failed += [(i, jobs[i].entity_id, reason) for i in indexes]
+            else:
+                again = self._publish(cls, [jobs[i] for i in indexes])
+                for i, message_id in zip(indexes, again.message_ids, strict=True):
+                    report.message_ids[i] = message_id
         if report.failed:
             first = report.failed[0]
             raise PublishError(
@@ -115,26 +121,6 @@ class Publisher:
                 gaps=report.gaps,
             )
         return report
-
-    def _resend(
-        self,
-        cls: type[WorkerLike],
-        jobs: list[Job],
-        by_queue: Mapping[str, list[_Prepared]],
-        missing: list[str],
-        gen: int,
-        report: PublishReport,
-    ) -> None:
-        """Publish again, with a fresh layout, the jobs whose queue is gone."""
-        indexes = sorted(p.index for q in missing for p in by_queue[q])
-        if publish_to(self._app.layouts.read(cls.__name__))[0] == gen:
-            for i in indexes:
-                reason = f"its queue does not exist ({', '.join(missing)})"
-                report.failed.append((i, jobs[i].entity_id, reason))
-            return
-        again = self._publish(cls, [jobs[i] for i in indexes])
-        for i, message_id in zip(indexes, again.message_ids, strict=True):
-            report.message_ids[i] = message_id
 
     def _prepare(
         self,
@@ -159,7 +145,9 @@ class Publisher:
         queue = self._app.shard_queue(worker, shard_for(entity, shards), gen)
         self._app.ensure_queue(queue, worker)
         size = len(body.encode("utf-8"))
-        limit = self._limit(queue)
+        if queue not in self._max_bytes:
+            self._max_bytes[queue] = self._app.broker.max_message_bytes(queue)
+        limit = self._max_bytes[queue]
         if size > limit:
             raise PayloadTooLargeError(
                 f"{where}job for entity {entity!r} of {worker} encodes to {size} bytes; "
@@ -173,12 +161,6 @@ class Publisher:
                 f"{entity}\0{_dedup_key(where, job.dedup_id)}".encode()
             ).hexdigest()
         return _Prepared(index, entity, queue, SendEntry(str(index), body, entity, dedup), size)
-
-    def _limit(self, queue: str) -> int:
-        limit = self._max_bytes.get(queue)
-        if limit is None:
-            limit = self._max_bytes[queue] = self._app.broker.max_message_bytes(queue)
-        return limit
 
     def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
         failed_entities: set[str] = set()
