@@ -86,7 +86,6 @@ class Worker:
         settings = WorkerSettings(name=cls.__name__, **values)
         return settings.checked(cls.__name__, WorkerDefinitionError)
 
-    # -- what users write ------------------------------------------------------
     def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:
         """Process the payloads of one entity, oldest first. Raise to fail them.
         May be ``async def``: it then runs on the node's event loop (:mod:`shardq.run.aio`)."""
@@ -97,14 +96,11 @@ class Worker:
         error). Override to alert or compensate; an exception here is logged and ignored."""
 
     def retry_in(self, attempt: int) -> float:
-        """Seconds before retrying after failed attempt ``attempt`` (1 = first run).
-
-        Default: exponential, 2**attempt seconds with jitter (50-100 %), at most 12 h.
-        """
+        """Seconds before retrying after failed attempt ``attempt`` (1 = first run): by
+        default 2**attempt seconds with jitter (50-100 %), at most 12 h."""
         base = min(float(MAX_VISIBILITY_SECONDS), 2.0 ** min(attempt, 20))
         return base * random.uniform(0.5, 1.0)
 
-    # -- publishing ------------------------------------------------------------
     @classmethod
     def bound_app(cls) -> Registry:
         if cls.app is None:
@@ -122,10 +118,8 @@ class Worker:
         dedup_id: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> str:
-        """Publish one job for ``entity_id``; returns its message id.
-
-        ``dedup_id`` makes the publish idempotent for 5 minutes (per entity).
-        """
+        """Publish one job for ``entity_id``; returns its message id. ``dedup_id`` makes
+        the publish idempotent for 5 minutes (per entity)."""
         report = cls.bound_app().publisher.publish_many(
             cls, [Job(entity_id, payload, dedup_id, meta)]
         )

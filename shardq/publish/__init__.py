@@ -1,8 +1,6 @@
-"""Publishing: validate every job first, then send in batches of up to 10 per shard queue.
-
-Nothing is sent when any job is invalid. After a refused job, later jobs of its entity
-are not sent, so an entity is never published out of order; the one case SQS allows
-(a later entry of one batch accepted after a refused one) is listed in ``gaps``.
+"""Publishing: validate every job first (nothing is sent if one is invalid), then send in
+batches of up to 10 per shard queue. After a refused job, later jobs of its entity are not
+sent; a later entry of the same batch SQS accepted anyway is listed in ``gaps``.
 """
 
 from __future__ import annotations
