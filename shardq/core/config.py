@@ -59,8 +59,6 @@ class Config:
     #: Where the values came from, for error messages.
     source: str = "defaults"
 
-    def __post_init__(self) -> None:
-        self._validate()
 
     @classmethod
     def load(
@@ -102,7 +100,7 @@ class Config:
         changes = {k: v for k, v in changes.items() if v is not None}
         return dataclasses.replace(self, **changes)
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         where = self.source
 
         def fail(key: str, problem: str) -> None:
