@@ -59,7 +59,6 @@ class Config:
     #: Where the values came from, for error messages.
     source: str = "defaults"
 
-
     @classmethod
     def load(
         cls,
@@ -82,11 +81,13 @@ class Config:
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
         layers = [(str(file_path), read_file(Path(file_path), _FIELDS))] if file_path else []
-        layers.append(("environment", from_env(env, _FIELDS)))
-        layers += [(f"--{k.replace('_', '-')}", {k: v}) for k, v in (overrides or {}).items()]
+        env_values = from_env(env, _FIELDS)
+        if env_values:
+            layers.append(("environment", env_values))
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                layers.append((f"--{key.replace('_', '-')}", {key: value}))
         for source, layer in layers:
-            if source != str(file_path) and not any(v is not None for v in layer.values()):
-                continue  # an empty environment, an unset flag
             workers = {name: dict(s) for name, s in values.get("workers", {}).items()}
             for name, settings in (layer.pop("workers", None) or {}).items():
                 workers.setdefault(name, {}).update(settings)
