@@ -102,7 +102,6 @@ def _count(value: Any, low: int = 1) -> int:
     return value
 
 
-# -- transitions ------------------------------------------------------------------------
 def announce(
     layout: WorkerLayout, worker: str, shards: int, trust: float, by: str = ""
 ) -> WorkerLayout:
@@ -150,7 +149,6 @@ def deleted(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
     return replace(layout, retired=tuple(kept))
 
 
-# -- decisions --------------------------------------------------------------------------
 def may_switch(layout: WorkerLayout, observed: float, now: float) -> bool:
     """Whether a process that observed the announce at ``observed`` may switch."""
     return layout.state == "announced" and now - observed >= layout.trust

@@ -43,8 +43,7 @@ REFUSED_SECONDS = 30.0
 
 
 class Fleet:
-    """One node's membership; ``clock``: monotonic seconds (default: the node's; tests
-    call :meth:`step`), ``wall_clock``: Unix time for the stamps others read."""
+    """One node's membership; ``clock``: monotonic (default: the node's)."""
 
     def __init__(
         self,
@@ -65,7 +64,7 @@ class Fleet:
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
         self.started = wall_clock()
         self._version: int | None = None  # of this node's heartbeat item
-        self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded
+        self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
@@ -77,7 +76,6 @@ class Fleet:
         self._done_before, self._rate_at = 0, clock()
         self._rate = 0.0
 
-    # -- life -----------------------------------------------------------------------
     def join(self) -> None:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
         self._beat(self.clock())
@@ -107,7 +105,6 @@ class Fleet:
         with self._lock:
             return sorted({*self._owned, *self._draining})
 
-    # -- the thread -----------------------------------------------------------------
     def _guard(self) -> None:
         try:
             while not self._stop.is_set():
@@ -252,7 +249,6 @@ class Fleet:
             return
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
 
-    # -- the report -----------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """This node's heartbeat value (``at``, its wall time, is for display only)."""
         node = self.node
@@ -293,7 +289,6 @@ class Fleet:
             "slots_in_use": node.slots.in_use(),
         }
 
-    # -- helpers --------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:
         return {
             name: count
@@ -307,8 +302,7 @@ class Fleet:
         return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
 
     def _write(self, call: Callable[..., object], *args: Any, version: int | None) -> None:
-        """A conditional write (free names nobody: versions keep growing, so a stale
-        version never frees a later owner's item); a conflict waits for the next round."""
+        """A conditional write; a conflict (a stale version) waits for the next round."""
         try:
             call(*args, version=version)
         except StoreConflict:

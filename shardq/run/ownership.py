@@ -122,7 +122,6 @@ class Ownership:
         for done in drops:
             done.set()
 
-    # -- in the lane's thread, then a waiting thread ----------------------------------
     def _swept(self, shard: Shard, done: threading.Event) -> None:
         receipts = self._intake.leases.settling(shard.queue)
         waiter = threading.Thread(
