@@ -1,15 +1,5 @@
-"""Which shards a node serves, and taking one on or handing one back while it runs.
-
-Each shard is served by one lane; once the lanes run, a shard reaches or leaves its
-lane through the lane's inbox (:class:`~shardq.run.lane.Join`, :class:`~shardq.run.lane.Leave`),
-between two batches. A drop is a handover: the shard is marked dropped at once (no
-new receive or batch), then in the lane's thread its held retries are hidden for what
-is left of their delay and its unstarted messages released in order; the returned
-event is set once every release and pending delete of its queue was answered. Order
-and "never two runs of one entity" rest on the broker's message groups: a message
-this node holds keeps its group blocked, so what a late long poll brings after the
-event is released unrun.
-"""
+"""Which shards a node serves, and taking one on or handing one back while it runs
+(docs/design/fleet.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +66,7 @@ class Ownership:
             if key in self._served:
                 return
         shard = self._shard(ref)
-        app = self._app
-        app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
+        self._app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
         with self._lock:
             if key in self._served:
                 return
@@ -93,8 +82,8 @@ class Ownership:
         log.info("node.shard_added", shard=str(ref), lane=lane.index)
 
     def drop(self, ref: ShardRef) -> threading.Event:
-        """Serve ``ref`` no more; the event is set once the node holds nothing of it
-        that the broker did not confirm (see the module doc)."""
+        """Serve ``ref`` no more; the event is set once the broker confirmed all the
+        node held of it (docs/design/fleet.md)."""
         done = threading.Event()
         with self._lock:
             entry = self._served.pop(ref.key, None)
