@@ -1,7 +1,5 @@
-"""A worker's live layout (item ``layout/<Worker>``) and its reshard transitions, pure.
-
-Each transition is written by a conditional put; each wait is measured on the waiting
-process's own monotonic clock (docs/operations.md, "Resharding a live worker")."""
+"""A worker's live layout (item ``layout/<Worker>``) and its reshard transitions, pure
+(docs/operations.md, "Resharding a live worker")."""
 
 from __future__ import annotations
 
