@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shardq.core.clock import Clock, wall
+from shardq.core.clock import Clock
 from shardq.core.errors import ShardqError
 from shardq.core.fleet_rules import (
     ELASTIC,
@@ -52,7 +52,6 @@ class Fleet:
         elastic: bool,
         node_id: str | None = None,
         clock: Clock | None = None,
-        wall_clock: Clock = wall,
     ) -> None:
         self.node = node
         self.app = node.app
@@ -60,9 +59,9 @@ class Fleet:
         self.id = node_id or node.id
         self.elastic = elastic
         self.clock = clock = node.clock if clock is None else clock
-        self.wall = wall_clock
+        self.wall = node.wall
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
-        self.started = wall_clock()
+        self.started = node.wall()
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._next_beat = 0.0
@@ -283,7 +282,6 @@ class Fleet:
                 for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
             },
             "version": __version__,
-            "beat": self.beat_seconds,
             "expire": self.expire_seconds,
             "concurrency": node.slots.concurrency,
             "slots_in_use": node.slots.in_use(),
