@@ -41,12 +41,6 @@ class Ownership:
         self._started = False
         self._finished = False
 
-    def shard(self, ref: ShardRef) -> Shard | None:
-        """The shard served as ``ref`` (None if not served here)."""
-        with self._lock:
-            entry = self._served.get(ref.key)
-        return None if entry is None else entry[1]
-
     def refs(self) -> list[ShardRef]:
         with self._lock:
             return [shard.ref for _, shard in self._served.values()]
