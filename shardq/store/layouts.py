@@ -25,7 +25,6 @@ class Registry(Protocol):
     @property
     def workers(self) -> Mapping[str, object]: ...
 
-    def worker(self, name: str) -> object: ...
     def settings(self, worker: str) -> WorkerSettings: ...
 
 
@@ -72,7 +71,6 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        self._app.worker(worker)
         store, key = self._app.store, PREFIX + worker
         code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
         item = store.get(key)
