@@ -91,10 +91,8 @@ class Fleet:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         with self._lock:
-            owned = dict(self._owned)
-            owned.update({k: v for k, (_, v) in self._draining.items()})
-            self._owned.clear()
-            self._draining.clear()
+            owned = {**self._owned, **{k: v for k, (_, v) in self._draining.items()}}
+            self._owned, self._draining = {}, {}
         for key, version in owned.items():
             self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
         self._write(self.store.delete, NODE_PREFIX + self.id, version=None)
