@@ -1,8 +1,5 @@
-"""The fleet's decisions: pure functions over one node's snapshot of the state store.
-
-Heartbeats (``Beat``, counter = item version), ownership items (``Owner``) and when
-this observer first saw each counter on its own monotonic clock: no wall clock decides.
-"""
+"""The fleet's decisions: pure functions over one node's snapshot of the state store
+and when it first saw each heartbeat counter on its own monotonic clock."""
 
 from __future__ import annotations
 

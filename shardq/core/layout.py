@@ -1,7 +1,5 @@
-"""A worker's live layout (item ``layout/<Worker>``) and its reshard transitions, pure.
-
-Each transition is written by a conditional put; each wait is measured on the waiting
-process's own monotonic clock (docs/operations.md, "Resharding a live worker")."""
+"""A worker's live layout (item ``layout/<Worker>``) and its reshard transitions, pure
+(docs/operations.md, "Resharding a live worker")."""
 
 from __future__ import annotations
 
@@ -102,7 +100,6 @@ def _count(value: Any, low: int = 1) -> int:
     return value
 
 
-# -- transitions ------------------------------------------------------------------------
 def announce(
     layout: WorkerLayout, worker: str, shards: int, trust: float, by: str = ""
 ) -> WorkerLayout:
@@ -150,7 +147,6 @@ def deleted(layout: WorkerLayout, gen: int, shard: int) -> WorkerLayout:
     return replace(layout, retired=tuple(kept))
 
 
-# -- decisions --------------------------------------------------------------------------
 def may_switch(layout: WorkerLayout, observed: float, now: float) -> bool:
     """Whether a process that observed the announce at ``observed`` may switch."""
     return layout.state == "announced" and now - observed >= layout.trust

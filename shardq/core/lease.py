@@ -1,7 +1,5 @@
 """One held message's lease (:class:`shardq.run.leases.Leases` keeps them): its states,
-whether its job may start, when it is extended, and what the broker's answer to a
-request about it means.
-"""
+whether its job may start, its extensions, and what the broker's answers mean."""
 
 from __future__ import annotations
 
@@ -38,12 +36,11 @@ class Lease:
 
     def lapsed(self, now: float) -> bool:
         """No longer this node's to run, or less than :data:`START_MARGIN_SECONDS` of
-        visibility left (the local clock starts when the receive returns, a little
-        after the broker's)."""
+        visibility left (the local clock starts a little after the broker's)."""
         return self.lost or self.expires - START_MARGIN_SECONDS <= now
 
     def may_start(self, now: float) -> bool:
-        return not self.lost and self.expires - START_MARGIN_SECONDS > now
+        return not self.lapsed(now)
 
     def extension(self, wall: float) -> float | None:
         """Seconds to extend it by: a full timeout, within 12 h of the receive (Unix
@@ -70,8 +67,7 @@ class Lease:
         refused: str | None,
     ) -> bool:
         """The broker answered a request about it (``error``: the request failed;
-        ``refused``: the broker's reason for refusing this entry). True if it is
-        settled (done with, whether it succeeded or was given up)."""
+        ``refused``: why the broker refused this entry). True if it is settled."""
         self.busy = False
         m = self.message
         if extension:

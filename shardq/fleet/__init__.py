@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shardq.core.clock import Clock, wall
+from shardq.core.clock import Clock
 from shardq.core.errors import ShardqError
 from shardq.core.fleet_rules import (
     ELASTIC,
@@ -43,8 +43,7 @@ REFUSED_SECONDS = 30.0
 
 
 class Fleet:
-    """One node's membership; ``clock``: monotonic seconds (default: the node's; tests
-    call :meth:`step`), ``wall_clock``: Unix time for the stamps others read."""
+    """One node's membership; ``clock``: monotonic (default: the node's)."""
 
     def __init__(
         self,
@@ -53,7 +52,6 @@ class Fleet:
         elastic: bool,
         node_id: str | None = None,
         clock: Clock | None = None,
-        wall_clock: Clock = wall,
     ) -> None:
         self.node = node
         self.app = node.app
@@ -61,11 +59,11 @@ class Fleet:
         self.id = node_id or node.id
         self.elastic = elastic
         self.clock = clock = node.clock if clock is None else clock
-        self.wall = wall_clock
+        self.wall = node.wall
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
-        self.started = wall_clock()
+        self.started = node.wall()
         self._version: int | None = None  # of this node's heartbeat item
-        self._beat_ok = clock()  # when the last heartbeat write was sent that succeeded
+        self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
@@ -77,7 +75,6 @@ class Fleet:
         self._done_before, self._rate_at = 0, clock()
         self._rate = 0.0
 
-    # -- life -----------------------------------------------------------------------
     def join(self) -> None:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
         self._beat(self.clock())
@@ -94,10 +91,8 @@ class Fleet:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         with self._lock:
-            owned = dict(self._owned)
-            owned.update({k: v for k, (_, v) in self._draining.items()})
-            self._owned.clear()
-            self._draining.clear()
+            owned = {**self._owned, **{k: v for k, (_, v) in self._draining.items()}}
+            self._owned, self._draining = {}, {}
         for key, version in owned.items():
             self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
         self._write(self.store.delete, NODE_PREFIX + self.id, version=None)
@@ -107,7 +102,6 @@ class Fleet:
         with self._lock:
             return sorted({*self._owned, *self._draining})
 
-    # -- the thread -----------------------------------------------------------------
     def _guard(self) -> None:
         try:
             while not self._stop.is_set():
@@ -252,7 +246,6 @@ class Fleet:
             return
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
 
-    # -- the report -----------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """This node's heartbeat value (``at``, its wall time, is for display only)."""
         node = self.node
@@ -287,13 +280,11 @@ class Fleet:
                 for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
             },
             "version": __version__,
-            "beat": self.beat_seconds,
             "expire": self.expire_seconds,
             "concurrency": node.slots.concurrency,
             "slots_in_use": node.slots.in_use(),
         }
 
-    # -- helpers --------------------------------------------------------------------
     def _shards(self) -> dict[str, int]:
         return {
             name: count
@@ -307,8 +298,7 @@ class Fleet:
         return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
 
     def _write(self, call: Callable[..., object], *args: Any, version: int | None) -> None:
-        """A conditional write (free names nobody: versions keep growing, so a stale
-        version never frees a later owner's item); a conflict waits for the next round."""
+        """A conditional write; a conflict (a stale version) waits for the next round."""
         try:
             call(*args, version=version)
         except StoreConflict:

@@ -48,7 +48,6 @@ class Progress:
 def start(app: App, worker: str, shards: int, *, by: str | None = None) -> WorkerLayout:
     """Announce a move of ``worker`` to ``shards`` shards; LayoutError if refused, before
     creating anything."""
-    app.worker(worker)
     trust = app.config.reshard_trust_seconds
     who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
     planned = rules.announce(app.layouts.read(worker), worker, shards, trust, who)

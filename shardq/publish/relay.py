@@ -4,6 +4,7 @@ unchanged; deduplicated by message id, so a relay done again is not sent twice."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import structlog
@@ -50,3 +51,13 @@ def holding(broker: Broker, queue: str) -> str:
     except QueueNotFoundError:
         return ""
     return "a receive found a job" if found else ""
+
+
+def delete_if_empty(broker: Broker, queue: str) -> str:
+    """Delete the retired ``queue`` unless it holds jobs: what it holds, "" if deleted."""
+    held = holding(broker, queue)
+    if not held:
+        with suppress(QueueNotFoundError):  # deleted already
+            broker.delete_queue(queue)
+        log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
+    return held

@@ -1,7 +1,5 @@
-"""A node's part in a reshard (:mod:`shardq.core.layout`), in the ``shardq-layout`` thread:
-read the layouts, write the switch when due, move a static plan to the live layouts,
-close the old shards served here once settled and empty, and relay from then on, and
-relay from retired queues mapped here, deleting each once empty."""
+"""A node's part in a reshard (:mod:`shardq.core.layout`): read the layouts, write the
+switch when due, close the old shards served here once empty, sweep retired queues."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from shardq.core import layout as rules
 from shardq.core.errors import BrokerError, QueueNotFoundError, ShardqError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.plan import ShardRef
-from shardq.publish.relay import holding, relay
+from shardq.publish.relay import delete_if_empty, holding, relay
 
 if TYPE_CHECKING:
     from shardq.run.node import Node
@@ -57,7 +55,6 @@ class LayoutKeeper:
             return rules.RELAY
         return rules.route(self.app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
 
-    # -- the loop --------------------------------------------------------------------
     def _guard(self) -> None:
         try:
             while not self.node.stopping.wait(0.5):
@@ -94,7 +91,6 @@ class LayoutKeeper:
             if layout.retired:
                 self._sweep(worker, layout, now)
 
-    # -- static nodes: the plan over the live layout -----------------------------------
     def _sync_plan(self) -> None:
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
         if layouts == self._versions:
@@ -115,7 +111,6 @@ class LayoutKeeper:
                 return  # tried again at the next tick
         self._versions = layouts
 
-    # -- closing the old shards served here ----------------------------------------------
     def _close_old(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         move = layout.moving
         assert move is not None
@@ -148,7 +143,6 @@ class LayoutKeeper:
             self.node.broker_trouble("counts", queue, exc)
             return False
 
-    # -- retired queues ------------------------------------------------------------------
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
             r.shard for r in self.node.shard_refs() if r.worker == worker and r.gen == layout.gen
@@ -180,16 +174,13 @@ class LayoutKeeper:
                 broker.delete_batch(queue, [m.receipt for m in messages])
                 self._swept[queue] = 0.0  # more may wait
                 return False
-            if not ripe or not self._empty(queue):
-                return False
-            broker.delete_queue(queue)
+            hidden = self.node.leases.hidden(queue)[1]
+            return ripe and not hidden and not delete_if_empty(broker, queue)
         except QueueNotFoundError:
-            pass  # deleted already: record it
+            return True  # deleted already: record it
         except BrokerError as exc:
             self.node.broker_trouble("sweep", queue, exc)
             return False
-        log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
-        return True
 
     def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
         def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:

@@ -3,21 +3,15 @@ name, as nodes do once the grace passed, for when no node runs."""
 
 from __future__ import annotations
 
-from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-import structlog
-
 from shardq.core import layout as rules
-from shardq.core.errors import QueueNotFoundError
-from shardq.publish.relay import holding
+from shardq.publish.relay import delete_if_empty
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
-
-log = structlog.get_logger("shardq.layout")
 
 
 @dataclass
@@ -33,13 +27,10 @@ def prune(app: Deployment) -> Pruned:
         for old in (r for r in layout.retired if r.gen not in live):  # never a live one
             for shard in old.left:
                 queue = app.shard_queue(worker, shard, old.gen)
-                if held := holding(app.broker, queue):
+                if held := delete_if_empty(app.broker, queue):
                     why = f"not empty ({held}): a running node relays them to the current layout"
                     done.kept.append((queue, f"{why}; run this again once empty"))
                     continue
-                with suppress(QueueNotFoundError):  # deleted already: record it
-                    app.broker.delete_queue(queue)
                 app.layouts.update(worker, partial(rules.deleted, gen=old.gen, shard=shard))
-                log.info("layout.queue_deleted", queue=queue, detail="a retired queue, empty")
                 done.deleted.append(queue)
     return done

@@ -1,15 +1,5 @@
-"""Which shards a node serves, and taking one on or handing one back while it runs.
-
-Each shard is served by one lane; once the lanes run, a shard reaches or leaves its
-lane through the lane's inbox (:class:`~shardq.run.lane.Join`, :class:`~shardq.run.lane.Leave`),
-between two batches. A drop is a handover: the shard is marked dropped at once (no
-new receive or batch), then in the lane's thread its held retries are hidden for what
-is left of their delay and its unstarted messages released in order; the returned
-event is set once every release and pending delete of its queue was answered. Order
-and "never two runs of one entity" rest on the broker's message groups: a message
-this node holds keeps its group blocked, so what a late long poll brings after the
-event is released unrun.
-"""
+"""Which shards a node serves, and taking one on or handing one back while it runs
+(docs/design/fleet.md)."""
 
 from __future__ import annotations
 
@@ -51,12 +41,6 @@ class Ownership:
         self._started = False
         self._finished = False
 
-    def shard(self, ref: ShardRef) -> Shard | None:
-        """The shard served as ``ref`` (None if not served here)."""
-        with self._lock:
-            entry = self._served.get(ref.key)
-        return None if entry is None else entry[1]
-
     def refs(self) -> list[ShardRef]:
         with self._lock:
             return [shard.ref for _, shard in self._served.values()]
@@ -76,8 +60,7 @@ class Ownership:
             if key in self._served:
                 return
         shard = self._shard(ref)
-        app = self._app
-        app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
+        self._app.ensure_queue(shard.queue, ref.worker)  # a BrokerError goes to the caller
         with self._lock:
             if key in self._served:
                 return
@@ -93,8 +76,8 @@ class Ownership:
         log.info("node.shard_added", shard=str(ref), lane=lane.index)
 
     def drop(self, ref: ShardRef) -> threading.Event:
-        """Serve ``ref`` no more; the event is set once the node holds nothing of it
-        that the broker did not confirm (see the module doc)."""
+        """Serve ``ref`` no more; the event is set once the broker confirmed all the
+        node held of it (docs/design/fleet.md)."""
         done = threading.Event()
         with self._lock:
             entry = self._served.pop(ref.key, None)
@@ -122,7 +105,6 @@ class Ownership:
         for done in drops:
             done.set()
 
-    # -- in the lane's thread, then a waiting thread ----------------------------------
     def _swept(self, shard: Shard, done: threading.Event) -> None:
         receipts = self._intake.leases.settling(shard.queue)
         waiter = threading.Thread(

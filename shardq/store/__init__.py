@@ -29,16 +29,14 @@ def store_for(config: Config, broker: Broker) -> Store:
     from shardq.broker.sqlite import SqliteBroker
 
     if config.store_url is not None or broker.kind == "sqs":
-        from shardq.store.dynamo import TABLE_SUFFIX, DynamoStore  # imports boto3
+        from shardq.broker.sqs import SqsBroker  # imports boto3
+        from shardq.store.dynamo import TABLE_SUFFIX, DynamoStore
 
         query = store_parameters(config.store_url or "dynamodb://", config.source)
         region, endpoint, unanswered = config.region, config.endpoint_url, None
-        if broker.kind == "sqs":  # where the broker's SQS is (it may be given in code)
-            from shardq.broker.sqs import SqsBroker
-
-            if isinstance(broker, SqsBroker):
-                region, endpoint = broker.client.meta.region_name, broker.endpoint_url
-                unanswered = broker.unanswered  # one memory of hung endpoints
+        if isinstance(broker, SqsBroker):  # where the broker's SQS is (it may be given in code)
+            region, endpoint = broker.client.meta.region_name, broker.endpoint_url
+            unanswered = broker.unanswered  # one memory of hung endpoints
         return DynamoStore(
             query.get("table", config.queue_prefix + TABLE_SUFFIX),
             region=query.get("region", region),

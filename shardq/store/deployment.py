@@ -1,8 +1,5 @@
-"""What the layers under the API use of an app (:class:`shardq.App` is one).
-
-Publishing, the morgue, running and resharding receive this, never the app itself: its
-config, broker, state store and layouts, and each worker's settings and queue names.
-"""
+"""What the layers under the API use of an app (:class:`shardq.App` is one): its config,
+broker, state store and layouts, and each worker's settings and queue names."""
 
 from __future__ import annotations
 
@@ -10,21 +7,15 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from shardq.broker.base import Broker
-from shardq.core.config import Config
-from shardq.core.jobs import WorkerLike, WorkerSettings
+from shardq.core.jobs import WorkerLike
 from shardq.core.middleware import Middleware
 from shardq.core.plan import Plan
-from shardq.store.base import Store
-from shardq.store.layouts import Layouts
+from shardq.store.layouts import Layouts, Registry
 
 
-class Deployment(Protocol):
-    @property
-    def config(self) -> Config: ...
+class Deployment(Registry, Protocol):
     @property
     def broker(self) -> Broker: ...
-    @property
-    def store(self) -> Store: ...
     @property
     def layouts(self) -> Layouts: ...
     @property
@@ -35,7 +26,6 @@ class Deployment(Protocol):
     def workers(self) -> Mapping[str, type[WorkerLike]]: ...
 
     def worker(self, name: str) -> type[WorkerLike]: ...
-    def settings(self, worker: str) -> WorkerSettings: ...
     def shard_queue(self, worker: str, shard: int, gen: int = 0) -> str: ...
     def morgue_queue(self, worker: str) -> str: ...
     def ensure_queue(self, queue: str, worker: str) -> None: ...

@@ -1,6 +1,5 @@
-"""An app's copies of its ``layout/<Worker>`` items, each with when (on this process's
-monotonic clock) it was read and each state first observed. A copy older than its
-``trust`` is never used to publish: :meth:`Layouts.get` refuses then."""
+"""An app's copies of its ``layout/<Worker>`` items, with when (on this process's
+monotonic clock) each was read and each state first observed."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from shardq.core.config import Config
 from shardq.core.errors import LayoutError, ShardqError
 from shardq.core.jobs import WorkerSettings
 from shardq.core.layout import WorkerLayout, may_switch, switch
-from shardq.store.base import Store, StoreConflict
+from shardq.store.base import Item, Store, StoreConflict
 
 
 class Registry(Protocol):
@@ -26,7 +25,6 @@ class Registry(Protocol):
     @property
     def workers(self) -> Mapping[str, object]: ...
 
-    def worker(self, name: str) -> object: ...
     def settings(self, worker: str) -> WorkerSettings: ...
 
 
@@ -45,7 +43,6 @@ class Layouts:
         self._copies: dict[str, tuple[WorkerLayout, int, float]] = {}  # layout, version, read at
         self._seen: dict[tuple[str, int, str], float] = {}  # (worker, gen, state) -> first seen
 
-    # -- reading -----------------------------------------------------------------------
     def get(self, worker: str) -> WorkerLayout:
         """From a copy at most ``layout_refresh_seconds`` old, else read; if that fails, a
         copy younger than its ``trust``, else :class:`LayoutError`."""
@@ -74,7 +71,6 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        self._app.worker(worker)
         store, key = self._app.store, PREFIX + worker
         code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
         item = store.get(key)
@@ -83,7 +79,7 @@ class Layouts:
                 item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
             except StoreConflict:  # another process recorded it first: read theirs
                 item = store.get(key)
-        layout = self._keep(worker, WorkerLayout.from_value(worker, item.value), item.version)
+        layout = self._keep(worker, item)
         self.check(worker, layout)
         return layout
 
@@ -102,12 +98,8 @@ class Layouts:
 
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
-        found = {}
-        for item in self._app.store.query_all(PREFIX):
-            worker = item.key[len(PREFIX) :]
-            if worker in self._app.workers:
-                layout = WorkerLayout.from_value(worker, item.value)
-                found[worker] = self._keep(worker, layout, item.version)
+        items = {i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX)}
+        found = {w: self._keep(w, items[w]) for w in self._app.workers if w in items}
         for worker in self._app.workers:
             if worker in found:
                 self.check(worker, found[worker])
@@ -127,7 +119,6 @@ class Layouts:
         """Whether a copy in hand shows a reshard in progress or retired queues left."""
         return any(c[0].moving is not None or c[0].retired for c in self._copies.values())
 
-    # -- writing -----------------------------------------------------------------------
     def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
         """Apply ``change`` by a conditional put on the version read (again on a conflict)."""
         self.read(worker)
@@ -142,7 +133,7 @@ class Layouts:
             except StoreConflict:
                 self.read(worker)
                 continue
-            return self._keep(worker, after, item.version)
+            return self._keep(worker, item)
         raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
 
     def switch_if_due(self, worker: str) -> WorkerLayout:
@@ -155,7 +146,8 @@ class Layouts:
         log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
         return layout
 
-    def _keep(self, worker: str, layout: WorkerLayout, version: int) -> WorkerLayout:
+    def _keep(self, worker: str, item: Item) -> WorkerLayout:
+        layout, version = WorkerLayout.from_value(worker, item.value), item.version
         now = self.clock()
         with self._lock:
             copy = self._copies.get(worker)
