@@ -19,7 +19,7 @@ from shardq.core.terminal import plural
 from shardq.ops import bulk
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text
+from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command
@@ -30,7 +30,6 @@ from shardq.ops.stats import (
     live_shards,
     no_queues_text,
     queues_exist,
-    read_fleet,
     stats_backlog,
 )
 
@@ -80,8 +79,9 @@ def add_commands(
 
     def command(
         name: str, help: str, examples: str, handler: Callable[..., int], parent: Any = commands
-    ) -> Any:
-        p = parent.add_parser(
+    ) -> argparse.ArgumentParser:
+        """A subcommand with the common options, running ``handler(app, args)``."""
+        p: argparse.ArgumentParser = parent.add_parser(
             name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
         )
         common(p)
@@ -104,7 +104,7 @@ def add_commands(
     )
     nodes.add_argument("--json", action="store_true", help="print the JSON of /api/v1/nodes")
 
-    add_morgue(commands, common, load)
+    add_morgue(commands, command)
 
     publish = command(
         "publish",
@@ -235,7 +235,7 @@ def lag_cell(lag: float | None, unknown: int) -> str:
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
-    view = fleet_view(read_fleet(app), now, live_shards(app))
+    view = fleet_view(read_fleet(app.store), now, live_shards(app))
     moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
