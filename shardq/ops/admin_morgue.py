@@ -192,7 +192,7 @@ def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str,
         raise HttpError(400, str(exc)) from None
     where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
     page = morgue.page(where, _int_param(query, "limit", 100), _param(query, "after"))
-    jobs = _records_json([_api_record(r, app.signing_key) for r in page.records])
+    jobs = [_api_record(r, app.signing_key) for r in page.records]
     return {"jobs": jobs, "next": page.next, "size": morgue.size()}
 
 
@@ -213,22 +213,16 @@ def morgue_act(
 
 
 def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
-    """A dead job as the API shows it: a record that is not shardq's, or whose job body
-    cannot be read, is ``unreadable`` and shows its ``raw`` text."""
+    """A dead job as the API shows it: a record that is not shardq's, or whose payload
+    cannot be read or carried in JSON (NaN, nested too deeply), is ``unreadable`` with
+    its ``raw`` text."""
     doc = record_dict(record, key)
+    try:
+        json.dumps(doc["payload"], allow_nan=False)
+    except (ValueError, RecursionError):
+        doc["payload"] = None
     unreadable = record.reason == REASON_UNREADABLE or doc["payload"] is None
     return {**doc, "unreadable": unreadable, "raw": record.body[:MAX_RAW] if unreadable else None}
-
-
-def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``docs``, with any job whose payload JSON cannot carry (NaN, nested too deeply)
-    shown as unreadable instead."""
-    for doc in docs:
-        try:
-            json.dumps(doc["payload"], allow_nan=False)
-        except (ValueError, RecursionError):
-            doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
-    return docs
 
 
 def _param(query: dict[str, list[str]], name: str) -> str | None:
