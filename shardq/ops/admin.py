@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from shardq.api.app import App
@@ -16,7 +17,7 @@ from shardq.core.errors import ConfigError
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
 from shardq.core.terminal import plural
-from shardq.ops import bulk
+from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
 from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
@@ -277,11 +278,8 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
     worker = app.worker(args.worker).__name__
     source = "stdin" if args.file == "-" else args.file
     try:
-        if args.file == "-":
-            lines = bulk.read_jobs(app, worker, sys.stdin, source)
-        else:
-            with open(args.file, encoding="utf-8") as stream:
-                lines = bulk.read_jobs(app, worker, stream, source)
+        with nullcontext(sys.stdin) if args.file == "-" else open(args.file, encoding="utf-8") as f:
+            lines = bulk.read_jobs(app, worker, f, source)
     except OSError as exc:
         raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -296,7 +294,6 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:
-    from shardq.ops import logs
     from shardq.ops.dashboard import serve
 
     logs.configure(app.config.log_format, app.config.log_level)

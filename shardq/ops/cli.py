@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
+import structlog
+
 from shardq.api.app import App
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError, ShardqError
@@ -29,6 +31,7 @@ from shardq.core.signals import StopSignals
 from shardq.core.tables import table
 from shardq.core.terminal import plural
 from shardq.core.version import VERSION
+from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
 from shardq.store import StoreError
@@ -223,8 +226,6 @@ def _run(args: argparse.Namespace) -> int:
         early = StopSignals(threading.Event())
         early.install()
     app, config = load(args)
-    from shardq.ops import logs
-
     logs.configure(config.log_format, config.log_level)
     if args.node is None and args.nodes is not None:
         raise ConfigError("--nodes needs --node (a static plan); leave both out to join the fleet")
@@ -258,8 +259,6 @@ def _warn_idle_threads(threads: int, shards: int) -> None:
     """A thread serves whole shards: threads beyond the shards a node could serve idle
     (concurrency, not threads, sets how many jobs run at once)."""
     if shards and threads > shards:
-        import structlog
-
         structlog.get_logger("shardq.node").warning(
             "node.idle_threads",
             threads=threads,
