@@ -110,10 +110,10 @@ def _list(app: App, args: argparse.Namespace) -> int:
 def _change(app: App, args: argparse.Namespace) -> int:
     """``requeue`` or ``purge`` (``args.action``) the selected dead jobs, with a progress
     line; an interrupted one says what it did and what is left."""
-    action, worker = args.action, app.worker(args.worker).__name__
     selection = Selection.from_args(
         args.entity, args.ids, args.everything, args.error_type, args.since, args.until
     )
+    action, worker = args.action, app.worker(args.worker).__name__
     if action == "purge" and not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
