@@ -110,3 +110,23 @@ def test_an_unreachable_sqs_names_the_operation_and_only_speaks_of_jobs_where_jo
     with pytest.raises(shardq.BrokerError) as receive_error:
         broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=1)
     assert "queued jobs are not lost" in str(receive_error.value)
+
+
+def test_publish_file_reads_stdin_given_a_dash(tmp_path: Path) -> None:
+    # given two jobs on stdin
+    lines = '{"entity": "a", "payload": {"n": 0}}\n{"entity": "b", "payload": {"n": 1}}\n'
+    # when they are published with --file -
+    result = shardq_cli("publish", "Ledgered", "--file", "-", stdin=lines, env=embedded(tmp_path))
+    # then both are queued and the summary names stdin
+    assert result.returncode == 0, result.stderr
+    assert "published 2 Ledgered jobs from stdin" in result.stderr
+    stats = json.loads(shardq_cli("stats", "--json", env=embedded(tmp_path)).stdout)
+    assert stats["total"]["length"] == 2
+
+
+def test_publish_file_that_cannot_be_read_exits_2_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    result = shardq_cli("publish", "Ledgered", "--file", str(missing), env=embedded(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"cannot read {missing}: No such file or directory" in result.stderr
+    assert "Traceback" not in result.stderr

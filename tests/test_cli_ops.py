@@ -37,8 +37,13 @@ def test_publish_shows_up_in_stats_and_a_node_drains_it(env: Env) -> None:
     worker = stats(env)["by_worker"]["Ledgered"]
     assert worker["length"] == 1 and worker["shards"][shard]["length"] == 1
     assert stats(env)["total"]["length"] == 1
-    # and after a node ran, nothing is left
-    assert env.cli("run", "--until-empty").returncode == 0
+    # and after a node ran, nothing is left and its summary counts the job per worker
+    ran = env.cli("run", "--until-empty")
+    assert ran.returncode == 0
+    assert "1 job succeeded in" in ran.stderr
+    header, row = ran.stderr.splitlines()[-2:]
+    assert header.split() == ["worker", "succeeded", "retried", "morgued"]
+    assert row.split() == ["Ledgered", "1", "0", "0"]
     assert stats(env)["total"]["length"] == 0
     assert ("end", "order-42", 0) in env.events()
 

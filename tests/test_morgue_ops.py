@@ -20,7 +20,7 @@ from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
 from shardq.morgue import Filter, Morgue
-from shardq.ops.admin_morgue import add_morgue
+from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
@@ -76,7 +76,7 @@ def bury(app: shardq.App, jobs: list[tuple[str, int]], error: Exception | None =
 def cli(app: shardq.App, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """Run ``shardq morgue ...`` (the real command) against ``app``."""
     parser = argparse.ArgumentParser()
-    add_morgue(parser.add_subparsers(dest="command"), lambda p: None, lambda args: app)
+    add_commands(parser.add_subparsers(dest="command"), lambda p: None, lambda args: app)
     args = parser.parse_args(["morgue", *argv])
     code = args.handler(args)
     out = capsys.readouterr()

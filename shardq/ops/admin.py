@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from shardq.api.app import App
@@ -16,10 +17,10 @@ from shardq.core.errors import ConfigError
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
 from shardq.core.terminal import plural
-from shardq.ops import bulk
+from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text
+from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command
@@ -30,7 +31,6 @@ from shardq.ops.stats import (
     live_shards,
     no_queues_text,
     queues_exist,
-    read_fleet,
     stats_backlog,
 )
 
@@ -80,8 +80,9 @@ def add_commands(
 
     def command(
         name: str, help: str, examples: str, handler: Callable[..., int], parent: Any = commands
-    ) -> Any:
-        p = parent.add_parser(
+    ) -> argparse.ArgumentParser:
+        """A subcommand with the common options, running ``handler(app, args)``."""
+        p: argparse.ArgumentParser = parent.add_parser(
             name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
         )
         common(p)
@@ -104,7 +105,7 @@ def add_commands(
     )
     nodes.add_argument("--json", action="store_true", help="print the JSON of /api/v1/nodes")
 
-    add_morgue(commands, common, load)
+    add_morgue(commands, command)
 
     publish = command(
         "publish",
@@ -235,7 +236,7 @@ def lag_cell(lag: float | None, unknown: int) -> str:
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
     now = time.time()
-    view = fleet_view(read_fleet(app), now, live_shards(app))
+    view = fleet_view(read_fleet(app.store), now, live_shards(app))
     moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
@@ -277,11 +278,8 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
     worker = app.worker(args.worker).__name__
     source = "stdin" if args.file == "-" else args.file
     try:
-        if args.file == "-":
-            lines = bulk.read_jobs(app, worker, sys.stdin, source)
-        else:
-            with open(args.file, encoding="utf-8") as stream:
-                lines = bulk.read_jobs(app, worker, stream, source)
+        with nullcontext(sys.stdin) if args.file == "-" else open(args.file, encoding="utf-8") as f:
+            lines = bulk.read_jobs(app, worker, f, source)
     except OSError as exc:
         raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -296,7 +294,6 @@ def _publish_file(app: App, args: argparse.Namespace) -> int:
 
 
 def _dashboard(app: App, args: argparse.Namespace) -> int:
-    from shardq.ops import logs
     from shardq.ops.dashboard import serve
 
     logs.configure(app.config.log_format, app.config.log_level)

@@ -5,7 +5,6 @@ same filters; ``requeue`` and ``purge`` need one or ``--all``), and the dashboar
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import threading
@@ -16,7 +15,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError
-from shardq.core.tables import table
+from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
 from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, act, parse_range
@@ -24,7 +23,6 @@ from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, ac
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 #: Most dead jobs one ``list`` prints.
 MAX_LIST = 100_000
-RAW = argparse.RawDescriptionHelpFormatter
 log = structlog.get_logger("shardq.dashboard")
 MAX_RAW = 4000  # characters of an unreadable record the API shows
 MAX_LIMIT = 1000  # most dead jobs on one page of the API
@@ -49,24 +47,12 @@ HELP = {
 }
 
 
-def add_morgue(
-    commands: Any,
-    common: Callable[[argparse.ArgumentParser], None],
-    load: Callable[[argparse.Namespace], App],
-) -> None:
-    """Register ``shardq morgue`` on the ``shardq`` parser."""
+def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``shardq morgue``; ``command`` adds one subcommand (see :mod:`.admin`)."""
     morgue = commands.add_parser("morgue", help="list, requeue or purge dead jobs")
     actions = morgue.add_subparsers(dest="action", metavar="ACTION", required=True)
-    handlers = {"list": _list, "requeue": _requeue, "purge": _purge}
-    for name, handler in handlers.items():
-        p = actions.add_parser(
-            name,
-            help=HELP[name],
-            description=HELP[name],
-            formatter_class=RAW,
-            epilog="examples:\n" + EXAMPLES[name],
-        )
-        common(p)
+    for name in ("list", "requeue", "purge"):
+        p = command(name, HELP[name], EXAMPLES[name], _list if name == "list" else _change, actions)
         p.add_argument("worker", metavar="WORKER", help="worker class name")
         p.add_argument("--entity", help="only this entity's dead jobs")
         p.add_argument(
@@ -96,35 +82,22 @@ def add_morgue(
             )
         if name == "purge":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        p.set_defaults(handler=lambda args, h=handler: h(load(args), args))
 
 
 def _list(app: App, args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= MAX_LIST:
         raise ConfigError(f"--limit must be from 1 to {MAX_LIST}, got {args.limit}")
-    since, until = parse_range(args.since, args.until, "--")
     ids = None if args.ids is None else frozenset(args.ids)
-    where = Filter(args.entity, args.error_type, since, until, ids)
+    where = Filter(args.entity, args.error_type, *parse_range(args.since, args.until, "--"), ids)
     morgue = Morgue(app, args.worker)
     page = morgue.page(where, args.limit, args.after)
-    if args.json:
-        for r in page.records:
+    rows = [("entity", "message id", "reason", "attempts", "died (UTC)", "error")]
+    for r in page.records:
+        if args.json:
             print(json.dumps(record_dict(r, app.signing_key), default=str))
-    else:
-        rows = [("entity", "message id", "reason", "attempts", "died (UTC)", "error")]
-        for r in page.records:
-            died = dt.datetime.fromtimestamp(r.failed_at, dt.timezone.utc)
-            error = f"{r.error_type}: {r.error_message}"[:60]
-            rows.append(
-                (
-                    r.entity_id,
-                    r.message_id,
-                    r.reason,
-                    str(r.attempts),
-                    died.strftime("%Y-%m-%d %H:%M:%S"),
-                    error,
-                )
-            )
+        error = f"{r.error_type}: {r.error_message}"[:60]
+        rows.append((r.entity_id, r.message_id, r.reason, str(r.attempts), utc(r.failed_at), error))
+    if not args.json:
         print(table(rows))
     shown = plural(len(page.records), f"dead {morgue.worker} job")
     text = f"{shown}{where.describe()} shown; the morgue holds {morgue.size()}"
@@ -134,28 +107,51 @@ def _list(app: App, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _selection(args: argparse.Namespace) -> Selection:
-    return Selection.from_args(
+def _change(app: App, args: argparse.Namespace) -> int:
+    """``requeue`` or ``purge`` (``args.action``) the selected dead jobs, with a progress
+    line; an interrupted one says what it did and what is left."""
+    selection = Selection.from_args(
         args.entity, args.ids, args.everything, args.error_type, args.since, args.until
     )
-
-
-def _requeue(app: App, args: argparse.Namespace) -> int:
-    selection = _selection(args)
-    worker = app.worker(args.worker).__name__
+    action, worker = args.action, app.worker(args.worker).__name__
+    if action == "purge" and not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
+        answer = input(f"delete {selection.describe(worker)} for good? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing purged", file=sys.stderr)
+            return EXIT_OK
     refused: dict[str, tuple[MorgueRecord, str]] = {}
+    done = [0]
+    with Progress(DONE[action]) as progress:
 
-    def refuse(record: MorgueRecord, why: str) -> None:
-        refused[record.message_id] = (record, why)
+        def tell(n: int) -> None:
+            done[0] = n
+            progress(n)
 
-    done, stopped = _act(app, worker, "requeue", selection, refuse)
-    if stopped is not None:
-        return stopped
-    print(
-        f"requeued {plural(done, f'dead {worker} job')}{selection.scope()}, each at the "
-        "tail of its entity's jobs",
-        file=sys.stderr,
-    )
+        def refuse(record: MorgueRecord, why: str) -> None:
+            refused[record.message_id] = (record, why)
+
+        try:
+            act(app, worker, action, selection, tell, refuse)
+        except (KeyboardInterrupt, ShardqError) as exc:
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
+            last = (
+                " (up to 10 jobs of the last batch may have been sent and still be listed: "
+                "check them with `shardq morgue list` first)"
+                if action == "requeue"
+                else ""
+            )
+            print(
+                f"{why}. {DONE[action]} {plural(done[0], f'dead {worker} job')} before that, "
+                "each one's record deleted; the rest are still in the morgue: run the same "
+                f"command again to {action} them{last}",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+    tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
+    jobs = plural(done[0], f"dead {worker} job")
+    print(f"{DONE[action]} {jobs}{selection.scope()}{tail}", file=sys.stderr)
     for record, why in refused.values():
         print(
             f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
@@ -165,61 +161,6 @@ def _requeue(app: App, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_USAGE if refused else EXIT_OK
-
-
-def _purge(app: App, args: argparse.Namespace) -> int:
-    selection = _selection(args)
-    worker = app.worker(args.worker).__name__
-    scope = selection.describe(worker)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete {scope} for good? [y/N] ")
-        if answer.strip().lower() not in {"y", "yes"}:
-            print("nothing purged", file=sys.stderr)
-            return EXIT_OK
-    done, stopped = _act(app, worker, "purge", selection)
-    if stopped is not None:
-        return stopped
-    print(f"purged {plural(done, f'dead {worker} job')}{selection.scope()}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _act(
-    app: App, worker: str, action: str, selection: Selection, refuse: Any = None
-) -> tuple[int, int | None]:
-    """Requeue or purge with a progress line: how many, and the exit code if it stopped."""
-    done = [0]
-    with Progress(DONE[action]) as progress:
-
-        def tell(n: int) -> None:
-            done[0] = n
-            progress(n)
-
-        try:
-            act(app, worker, action, selection, tell, refuse)
-        except (KeyboardInterrupt, ShardqError) as exc:
-            return done[0], _interrupted(action, worker, done[0], exc)
-    return done[0], None
-
-
-def _interrupted(action: str, worker: str, done: int, exc: BaseException) -> int:
-    """Say what an interrupted requeue or purge did, and what is left."""
-    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
-    verb = DONE[action]
-    last = (
-        " (up to 10 jobs of the last batch may have been sent and still be listed: check "
-        "them with `shardq morgue list` first)"
-        if action == "requeue"
-        else ""
-    )
-    print(
-        f"{why}. {verb} {plural(done, f'dead {worker} job')} before that, each one's record "
-        f"deleted; the rest are still in the morgue: run the same command again to "
-        f"{action} them{last}",
-        file=sys.stderr,
-    )
-    return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
@@ -245,8 +186,13 @@ def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str,
     """``{"jobs": [...], "next": CURSOR or None, "size": N}``: the page of ``worker``'s
     dead jobs the query's search, ``limit`` and ``after`` cursor select."""
     morgue = Morgue(app, worker)
-    page = morgue.page(_filter(query), _int_param(query, "limit", 100), _param(query, "after"))
-    jobs = _records_json([_api_record(r, app.signing_key) for r in page.records])
+    try:
+        when = parse_range(_param(query, "since"), _param(query, "until"))
+    except SelectionError as exc:
+        raise HttpError(400, str(exc)) from None
+    where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
+    page = morgue.page(where, _int_param(query, "limit", 100), _param(query, "after"))
+    jobs = [_api_record(r, app.signing_key) for r in page.records]
     return {"jobs": jobs, "next": page.next, "size": morgue.size()}
 
 
@@ -267,40 +213,20 @@ def morgue_act(
 
 
 def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
-    """A dead job as the API shows it: a record that is not shardq's, or whose job body
-    cannot be read, is ``unreadable`` and shows its ``raw`` text."""
+    """A dead job as the API shows it: a record that is not shardq's, or whose payload
+    cannot be read or carried in JSON (NaN, nested too deeply), is ``unreadable`` with
+    its ``raw`` text."""
     doc = record_dict(record, key)
+    try:
+        json.dumps(doc["payload"], allow_nan=False)
+    except (ValueError, RecursionError):
+        doc["payload"] = None
     unreadable = record.reason == REASON_UNREADABLE or doc["payload"] is None
     return {**doc, "unreadable": unreadable, "raw": record.body[:MAX_RAW] if unreadable else None}
 
 
-def _records_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``docs``, with any job whose payload JSON cannot carry (NaN, nested too deeply)
-    shown as unreadable instead."""
-    try:
-        json.dumps(docs, allow_nan=False)
-        return docs
-    except (ValueError, RecursionError):
-        pass
-    for doc in docs:
-        try:
-            json.dumps(doc["payload"], allow_nan=False)
-        except (ValueError, RecursionError):
-            doc.update(payload=None, unreadable=True, raw=doc["body"][:MAX_RAW])
-    return docs
-
-
 def _param(query: dict[str, list[str]], name: str) -> str | None:
     return query.get(name, [""])[-1] or None
-
-
-def _filter(query: dict[str, list[str]]) -> Filter:
-    """The morgue listing's search: entity, error type, time range."""
-    try:
-        since, until = parse_range(_param(query, "since"), _param(query, "until"))
-    except SelectionError as exc:
-        raise HttpError(400, str(exc)) from None
-    return Filter(_param(query, "entity"), _param(query, "error_type"), since, until)
 
 
 def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from shardq.core.envelope import refuse_constant
@@ -41,27 +41,24 @@ class PublishInterrupted(BulkPublishError):
     """Ctrl-C stopped ``publish --file``; ``lines`` lists those not published."""
 
 
-class _Interrupts:
-    """Ctrl-C while publishing (main thread only): the first is noted and publishing
-    stops after the batch being sent; a second raises KeyboardInterrupt at once."""
+@contextmanager
+def _interrupts() -> Iterator[list[bool]]:
+    """Ctrl-C while publishing (main thread only): the first is noted (``[True]``) and
+    publishing stops after the batch being sent; a second raises KeyboardInterrupt at once."""
+    requested = [False]
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _on_sigint(self, _signum: int, _frame: Any) -> None:
-        if self.requested:
+    def on_sigint(_signum: int, _frame: Any) -> None:
+        if requested[0]:
             raise KeyboardInterrupt
-        self.requested = True  # only a flag: the batch being sent finishes
+        requested[0] = True  # only a flag: the batch being sent finishes
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+    try:
+        yield requested
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 @dataclass(frozen=True)
@@ -132,9 +129,9 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
     naming the lines not published if the broker refused some."""
     done = sending = 0
     try:
-        with _Interrupts() as interrupts, Progress("published", len(lines)) as progress:
+        with _interrupts() as interrupts, Progress("published", len(lines)) as progress:
             for start in range(0, len(lines), BATCH):
-                if interrupts.requested:
+                if interrupts[0]:
                     raise _interrupted(lines, done, 0)
                 chunk = lines[start : start + BATCH]
                 sending = len(chunk)

@@ -13,10 +13,14 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
+
+import structlog
 
 from shardq.api.app import App
 from shardq.core.config import Config
@@ -24,31 +28,20 @@ from shardq.core.errors import BrokerError, ConfigError, ShardqError
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
 from shardq.core.signals import StopSignals
+from shardq.core.tables import table
 from shardq.core.terminal import plural
 from shardq.core.version import VERSION
+from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
 from shardq.store import StoreError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GRACE = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 #: Stopped by Ctrl-C (SIGINT): what a shell reports for a tool ended by it.
 EXIT_INTERRUPTED = 128 + 2
 #: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
 EXIT_PIPE = 128 + 13
 
-#: The options that override the config file and the environment.
-OVERRIDES = (
-    "app",
-    "broker_url",
-    "queue_prefix",
-    "threads",
-    "concurrency",
-    "grace_seconds",
-    "log_format",
-    "log_level",
-    "metrics_port",
-    "metrics_host",
-)
 _EPILOG_RUN = """examples:
   shardq run                                     # join the app's elastic fleet
   shardq run --until-empty                       # process what is queued, then exit
@@ -179,7 +172,7 @@ def _placement(
 
 def load(args: argparse.Namespace) -> tuple[App, Config]:
     """The config (file < env < flags) and the app it names, configured with it."""
-    overrides = {key: getattr(args, key, None) for key in OVERRIDES}
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(Config)}  # flags win
     config = Config.load(args.config, overrides=overrides)
     app = load_app(config.app)
     if app.base_config is not None:
@@ -233,8 +226,6 @@ def _run(args: argparse.Namespace) -> int:
         early = StopSignals(threading.Event())
         early.install()
     app, config = load(args)
-    from shardq.ops import logs
-
     logs.configure(config.log_format, config.log_level)
     if args.node is None and args.nodes is not None:
         raise ConfigError("--nodes needs --node (a static plan); leave both out to join the fleet")
@@ -268,8 +259,6 @@ def _warn_idle_threads(threads: int, shards: int) -> None:
     """A thread serves whole shards: threads beyond the shards a node could serve idle
     (concurrency, not threads, sets how many jobs run at once)."""
     if shards and threads > shards:
-        import structlog
-
         structlog.get_logger("shardq.node").warning(
             "node.idle_threads",
             threads=threads,
@@ -300,11 +289,9 @@ def _print_summary(node: Any, elapsed: float) -> None:
         file=sys.stderr,
     )
     if workers:
-        width = max(len(w) for w in workers)
-        print(f"  {'worker':<{width}}  succeeded  retried  morgued", file=sys.stderr)
-        for w in workers:
-            print(
-                f"  {w:<{width}}  {tally.succeeded.get(w, 0):>9}  {tally.retried.get(w, 0):>7}"
-                f"  {tally.morgued.get(w, 0):>7}",
-                file=sys.stderr,
-            )
+        rows = [("worker", "succeeded", "retried", "morgued")]
+        rows += [
+            (w, *(str(n.get(w, 0)) for n in (tally.succeeded, tally.retried, tally.morgued)))
+            for w in workers
+        ]
+        print(textwrap.indent(table(rows), "  "), file=sys.stderr)

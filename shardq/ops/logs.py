@@ -9,13 +9,6 @@ from typing import Any, TextIO
 
 import structlog
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-
 
 def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     """Set up structlog. ``fmt``: ``console``, ``json`` or ``auto`` (console on a tty)."""
@@ -33,7 +26,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
         processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
     structlog.configure(
         processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )

@@ -92,9 +92,7 @@ class Selection:
             )
         if "all" in doc and doc["all"] is not True:
             raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
-        entity, ids, error_type = doc.get("entity"), doc.get("message_ids"), doc.get("error_type")
-        when = parse_range(doc.get("since"), doc.get("until"))
-        return cls._checked(entity, ids, "all" in doc, BODY_FORMS, error_type, *when)
+        return cls._checked(BODY_FORMS, "", "all" in doc, {k: doc.get(k) for k in _FILTERS})
 
     @classmethod
     def from_args(
@@ -107,38 +105,32 @@ class Selection:
         until: str | None = None,
     ) -> Selection:
         """From the options of ``shardq morgue requeue|purge``."""
-        when = parse_range(since, until, "--")
-        return cls._checked(entity, ids, everything, ARG_FORMS, error_type, *when)
+        given = dict(zip(_FILTERS, (entity, ids, error_type, since, until), strict=True))
+        return cls._checked(ARG_FORMS, "--", everything, given)
 
     @classmethod
     def _checked(
-        cls,
-        entity: Any,
-        ids: Any,
-        everything: bool,
-        forms: str,
-        error_type: Any = None,
-        since: float | None = None,
-        until: float | None = None,
+        cls, forms: str, prefix: str, everything: bool, given: dict[str, Any]
     ) -> Selection:
-        if entity is not None and not (isinstance(entity, str) and entity):
-            raise SelectionError("entity must be a non-empty string")
-        if error_type is not None and not (isinstance(error_type, str) and error_type):
-            raise SelectionError("error_type must be a non-empty string")
+        """Refuse anything unclear; ``forms`` says what may be given, ``prefix`` + a key
+        names a time that cannot be read."""
+        for key in ("entity", "error_type"):
+            if given[key] is not None and not (isinstance(given[key], str) and given[key]):
+                raise SelectionError(f"{key} must be a non-empty string")
+        ids = given["message_ids"]
         if ids is not None and not (
             isinstance(ids, list) and all(isinstance(i, str) and i for i in ids)
         ):
             raise SelectionError("message_ids must be a list of non-empty strings")
+        since, until = parse_range(given["since"], given["until"], prefix)
         if since is not None and until is not None and since > until:
             raise SelectionError("since is later than until: nothing can match")
-        filtered = any(v is not None for v in (entity, ids, error_type, since, until))
-        if everything and filtered:
+        if everything and any(v is not None for v in given.values()):
             raise SelectionError("all means every dead job: give it alone, not with filters or ids")
-        if not everything and not filtered:
+        if not everything and all(v is None for v in given.values()):
             raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
-        return cls(
-            entity, None if ids is None else tuple(ids), everything, error_type, since, until
-        )
+        ids = None if ids is None else tuple(ids)
+        return cls(given["entity"], ids, everything, given["error_type"], since, until)
 
     @property
     def empty(self) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
-from shardq.core.topology import parse_name, shard_key
+from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.morgue import Morgue
 from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view
 from shardq.ops.fleet_view import read_fleet as read_items
@@ -219,13 +219,12 @@ def live_shards(app: App) -> dict[str, int]:
 
 
 def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:
-    """Shard key -> jobs waiting in its queue (a queue never created: 0)."""
+    """Shard key of the live layout -> jobs waiting in its queue (a queue never created: 0)."""
     result = {}
     for key in keys:
-        name, _, shard = key.rpartition(":")
+        name, shard = parse_key(key)
         worker, gen = parse_name(name)
-        if worker in app.workers and shard.isdigit():
-            result[key] = _counts(app, app.shard_queue(worker, int(shard), gen), set()).waiting
+        result[key] = _counts(app, app.shard_queue(worker, shard, gen), set()).waiting
     return result
 
 
