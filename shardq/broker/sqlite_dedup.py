@@ -1,26 +1,10 @@
-"""Deduplication ids on the embedded broker's file: kept their 5 minutes, compactly.
+"""Deduplication ids on the embedded broker's file, kept their 5 minutes compactly.
 
-SQS drops a message whose deduplication id was seen on its queue within the last
-5 minutes, even if the first message was deleted since, and returns the first
-message's id. So every id sent must be kept 5 minutes: after a burst of 100,000
-jobs that is 100,000 rows, and they must neither take much room nor cost much to
-purge.
-
-* Each id seen is one row of a bucket table ``shardq_dedup_<minute>`` (the minute,
-  counted from the epoch, in which it was first sent). A row is a 16-byte BLAKE2b
-  hash of the queue and the id (the key), the seconds into the minute at which it
-  was sent (rounded up: an id is kept up to 1 s longer than 5 minutes, never
-  shorter), and a message id that is null unless the row came from a file of an
-  earlier version: about 27 bytes a row, whatever the id's length.
-* The message id of a new message is derived from the queue's random ``salt``, the
-  key and the minute, so a duplicate send returns it without it being stored. Two
-  sends accepted as new with the same id on one queue are more than 5 minutes
-  apart, hence in different minutes, hence get different message ids.
-* A bucket whose every id has left its window is dropped whole (``DROP TABLE``):
-  no expiry index, no row-by-row deletes, and its pages are free at once for
-  maintenance to give back to the disk.
-
-Everything here runs inside the caller's write transaction.
+Each id is a row (a 16-byte hash of queue and id, the second of the minute it was sent)
+of a table ``shardq_dedup_<minute>`` for the minute of its first send; a table is dropped
+whole once all its ids left their window. A new message's id is derived from the
+queue's ``salt``, the key and the minute, so a duplicate gets it back without storing
+it. Runs inside the caller's write transaction (see docs/design/broker.md).
 """
 
 from __future__ import annotations
@@ -69,26 +53,20 @@ def _message_id(salt: bytes, key: bytes, bucket: int) -> str:
 
 
 class DedupIds:
-    """The deduplication ids of one broker's file (one instance per connection).
-
-    ``clock`` gives the time in seconds since the epoch (tests move it on).
-    """
+    """The deduplication ids of one broker's file (one per connection); ``clock``: the
+    time in seconds since the epoch."""
 
     def __init__(self, clock: Clock = wall) -> None:
         self.clock = clock
         self._buckets: set[int] = set()
         self._schema = -1  # the schema_version self._buckets was read at
-        self._salts: dict[str, bytes] = {}
 
     def claim(
         self, db: sqlite3.Connection, queue: str, dedup_ids: Sequence[str]
     ) -> tuple[dict[str, str], set[str]]:
-        """Record the (distinct) ``dedup_ids`` sent to ``queue`` now.
-
-        Returns each id's message id (the first message's for an id seen within its
-        window) and the ids that are new. Drops an expired bucket on the way, so a
-        process that only publishes does not grow the file either.
-        """
+        """Record the (distinct) ``dedup_ids`` sent to ``queue`` now: each one's message
+        id (the first message's if seen within its window) and the new ones. Drops an
+        expired bucket on the way (a process that only publishes does not grow the file)."""
         now = self.clock()
         self.purge(db, now, limit=1)  # re-reads the buckets first if the schema changed
         keys = {key_of(queue, d): d for d in dedup_ids}
@@ -144,11 +122,10 @@ class DedupIds:
         db.execute("DROP TABLE dedup")
         self._schema = -1
 
-    # -- internals ----------------------------------------------------------
     def _load(self, db: sqlite3.Connection) -> None:
         """Re-read the bucket tables if the schema changed (another process, or a
         connection of this one, made or dropped one)."""
-        version = _schema_version(db)
+        version = int(db.execute("PRAGMA schema_version").fetchone()[0])
         if version == self._schema:
             return
         self._buckets = {
@@ -187,23 +164,13 @@ class DedupIds:
     def _expired(bucket: int, now: float) -> bool:
         return (bucket + 1) * BUCKET_SECONDS + DEDUP_WINDOW_SECONDS <= now
 
-    def _salt(self, db: sqlite3.Connection, queue: str) -> bytes:
-        """The queue's salt for message ids (made now for a queue an earlier version
-        created; kept in memory only once committed)."""
-        salt = self._salts.get(queue)
-        if salt is None:
-            (stored,) = db.execute("SELECT salt FROM queues WHERE name = ?", (queue,)).fetchone()
-            if stored is not None:
-                salt = self._salts[queue] = bytes(stored)
-            else:
-                salt = bytes(
-                    db.execute(
-                        "UPDATE queues SET salt = randomblob(16) WHERE name = ? RETURNING salt",
-                        (queue,),
-                    ).fetchone()[0]
-                )
-        return salt
-
-
-def _schema_version(db: sqlite3.Connection) -> int:
-    return int(db.execute("PRAGMA schema_version").fetchone()[0])
+    @staticmethod
+    def _salt(db: sqlite3.Connection, queue: str) -> bytes:
+        """The queue's salt for message ids (made now for a queue an earlier version made)."""
+        return bytes(
+            db.execute(
+                "UPDATE queues SET salt = coalesce(salt, randomblob(16)) WHERE name = ?"
+                " RETURNING salt",
+                (queue,),
+            ).fetchone()[0]
+        )
