@@ -14,10 +14,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import botocore
-import botocore.config
 import botocore.exceptions
 
 from shardq.broker.base import (
@@ -33,6 +31,7 @@ from shardq.broker.base import (
     entry_problem,
 )
 from shardq.broker.sqs_client import (
+    CONNECT_TIMEOUT,
     POLL_READ_TIMEOUT,
     READ_TIMEOUT,
     TIMEOUTS,
@@ -44,7 +43,6 @@ from shardq.broker.sqs_client import (
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
-_T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [
     "ApproximateReceiveCount",
     "SentTimestamp",
@@ -60,10 +58,19 @@ _SAFE = {
     "changing": "; the jobs keep their current visibility",
 }
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+#: Queue attributes read by :meth:`SqsBroker.queue_settings`, with SQS's defaults.
+_SETTINGS = {
+    "FifoQueue": "false",
+    "VisibilityTimeout": "30",
+    "MaximumMessageSize": "262144",
+    "ContentBasedDeduplication": "false",
+    "MessageRetentionPeriod": "345600",
+}
 
 
 class SqsBroker(Broker):
-    """SQS FIFO queues in one account and region."""
+    """SQS FIFO queues in one account and region; ``connect_timeout`` and
+    ``read_timeout`` (seconds) bound each attempt of a call that is not a long poll."""
 
     kind = "sqs"
     # Jobs of one receive end close together: 100 ms lets their deletes share a request
@@ -79,12 +86,16 @@ class SqsBroker(Broker):
         endpoint_url: str | None = None,
         max_connections: int = 50,
         client: Any = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         poll_client = client
         if client is None:
-            client = make_client(region, endpoint_url, max_connections, READ_TIMEOUT)
+            connections = (region, endpoint_url, max_connections)
+            client = make_client(*connections, read_timeout, connect_timeout)
             # Long polls wait up to 20 s for an answer by design: a client of their own.
-            poll_client = make_client(region, endpoint_url, max_connections, POLL_READ_TIMEOUT)
+            poll_client = make_client(*connections, POLL_READ_TIMEOUT, connect_timeout)
         self.client = client
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
@@ -95,22 +106,18 @@ class SqsBroker(Broker):
         for each in {id(client): client, id(poll_client): poll_client}.values():
             each.meta.events.register("before-send.sqs.*", self._count_request)
         self._urls: dict[str, str] = {}
-        self._sizes: dict[str, int] = {}
-        self._retention: dict[str, int] = {}
+        self._attribute_cache: dict[tuple[str, str], int] = {}
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
-        self._count(event_name.rsplit(".", 1)[-1])
-
-    def _count(self, operation: str) -> None:
         with self._count_lock:
-            self.requests[operation] += 1
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
 
-    # -- plumbing -------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., _T], **kwargs: Any) -> _T:
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         endpoint = self.client.meta.endpoint_url
         earlier = self.unanswered.earlier(endpoint)
         if earlier is not None:
             raise BrokerError(f"{what}: not sent: {earlier}")
+        meaning = _SAFE.get(what.split()[0], "")
         try:
             return fn(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -123,22 +130,22 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
-            error = timed_out(what, exc, _SAFE.get(what.split()[0], ""))
+            error = timed_out(
+                what, exc, meaning, connect=self.connect_timeout, read=self.read_timeout
+            )
             self.unanswered.record(endpoint, error)
             raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
-        url = self._urls.get(queue)
-        if url is None:
-            response = self._call(
+        if queue not in self._urls:
+            found = self._call(
                 f"looking up queue {queue}", self.client.get_queue_url, QueueName=queue
             )
-            url = self._urls[queue] = response["QueueUrl"]
-        return url
+            self._urls[queue] = found["QueueUrl"]
+        return self._urls[queue]
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -173,60 +180,45 @@ class SqsBroker(Broker):
         self._call(f"deleting queue {queue}", self.client.delete_queue, QueueUrl=url)
         self._urls.pop(queue, None)
 
-    def _attributes(self, queue: str, names: list[str]) -> dict[str, str]:
+    def _attributes(self, queue: str, *names: str) -> dict[str, str]:
         response = self._call(
             f"reading attributes of {queue}",
             self.client.get_queue_attributes,
             QueueUrl=self.url(queue),
-            AttributeNames=names,
+            AttributeNames=list(names),
         )
         return dict(response.get("Attributes", {}))
 
+    def _cached(self, queue: str, name: str) -> int:
+        """A queue attribute that shardq never changes, read once."""
+        key = (queue, name)
+        if key not in self._attribute_cache:
+            self._attribute_cache[key] = int(self._attributes(queue, name)[name])
+        return self._attribute_cache[key]
+
     def queue_settings(self, queue: str) -> QueueSettings | None:
         try:
-            attrs = self._attributes(
-                queue,
-                [
-                    "FifoQueue",
-                    "VisibilityTimeout",
-                    "MaximumMessageSize",
-                    "ContentBasedDeduplication",
-                    "MessageRetentionPeriod",
-                ],
-            )
+            attrs = {**_SETTINGS, **self._attributes(queue, *_SETTINGS)}
         except QueueNotFoundError:
             return None
         return QueueSettings(
-            fifo=attrs.get("FifoQueue") == "true",
-            visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
-            max_message_bytes=int(attrs.get("MaximumMessageSize", 262144)),
-            content_based_dedup=attrs.get("ContentBasedDeduplication") == "true",
-            retention_seconds=int(attrs.get("MessageRetentionPeriod", 345600)),
+            fifo=attrs["FifoQueue"] == "true",
+            visibility_timeout=int(attrs["VisibilityTimeout"]),
+            max_message_bytes=int(attrs["MaximumMessageSize"]),
+            content_based_dedup=attrs["ContentBasedDeduplication"] == "true",
+            retention_seconds=int(attrs["MessageRetentionPeriod"]),
         )
 
     def retention_seconds(self, queue: str) -> int | None:
-        seconds = self._retention.get(queue)
-        if seconds is None:
-            attrs = self._attributes(queue, ["MessageRetentionPeriod"])
-            seconds = self._retention[queue] = int(attrs["MessageRetentionPeriod"])
-        return seconds
+        return self._cached(queue, "MessageRetentionPeriod")
 
     def max_message_bytes(self, queue: str) -> int:
-        size = self._sizes.get(queue)
-        if size is None:
-            size = self._sizes[queue] = int(
-                self._attributes(queue, ["MaximumMessageSize"])["MaximumMessageSize"]
-            )
-        return size
+        return self._cached(queue, "MaximumMessageSize")
 
     def counts(self, queue: str) -> QueueCounts:
-        attrs = self._attributes(
-            queue, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-        )
-        return QueueCounts(
-            int(attrs.get("ApproximateNumberOfMessages", 0)),
-            int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
-        )
+        waiting, hidden = "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"
+        attrs = self._attributes(queue, waiting, hidden)
+        return QueueCounts(int(attrs.get(waiting, 0)), int(attrs.get(hidden, 0)))
 
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
@@ -242,7 +234,7 @@ class SqsBroker(Broker):
                 valid.append(entry)
         if not valid:
             return result
-        response: dict[str, Any] = self._call(
+        response = self._call(
             f"sending {len(valid)} messages to {queue}",
             self.client.send_message_batch,
             QueueUrl=self.url(queue),
@@ -269,45 +261,38 @@ class SqsBroker(Broker):
     ) -> list[Message]:
         if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
             raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
-        params = {
-            "QueueUrl": self.url(queue),
-            "MaxNumberOfMessages": max_messages,
-            "WaitTimeSeconds": min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
-            "VisibilityTimeout": math.ceil(visibility_timeout),
-            "MessageSystemAttributeNames": _SYSTEM_ATTRIBUTES,
-            "ReceiveRequestAttemptId": uuid.uuid4().hex,
-        }
-        response = self._receive(queue, params)
-        messages = []
-        now = time.time()
-        for raw in response.get("Messages", []):
-            attrs = raw.get("Attributes", {})
-            messages.append(
-                Message(
-                    queue=queue,
-                    message_id=raw["MessageId"],
-                    receipt=raw["ReceiptHandle"],
-                    body=raw["Body"],
-                    group_id=attrs.get("MessageGroupId", ""),
-                    receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
-                    sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
-                    sequence=attrs.get("SequenceNumber", ""),
-                    received_at=now,
-                )
-            )
-        return messages
-
-    def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One receive; botocore's retries resend the same ReceiveRequestAttemptId."""
-        client = self._poll_client if params["WaitTimeSeconds"] > 0 else self.client
-        response: dict[str, Any] = self._call(
-            f"receiving from {queue}", client.receive_message, **params
+        wait = min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds)))
+        # botocore's retries resend the same ReceiveRequestAttemptId
+        response = self._call(
+            f"receiving from {queue}",
+            (self._poll_client if wait > 0 else self.client).receive_message,
+            QueueUrl=self.url(queue),
+            MaxNumberOfMessages=max_messages,
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=math.ceil(visibility_timeout),
+            MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
+            ReceiveRequestAttemptId=uuid.uuid4().hex,
         )
-        return response
+        now = time.time()
+        return [
+            Message(
+                queue=queue,
+                message_id=raw["MessageId"],
+                receipt=raw["ReceiptHandle"],
+                body=raw["Body"],
+                group_id=attrs.get("MessageGroupId", ""),
+                receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
+                sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
+                sequence=attrs.get("SequenceNumber", ""),
+                received_at=now,
+            )
+            for raw in response.get("Messages", [])
+            for attrs in [raw.get("Attributes", {})]
+        ]
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
-        response: dict[str, Any] = self._call(
+        response = self._call(
             f"deleting {len(receipts)} messages from {queue}",
             self.client.delete_message_batch,
             QueueUrl=self.url(queue),
@@ -318,8 +303,9 @@ class SqsBroker(Broker):
     def change_visibility_batch(
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
-        check_batch(changes, [r for r, _ in changes])
-        response: dict[str, Any] = self._call(
+        receipts = [r for r, _ in changes]
+        check_batch(changes, receipts)
+        response = self._call(
             f"changing visibility of {len(changes)} messages in {queue}",
             self.client.change_message_visibility_batch,
             QueueUrl=self.url(queue),
@@ -328,7 +314,7 @@ class SqsBroker(Broker):
                 for i, (r, s) in enumerate(changes)
             ],
         )
-        return _batch_result([r for r, _ in changes], response)
+        return _batch_result(receipts, response)
 
 
 def _code(exc: BaseException | None) -> str:
