@@ -28,19 +28,14 @@ from shardq.broker.base import (
     SendEntry,
     SendResult,
     check_batch,
-    check_send_batch,
-    entry_problem,
+    check_receive,
+    valid_entries,
 )
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
 from shardq.broker.sqlite_wait import OtherProcesses, Waiter, Waiters
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.limits import (
-    MAX_BATCH_ENTRIES,
-    MAX_MESSAGE_BYTES,
-    MAX_VISIBILITY_SECONDS,
-    MIN_MESSAGE_BYTES,
-)
+from shardq.core.limits import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
 __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 
@@ -147,17 +142,9 @@ class SqliteBroker(Broker):
 
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        check_send_batch(entries)
         result = SendResult()
         with self._file.write(f"sending to queue {queue}") as db:
-            max_bytes = self._settings(db, queue)[1]
-            valid = []
-            for entry in entries:
-                problem = entry_problem(entry, max_bytes)
-                if problem:
-                    result.failed[entry.id] = problem
-                else:
-                    valid.append(entry)
+            valid = valid_entries(entries, self._settings(db, queue)[1], result)
             ids, fresh = self._dedup.claim(db, queue, list({e.dedup_id: 0 for e in valid}))
             new = []
             for entry in valid:
@@ -174,10 +161,7 @@ class SqliteBroker(Broker):
     def receive(
         self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float
     ) -> list[Message]:
-        if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
-            raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
-        if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:
-            raise BrokerError(f"visibility_timeout {visibility_timeout} is outside 0..43200")
+        check_receive(max_messages, visibility_timeout)
 
         def look(_: Waiter) -> tuple[list[Message], float | None]:
             with self._file.write(f"receiving from queue {queue}") as db:

@@ -27,8 +27,8 @@ from shardq.broker.base import (
     SendEntry,
     SendResult,
     check_batch,
-    check_send_batch,
-    entry_problem,
+    check_receive,
+    valid_entries,
 )
 from shardq.broker.sqs_client import (
     CONNECT_TIMEOUT,
@@ -41,7 +41,7 @@ from shardq.broker.sqs_client import (
     timed_out,
 )
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
+from shardq.core.limits import MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
 _SYSTEM_ATTRIBUTES = [
     "ApproximateReceiveCount",
@@ -222,16 +222,8 @@ class SqsBroker(Broker):
 
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        check_send_batch(entries)
         result = SendResult()
-        max_bytes = self.max_message_bytes(queue)
-        valid = []
-        for entry in entries:
-            problem = entry_problem(entry, max_bytes)
-            if problem:
-                result.failed[entry.id] = problem
-            else:
-                valid.append(entry)
+        valid = valid_entries(entries, self.max_message_bytes(queue), result)
         if not valid:
             return result
         response = self._call(
@@ -259,8 +251,7 @@ class SqsBroker(Broker):
     def receive(
         self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float
     ) -> list[Message]:
-        if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
-            raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
+        check_receive(max_messages, visibility_timeout)
         wait = min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds)))
         # botocore's retries resend the same ReceiveRequestAttemptId
         response = self._call(
