@@ -148,14 +148,14 @@ class SqliteBroker(Broker):
             ids, fresh = self._dedup.claim(db, queue, list({e.dedup_id: 0 for e in valid}))
             new = []
             for entry in valid:
-                if entry.dedup_id in fresh:  # the first entry with this id
+                result.message_ids[entry.id] = ids[entry.dedup_id]
+                if entry.dedup_id in fresh:  # the first entry with a new id is stored
                     fresh.discard(entry.dedup_id)
                     new.append((entry, ids[entry.dedup_id]))
-                result.message_ids[entry.id] = ids[entry.dedup_id]
             if new:
                 fifo.store(db, queue, new, time.time())
             version = self._bump(db, queue) if valid else None
-        self._wrote(queue, version)
+        self._waiters.wrote(queue, version)
         return result
 
     def receive(
@@ -186,7 +186,7 @@ class SqliteBroker(Broker):
             self._settings(db, queue)
             deleted, unblocked = fifo.delete(db, queue, receipts, time.time(), result)
             version = self._bump(db, queue, deleted, wake=unblocked) if deleted else None
-        self._wrote(queue, version if unblocked else None)
+        self._waiters.wrote(queue, version if unblocked else None)
         return result
 
     def change_visibility_batch(
@@ -200,7 +200,7 @@ class SqliteBroker(Broker):
                 db, queue, changes, time.time(), result, reopen_groups=self.reopen_groups
             )
             version = self._bump(db, queue) if earlier else None
-        self._wrote(queue, version)
+        self._waiters.wrote(queue, version)
         return result
 
     # -- waiting ------------------------------------------------------------
@@ -217,10 +217,6 @@ class SqliteBroker(Broker):
         if row is None:  # deleted by another process since this call looked it up
             raise QueueNotFoundError(f"queue {queue} was deleted from {self.path}")
         return int(row[0])
-
-    def _wrote(self, queue: str, version: int | None) -> None:
-        if version is not None:
-            self._waiters.wrote(queue, version)
 
     def _wait(
         self, queues: list[str], seconds: float, look: Callable[[Waiter], tuple[_T, float | None]]

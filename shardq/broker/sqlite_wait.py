@@ -75,8 +75,11 @@ class Waiters:
             changed, waiter.changed = waiter.changed, set()
         return changed
 
-    def wrote(self, queue: str, version: int) -> None:
-        """Record a version this process committed, then wake the queue's waiters."""
+    def wrote(self, queue: str, version: int | None) -> None:
+        """Record a version this process committed, then wake the queue's waiters (None:
+        nothing to wake them for)."""
+        if version is None:
+            return
         with self._mutex:
             self.known[queue] = max(version, self.known.get(queue, -1))
         self.notify([queue])

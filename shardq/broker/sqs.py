@@ -74,8 +74,7 @@ class SqsBroker(Broker):
 
     kind = "sqs"
     # Jobs of one receive end close together: 100 ms lets their deletes share a request
-    # (4,000 jobs of 50 ms over 400 entities: 9.5 deletes a request, 6.7 at 50 ms). The
-    # cost: an entity's group stays blocked up to 100 ms longer after its last job ends.
+    # (see docs/design/broker.md), at the cost of a group blocked up to 100 ms longer.
     settle_linger = 0.1
     prefetch_wait = 1.0
 
