@@ -163,7 +163,7 @@ class SqliteBroker(Broker):
     ) -> list[Message]:
         check_receive(max_messages, visibility_timeout)
 
-        def look(_: Waiter) -> tuple[list[Message], float | None]:
+        def take() -> tuple[list[Message], float | None]:
             with self._file.write(f"receiving from queue {queue}") as db:
                 self._settings(db, queue)
                 return fifo.take(
@@ -176,8 +176,8 @@ class SqliteBroker(Broker):
                 )
 
         if wait_seconds <= 0:
-            return look(Waiter(()))[0]
-        return self._wait([queue], wait_seconds, look)
+            return take()[0]
+        return self._wait([queue], wait_seconds, lambda _: take())
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))

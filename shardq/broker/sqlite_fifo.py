@@ -74,13 +74,10 @@ def store(db: sqlite3.Connection, queue: str, new: list[tuple[SendEntry, str]], 
         f" VALUES {','.join(['(?, ?, ?, ?, ?, ?)'] * len(new))} RETURNING seq, group_id",
         [v for e, mid in new for v in (queue, e.group_id, e.body, mid, now, now)],
     ).fetchall()
-    heads: dict[str, int] = {}
-    for seq, group in sorted(rows):
-        heads.setdefault(group, seq)
-    db.executemany(
+    db.executemany(  # in send order: a group's first message is its head
         "INSERT OR IGNORE INTO groups (queue, head_seq, group_id, blocked_until)"
         " VALUES (?, ?, ?, ?)",
-        [(queue, seq, group, now) for group, seq in heads.items()],
+        [(queue, seq, group, now) for seq, group in sorted(rows)],
     )
 
 
@@ -100,12 +97,7 @@ def take(
     if rows and stale_visibility:
         rows, hint = _stale_hidden(db, queue, now, rows)
     if not rows:
-        if hint is None:
-            hint = db.execute(
-                "SELECT MIN(blocked_until) FROM groups WHERE queue = ? AND blocked_until > ?",
-                (queue, now),
-            ).fetchone()[0]
-        return [], hint
+        return [], hint or db.execute(_NEXT_READY, (json.dumps([queue]), now)).fetchone()[0]
     token, visible_at = secrets.token_hex(8), now + visibility_timeout
     seqs = [row[0] for row in rows]
     db.execute(

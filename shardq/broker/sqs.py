@@ -83,27 +83,20 @@ class SqsBroker(Broker):
         *,
         region: str | None = None,
         endpoint_url: str | None = None,
-        max_connections: int = 50,
-        client: Any = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        poll_client = client
-        if client is None:
-            connections = (region, endpoint_url, max_connections)
-            client = make_client(*connections, read_timeout, connect_timeout)
-            # Long polls wait up to 20 s for an answer by design: a client of their own.
-            poll_client = make_client(*connections, POLL_READ_TIMEOUT, connect_timeout)
-        self.client = client
+        self.client = make_client(region, endpoint_url, read_timeout, connect_timeout)
+        # Long polls wait up to 20 s for an answer by design: a client of their own.
+        self._poll_client = make_client(region, endpoint_url, POLL_READ_TIMEOUT, connect_timeout)
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
         self.unanswered = Unanswered()
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
-        self._poll_client = poll_client
-        for each in {id(client): client, id(poll_client): poll_client}.values():
-            each.meta.events.register("before-send.sqs.*", self._count_request)
+        for client in (self.client, self._poll_client):
+            client.meta.events.register("before-send.sqs.*", self._count_request)
         self._urls: dict[str, str] = {}
         self._attribute_cache: dict[tuple[str, str], int] = {}
 
@@ -239,12 +232,11 @@ class SqsBroker(Broker):
                 for e in valid
             ],
         )
-        for ok in response.get("Successful", []):
-            result.message_ids[ok["Id"]] = ok["MessageId"]
-        result.failed.update(_refused(response))
-        for entry in valid:  # an entry SQS neither accepted nor refused was not sent
-            if entry.id not in result.message_ids and entry.id not in result.failed:
-                result.failed[entry.id] = "missing from the SendMessageBatch response"
+        result.message_ids.update(
+            (ok["Id"], ok["MessageId"]) for ok in response.get("Successful", [])
+        )
+        missing = "missing from the SendMessageBatch response"
+        result.failed.update(_failures([e.id for e in valid], response, missing))
         return result
 
     def receive(
@@ -314,18 +306,18 @@ def _code(exc: BaseException | None) -> str:
     return ""
 
 
-def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
-    result = BatchResult()
+def _failures(ids: list[str], response: dict[str, Any], missing: str) -> dict[str, str]:
+    """Why each entry of a batch call SQS did not do was not done (refused, or absent from
+    the response: ``missing``), by entry id."""
     done = {ok["Id"] for ok in response.get("Successful", [])}
-    reasons = _refused(response)
-    for i, receipt in enumerate(receipts):
-        if str(i) not in done:  # refused, or absent from the response: not done
-            result.failed[receipt] = reasons.get(str(i), "missing from the batch response")
-    return result
-
-
-def _refused(response: dict[str, Any]) -> dict[str, str]:
-    """Why each entry of a batch call SQS refused was refused, by entry id."""
-    return {
+    refused = {
         bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
     }
+    return {i: refused.get(i, missing) for i in ids if i not in done}
+
+
+def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
+    failed = _failures(
+        [str(i) for i in range(len(receipts))], response, "missing from the batch response"
+    )
+    return BatchResult(failed={receipts[int(i)]: reason for i, reason in failed.items()})

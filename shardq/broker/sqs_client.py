@@ -25,6 +25,8 @@ CONNECT_TIMEOUT = 2
 READ_TIMEOUT = 6
 #: Attempts per call, the first included (botocore's adaptive retry mode).
 CALL_ATTEMPTS = 2
+#: Connections each client keeps open.
+MAX_CONNECTIONS = 50
 #: A long poll's wait for its answer: the longest poll plus a margin.
 POLL_READ_TIMEOUT = MAX_WAIT_SECONDS + 5
 
@@ -69,11 +71,7 @@ class Unanswered:
 
 
 def make_client(
-    region: str | None,
-    endpoint_url: str | None,
-    connections: int,
-    read: float,
-    connect: float = CONNECT_TIMEOUT,
+    region: str | None, endpoint_url: str | None, read: float, connect: float = CONNECT_TIMEOUT
 ) -> Any:
     """A boto3 SQS client with these timeouts and adaptive retries; BrokerError if no
     region is known."""
@@ -81,7 +79,7 @@ def make_client(
         # Few quick retries: callers retry on their own terms (the leases back off per
         # message), and a request stuck in long retries holds a thread.
         retries={"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS},
-        max_pool_connections=connections,
+        max_pool_connections=MAX_CONNECTIONS,
         connect_timeout=connect,
         read_timeout=read,
         parameter_validation=False,  # shardq checks every request itself
