@@ -81,33 +81,30 @@ VACUUM_CHUNK = 128
 WAL_SIZE_LIMIT = 4 * 2**20
 
 
-def open_db(path: str, *, allow_other_tables: bool) -> sqlite3.Connection:
-    """Open (creating if needed) the broker file at ``path`` with shardq's schema."""
-    try:
-        db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise BrokerError(
-            f"cannot open the embedded broker file {path} ({exc}); check that its "
-            "directory exists and is writable"
-        ) from exc
-    try:
-        _prepare(db, path, allow_other_tables)
-    except BaseException as exc:
-        db.close()
-        if isinstance(exc, sqlite3.Error):
-            raise error(path, exc, "opening it") from exc
-        raise
-    return db
-
-
 class BrokerFile:
-    """The broker's one connection to its file, shared by its threads under ``lock``."""
+    """The broker's one connection to its file (created with shardq's schema if new),
+    shared by its threads under ``lock``."""
 
     def __init__(self, path: str, *, allow_other_tables: bool) -> None:
         self.path = path
         self.lock = threading.RLock()
         self.closed = False
-        self._db = open_db(path, allow_other_tables=allow_other_tables)
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise BrokerError(
+                f"cannot open the embedded broker file {path} ({exc}); check that its "
+                "directory exists and is writable"
+            ) from exc
+        try:
+            _prepare(self._db, path, allow_other_tables)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise error(path, exc, "opening it") from exc
+            raise
 
     @contextmanager
     def write(self, doing: str) -> Iterator[sqlite3.Connection]:
@@ -167,8 +164,7 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
         if "deleted" not in columns:  # a file made by shardq 0.1.0
             db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
         if "salt" not in columns:  # made before deduplication buckets
-            db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")
-            db.execute("UPDATE queues SET salt = randomblob(16)")
+            db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")  # made on first send
         if "groups" not in tables:  # a new file, or one made before group heads existed
             _run(db, _GROUPS)
         db.execute(_GROUPS_BY_ID)
