@@ -373,3 +373,25 @@ def test_a_node_on_a_full_disk_keeps_going_and_recovers_when_room_returns(
         mine = [n for n in done if n % 7 == entity]
         assert mine == sorted(mine)
     broker.close()
+
+
+def test_a_file_of_the_previous_version_opens_and_keeps_its_groups(tmp_path: Path) -> None:
+    # given a file as the previous version left it (no index of groups by id), with a group
+    # whose first message is in flight and one more waiting behind it
+    path = str(tmp_path / "b.db")
+    old = SqliteBroker(path)
+    old.ensure_queue(QUEUE)
+    old.send_batch(QUEUE, [SendEntry(str(i), f"m{i}", "g", f"d{i}") for i in range(2)])
+    (first,) = old.receive(QUEUE, max_messages=1, wait_seconds=0, visibility_timeout=60)
+    with old._file.write("dropping the index") as db:
+        db.execute("DROP INDEX groups_by_id")
+    old.close()
+    # when this version opens it
+    broker = SqliteBroker(path)
+    # then the group stays blocked until its first message is deleted, then goes on
+    assert broker.receive(QUEUE, max_messages=10, wait_seconds=0, visibility_timeout=60) == []
+    assert not broker.delete_batch(QUEUE, [first.receipt]).failed
+    assert drain(broker) == ["m1"]
+    with broker._file.read("inspecting it") as db:
+        assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'groups_by_id'").fetchone()
+    broker.close()

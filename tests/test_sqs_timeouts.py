@@ -106,6 +106,31 @@ def test_the_broker_client_uses_the_timeouts_and_adaptive_retries() -> None:
     assert config.retries == {"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS}
 
 
+def test_a_broker_given_shorter_timeouts_fails_a_call_within_them(
+    mute: Mute, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a broker whose calls get 0.5 s to connect and 0.5 s to be answered
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    broker = SqsBroker(
+        region="us-east-1", endpoint_url=mute.url, connect_timeout=0.5, read_timeout=0.5
+    )
+    config: Any = broker.client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (0.5, 0.5)
+    # when it calls an endpoint that never answers
+    started = time.monotonic()
+    with pytest.raises(BrokerError) as raised:
+        broker.counts("q.fifo")
+    elapsed = time.monotonic() - started
+    # then the call fails within the bound of those timeouts, with an error saying them
+    assert elapsed < worst_call_seconds(0.5, 0.5) + 1, f"{elapsed:.1f} s"
+    assert "did not answer within 3 s" in str(raised.value)
+    assert f"{CALL_ATTEMPTS} attempts, 0.5 s to connect and 0.5 s to answer each" in str(
+        raised.value
+    )
+    assert mute.accepted
+
+
 @pytest.mark.parametrize(
     "args", [("stats",), ("publish", "Ledgered", "e", '{"n": 1}')], ids=["stats", "publish"]
 )

@@ -14,7 +14,12 @@ from typing import Any
 import structlog
 
 from shardq.core.errors import BrokerError
-from shardq.core.limits import GROUP_ID_PATTERN, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
+from shardq.core.limits import (
+    GROUP_ID_PATTERN,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ENTRIES,
+    MAX_VISIBILITY_SECONDS,
+)
 from shardq.core.messages import (
     BatchResult,
     Message,
@@ -123,24 +128,37 @@ def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
         raise BrokerError("batch entry ids must be distinct")
 
 
-def check_send_batch(entries: Sequence[SendEntry]) -> None:
-    """Raise for a send batch SQS would refuse whole (size, count, repeated ids)."""
+def valid_entries(
+    entries: Sequence[SendEntry], max_bytes: int, result: SendResult
+) -> list[SendEntry]:
+    """The entries of a send batch SQS would accept; the others fail in ``result``. Raise
+    for a batch SQS would refuse whole (size, count, repeated ids)."""
     check_batch(entries, [e.id for e in entries])
     total = sum(len(e.body.encode("utf-8")) for e in entries)
     if total > MAX_BATCH_BYTES:
         raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+    valid = []
+    for entry in entries:
+        size = len(entry.body.encode("utf-8"))
+        if size > max_bytes:
+            result.failed[entry.id] = (
+                f"message is {size} bytes; the queue accepts at most {max_bytes}"
+            )
+        elif not GROUP_ID_PATTERN.fullmatch(entry.group_id):
+            result.failed[entry.id] = f"invalid MessageGroupId {entry.group_id!r}"
+        elif not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):
+            result.failed[entry.id] = f"invalid MessageDeduplicationId {entry.dedup_id!r}"
+        else:
+            valid.append(entry)
+    return valid
 
 
-def entry_problem(entry: SendEntry, max_bytes: int) -> str | None:
-    """Why SQS would refuse this entry, or None."""
-    size = len(entry.body.encode("utf-8"))
-    if size > max_bytes:
-        return f"message is {size} bytes; the queue accepts at most {max_bytes}"
-    if not GROUP_ID_PATTERN.fullmatch(entry.group_id):
-        return f"invalid MessageGroupId {entry.group_id!r}"
-    if not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):
-        return f"invalid MessageDeduplicationId {entry.dedup_id!r}"
-    return None
+def check_receive(max_messages: int, visibility_timeout: float) -> None:
+    """Raise for a receive SQS would refuse."""
+    if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
+        raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
+    if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:
+        raise BrokerError(f"visibility_timeout {visibility_timeout} is outside 0..43200")
 
 
 def release_now(broker: Broker, messages: Sequence[Message]) -> int:

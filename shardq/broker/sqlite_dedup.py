@@ -1,26 +1,10 @@
-"""Deduplication ids on the embedded broker's file: kept their 5 minutes, compactly.
+"""Deduplication ids on the embedded broker's file, kept their 5 minutes compactly.
 
-SQS drops a message whose deduplication id was seen on its queue within the last
-5 minutes, even if the first message was deleted since, and returns the first
-message's id. So every id sent must be kept 5 minutes: after a burst of 100,000
-jobs that is 100,000 rows, and they must neither take much room nor cost much to
-purge.
-
-* Each id seen is one row of a bucket table ``shardq_dedup_<minute>`` (the minute,
-  counted from the epoch, in which it was first sent). A row is a 16-byte BLAKE2b
-  hash of the queue and the id (the key), the seconds into the minute at which it
-  was sent (rounded up: an id is kept up to 1 s longer than 5 minutes, never
-  shorter), and a message id that is null unless the row came from a file of an
-  earlier version: about 27 bytes a row, whatever the id's length.
-* The message id of a new message is derived from the queue's random ``salt``, the
-  key and the minute, so a duplicate send returns it without it being stored. Two
-  sends accepted as new with the same id on one queue are more than 5 minutes
-  apart, hence in different minutes, hence get different message ids.
-* A bucket whose every id has left its window is dropped whole (``DROP TABLE``):
-  no expiry index, no row-by-row deletes, and its pages are free at once for
-  maintenance to give back to the disk.
-
-Everything here runs inside the caller's write transaction.
+Each id is a row (a 16-byte hash of queue and id, the second of the minute it was sent)
+of a table ``shardq_dedup_<minute>`` for the minute of its first send; a table is dropped
+whole once all its ids left their window. A new message's id is derived from the
+queue's ``salt``, the key and the minute, so a duplicate gets it back without storing
+it. Runs inside the caller's write transaction (see docs/design/broker.md).
 """
 
 from __future__ import annotations
@@ -69,141 +53,95 @@ def _message_id(salt: bytes, key: bytes, bucket: int) -> str:
 
 
 class DedupIds:
-    """The deduplication ids of one broker's file (one instance per connection).
-
-    ``clock`` gives the time in seconds since the epoch (tests move it on).
-    """
+    """The deduplication ids of one broker's file; ``clock``: the time in seconds since
+    the epoch."""
 
     def __init__(self, clock: Clock = wall) -> None:
         self.clock = clock
-        self._buckets: set[int] = set()
-        self._schema = -1  # the schema_version self._buckets was read at
-        self._salts: dict[str, bytes] = {}
 
     def claim(
         self, db: sqlite3.Connection, queue: str, dedup_ids: Sequence[str]
     ) -> tuple[dict[str, str], set[str]]:
-        """Record the (distinct) ``dedup_ids`` sent to ``queue`` now.
-
-        Returns each id's message id (the first message's for an id seen within its
-        window) and the ids that are new. Drops an expired bucket on the way, so a
-        process that only publishes does not grow the file either.
-        """
+        """Record the (distinct) ``dedup_ids`` sent to ``queue`` now: each one's message
+        id (the first message's if seen within its window) and the new ones. Drops an
+        expired bucket on the way (a process that only publishes does not grow the file)."""
         now = self.clock()
-        self.purge(db, now, limit=1)  # re-reads the buckets first if the schema changed
+        self.purge(db, now, limit=1)
+        live = [b for b in _buckets(db) if not _expired(b, now)]
         keys = {key_of(queue, d): d for d in dedup_ids}
-        salt = self._salt(db, queue)
+        salt = bytes(
+            db.execute(  # made now for a queue an earlier version created
+                "UPDATE queues SET salt = coalesce(salt, randomblob(16)) WHERE name = ?"
+                " RETURNING salt",
+                (queue,),
+            ).fetchone()[0]
+        )
         message_ids: dict[str, str] = {}
-        for key, bucket, at, stored in self._lookup(db, list(keys), now):
+        for key, bucket, at, stored in _lookup(db, live, list(keys)):
             if bucket * BUCKET_SECONDS + at + DEDUP_WINDOW_SECONDS > now:
                 message_ids[keys[key]] = stored or _message_id(salt, key, bucket)
         new = set(dedup_ids) - message_ids.keys()
         if new:
             bucket = int(now // BUCKET_SECONDS)
-            at = math.ceil(now) - bucket * BUCKET_SECONDS
-            table = self._table(db, bucket)
-            rows = [(key, at) for key, d in keys.items() if d in new]
-            db.executemany(f"INSERT OR REPLACE INTO {table} (key, at) VALUES (?, ?)", rows)
-            for key, _ in rows:
-                message_ids[keys[key]] = _message_id(salt, key, bucket)
+            rows = [(key, math.ceil(now) - bucket * BUCKET_SECONDS) for key in keys]
+            db.executemany(
+                f"INSERT OR REPLACE INTO {_table(db, bucket)} (key, at) VALUES (?, ?)",
+                [row for row in rows if keys[row[0]] in new],
+            )
+            for key in keys:
+                message_ids.setdefault(keys[key], _message_id(salt, key, bucket))
         return message_ids, new
 
     def purge(self, db: sqlite3.Connection, now: float | None = None, limit: int = 0) -> int:
         """Drop bucket tables whose every id has left its window (``limit`` of them
         at most, 0: all); how many were dropped."""
         now = self.clock() if now is None else now
-        self._load(db)
-        expired = sorted(b for b in self._buckets if self._expired(b, now))
-        for bucket in expired[:limit] if limit else expired:
-            db.execute(f"DROP TABLE IF EXISTS {_PREFIX}{bucket}")
-            self._buckets.discard(bucket)
-            self._schema = -1  # re-read next time: the transaction may yet roll back
-        return len(expired[:limit] if limit else expired)
+        expired = sorted(b for b in _buckets(db) if _expired(b, now))[: limit or None]
+        for bucket in expired:
+            db.execute(f"DROP TABLE {_PREFIX}{bucket}")
+        return len(expired)
 
     def migrate(self, db: sqlite3.Connection) -> None:
         """Move the ids still in their window from the single ``dedup`` table of
         earlier versions (text ids, an expiry index) into buckets; drop that table."""
-        now = self.clock()
-        self._load(db)
         rows = db.execute(
             "SELECT queue, dedup_id, message_id, expires_at FROM dedup WHERE expires_at > ?",
-            (now,),
+            (self.clock(),),
         ).fetchall()
-        by_bucket: dict[int, list[tuple[bytes, int, str]]] = {}
         for queue, dedup_id, message_id, expires_at in rows:
             sent = expires_at - DEDUP_WINDOW_SECONDS
             bucket = int(sent // BUCKET_SECONDS)
-            at = math.ceil(sent) - bucket * BUCKET_SECONDS
-            by_bucket.setdefault(bucket, []).append((key_of(queue, dedup_id), at, message_id))
-        for bucket, found in by_bucket.items():
-            db.executemany(
-                f"INSERT OR REPLACE INTO {self._table(db, bucket)} (key, at, message_id)"
+            db.execute(
+                f"INSERT OR REPLACE INTO {_table(db, bucket)} (key, at, message_id)"
                 " VALUES (?, ?, ?)",
-                found,
+                (key_of(queue, dedup_id), math.ceil(sent) - bucket * BUCKET_SECONDS, message_id),
             )
         db.execute("DROP TABLE dedup")
-        self._schema = -1
-
-    # -- internals ----------------------------------------------------------
-    def _load(self, db: sqlite3.Connection) -> None:
-        """Re-read the bucket tables if the schema changed (another process, or a
-        connection of this one, made or dropped one)."""
-        version = _schema_version(db)
-        if version == self._schema:
-            return
-        self._buckets = {
-            int(match.group(1))
-            for (name,) in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?",
-                (f"{_PREFIX}%",),
-            )
-            if (match := _NAME.fullmatch(name))
-        }
-        self._schema = version
-
-    def _table(self, db: sqlite3.Connection, bucket: int) -> str:
-        table = f"{_PREFIX}{bucket}"
-        if bucket not in self._buckets:
-            db.execute(_BUCKET.format(table=table))
-            self._buckets.add(bucket)
-            self._schema = -1  # re-read next time: the transaction may yet roll back
-        return table
-
-    def _lookup(
-        self, db: sqlite3.Connection, keys: list[bytes], now: float
-    ) -> list[tuple[bytes, int, int, str | None]]:
-        """The rows of these keys in every bucket that may hold ids in their window."""
-        live = sorted(b for b in self._buckets if not self._expired(b, now))
-        if not live or not keys:
-            return []
-        marks = ",".join(f"?{n + 1}" for n in range(len(keys)))
-        sql = " UNION ALL ".join(
-            f"SELECT key, {b}, at, message_id FROM {_PREFIX}{b} WHERE key IN ({marks})"
-            for b in live
-        )
-        return db.execute(sql, keys).fetchall()
-
-    @staticmethod
-    def _expired(bucket: int, now: float) -> bool:
-        return (bucket + 1) * BUCKET_SECONDS + DEDUP_WINDOW_SECONDS <= now
-
-    def _salt(self, db: sqlite3.Connection, queue: str) -> bytes:
-        """The queue's salt for message ids (made now for a queue an earlier version
-        created; kept in memory only once committed)."""
-        salt = self._salts.get(queue)
-        if salt is None:
-            (stored,) = db.execute("SELECT salt FROM queues WHERE name = ?", (queue,)).fetchone()
-            if stored is not None:
-                salt = self._salts[queue] = bytes(stored)
-            else:
-                salt = bytes(
-                    db.execute(
-                        "UPDATE queues SET salt = randomblob(16) WHERE name = ? RETURNING salt",
-                        (queue,),
-                    ).fetchone()[0]
-                )
-        return salt
 
 
-def _schema_version(db: sqlite3.Connection) -> int:
-    return int(db.execute("PRAGMA schema_version").fetchone()[0])
+def _buckets(db: sqlite3.Connection) -> list[int]:
+    names = db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'shardq_dedup_%'")
+    return [int(match.group(1)) for (name,) in names if (match := _NAME.fullmatch(name))]
+
+
+def _expired(bucket: int, now: float) -> bool:
+    return (bucket + 1) * BUCKET_SECONDS + DEDUP_WINDOW_SECONDS <= now
+
+
+def _table(db: sqlite3.Connection, bucket: int) -> str:
+    table = f"{_PREFIX}{bucket}"
+    db.execute(_BUCKET.format(table=table))
+    return table
+
+
+def _lookup(
+    db: sqlite3.Connection, buckets: list[int], keys: list[bytes]
+) -> list[tuple[bytes, int, int, str | None]]:
+    """The rows of these keys in these buckets."""
+    if not buckets or not keys:
+        return []
+    marks = ",".join(f"?{n + 1}" for n in range(len(keys)))
+    sql = " UNION ALL ".join(
+        f"SELECT key, {b}, at, message_id FROM {_PREFIX}{b} WHERE key IN ({marks})" for b in buckets
+    )
+    return db.execute(sql, keys).fetchall()

@@ -1,23 +1,11 @@
 """The embedded broker's file: schema, opening checks, the connection and its
 transactions, error messages, housekeeping.
 
-Tables (all shardq's own; :func:`open_db` refuses a file holding others unless
-``allow_other_tables``):
-
-* ``queues``: one row per queue, with a ``version`` bumped by every write that may
-  make a message receivable (other processes watch it) and a ``deleted`` counter.
-* ``messages``: one row per message; ``seq`` is the send order.
-* ``groups``: one row per message group that has messages: its first message
-  (``head_seq``), the latest end of visibility of its messages (``blocked_until``:
-  the group is blocked while that is in the future) and the test-only ``reopened``
-  flag, and its ``last_received`` message (only messages up to it can be in flight).
-  A receive walks group heads, so a group with a long backlog behind a hidden
-  head costs one row, not its backlog.
-* ``shardq_dedup_<minute>``: deduplication ids seen within the last 5 minutes,
-  one table per minute of sends (see :mod:`shardq.broker.sqlite_dedup`). Files of
-  earlier versions kept them in one ``dedup`` table: :func:`open_db` moves its
-  live ids into buckets and drops it.
-* ``shardq_state``: the state store's items (made by :mod:`shardq.store.sqlite`).
+Tables: ``queues`` (a ``version`` bumped by writes that may make a message receivable,
+watched by other processes), ``messages`` (``seq`` is the send order), ``groups`` (one
+row per message group with messages, see :mod:`shardq.broker.sqlite_fifo`),
+``shardq_dedup_<minute>`` (see :mod:`shardq.broker.sqlite_dedup`) and ``shardq_state``
+(the state store, :mod:`shardq.store.sqlite`).
 """
 
 from __future__ import annotations
@@ -30,14 +18,14 @@ from contextlib import contextmanager, suppress
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.core.errors import BrokerError
 
-#: shardq's tables and columns each must have (a same-named table of another
+#: shardq's tables and the columns each must have (a same-named table of another
 #: application is refused). ``dedup`` is only in files of earlier versions.
 SHARDQ_TABLES = {
     "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
     "groups": {"queue", "group_id", "head_seq", "blocked_until", "reopened", "last_received"},
     "dedup": {"queue", "dedup_id", "message_id", "expires_at"},
-    "shardq_state": {"key", "value", "version"},  # the state store (shardq.store.sqlite)
+    "shardq_state": {"key", "value", "version"},
 }
 
 _SCHEMA = """
@@ -64,9 +52,8 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_group_seq ON messages (queue, group_id, seq);
 """
 
-# Keyed by head: a receive walks a queue's groups in head order and updates rows
-# next to each other; a send of a new group appends. The row of a group is found
-# through its head (the first of its messages, by messages_by_group_seq).
+# Keyed by head (a receive walks a queue's groups in head order); filled from the
+# messages of a file made before group heads existed.
 _GROUPS = """
 CREATE TABLE groups (
     queue TEXT NOT NULL,
@@ -85,6 +72,8 @@ DROP INDEX IF EXISTS messages_by_queue;
 DROP INDEX IF EXISTS messages_by_group;
 DROP INDEX IF EXISTS messages_by_visibility;
 """
+# A group's row by its id (files of earlier versions get it on opening).
+_GROUPS_BY_ID = "CREATE UNIQUE INDEX IF NOT EXISTS groups_by_id ON groups (queue, group_id)"
 
 #: Free pages returned to the file system per transaction by maintenance.
 VACUUM_CHUNK = 128
@@ -92,38 +81,30 @@ VACUUM_CHUNK = 128
 WAL_SIZE_LIMIT = 4 * 2**20
 
 
-def open_db(path: str, *, allow_other_tables: bool) -> sqlite3.Connection:
-    """Open (creating if needed) the broker file at ``path`` with shardq's schema."""
-    try:
-        db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise BrokerError(
-            f"cannot open the embedded broker file {path} ({exc}); check that its "
-            "directory exists and is writable"
-        ) from exc
-    try:
-        _prepare(db, path, allow_other_tables)
-    except BaseException as exc:
-        db.close()
-        if isinstance(exc, sqlite3.Error):
-            raise error(path, exc, "opening it") from exc
-        raise
-    return db
-
-
 class BrokerFile:
-    """The broker's one connection to its file, shared by its threads under ``lock``.
-
-    Every write is one ``BEGIN IMMEDIATE`` transaction, rolled back whole on any error
-    (a call that fails stored nothing); every SQLite error becomes a
-    :class:`~shardq.core.errors.BrokerError` naming the file and what was being done.
-    """
+    """The broker's one connection to its file (created with shardq's schema if new),
+    shared by its threads under ``lock``."""
 
     def __init__(self, path: str, *, allow_other_tables: bool) -> None:
         self.path = path
         self.lock = threading.RLock()
         self.closed = False
-        self._db = open_db(path, allow_other_tables=allow_other_tables)
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise BrokerError(
+                f"cannot open the embedded broker file {path} ({exc}); check that its "
+                "directory exists and is writable"
+            ) from exc
+        try:
+            _prepare(self._db, path, allow_other_tables)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise error(path, exc, "opening it") from exc
+            raise
 
     @contextmanager
     def write(self, doing: str) -> Iterator[sqlite3.Connection]:
@@ -135,9 +116,8 @@ class BrokerFile:
     def read(self, doing: str) -> Iterator[sqlite3.Connection]:
         """The connection for reads outside a write transaction."""
         with self.lock:
-            db = self._open()
             try:
-                yield db
+                yield self._open()
             except sqlite3.Error as exc:
                 raise error(self.path, exc, doing) from exc
 
@@ -155,13 +135,7 @@ class BrokerFile:
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
     db.execute("PRAGMA busy_timeout = 30000")
-    tables = {
-        row[0]
-        for row in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'"
-            " AND substr(name, 1, 7) != 'sqlite_'"
-        )
-    }
+    tables = _tables(db)
     others = sorted(t for t in tables - SHARDQ_TABLES.keys() if not is_bucket_table(t))
     for name in tables & SHARDQ_TABLES.keys():
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({name})")}
@@ -183,30 +157,24 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-    db.execute("BEGIN IMMEDIATE")  # one process at a time sets the file up
-    try:
-        _create(db)
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+    with transaction(db, path, "opening it"):  # one process at a time
+        tables = _tables(db)
+        _run(db, _SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
+        if "deleted" not in columns:  # a file made by shardq 0.1.0
+            db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
+        if "salt" not in columns:  # made before deduplication buckets
+            db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")  # made on first send
+        if "groups" not in tables:  # a new file, or one made before group heads existed
+            _run(db, _GROUPS)
+        db.execute(_GROUPS_BY_ID)
+        if "dedup" in tables:  # made before deduplication buckets
+            DedupIds().migrate(db)
 
 
-def _create(db: sqlite3.Connection) -> None:
-    has_groups = db.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'groups'"
-    ).fetchone()
-    _run(db, _SCHEMA)
-    columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
-    if "deleted" not in columns:  # a file made by shardq 0.1.0
-        db.execute("ALTER TABLE queues ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
-    if "salt" not in columns:  # made before deduplication buckets
-        db.execute("ALTER TABLE queues ADD COLUMN salt BLOB")
-        db.execute("UPDATE queues SET salt = randomblob(16)")
-    if not has_groups:  # a new file, or one made before group heads existed
-        _run(db, _GROUPS)
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dedup'").fetchone():
-        DedupIds().migrate(db)  # made before deduplication buckets
+def _tables(db: sqlite3.Connection) -> set[str]:
+    where = "type = 'table' AND substr(name, 1, 7) != 'sqlite_'"
+    return {row[0] for row in db.execute(f"SELECT name FROM sqlite_master WHERE {where}")}
 
 
 def _run(db: sqlite3.Connection, script: str) -> None:
@@ -226,6 +194,18 @@ _BY_TEXT = {
     "readonly": _READONLY,
     "disk i/o error": _IOERR,
     "unable to open": _CANTOPEN,
+}
+# What went wrong and what to do, by result codes.
+_MEANING = {
+    (_FULL,): "is full: no room on its disk or in its size limit ({exc}) while {doing}; "
+    "nothing of this call was stored. Free disk space, then retry",
+    (_CORRUPT, _NOTADB): "is damaged or not an SQLite database ({exc}) while {doing}; "
+    "restore it from a backup or point broker_url at a new file",
+    (_BUSY, _LOCKED): "stayed locked by another process for 30 s ({exc}) while {doing}; "
+    "retry, and check for a process holding it",
+    (_READONLY,): "is read-only ({exc}) while {doing}; make it and its directory writable",
+    (_IOERR, _CANTOPEN): "could not be read or written ({exc}) while {doing}; check its "
+    "disk and permissions, then retry",
 }
 
 
@@ -267,32 +247,11 @@ def transaction(
 def error(path: str, exc: sqlite3.Error, doing: str) -> BrokerError:
     """A :class:`BrokerError` saying what went wrong with the file and what to do."""
     code = _code(exc)
-    where = f"the embedded broker file {path}"
-    if code == _FULL:
-        return BrokerError(
-            f"{where} is full: no room on its disk or in its size limit ({exc}) while "
-            f"{doing}; nothing of this call was stored. Free disk space, then retry"
-        )
-    if code in (_CORRUPT, _NOTADB):
-        return BrokerError(
-            f"{where} is damaged or not an SQLite database ({exc}) while {doing}; restore it "
-            "from a backup or point broker_url at a new file"
-        )
-    if code in (_BUSY, _LOCKED):
-        return BrokerError(
-            f"{where} stayed locked by another process for 30 s ({exc}) while {doing}; "
-            "retry, and check for a process holding it"
-        )
-    if code == _READONLY:
-        return BrokerError(
-            f"{where} is read-only ({exc}) while {doing}; make it and its directory writable"
-        )
-    if code in (_IOERR, _CANTOPEN):
-        return BrokerError(
-            f"{where} could not be read or written ({exc}) while {doing}; check its disk "
-            "and permissions, then retry"
-        )
-    return BrokerError(f"{where} failed ({exc}) while {doing}; retry or check the file")
+    meaning = next(
+        (m for codes, m in _MEANING.items() if code in codes),
+        "failed ({exc}) while {doing}; retry or check the file",
+    )
+    return BrokerError(f"the embedded broker file {path} " + meaning.format(exc=exc, doing=doing))
 
 
 def give_back_pages(db: sqlite3.Connection) -> bool:
@@ -318,13 +277,9 @@ def checkpoint(path: str) -> None:
 
 
 def compact(path: str) -> None:
-    """Rewrite the broker file at ``path`` to its smallest size, by hand.
-
-    Stop every node and publisher using the file first: this takes an exclusive lock
-    for as long as the rewrite lasts. It also switches a file made before shardq
-    created files with ``auto_vacuum = INCREMENTAL`` to that mode, so from then on
-    the node's periodic maintenance gives freed space back to the disk.
-    """
+    """Rewrite the broker file at ``path`` to its smallest size, by hand, with every node
+    and publisher using it stopped (it locks the file while it rewrites it). It also
+    switches a file of an earlier version to incremental vacuum, so maintenance shrinks it."""
     db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
     try:
         db.execute("PRAGMA busy_timeout = 30000")

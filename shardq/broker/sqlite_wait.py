@@ -1,13 +1,8 @@
 """Waiting on the embedded broker: per-queue wake-ups, in this and other processes.
 
-A waiting receive or watch registers a :class:`Waiter` for the queues it waits on.
-A write to a queue (after its commit) wakes only the waiters of that queue: with
-1,000 receives waiting on 1,000 queues, a send wakes one thread, not all of them.
-
-Commits of other processes on the same file are noticed by one background thread
-per broker that polls SQLite's ``PRAGMA data_version`` (a counter read, not a query
-of the queues) every ``poll_interval`` while anyone waits, then compares each
-queue's ``version``.
+A write to a queue wakes only the waiters of that queue (after its commit). Commits of
+other processes are noticed by one thread per broker polling ``PRAGMA data_version``
+while anyone waits, then comparing each queue's ``version``.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ class Waiter:
     def __init__(self, queues: Sequence[str]) -> None:
         self.queues = tuple(dict.fromkeys(queues))
         self.event = threading.Event()
-        #: Watched queues written since the waiter was registered.
-        self.changed: set[str] = set()
-        #: Set by :meth:`Waiters.wake_all` (shutdown): the wait should end now.
-        self.woken = False
+        self.changed: set[str] = set()  # watched queues written since last taken
+        self.woken = False  # by wake_all (shutdown): the wait should end now
 
 
 class Waiters:
@@ -43,8 +36,7 @@ class Waiters:
         #: Each queue's ``version`` as last written by this process or seen by the watcher.
         self.known: dict[str, int] = {}
         self.closed = False
-        #: Set when the broker closes (ends the watcher's sleeps).
-        self.stopped = threading.Event()
+        self.stopped = threading.Event()  # set when the broker closes
 
     def add(self, queues: Sequence[str]) -> Waiter:
         waiter = Waiter(queues)
@@ -61,11 +53,10 @@ class Waiters:
     def remove(self, waiter: Waiter) -> None:
         with self._mutex:
             for queue in waiter.queues:
-                waiting = self._by_queue.get(queue)
-                if waiting is not None:
-                    waiting.discard(waiter)
-                    if not waiting:
-                        del self._by_queue[queue]
+                waiting = self._by_queue.get(queue, set())
+                waiting.discard(waiter)
+                if not waiting:
+                    self._by_queue.pop(queue, None)
             self._all.discard(waiter)
             if not self._all:
                 self.busy.clear()
@@ -84,13 +75,14 @@ class Waiters:
             changed, waiter.changed = waiter.changed, set()
         return changed
 
-    def wrote(self, versions: dict[str, int]) -> None:
-        """Record versions this process committed, then wake their waiters."""
+    def wrote(self, queue: str, version: int | None) -> None:
+        """Record a version this process committed, then wake the queue's waiters (None:
+        nothing to wake them for)."""
+        if version is None:
+            return
         with self._mutex:
-            for queue, version in versions.items():
-                if version > self.known.get(queue, -1):
-                    self.known[queue] = version
-        self.notify(versions)
+            self.known[queue] = max(version, self.known.get(queue, -1))
+        self.notify([queue])
 
     def wake_all(self, *, closing: bool = False) -> None:
         with self._mutex:
@@ -106,8 +98,7 @@ class Waiters:
         """Queues whose version differs from the last one known here; remember them."""
         with self._mutex:
             changed = [q for q, v in versions.items() if self.known.get(q) != v]
-            for queue in changed:
-                self.known[queue] = versions[queue]
+            self.known.update(versions)
         return changed
 
 
@@ -136,9 +127,7 @@ class OtherProcesses(threading.Thread):
                 current = db.execute("PRAGMA data_version").fetchone()[0]
                 if current != self._data_version:
                     self._data_version = current
-                    changed = waiters.changed_elsewhere(self._versions())
-                    if changed:
-                        waiters.notify(changed)
+                    waiters.notify(waiters.changed_elsewhere(self._versions()))
                 waiters.stopped.wait(self._poll_interval)
         except sqlite3.Error:
             return  # a damaged or vanished file: waits end by their timeouts

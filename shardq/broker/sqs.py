@@ -14,10 +14,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import botocore
-import botocore.config
 import botocore.exceptions
 
 from shardq.broker.base import (
@@ -29,10 +27,11 @@ from shardq.broker.base import (
     SendEntry,
     SendResult,
     check_batch,
-    check_send_batch,
-    entry_problem,
+    check_receive,
+    valid_entries,
 )
 from shardq.broker.sqs_client import (
+    CONNECT_TIMEOUT,
     POLL_READ_TIMEOUT,
     READ_TIMEOUT,
     TIMEOUTS,
@@ -42,9 +41,8 @@ from shardq.broker.sqs_client import (
     timed_out,
 )
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
+from shardq.core.limits import MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
-_T = TypeVar("_T")
 _SYSTEM_ATTRIBUTES = [
     "ApproximateReceiveCount",
     "SentTimestamp",
@@ -60,15 +58,23 @@ _SAFE = {
     "changing": "; the jobs keep their current visibility",
 }
 _MISSING_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+#: Queue attributes read by :meth:`SqsBroker.queue_settings`, with SQS's defaults.
+_SETTINGS = {
+    "FifoQueue": "false",
+    "VisibilityTimeout": "30",
+    "MaximumMessageSize": "262144",
+    "ContentBasedDeduplication": "false",
+    "MessageRetentionPeriod": "345600",
+}
 
 
 class SqsBroker(Broker):
-    """SQS FIFO queues in one account and region."""
+    """SQS FIFO queues in one account and region; ``connect_timeout`` and
+    ``read_timeout`` (seconds) bound each attempt of a call that is not a long poll."""
 
     kind = "sqs"
     # Jobs of one receive end close together: 100 ms lets their deletes share a request
-    # (4,000 jobs of 50 ms over 400 entities: 9.5 deletes a request, 6.7 at 50 ms). The
-    # cost: an entity's group stays blocked up to 100 ms longer after its last job ends.
+    # (see docs/design/broker.md), at the cost of a group blocked up to 100 ms longer.
     settle_linger = 0.1
     prefetch_wait = 1.0
 
@@ -77,40 +83,33 @@ class SqsBroker(Broker):
         *,
         region: str | None = None,
         endpoint_url: str | None = None,
-        max_connections: int = 50,
-        client: Any = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
-        poll_client = client
-        if client is None:
-            client = make_client(region, endpoint_url, max_connections, READ_TIMEOUT)
-            # Long polls wait up to 20 s for an answer by design: a client of their own.
-            poll_client = make_client(region, endpoint_url, max_connections, POLL_READ_TIMEOUT)
-        self.client = client
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.client = make_client(region, endpoint_url, read_timeout, connect_timeout)
+        # Long polls wait up to 20 s for an answer by design: a client of their own.
+        self._poll_client = make_client(region, endpoint_url, POLL_READ_TIMEOUT, connect_timeout)
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
         self.unanswered = Unanswered()
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
-        self._poll_client = poll_client
-        for each in {id(client): client, id(poll_client): poll_client}.values():
-            each.meta.events.register("before-send.sqs.*", self._count_request)
+        for client in (self.client, self._poll_client):
+            client.meta.events.register("before-send.sqs.*", self._count_request)
         self._urls: dict[str, str] = {}
-        self._sizes: dict[str, int] = {}
-        self._retention: dict[str, int] = {}
+        self._attribute_cache: dict[tuple[str, str], int] = {}
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
-        self._count(event_name.rsplit(".", 1)[-1])
-
-    def _count(self, operation: str) -> None:
         with self._count_lock:
-            self.requests[operation] += 1
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
 
-    # -- plumbing -------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., _T], **kwargs: Any) -> _T:
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         endpoint = self.client.meta.endpoint_url
         earlier = self.unanswered.earlier(endpoint)
         if earlier is not None:
             raise BrokerError(f"{what}: not sent: {earlier}")
+        meaning = _SAFE.get(what.split()[0], "")
         try:
             return fn(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -123,22 +122,22 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
-            error = timed_out(what, exc, _SAFE.get(what.split()[0], ""))
+            error = timed_out(
+                what, exc, meaning, connect=self.connect_timeout, read=self.read_timeout
+            )
             self.unanswered.record(endpoint, error)
             raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
-        url = self._urls.get(queue)
-        if url is None:
-            response = self._call(
+        if queue not in self._urls:
+            found = self._call(
                 f"looking up queue {queue}", self.client.get_queue_url, QueueName=queue
             )
-            url = self._urls[queue] = response["QueueUrl"]
-        return url
+            self._urls[queue] = found["QueueUrl"]
+        return self._urls[queue]
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -173,76 +172,53 @@ class SqsBroker(Broker):
         self._call(f"deleting queue {queue}", self.client.delete_queue, QueueUrl=url)
         self._urls.pop(queue, None)
 
-    def _attributes(self, queue: str, names: list[str]) -> dict[str, str]:
+    def _attributes(self, queue: str, *names: str) -> dict[str, str]:
         response = self._call(
             f"reading attributes of {queue}",
             self.client.get_queue_attributes,
             QueueUrl=self.url(queue),
-            AttributeNames=names,
+            AttributeNames=list(names),
         )
         return dict(response.get("Attributes", {}))
 
+    def _cached(self, queue: str, name: str) -> int:
+        """A queue attribute that shardq never changes, read once."""
+        key = (queue, name)
+        if key not in self._attribute_cache:
+            self._attribute_cache[key] = int(self._attributes(queue, name)[name])
+        return self._attribute_cache[key]
+
     def queue_settings(self, queue: str) -> QueueSettings | None:
         try:
-            attrs = self._attributes(
-                queue,
-                [
-                    "FifoQueue",
-                    "VisibilityTimeout",
-                    "MaximumMessageSize",
-                    "ContentBasedDeduplication",
-                    "MessageRetentionPeriod",
-                ],
-            )
+            attrs = {**_SETTINGS, **self._attributes(queue, *_SETTINGS)}
         except QueueNotFoundError:
             return None
         return QueueSettings(
-            fifo=attrs.get("FifoQueue") == "true",
-            visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
-            max_message_bytes=int(attrs.get("MaximumMessageSize", 262144)),
-            content_based_dedup=attrs.get("ContentBasedDeduplication") == "true",
-            retention_seconds=int(attrs.get("MessageRetentionPeriod", 345600)),
+            fifo=attrs["FifoQueue"] == "true",
+            visibility_timeout=int(attrs["VisibilityTimeout"]),
+            max_message_bytes=int(attrs["MaximumMessageSize"]),
+            content_based_dedup=attrs["ContentBasedDeduplication"] == "true",
+            retention_seconds=int(attrs["MessageRetentionPeriod"]),
         )
 
     def retention_seconds(self, queue: str) -> int | None:
-        seconds = self._retention.get(queue)
-        if seconds is None:
-            attrs = self._attributes(queue, ["MessageRetentionPeriod"])
-            seconds = self._retention[queue] = int(attrs["MessageRetentionPeriod"])
-        return seconds
+        return self._cached(queue, "MessageRetentionPeriod")
 
     def max_message_bytes(self, queue: str) -> int:
-        size = self._sizes.get(queue)
-        if size is None:
-            size = self._sizes[queue] = int(
-                self._attributes(queue, ["MaximumMessageSize"])["MaximumMessageSize"]
-            )
-        return size
+        return self._cached(queue, "MaximumMessageSize")
 
     def counts(self, queue: str) -> QueueCounts:
-        attrs = self._attributes(
-            queue, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-        )
-        return QueueCounts(
-            int(attrs.get("ApproximateNumberOfMessages", 0)),
-            int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
-        )
+        waiting, hidden = "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"
+        attrs = self._attributes(queue, waiting, hidden)
+        return QueueCounts(int(attrs.get(waiting, 0)), int(attrs.get(hidden, 0)))
 
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        check_send_batch(entries)
         result = SendResult()
-        max_bytes = self.max_message_bytes(queue)
-        valid = []
-        for entry in entries:
-            problem = entry_problem(entry, max_bytes)
-            if problem:
-                result.failed[entry.id] = problem
-            else:
-                valid.append(entry)
+        valid = valid_entries(entries, self.max_message_bytes(queue), result)
         if not valid:
             return result
-        response: dict[str, Any] = self._call(
+        response = self._call(
             f"sending {len(valid)} messages to {queue}",
             self.client.send_message_batch,
             QueueUrl=self.url(queue),
@@ -256,58 +232,49 @@ class SqsBroker(Broker):
                 for e in valid
             ],
         )
-        for ok in response.get("Successful", []):
-            result.message_ids[ok["Id"]] = ok["MessageId"]
-        result.failed.update(_refused(response))
-        for entry in valid:  # an entry SQS neither accepted nor refused was not sent
-            if entry.id not in result.message_ids and entry.id not in result.failed:
-                result.failed[entry.id] = "missing from the SendMessageBatch response"
+        result.message_ids.update(
+            (ok["Id"], ok["MessageId"]) for ok in response.get("Successful", [])
+        )
+        missing = "missing from the SendMessageBatch response"
+        result.failed.update(_failures([e.id for e in valid], response, missing))
         return result
 
     def receive(
         self, queue: str, *, max_messages: int, wait_seconds: float, visibility_timeout: float
     ) -> list[Message]:
-        if not 1 <= max_messages <= MAX_BATCH_ENTRIES:
-            raise BrokerError(f"max_messages {max_messages} is outside 1..{MAX_BATCH_ENTRIES}")
-        params = {
-            "QueueUrl": self.url(queue),
-            "MaxNumberOfMessages": max_messages,
-            "WaitTimeSeconds": min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds))),
-            "VisibilityTimeout": math.ceil(visibility_timeout),
-            "MessageSystemAttributeNames": _SYSTEM_ATTRIBUTES,
-            "ReceiveRequestAttemptId": uuid.uuid4().hex,
-        }
-        response = self._receive(queue, params)
-        messages = []
-        now = time.time()
-        for raw in response.get("Messages", []):
-            attrs = raw.get("Attributes", {})
-            messages.append(
-                Message(
-                    queue=queue,
-                    message_id=raw["MessageId"],
-                    receipt=raw["ReceiptHandle"],
-                    body=raw["Body"],
-                    group_id=attrs.get("MessageGroupId", ""),
-                    receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
-                    sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
-                    sequence=attrs.get("SequenceNumber", ""),
-                    received_at=now,
-                )
-            )
-        return messages
-
-    def _receive(self, queue: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One receive; botocore's retries resend the same ReceiveRequestAttemptId."""
-        client = self._poll_client if params["WaitTimeSeconds"] > 0 else self.client
-        response: dict[str, Any] = self._call(
-            f"receiving from {queue}", client.receive_message, **params
+        check_receive(max_messages, visibility_timeout)
+        wait = min(MAX_WAIT_SECONDS, max(0, math.ceil(wait_seconds)))
+        # botocore's retries resend the same ReceiveRequestAttemptId
+        response = self._call(
+            f"receiving from {queue}",
+            (self._poll_client if wait > 0 else self.client).receive_message,
+            QueueUrl=self.url(queue),
+            MaxNumberOfMessages=max_messages,
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=math.ceil(visibility_timeout),
+            MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
+            ReceiveRequestAttemptId=uuid.uuid4().hex,
         )
-        return response
+        now = time.time()
+        return [
+            Message(
+                queue=queue,
+                message_id=raw["MessageId"],
+                receipt=raw["ReceiptHandle"],
+                body=raw["Body"],
+                group_id=attrs.get("MessageGroupId", ""),
+                receive_count=int(attrs.get("ApproximateReceiveCount", 1)),
+                sent_at=int(attrs.get("SentTimestamp", 0)) / 1000.0,
+                sequence=attrs.get("SequenceNumber", ""),
+                received_at=now,
+            )
+            for raw in response.get("Messages", [])
+            for attrs in [raw.get("Attributes", {})]
+        ]
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
-        response: dict[str, Any] = self._call(
+        response = self._call(
             f"deleting {len(receipts)} messages from {queue}",
             self.client.delete_message_batch,
             QueueUrl=self.url(queue),
@@ -318,8 +285,9 @@ class SqsBroker(Broker):
     def change_visibility_batch(
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
-        check_batch(changes, [r for r, _ in changes])
-        response: dict[str, Any] = self._call(
+        receipts = [r for r, _ in changes]
+        check_batch(changes, receipts)
+        response = self._call(
             f"changing visibility of {len(changes)} messages in {queue}",
             self.client.change_message_visibility_batch,
             QueueUrl=self.url(queue),
@@ -328,7 +296,7 @@ class SqsBroker(Broker):
                 for i, (r, s) in enumerate(changes)
             ],
         )
-        return _batch_result([r for r, _ in changes], response)
+        return _batch_result(receipts, response)
 
 
 def _code(exc: BaseException | None) -> str:
@@ -338,18 +306,18 @@ def _code(exc: BaseException | None) -> str:
     return ""
 
 
-def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
-    result = BatchResult()
+def _failures(ids: list[str], response: dict[str, Any], missing: str) -> dict[str, str]:
+    """Why each entry of a batch call SQS did not do was not done (refused, or absent from
+    the response: ``missing``), by entry id."""
     done = {ok["Id"] for ok in response.get("Successful", [])}
-    reasons = _refused(response)
-    for i, receipt in enumerate(receipts):
-        if str(i) not in done:  # refused, or absent from the response: not done
-            result.failed[receipt] = reasons.get(str(i), "missing from the batch response")
-    return result
-
-
-def _refused(response: dict[str, Any]) -> dict[str, str]:
-    """Why each entry of a batch call SQS refused was refused, by entry id."""
-    return {
+    refused = {
         bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
     }
+    return {i: refused.get(i, missing) for i in ids if i not in done}
+
+
+def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
+    failed = _failures(
+        [str(i) for i in range(len(receipts))], response, "missing from the batch response"
+    )
+    return BatchResult(failed={receipts[int(i)]: reason for i, reason in failed.items()})

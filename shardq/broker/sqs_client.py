@@ -25,16 +25,18 @@ CONNECT_TIMEOUT = 2
 READ_TIMEOUT = 6
 #: Attempts per call, the first included (botocore's adaptive retry mode).
 CALL_ATTEMPTS = 2
+#: Connections each client keeps open.
+MAX_CONNECTIONS = 50
 #: A long poll's wait for its answer: the longest poll plus a margin.
 POLL_READ_TIMEOUT = MAX_WAIT_SECONDS + 5
 
 
-def worst_call_seconds() -> float:
-    """The longest one call that is not a long poll can take before it fails (17 s):
-    every attempt may take both timeouts in full, and botocore backs off at most
+def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIMEOUT) -> float:
+    """The longest one call that is not a long poll can take before it fails (17 s by
+    default): every attempt may take both timeouts, and botocore backs off at most
     2^(n-1) s after attempt n."""
     backoff = sum(2 ** (n - 1) for n in range(1, CALL_ATTEMPTS))
-    return float(CALL_ATTEMPTS * (CONNECT_TIMEOUT + READ_TIMEOUT) + backoff)
+    return float(CALL_ATTEMPTS * (connect + read) + backoff)
 
 
 class Unanswered:
@@ -68,20 +70,20 @@ class Unanswered:
         return f"{seen[1]} (not asked again: that endpoint timed out {ago:.0f} s ago)"
 
 
-def make_client(region: str | None, endpoint_url: str | None, connections: int, read: float) -> Any:
+def make_client(
+    region: str | None, endpoint_url: str | None, read: float, connect: float = CONNECT_TIMEOUT
+) -> Any:
     """A boto3 SQS client with these timeouts and adaptive retries; BrokerError if no
     region is known."""
     config = botocore.config.Config(
         # Few quick retries: callers retry on their own terms (the leases back off per
         # message), and a request stuck in long retries holds a thread.
         retries={"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS},
-        max_pool_connections=connections,
-        connect_timeout=CONNECT_TIMEOUT,
+        max_pool_connections=MAX_CONNECTIONS,
+        connect_timeout=connect,
         read_timeout=read,
-        # shardq checks every request itself (names, sizes, counts).
-        parameter_validation=False,
-        # A fixed User-Agent: botocore otherwise rebuilds it per request.
-        user_agent=_user_agent(),
+        parameter_validation=False,  # shardq checks every request itself
+        user_agent=_user_agent(),  # fixed: botocore otherwise rebuilds it per request
     )
     try:
         return boto3.session.Session().client(
@@ -94,13 +96,21 @@ def make_client(region: str | None, endpoint_url: str | None, connections: int, 
         ) from exc
 
 
-def timed_out(what: str, exc: Exception, meaning: str = "", service: str = "SQS") -> str:
-    """Why a call ``service`` did not answer (every attempt of it) failed; ``meaning``:
-    what that means for the jobs it was about."""
+def timed_out(
+    what: str,
+    exc: Exception,
+    meaning: str = "",
+    service: str = "SQS",
+    *,
+    connect: float = CONNECT_TIMEOUT,
+    read: float = READ_TIMEOUT,
+) -> str:
+    """Why a call to ``service`` that no attempt of got an answer (within these
+    timeouts) failed; ``meaning``: what that means for the jobs it was about."""
     return (
-        f"{what}: {service} did not answer within {worst_call_seconds():.0f} s "
-        f"({CALL_ATTEMPTS} attempts, {CONNECT_TIMEOUT} s to connect and {READ_TIMEOUT} s to "
-        f"answer each: {exc}); check endpoint_url, the network and {service}'s health" + meaning
+        f"{what}: {service} did not answer within {worst_call_seconds(connect, read):.0f} s "
+        f"({CALL_ATTEMPTS} attempts, {connect:g} s to connect and {read:g} s to answer each: "
+        f"{exc}); check endpoint_url, the network and {service}'s health" + meaning
     )
 
 
@@ -112,8 +122,6 @@ def no_credentials(what: str) -> str:
 
 
 def _user_agent() -> str:
-    from shardq.core.version import VERSION as __version__
+    from shardq.core.version import VERSION
 
-    return (
-        f"shardq/{__version__} botocore/{botocore.__version__} Python/{platform.python_version()}"
-    )
+    return f"shardq/{VERSION} botocore/{botocore.__version__} Python/{platform.python_version()}"
