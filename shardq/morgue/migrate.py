@@ -1,15 +1,11 @@
 """Upkeep of the morgue by ``shardq queues ensure``: moving the dead jobs of the old
-queue-based morgue (``...-morgue.fifo``, record versions 1 and 2) into the store, and
-deleting records older than ``morgue_retention_days``.
-
-A move writes each record at its original death time before deleting its message, so
-a failure loses no dead job; an unreadable message is moved as an unreadable record.
-"""
+queue-based morgue (``...-morgue.fifo``, record versions 1 and 2) into the store, each
+written before its message is deleted, and deleting records past ``morgue_retention_days``."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message, release_now
 from shardq.core.decide import REASON_UNREADABLE
@@ -105,10 +101,6 @@ def _decode(message: Message) -> MorgueRecord:
             body = ""  # too large for the old morgue queue: only why it died was kept
     else:
         raise ValueError(f"morgue record version {version!r} is not supported")
-    return _record(doc, body, message)
-
-
-def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
     checked(doc, (*_HEADER, "message_id", "attempts", "failed_at"))
     if not 0 <= doc["failed_at"] < 1e11:
         raise ValueError("field failed_at is not a time")

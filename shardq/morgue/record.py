@@ -1,21 +1,7 @@
-"""The morgue record: one dead job in the state store, and why it died.
-
-A dead job of worker ``W`` and entity ``E`` that died at ``STAMP`` is stored as:
-
-* ``morgue/W/t/STAMP/ENC``: a summary (entity, message id, reason, error type, the
-  start of the message, attempts, when it died) in the worker's death order;
-* ``morgue/W/e/ENC/STAMP``: the whole record (traceback, times, meta, the size and
-  SHA-256 of the job's body) and the first piece of the job's body, in the entity's
-  death order;
-* ``morgue/W/p/STAMP/K`` (K = 001, 002, ...): the rest of the body, when the body does
-  not fit one item (a job near 1 MiB takes three or four).
-
-``ENC`` is the entity id percent-encoded (``/`` and every other punctuation byte
-become ``%XX``), so listing a worker's dead jobs, or an entity's, is one prefix query
-in death order. ``STAMP`` is the writing node's wall clock in nanoseconds (made to
-rise within a process) and six random hex digits. The body is kept verbatim (joined
-and checked against its SHA-256 when read).
-"""
+"""The morgue record: one dead job in the state store, and why it died. Its items, per
+worker ``W``, ``ENC`` the percent-encoded entity id and ``STAMP`` the death time:
+``morgue/W/t/STAMP/ENC`` (summary), ``morgue/W/e/ENC/STAMP`` (record and the body's first
+piece) and ``morgue/W/p/STAMP/K`` (the rest of a large body); see docs/operations.md."""
 
 from __future__ import annotations
 
@@ -26,15 +12,13 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
 from shardq.broker.base import Message
 from shardq.core.clock import wall
-from shardq.core.decide import (
-    REASON_UNREADABLE,
-)
+from shardq.core.decide import REASON_UNREADABLE
 from shardq.store.base import Item
 
 KIND = "shardq.morgue"
@@ -71,12 +55,10 @@ class MorgueRecord:
     source_queue: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
     body: str = ""
-    body_bytes: int = 0
+    body_bytes: int = 0  # these two: of a record read from the store
     body_sha256: str = ""
-    #: Items the body takes (the record item and ``pieces - 1`` more).
-    pieces: int = 1
-    #: Where it is stored (``morgue/W/e/ENC/STAMP``): the record's identity.
-    key: str = ""
+    pieces: int = 1  # items the body takes
+    key: str = ""  # where it is stored (``morgue/W/e/ENC/STAMP``): its identity
 
 
 def entity_key(entity: str) -> str:
@@ -84,22 +66,18 @@ def entity_key(entity: str) -> str:
     return quote(entity, safe="")
 
 
-class _Stamps:
-    """Death stamps that sort in writing order within this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = 0
-
-    def next(self, at: float | None = None) -> str:
-        with self._lock:
-            ns = time.time_ns() if at is None else int(at * 1e9)
-            if at is None:
-                ns = self._last = max(ns, self._last + 1)
-        return f"{ns:0{STAMP_DIGITS}d}{secrets.token_hex(3)}"
+_stamp_lock = threading.Lock()
+_last_stamp = [0]
 
 
-stamps = _Stamps()
+def new_stamp(at: float | None = None) -> str:
+    """A death stamp: the time ``at`` (default: now, rising within this process) in
+    nanoseconds and six random hex digits."""
+    if at is not None:
+        return f"{stamp_for(at)}{secrets.token_hex(3)}"
+    with _stamp_lock:
+        ns = _last_stamp[0] = max(time.time_ns(), _last_stamp[0] + 1)
+    return f"{ns:0{STAMP_DIGITS}d}{secrets.token_hex(3)}"
 
 
 def stamp_for(at: float) -> str:
@@ -117,7 +95,6 @@ def record_for(
 ) -> MorgueRecord:
     """The record of a job that dies at Unix time ``now`` (default: now)."""
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    raw = message.body.encode("utf-8", "surrogatepass")
     return MorgueRecord(
         entity_id=message.group_id,
         message_id=message.message_id,
@@ -131,8 +108,6 @@ def record_for(
         source_queue=message.queue,
         meta=dict(meta or {}),
         body=message.body,
-        body_bytes=len(raw),
-        body_sha256=hashlib.sha256(raw).hexdigest(),
     )
 
 
@@ -148,9 +123,7 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
         "kind": KIND,
         "v": VERSION,
         **{k: getattr(record, k) for k in _STRINGS},
-        "attempts": record.attempts,
-        "failed_at": record.failed_at,
-        "first_sent_at": record.first_sent_at,
+        **{k: getattr(record, k) for k in ("attempts", "failed_at", "first_sent_at")},
         "source_queue": record.source_queue,
         "meta": meta,
         "body_bytes": len(raw),
@@ -203,26 +176,21 @@ def summary(item: Item) -> MorgueRecord:
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
     """A record from its record item and the rest of its body's pieces."""
     try:
-        v = checked(item.value, (*_STRINGS, "attempts", "failed_at", "first_sent_at"), body=True)
+        v = checked(item.value, (*_SUMMARY, *_STRINGS[4:], "first_sent_at"), body=True)
         body = "".join([v["body"], *pieces])
         raw = body.encode("utf-8", "surrogatepass")
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
             raise ValueError("the body does not match its recorded size and SHA-256")
-        return MorgueRecord(
-            **{k: v[k] for k in _STRINGS},
-            attempts=v["attempts"],
-            failed_at=float(v["failed_at"]),
-            first_sent_at=float(v["first_sent_at"]),
-            source_queue=str(v.get("source_queue", "")),
-            meta=_mapping(v.get("meta")),
-            body=body,
-            body_bytes=v["body_bytes"],
-            body_sha256=v["body_sha256"],
-            pieces=pieces_of(v),
-            key=item.key,
-        )
     except ValueError as exc:
         return unreadable(item.key, item.value, str(exc))
+    return replace(
+        summary(item),
+        **{k: v[k] for k in ("error_message", "traceback", "body_bytes", "body_sha256")},
+        first_sent_at=float(v["first_sent_at"]),
+        source_queue=str(v.get("source_queue", "")),
+        meta=dict(v["meta"]) if isinstance(v.get("meta"), dict) else {},
+        body=body,
+    )
 
 
 def pieces_of(value: Mapping[str, Any]) -> int:
@@ -284,10 +252,6 @@ def checked(
         if not isinstance(value.get("body_sha256"), str):
             raise ValueError("field body_sha256 is missing")
     return value
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
 
 
 def _split(body: str) -> list[str]:
