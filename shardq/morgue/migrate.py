@@ -18,7 +18,7 @@ from shardq.morgue.record import KIND, MorgueRecord, checked
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
 
-_HEADER = ("entity_id", "reason", "error_type", "error_message", "traceback", "source_queue")
+_HEADER = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
 
 
 def tend(app: Deployment) -> list[str]:
@@ -72,10 +72,7 @@ def read_queue_record(message: Message) -> MorgueRecord:
             entity_id=message.group_id,
             message_id=message.message_id,
             reason=REASON_UNREADABLE,
-            error_type="",
             error_message=f"not a readable shardq morgue record: {exc}",
-            traceback="",
-            attempts=0,
             failed_at=message.sent_at,
             first_sent_at=message.sent_at,
             body=message.body,
@@ -92,16 +89,15 @@ def _decode(message: Message) -> MorgueRecord:
         raise ValueError("not a shardq morgue record")
     version = doc.get("v")
     if version == 1 and not newline:
-        old_body = doc.get("body")
-        if not isinstance(old_body, str):
+        if not isinstance(doc.get("body"), str):
             raise ValueError("field body is not a string")
-        body = old_body
+        body = doc["body"]
     elif version == 2 and newline:
         if doc.get("body_kept") is False:
             body = ""  # too large for the old morgue queue: only why it died was kept
     else:
         raise ValueError(f"morgue record version {version!r} is not supported")
-    checked(doc, (*_HEADER, "message_id", "attempts", "failed_at"))
+    checked(doc, (*_HEADER, "source_queue", "attempts", "failed_at"))
     if not 0 <= doc["failed_at"] < 1e11:
         raise ValueError("field failed_at is not a time")
     if doc["entity_id"] != message.group_id:
@@ -109,10 +105,7 @@ def _decode(message: Message) -> MorgueRecord:
             f"it names entity {doc['entity_id']!r} but sits in group {message.group_id!r}"
         )
     return MorgueRecord(
-        **{k: doc[k] for k in _HEADER},
-        message_id=doc["message_id"],
-        attempts=doc["attempts"],
-        failed_at=float(doc["failed_at"]),
-        first_sent_at=0.0,  # the old records did not keep it
+        **{k: doc[k] for k in (*_HEADER, "source_queue", "attempts")},
+        failed_at=float(doc["failed_at"]),  # first_sent_at: the old records did not keep it
         body=body,
     )

@@ -45,13 +45,13 @@ class MorgueRecord:
     entity_id: str
     message_id: str
     reason: str
-    error_type: str
-    error_message: str
-    traceback: str
-    attempts: int
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    attempts: int = 0
     #: When the node moved it to the morgue, and when it was first published (unix s).
-    failed_at: float
-    first_sent_at: float
+    failed_at: float = 0.0
+    first_sent_at: float = 0.0
     source_queue: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
     body: str = ""
@@ -162,10 +162,8 @@ def summary(item: Item) -> MorgueRecord:
         return MorgueRecord(
             **{k: v[k] for k in _STRINGS[:4]},
             error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
-            traceback="",
             attempts=v["attempts"],
             failed_at=float(v["failed_at"]),
-            first_sent_at=0.0,
             pieces=pieces_of(v),
             key=key,
         )
@@ -208,12 +206,7 @@ def unreadable(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
         entity_id=entity if isinstance(entity, str) else unquote(enc),
         message_id=str(value.get("message_id", key)),
         reason=REASON_UNREADABLE,
-        error_type="",
         error_message=f"not a readable shardq morgue record: {why}",
-        traceback="",
-        attempts=0,
-        failed_at=0.0,
-        first_sent_at=0.0,
         body=json.dumps(value, default=str)[:4000],
         pieces=pieces_of(value),
         key=key,
