@@ -63,15 +63,11 @@ class Filter:
     def describe(self) -> str:
         """`` of entity order-42 with error type KeyError that died since 2026-…``, or ``""``."""
         since, until = self.since, self.until
-        died = (
-            f" that died between {_utc(since)} and {_utc(until)}"
-            if since is not None and until is not None
-            else f" that died since {_utc(since)}"
-            if since is not None
-            else f" that died before {_utc(until)}"
-            if until is not None
-            else ""
-        )
+        died = "" if since is None else f" that died since {_utc(since)}"
+        if until is not None and since is not None:
+            died = f" that died between {_utc(since)} and {_utc(until)}"
+        elif until is not None:
+            died = f" that died before {_utc(until)}"
         parts = [
             f" of entity {self.entity}" if self.entity is not None else "",
             f" with error type {self.error_type}" if self.error_type is not None else "",
@@ -149,12 +145,9 @@ class Morgue:
         if item is None:
             return record  # purged meanwhile, or only its summary is left
         first = whole(item, [])
-        pieces = []
-        for key in keys_of(record.key, first.pieces)[2:]:  # after the summary and record
-            part = self.store.get(key)
-            body = None if part is None else part.value.get("body")
-            pieces.append(body if isinstance(body, str) else "")
-        return whole(item, pieces) if pieces else first
+        parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        bodies = [None if p is None else p.value.get("body") for p in parts]
+        return whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
 
     def requeue(
         self,

@@ -144,17 +144,13 @@ class Handler(BaseHTTPRequestHandler):
         without one, a POST must not come from another origin."""
         if self.server.token:
             scheme, _, given = self.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self.server.token.encode()
-            ):
+            token = self.server.token.encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
                 raise HttpError(401, "this needs the header 'Authorization: Bearer <token>'")
             return
         origin = self.headers.get("Origin")
-        if (
-            method == "POST"
-            and origin is not None
-            and urlsplit(origin).netloc.lower() != self.headers["Host"].lower()
-        ):
+        host = self.headers["Host"].lower()  # a loopback name: checked before
+        if method == "POST" and origin is not None and urlsplit(origin).netloc.lower() != host:
             raise HttpError(403, f"cross-origin request refused (Origin {origin})")
 
     # -- request bodies -----------------------------------------------------------------

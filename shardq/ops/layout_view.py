@@ -149,7 +149,7 @@ def layout_view(
     move = layout.moving
     reshard = None
     if move is not None:
-        unserved = None if owners is None else tuple(s for s in move.left if not owners.get(s))
+        unserved = None if owners is None else tuple(s for s in move.left if owners.get(s) is None)
         last = {s: n for s, n in (last_held or {}).items() if s in (unserved or ())}
         reshard = ReshardView(
             worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
