@@ -113,7 +113,6 @@ def record_for(
 
 def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict[str, Any]]]:
     """The store items of a record, pieces of the body first, the summary last."""
-    enc = entity_key(record.entity_id)
     pieces = _split(record.body)
     meta = dict(record.meta)
     if len(json.dumps(meta, default=str)) > MAX_META_BYTES:
@@ -133,30 +132,28 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
     }
     summary = {k: full[k] for k in _SUMMARY}
     summary["error_message"] = record.error_message[:SUMMARY_MESSAGE_CHARS]
-    out = [(f"morgue/{worker}/p/{stamp}/{k:03d}", {"body": p}) for k, p in enumerate(pieces)][1:]
-    out.append((f"morgue/{worker}/e/{enc}/{stamp}", full))
-    out.append((f"morgue/{worker}/t/{stamp}/{enc}", summary))
-    return out
+    t, e, *rest = keys_of(f"morgue/{worker}/e/{entity_key(record.entity_id)}/{stamp}", len(pieces))
+    out = [(key, {"body": p}) for key, p in zip(rest, pieces[1:], strict=True)]
+    return [*out, (e, full), (t, summary)]
 
 
-def keys_of(record_key: str, pieces: int) -> list[str]:
-    """Every key of the record stored at ``record_key``: summary, record, pieces."""
-    head, _, rest = record_key.partition("/e/")
-    enc, _, stamp = rest.rpartition("/")
+def keys_of(key: str, pieces: int) -> list[str]:
+    """Every key of the record whose summary or record item is at ``key``: summary,
+    record, then the ``pieces - 1`` more of its body."""
+    head, enc, stamp = _parse(key)
     parts = [f"{head}/p/{stamp}/{k:03d}" for k in range(1, pieces)]
-    return [f"{head}/t/{stamp}/{enc}", record_key, *parts]
+    return [f"{head}/t/{stamp}/{enc}", f"{head}/e/{enc}/{stamp}", *parts]
 
 
-def record_key(summary_key: str) -> str:
-    """``morgue/W/t/STAMP/ENC`` -> ``morgue/W/e/ENC/STAMP``."""
-    head, _, rest = summary_key.partition("/t/")
-    stamp, _, enc = rest.partition("/")
-    return f"{head}/e/{enc}/{stamp}"
+def _parse(key: str) -> tuple[str, str, str]:
+    """``morgue/W/e/ENC/STAMP`` or ``morgue/W/t/STAMP/ENC`` -> (``morgue/W``, ENC, STAMP)."""
+    head, kind, a, b = key.rsplit("/", 3)
+    return (head, a, b) if kind == "e" else (head, b, a)
 
 
 def summary(item: Item) -> MorgueRecord:
     """A record from its summary or record item, without traceback, meta or body."""
-    key = item.key if "/e/" in item.key else record_key(item.key)
+    key = keys_of(item.key, 1)[1]
     try:
         v = checked(item.value, _SUMMARY, body=False)
         return MorgueRecord(
@@ -199,8 +196,7 @@ def pieces_of(value: Mapping[str, Any]) -> int:
 
 def unreadable(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
     """What a stored record shardq cannot read is listed as."""
-    _, _, rest = key.partition("/e/")
-    enc, _, _ = rest.rpartition("/")
+    enc = _parse(key)[1]
     entity = value.get("entity_id")
     return MorgueRecord(
         entity_id=entity if isinstance(entity, str) else unquote(enc),
