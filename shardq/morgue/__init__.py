@@ -126,14 +126,10 @@ class Morgue:
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
-        found: list[MorgueRecord] = []
-        cursor: str | None = None
-        for at, record in self._scan(where, after):
-            if len(found) == limit:
-                return Page([self.load(r) for r in found], cursor)
-            found.append(record)
-            cursor = at
-        return Page([self.load(r) for r in found], None)
+        scan = self._scan(where, after)
+        found = list(islice(scan, limit))
+        more = found and next(scan, None) is not None
+        return Page([self.load(r) for _, r in found], found[-1][0] if more else None)
 
     def list_jobs(self, entity: str | None = None, limit: int = 100) -> list[MorgueRecord]:
         """The first ``limit`` dead jobs (of ``entity``), in death order."""
@@ -191,10 +187,8 @@ class Morgue:
 
     def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page."""
-        if where.entity is not None:
-            base = f"morgue/{self.worker}/e/{entity_key(where.entity)}/"
-        else:
-            base = f"morgue/{self.worker}/t/"
+        part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
+        base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
         if where.since is not None:
             start = max(start or "", base + stamp_for(where.since))

@@ -247,8 +247,7 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _float(value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok else 0.0
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _gone_json(g: GoneView) -> dict[str, Any]:

@@ -39,28 +39,25 @@ class ReshardView:
     @property
     def stuck(self) -> str | None:
         """Why the reshard cannot end now (and who held the old shards nobody serves)."""
+        name = shard_name(self.worker, self.from_gen)
         if self.unserved and len(self.unserved) == len(self.open):
-            return (
+            why = (
                 "no node serves the old shards (is any node running? shardq nodes): the "
-                "reshard does not progress until one does" + self._last_held_text()
+                "reshard does not progress until one does"
             )
-        if self.phase == "switched" and self.unserved:
-            name = shard_name(self.worker, self.from_gen)
+        elif self.phase == "switched" and self.unserved:
             shards = ", ".join(f"{name}:{s}" for s in self.unserved[:8])
-            return (
+            why = (
                 f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
                 "the reshard cannot end until a node serves them (start one: shardq run)"
-                + self._last_held_text()
             )
-        return None
-
-    def _last_held_text(self) -> str:
-        name = shard_name(self.worker, self.from_gen)
+        else:
+            return None
         by_node: dict[str, list[str]] = {}
-        for shard in self.unserved or ():
+        for shard in self.unserved:
             if shard in self.last_held:
                 by_node.setdefault(self.last_held[shard], []).append(f"{name}:{shard}")
-        return "".join(
+        return why + "".join(
             f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
             for node, keys in sorted(by_node.items())
         )
