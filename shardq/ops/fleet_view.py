@@ -40,22 +40,22 @@ class NodeReport:
     node: str
     host: str = ""
     pid: int = 0
+    mode: str = ELASTIC
+    version: str = ""
+    threads: int = 0
+    concurrency: int | None = None
+    slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
     started: float = 0.0
     seen: float = 0.0
-    mode: str = ELASTIC
-    threads: int = 0
     held: tuple[str, ...] = ()
-    lags: Mapping[str, float] = field(default_factory=dict)
     jobs_per_second: float = 0.0
     done: int = 0
     retried: int = 0
     failed: int = 0
-    max_lag: float = 0.0
-    version: str = ""
-    expire: float = 0.0
-    concurrency: int | None = None
-    slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
     by_worker: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    max_lag: float = 0.0
+    lags: Mapping[str, float] = field(default_factory=dict)
+    expire: float = 0.0
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
@@ -260,8 +260,8 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
     only when it has them)."""
     data = {f.name: getattr(report, f.name) for f in fields(report)}
     data.update(
-        held=list(_sorted(report.held)),
         shards=len(set(report.held)),
+        held=list(_sorted(report.held)),
         by_worker={w: dict(c) for w, c in sorted(report.by_worker.items())},
         lags=None,
         expire=None,
