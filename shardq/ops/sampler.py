@@ -156,16 +156,17 @@ class Sampler:
         counts: dict[str, dict[str, float]] = {}
         self._failing = {u: t for u, t in self._failing.items() if u in self.scrape}
         for url in self.scrape:
-            found, error = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
-            if found is None:
+            try:
+                with urllib.request.urlopen(url, timeout=max(1.0, min(self.refresh, 5.0))) as r:
+                    counts[url] = parse_metrics(r.read().decode("utf-8", "replace"))
+            except Exception as exc:
                 if url not in self._failing:  # logged once per change, not every refresh
+                    error = f"{type(exc).__name__}: {exc}"
                     log.warning("dashboard.scrape_failed", url=url, error=error)
                 self._failing.setdefault(url, now)
-            else:
-                if url in self._failing:
-                    log.info("dashboard.scrape_recovered", url=url, since=self._failing[url])
-                self._failing.pop(url, None)
-                counts[url] = found
+                continue
+            if url in self._failing:
+                log.info("dashboard.scrape_recovered", url=url, since=self._failing.pop(url))
         return counts
 
     def _rates(
@@ -249,12 +250,3 @@ def parse_metrics(text: str) -> dict[str, float]:
             if sample.name == "shardq_jobs_total" and worker and outcome in OUTCOMES:
                 found[worker] = found.get(worker, 0.0) + float(sample.value)
     return found
-
-
-def _scrape(url: str, timeout: float) -> tuple[dict[str, float] | None, str]:
-    """The counts of a metrics URL, or None and why not."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return parse_metrics(response.read().decode("utf-8", "replace")), ""
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
