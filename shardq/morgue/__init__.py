@@ -32,12 +32,10 @@ from shardq.store.base import StoreError as StoreError
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
 
-#: Dead jobs a requeue sends (and deletes) per round.
-ROUND = 100
+ROUND = 100  # dead jobs a requeue sends (and deletes) per round
 
 Progress = Callable[[int], None]
-#: Told of each dead job a requeue leaves in the morgue, and why.
-Refused = Callable[[MorgueRecord, str], None]
+Refused = Callable[[MorgueRecord, str], None]  # a dead job a requeue leaves, and why
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,8 @@ class Filter:
 
     entity: str | None = None
     error_type: str | None = None
-    #: Died at or after / at or before (unix seconds).
-    since: float | None = None
-    until: float | None = None
+    since: float | None = None  # died at or after (unix seconds)
+    until: float | None = None  # died at or before
     message_ids: frozenset[str] | None = None
 
     def matches(self, record: MorgueRecord) -> bool:

@@ -26,12 +26,9 @@ VERSION = 3
 MAX_TRACEBACK_CHARS = 8000
 MAX_ERROR_MESSAGE_CHARS = 2000
 MAX_ERROR_TYPE_CHARS = 200
-#: Characters of the error message the summary item keeps.
-SUMMARY_MESSAGE_CHARS = 200
-#: Largest JSON of a job's meta kept in its record (it is in the body anyway).
-MAX_META_BYTES = 16 * 1024
-#: JSON bytes of body per item (the store allows 350 KiB per value).
-PIECE_BYTES = 300 * 1024
+SUMMARY_MESSAGE_CHARS = 200  # of the error message, in the summary item
+MAX_META_BYTES = 16 * 1024  # largest JSON of meta kept in a record (the body has it anyway)
+PIECE_BYTES = 300 * 1024  # JSON bytes of body per item (the store allows 350 KiB per value)
 STAMP_DIGITS = 20
 
 _SUMMARY = ("entity_id", "message_id", "reason", "error_type", "attempts", "failed_at", "pieces")

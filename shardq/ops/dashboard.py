@@ -37,7 +37,6 @@ HEADERS = {
 }
 
 
-# -- HTTP -------------------------------------------------------------------------------
 class DashboardServer(ThreadingHTTPServer):
     """The dashboard's HTTP server; :meth:`start` serves in a background thread."""
 
@@ -133,7 +132,6 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("dashboard.request_failed", path=self.path)
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
-    # -- security ---------------------------------------------------------------------
     def _check_host(self) -> None:
         """Without a token, answer only requests addressed to a loopback name."""
         if not self.server.token and not _is_loopback_name(self.headers["Host"] or ""):
@@ -153,7 +151,6 @@ class Handler(BaseHTTPRequestHandler):
         if method == "POST" and origin is not None and urlsplit(origin).netloc.lower() != host:
             raise HttpError(403, f"cross-origin request refused (Origin {origin})")
 
-    # -- request bodies -----------------------------------------------------------------
     def _body(self) -> Any:
         """The JSON body; refused unless its length is given and it is all there."""
         if self.headers.get("Transfer-Encoding") is not None:
@@ -190,7 +187,6 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
 
-    # -- responses ----------------------------------------------------------------------
     def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
         data = json.dumps(doc, default=str, allow_nan=False).encode()
         self._send(status, data, "application/json", allow)
@@ -239,7 +235,6 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-# -- entry points ---------------------------------------------------------------------
 def make_server(
     app: App,
     host: str = "127.0.0.1",

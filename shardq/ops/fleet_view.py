@@ -269,7 +269,6 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
-# -- as text -------------------------------------------------------------------------
 def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str:
     """``shardq nodes``: the live nodes, then the nodes gone in the last hour, as tables."""
     parts = [NO_LIVE_NODE]
