@@ -248,7 +248,6 @@ def _split(body: str) -> list[str]:
         n = PIECE_BYTES
         while len(json.dumps(body[start : start + n])) > PIECE_BYTES:
             n //= 2
-        end = start + n
-        pieces.append(body[start:end])
-        start = end
+        pieces.append(body[start : start + n])
+        start += n
     return pieces

@@ -116,10 +116,8 @@ class FleetView:
         """Jobs done, retried and failed (morgued) since the live nodes started, from
         their reports (what SQS cannot count): in all, or of one ``worker``."""
         if worker is None:
-            per = [{"done": n.done, "retried": n.retried, "failed": n.failed} for n in self.nodes]
-        else:
-            per = [dict(n.by_worker.get(worker, {})) for n in self.nodes]
-        return {k: sum(c.get(k, 0) for c in per) for k in COUNTS}
+            return {k: sum(getattr(n, k) for n in self.nodes) for k in COUNTS}
+        return {k: sum(n.by_worker.get(worker, {}).get(k, 0) for n in self.nodes) for k in COUNTS}
 
     @property
     def counted_workers(self) -> tuple[str, ...]:
