@@ -49,6 +49,8 @@ def request(srv: DashboardServer, method: str, path: str) -> tuple[int, str, dic
         ("OPTIONS", "/api/v1/nodes", "GET"),
         ("DELETE", "/api/v1/morgue/Noop/purge", "POST"),
         ("GET", "/api/v1/morgue/Noop/purge", "POST"),
+        ("POST", "/api/v1/morgue/Noop", "GET"),
+        ("POST", "/api/v1/morgue/Noop/list", "GET"),
         ("PUT", "/api/v2/whatever", "GET, POST"),
         ("FROB", "/api/v1/stats", "GET"),
     ],
@@ -70,7 +72,8 @@ def test_a_head_request_is_a_405_without_a_body(server: DashboardServer) -> None
     assert (status, headers["Allow"], body) == (405, "GET", b"")
 
 
-def test_an_unknown_path_under_get_is_still_a_json_404(server: DashboardServer) -> None:
-    status, kind, _, body = request(server, "GET", "/api/v1/nothing")
+@pytest.mark.parametrize("path", ["/api/v1/nothing", "/api/v1/morgue/Noop/frob"])
+def test_an_unknown_path_under_get_is_still_a_json_404(server: DashboardServer, path: str) -> None:
+    status, kind, _, body = request(server, "GET", path)
     assert (status, kind) == (404, "application/json")
     assert "no such page or endpoint" in json.loads(body)["error"]

@@ -1,57 +1,41 @@
 """The morgue: dead jobs in the app's state store, one record per job (keys and values
-in :mod:`shardq.morgue.record`).
-
-Nodes write a record (:func:`bury`) and only then delete the job, so a job is recorded
-once per message id even if it dies again after its delete came too late. :class:`Morgue`
-lists, requeues (each entity's oldest first) and purges a worker's dead jobs.
-"""
+in :mod:`shardq.morgue.record`). Nodes :func:`bury` a job before deleting it;
+:class:`Morgue` lists, requeues (each entity's oldest first) and purges them."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
 from shardq.core.clock import wall
-from shardq.core.decide import (
-    REASON_INVALID,
-    REASON_MAX_RETRIES,
-    REASON_PERMANENT,
-    REASON_UNKNOWN_WORKER,
-    REASON_UNREADABLE,
-)
+from shardq.core.decide import REASON_INVALID as REASON_INVALID
+from shardq.core.decide import REASON_MAX_RETRIES as REASON_MAX_RETRIES
+from shardq.core.decide import REASON_PERMANENT as REASON_PERMANENT
+from shardq.core.decide import REASON_UNKNOWN_WORKER as REASON_UNKNOWN_WORKER
+from shardq.core.decide import REASON_UNREADABLE as REASON_UNREADABLE
 from shardq.core.errors import BrokerError, EnvelopeError
 from shardq.core.layout import publish_to
 from shardq.core.tables import utc
 from shardq.core.topology import shard_for
-from shardq.morgue.record import (
-    KIND,
-    VERSION,
-    MorgueRecord,
-    entity_key,
-    items,
-    keys_of,
-    record_for,
-    requeue_problem,
-    stamp_for,
-    stamps,
-    summary,
-    whole,
-)
-from shardq.store.base import MAX_QUERY_ITEMS, Store, StoreError
+from shardq.morgue.record import MorgueRecord as MorgueRecord
+from shardq.morgue.record import entity_key, items, keys_of, new_stamp, stamp_for, summary, whole
+from shardq.morgue.record import record_for as record_for
+from shardq.morgue.record import requeue_problem as requeue_problem
+from shardq.store.base import MAX_QUERY_ITEMS, Store
+from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
 
-#: Dead jobs a requeue sends (and deletes) per round.
-ROUND = 100
+ROUND = 100  # dead jobs a requeue sends (and deletes) per round
 
 Progress = Callable[[int], None]
-#: Told of each dead job a requeue leaves in the morgue, and why.
-Refused = Callable[[MorgueRecord, str], None]
+Refused = Callable[[MorgueRecord, str], None]  # a dead job a requeue leaves, and why
 
 
 @dataclass(frozen=True)
@@ -60,9 +44,8 @@ class Filter:
 
     entity: str | None = None
     error_type: str | None = None
-    #: Died at or after / at or before (unix seconds).
-    since: float | None = None
-    until: float | None = None
+    since: float | None = None  # died at or after (unix seconds)
+    until: float | None = None  # died at or before
     message_ids: frozenset[str] | None = None
 
     def matches(self, record: MorgueRecord) -> bool:
@@ -77,15 +60,11 @@ class Filter:
     def describe(self) -> str:
         """`` of entity order-42 with error type KeyError that died since 2026-…``, or ``""``."""
         since, until = self.since, self.until
-        died = (
-            f" that died between {_utc(since)} and {_utc(until)}"
-            if since is not None and until is not None
-            else f" that died since {_utc(since)}"
-            if since is not None
-            else f" that died before {_utc(until)}"
-            if until is not None
-            else ""
-        )
+        died = "" if since is None else f" that died since {_utc(since)}"
+        if until is not None and since is not None:
+            died = f" that died between {_utc(since)} and {_utc(until)}"
+        elif until is not None:
+            died = f" that died before {_utc(until)}"
         parts = [
             f" of entity {self.entity}" if self.entity is not None else "",
             f" with error type {self.error_type}" if self.error_type is not None else "",
@@ -116,7 +95,7 @@ def keep(store: Store, worker: str, record: MorgueRecord) -> None:
 
 def _write(store: Store, worker: str, record: MorgueRecord, at: float | None) -> None:
     if not buried(store, worker, record):
-        for key, value in items(worker, record, stamps.next(at)):
+        for key, value in items(worker, record, new_stamp(at)):
             store.put(key, value, version=None)
 
 
@@ -144,14 +123,10 @@ class Morgue:
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
-        found: list[MorgueRecord] = []
-        cursor: str | None = None
-        for at, record in self._scan(where, after):
-            if len(found) == limit:
-                return Page([self.load(r) for r in found], cursor)
-            found.append(record)
-            cursor = at
-        return Page([self.load(r) for r in found], None)
+        scan = self._scan(where, after)
+        found = list(islice(scan, limit))
+        more = found and next(scan, None) is not None
+        return Page([self.load(r) for _, r in found], found[-1][0] if more else None)
 
     def list_jobs(self, entity: str | None = None, limit: int = 100) -> list[MorgueRecord]:
         """The first ``limit`` dead jobs (of ``entity``), in death order."""
@@ -163,12 +138,9 @@ class Morgue:
         if item is None:
             return record  # purged meanwhile, or only its summary is left
         first = whole(item, [])
-        pieces = []
-        for key in keys_of(record.key, first.pieces)[2:]:  # after the summary and record
-            part = self.store.get(key)
-            body = None if part is None else part.value.get("body")
-            pieces.append(body if isinstance(body, str) else "")
-        return whole(item, pieces) if pieces else first
+        parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        bodies = [None if p is None else p.value.get("body") for p in parts]
+        return whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
 
     def requeue(
         self,
@@ -179,34 +151,26 @@ class Morgue:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
         to ``refused``, as are its entity's later matches (they must not overtake it)."""
-        count = [0]
-
-        def deleted(record: MorgueRecord) -> None:
-            self.delete(record)
-            count[0] += 1
-            if progress is not None:
-                progress(count[0])
-
-        stopped: set[str] = set()
-        batch: list[MorgueRecord] = []
-        for _, record in self._scan(where):
-            batch.append(record)
-            if len(batch) == ROUND:
-                self._requeue(batch, stopped, refused, deleted)
-                batch = []
-        if batch:
-            self._requeue(batch, stopped, refused, deleted)
-        return count[0]
+        done, stopped = 0, set[str]()
+        scan = (record for _, record in self._scan(where))
+        while batch := list(islice(scan, ROUND)):
+            sendable = []
+            for record in map(self.load, batch):
+                problem = requeue_problem(record)
+                if problem is None and record.entity_id in stopped:
+                    problem = "an earlier dead job of its entity was not requeued"
+                if problem is None:
+                    sendable.append(record)
+                    continue
+                stopped.add(record.entity_id)
+                if refused is not None:
+                    refused(record, problem)
+            done = self._delete(self._resend(sendable, stopped), progress, done)
+        return done
 
     def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
         """Delete matching dead jobs for good; how many."""
-        done = 0
-        for _, record in self._scan(where):
-            self.delete(record)
-            done += 1
-            if progress is not None:
-                progress(done)
-        return done
+        return self._delete((record for _, record in self._scan(where)), progress)
 
     def expire(self, days: float, now: float | None = None) -> int:
         """Delete the dead jobs that died more than ``days`` ago."""
@@ -218,13 +182,10 @@ class Morgue:
         for key in keys_of(record.key, record.pieces):
             self.store.delete(key)
 
-    # -- internals ---------------------------------------------------------------
     def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page."""
-        if where.entity is not None:
-            base = f"morgue/{self.worker}/e/{entity_key(where.entity)}/"
-        else:
-            base = f"morgue/{self.worker}/t/"
+        part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
+        base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
         if where.since is not None:
             start = max(start or "", base + stamp_for(where.since))
@@ -242,26 +203,16 @@ class Morgue:
                 return
             start = got[-1].key
 
-    def _requeue(
-        self,
-        batch: list[MorgueRecord],
-        stopped: set[str],
-        refused: Refused | None,
-        deleted: Callable[[MorgueRecord], None],
-    ) -> None:
-        sendable = []
-        for record in map(self.load, batch):
-            problem = requeue_problem(record)
-            if problem is None and record.entity_id in stopped:
-                problem = "an earlier dead job of its entity was not requeued"
-            if problem is None:
-                sendable.append(record)
-                continue
-            stopped.add(record.entity_id)
-            if refused is not None:
-                refused(record, problem)
-        for record in self._resend(sendable, stopped):
-            deleted(record)
+    def _delete(
+        self, records: Iterable[MorgueRecord], progress: Progress | None, done: int = 0
+    ) -> int:
+        """Delete each record, telling ``progress`` the count so far (from ``done``)."""
+        for record in records:
+            self.delete(record)
+            done += 1
+            if progress is not None:
+                progress(done)
+        return done
 
     def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> list[MorgueRecord]:
         """Send to the live layout's shards; what was sent (an entity whose send failed
@@ -304,24 +255,3 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
 
 def _utc(at: float) -> str:
     return f"{utc(at)} UTC"
-
-
-__all__ = [
-    "KIND",
-    "REASON_INVALID",
-    "REASON_MAX_RETRIES",
-    "REASON_PERMANENT",
-    "REASON_UNKNOWN_WORKER",
-    "REASON_UNREADABLE",
-    "VERSION",
-    "Filter",
-    "Morgue",
-    "MorgueRecord",
-    "Page",
-    "StoreError",
-    "bury",
-    "keep",
-    "payload_of",
-    "record_for",
-    "requeue_problem",
-]

@@ -1,15 +1,11 @@
 """Upkeep of the morgue by ``shardq queues ensure``: moving the dead jobs of the old
-queue-based morgue (``...-morgue.fifo``, record versions 1 and 2) into the store, and
-deleting records older than ``morgue_retention_days``.
-
-A move writes each record at its original death time before deleting its message, so
-a failure loses no dead job; an unreadable message is moved as an unreadable record.
-"""
+queue-based morgue (``...-morgue.fifo``, record versions 1 and 2) into the store, each
+written before its message is deleted, and deleting records past ``morgue_retention_days``."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message, release_now
 from shardq.core.decide import REASON_UNREADABLE
@@ -22,7 +18,7 @@ from shardq.morgue.record import KIND, MorgueRecord, checked
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
 
-_HEADER = ("entity_id", "reason", "error_type", "error_message", "traceback", "source_queue")
+_HEADER = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
 
 
 def tend(app: Deployment) -> list[str]:
@@ -76,10 +72,7 @@ def read_queue_record(message: Message) -> MorgueRecord:
             entity_id=message.group_id,
             message_id=message.message_id,
             reason=REASON_UNREADABLE,
-            error_type="",
             error_message=f"not a readable shardq morgue record: {exc}",
-            traceback="",
-            attempts=0,
             failed_at=message.sent_at,
             first_sent_at=message.sent_at,
             body=message.body,
@@ -96,20 +89,15 @@ def _decode(message: Message) -> MorgueRecord:
         raise ValueError("not a shardq morgue record")
     version = doc.get("v")
     if version == 1 and not newline:
-        old_body = doc.get("body")
-        if not isinstance(old_body, str):
+        if not isinstance(doc.get("body"), str):
             raise ValueError("field body is not a string")
-        body = old_body
+        body = doc["body"]
     elif version == 2 and newline:
         if doc.get("body_kept") is False:
             body = ""  # too large for the old morgue queue: only why it died was kept
     else:
         raise ValueError(f"morgue record version {version!r} is not supported")
-    return _record(doc, body, message)
-
-
-def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
-    checked(doc, (*_HEADER, "message_id", "attempts", "failed_at"))
+    checked(doc, (*_HEADER, "source_queue", "attempts", "failed_at"))
     if not 0 <= doc["failed_at"] < 1e11:
         raise ValueError("field failed_at is not a time")
     if doc["entity_id"] != message.group_id:
@@ -117,10 +105,7 @@ def _record(doc: dict[str, Any], body: str, message: Message) -> MorgueRecord:
             f"it names entity {doc['entity_id']!r} but sits in group {message.group_id!r}"
         )
     return MorgueRecord(
-        **{k: doc[k] for k in _HEADER},
-        message_id=doc["message_id"],
-        attempts=doc["attempts"],
-        failed_at=float(doc["failed_at"]),
-        first_sent_at=0.0,  # the old records did not keep it
+        **{k: doc[k] for k in (*_HEADER, "source_queue", "attempts")},
+        failed_at=float(doc["failed_at"]),  # first_sent_at: the old records did not keep it
         body=body,
     )

@@ -1,21 +1,7 @@
-"""The morgue record: one dead job in the state store, and why it died.
-
-A dead job of worker ``W`` and entity ``E`` that died at ``STAMP`` is stored as:
-
-* ``morgue/W/t/STAMP/ENC``: a summary (entity, message id, reason, error type, the
-  start of the message, attempts, when it died) in the worker's death order;
-* ``morgue/W/e/ENC/STAMP``: the whole record (traceback, times, meta, the size and
-  SHA-256 of the job's body) and the first piece of the job's body, in the entity's
-  death order;
-* ``morgue/W/p/STAMP/K`` (K = 001, 002, ...): the rest of the body, when the body does
-  not fit one item (a job near 1 MiB takes three or four).
-
-``ENC`` is the entity id percent-encoded (``/`` and every other punctuation byte
-become ``%XX``), so listing a worker's dead jobs, or an entity's, is one prefix query
-in death order. ``STAMP`` is the writing node's wall clock in nanoseconds (made to
-rise within a process) and six random hex digits. The body is kept verbatim (joined
-and checked against its SHA-256 when read).
-"""
+"""The morgue record: one dead job in the state store, and why it died. Its items, per
+worker ``W``, ``ENC`` the percent-encoded entity id and ``STAMP`` the death time:
+``morgue/W/t/STAMP/ENC`` (summary), ``morgue/W/e/ENC/STAMP`` (record and the body's first
+piece) and ``morgue/W/p/STAMP/K`` (the rest of a large body); see docs/operations.md."""
 
 from __future__ import annotations
 
@@ -26,15 +12,13 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
 from shardq.broker.base import Message
 from shardq.core.clock import wall
-from shardq.core.decide import (
-    REASON_UNREADABLE,
-)
+from shardq.core.decide import REASON_UNREADABLE
 from shardq.store.base import Item
 
 KIND = "shardq.morgue"
@@ -42,12 +26,9 @@ VERSION = 3
 MAX_TRACEBACK_CHARS = 8000
 MAX_ERROR_MESSAGE_CHARS = 2000
 MAX_ERROR_TYPE_CHARS = 200
-#: Characters of the error message the summary item keeps.
-SUMMARY_MESSAGE_CHARS = 200
-#: Largest JSON of a job's meta kept in its record (it is in the body anyway).
-MAX_META_BYTES = 16 * 1024
-#: JSON bytes of body per item (the store allows 350 KiB per value).
-PIECE_BYTES = 300 * 1024
+SUMMARY_MESSAGE_CHARS = 200  # of the error message, in the summary item
+MAX_META_BYTES = 16 * 1024  # largest JSON of meta kept in a record (the body has it anyway)
+PIECE_BYTES = 300 * 1024  # JSON bytes of body per item (the store allows 350 KiB per value)
 STAMP_DIGITS = 20
 
 _SUMMARY = ("entity_id", "message_id", "reason", "error_type", "attempts", "failed_at", "pieces")
@@ -61,22 +42,20 @@ class MorgueRecord:
     entity_id: str
     message_id: str
     reason: str
-    error_type: str
-    error_message: str
-    traceback: str
-    attempts: int
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    attempts: int = 0
     #: When the node moved it to the morgue, and when it was first published (unix s).
-    failed_at: float
-    first_sent_at: float
+    failed_at: float = 0.0
+    first_sent_at: float = 0.0
     source_queue: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
     body: str = ""
-    body_bytes: int = 0
+    body_bytes: int = 0  # these two: of a record read from the store
     body_sha256: str = ""
-    #: Items the body takes (the record item and ``pieces - 1`` more).
-    pieces: int = 1
-    #: Where it is stored (``morgue/W/e/ENC/STAMP``): the record's identity.
-    key: str = ""
+    pieces: int = 1  # items the body takes
+    key: str = ""  # where it is stored (``morgue/W/e/ENC/STAMP``): its identity
 
 
 def entity_key(entity: str) -> str:
@@ -84,22 +63,18 @@ def entity_key(entity: str) -> str:
     return quote(entity, safe="")
 
 
-class _Stamps:
-    """Death stamps that sort in writing order within this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = 0
-
-    def next(self, at: float | None = None) -> str:
-        with self._lock:
-            ns = time.time_ns() if at is None else int(at * 1e9)
-            if at is None:
-                ns = self._last = max(ns, self._last + 1)
-        return f"{ns:0{STAMP_DIGITS}d}{secrets.token_hex(3)}"
+_stamp_lock = threading.Lock()
+_last_stamp = [0]
 
 
-stamps = _Stamps()
+def new_stamp(at: float | None = None) -> str:
+    """A death stamp: the time ``at`` (default: now, rising within this process) in
+    nanoseconds and six random hex digits."""
+    if at is not None:
+        return f"{stamp_for(at)}{secrets.token_hex(3)}"
+    with _stamp_lock:
+        ns = _last_stamp[0] = max(time.time_ns(), _last_stamp[0] + 1)
+    return f"{ns:0{STAMP_DIGITS}d}{secrets.token_hex(3)}"
 
 
 def stamp_for(at: float) -> str:
@@ -117,7 +92,6 @@ def record_for(
 ) -> MorgueRecord:
     """The record of a job that dies at Unix time ``now`` (default: now)."""
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    raw = message.body.encode("utf-8", "surrogatepass")
     return MorgueRecord(
         entity_id=message.group_id,
         message_id=message.message_id,
@@ -131,14 +105,11 @@ def record_for(
         source_queue=message.queue,
         meta=dict(meta or {}),
         body=message.body,
-        body_bytes=len(raw),
-        body_sha256=hashlib.sha256(raw).hexdigest(),
     )
 
 
 def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict[str, Any]]]:
     """The store items of a record, pieces of the body first, the summary last."""
-    enc = entity_key(record.entity_id)
     pieces = _split(record.body)
     meta = dict(record.meta)
     if len(json.dumps(meta, default=str)) > MAX_META_BYTES:
@@ -148,9 +119,7 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
         "kind": KIND,
         "v": VERSION,
         **{k: getattr(record, k) for k in _STRINGS},
-        "attempts": record.attempts,
-        "failed_at": record.failed_at,
-        "first_sent_at": record.first_sent_at,
+        **{k: getattr(record, k) for k in ("attempts", "failed_at", "first_sent_at")},
         "source_queue": record.source_queue,
         "meta": meta,
         "body_bytes": len(raw),
@@ -160,39 +129,35 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
     }
     summary = {k: full[k] for k in _SUMMARY}
     summary["error_message"] = record.error_message[:SUMMARY_MESSAGE_CHARS]
-    out = [(f"morgue/{worker}/p/{stamp}/{k:03d}", {"body": p}) for k, p in enumerate(pieces)][1:]
-    out.append((f"morgue/{worker}/e/{enc}/{stamp}", full))
-    out.append((f"morgue/{worker}/t/{stamp}/{enc}", summary))
-    return out
+    t, e, *rest = keys_of(f"morgue/{worker}/e/{entity_key(record.entity_id)}/{stamp}", len(pieces))
+    out = [(key, {"body": p}) for key, p in zip(rest, pieces[1:], strict=True)]
+    return [*out, (e, full), (t, summary)]
 
 
-def keys_of(record_key: str, pieces: int) -> list[str]:
-    """Every key of the record stored at ``record_key``: summary, record, pieces."""
-    head, _, rest = record_key.partition("/e/")
-    enc, _, stamp = rest.rpartition("/")
+def keys_of(key: str, pieces: int) -> list[str]:
+    """Every key of the record whose summary or record item is at ``key``: summary,
+    record, then the ``pieces - 1`` more of its body."""
+    head, enc, stamp = _parse(key)
     parts = [f"{head}/p/{stamp}/{k:03d}" for k in range(1, pieces)]
-    return [f"{head}/t/{stamp}/{enc}", record_key, *parts]
+    return [f"{head}/t/{stamp}/{enc}", f"{head}/e/{enc}/{stamp}", *parts]
 
 
-def record_key(summary_key: str) -> str:
-    """``morgue/W/t/STAMP/ENC`` -> ``morgue/W/e/ENC/STAMP``."""
-    head, _, rest = summary_key.partition("/t/")
-    stamp, _, enc = rest.partition("/")
-    return f"{head}/e/{enc}/{stamp}"
+def _parse(key: str) -> tuple[str, str, str]:
+    """``morgue/W/e/ENC/STAMP`` or ``morgue/W/t/STAMP/ENC`` -> (``morgue/W``, ENC, STAMP)."""
+    head, kind, a, b = key.rsplit("/", 3)
+    return (head, a, b) if kind == "e" else (head, b, a)
 
 
 def summary(item: Item) -> MorgueRecord:
     """A record from its summary or record item, without traceback, meta or body."""
-    key = item.key if "/e/" in item.key else record_key(item.key)
+    key = keys_of(item.key, 1)[1]
     try:
         v = checked(item.value, _SUMMARY, body=False)
         return MorgueRecord(
             **{k: v[k] for k in _STRINGS[:4]},
             error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
-            traceback="",
             attempts=v["attempts"],
             failed_at=float(v["failed_at"]),
-            first_sent_at=0.0,
             pieces=pieces_of(v),
             key=key,
         )
@@ -203,26 +168,21 @@ def summary(item: Item) -> MorgueRecord:
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
     """A record from its record item and the rest of its body's pieces."""
     try:
-        v = checked(item.value, (*_STRINGS, "attempts", "failed_at", "first_sent_at"), body=True)
+        v = checked(item.value, (*_SUMMARY, *_STRINGS[4:], "first_sent_at"), body=True)
         body = "".join([v["body"], *pieces])
         raw = body.encode("utf-8", "surrogatepass")
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
             raise ValueError("the body does not match its recorded size and SHA-256")
-        return MorgueRecord(
-            **{k: v[k] for k in _STRINGS},
-            attempts=v["attempts"],
-            failed_at=float(v["failed_at"]),
-            first_sent_at=float(v["first_sent_at"]),
-            source_queue=str(v.get("source_queue", "")),
-            meta=_mapping(v.get("meta")),
-            body=body,
-            body_bytes=v["body_bytes"],
-            body_sha256=v["body_sha256"],
-            pieces=pieces_of(v),
-            key=item.key,
-        )
     except ValueError as exc:
         return unreadable(item.key, item.value, str(exc))
+    return replace(
+        summary(item),
+        **{k: v[k] for k in ("error_message", "traceback", "body_bytes", "body_sha256")},
+        first_sent_at=float(v["first_sent_at"]),
+        source_queue=str(v.get("source_queue", "")),
+        meta=dict(v["meta"]) if isinstance(v.get("meta"), dict) else {},
+        body=body,
+    )
 
 
 def pieces_of(value: Mapping[str, Any]) -> int:
@@ -233,19 +193,13 @@ def pieces_of(value: Mapping[str, Any]) -> int:
 
 def unreadable(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
     """What a stored record shardq cannot read is listed as."""
-    _, _, rest = key.partition("/e/")
-    enc, _, _ = rest.rpartition("/")
+    enc = _parse(key)[1]
     entity = value.get("entity_id")
     return MorgueRecord(
         entity_id=entity if isinstance(entity, str) else unquote(enc),
         message_id=str(value.get("message_id", key)),
         reason=REASON_UNREADABLE,
-        error_type="",
         error_message=f"not a readable shardq morgue record: {why}",
-        traceback="",
-        attempts=0,
-        failed_at=0.0,
-        first_sent_at=0.0,
         body=json.dumps(value, default=str)[:4000],
         pieces=pieces_of(value),
         key=key,
@@ -286,10 +240,6 @@ def checked(
     return value
 
 
-def _mapping(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
-
-
 def _split(body: str) -> list[str]:
     """``body`` in pieces whose JSON is at most :data:`PIECE_BYTES` bytes each."""
     pieces: list[str] = []
@@ -298,7 +248,6 @@ def _split(body: str) -> list[str]:
         n = PIECE_BYTES
         while len(json.dumps(body[start : start + n])) > PIECE_BYTES:
             n //= 2
-        end = start + n
-        pieces.append(body[start:end])
-        start = end
+        pieces.append(body[start : start + n])
+        start += n
     return pieces

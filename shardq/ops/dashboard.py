@@ -1,8 +1,6 @@
-"""The web dashboard: one page (``static/dashboard.html``) and a JSON API on the stdlib
-server (the endpoints: docs/operations.md). Stats and nodes come from a background sample
-(:class:`shardq.ops.sampler.Sampler`), never a broker call per request. With a token,
-POSTs and dead jobs need ``Authorization: Bearer``; without one the server binds to
-loopback only, answers only a loopback ``Host`` and refuses cross-origin POSTs."""
+"""The web dashboard: one page and a JSON API (docs/operations.md) on the stdlib server,
+answering from a background :class:`~shardq.ops.sampler.Sampler`. With a token, POSTs and
+dead jobs need it; without one it serves loopback only and refuses cross-origin POSTs."""
 
 from __future__ import annotations
 
@@ -39,7 +37,6 @@ HEADERS = {
 }
 
 
-# -- HTTP -------------------------------------------------------------------------------
 class DashboardServer(ThreadingHTTPServer):
     """The dashboard's HTTP server; :meth:`start` serves in a background thread."""
 
@@ -91,47 +88,36 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def do_HEAD(self) -> None:
-        self._not_allowed()
+        self._dispatch("HEAD")
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A method with no ``do_<METHOD>`` (PUT, DELETE, PATCH, ...) is a JSON 405,
-        not the stdlib's HTML 501 page; other errors stay the stdlib's."""
+        """A method with no ``do_<METHOD>`` (PUT, DELETE, ...) is a JSON 405, not a 501."""
         if code == 501 and getattr(self, "command", None):
-            return self._not_allowed()
+            return self._dispatch(self.command)
         super().send_error(code, message, explain)
-
-    def _not_allowed(self) -> None:
-        path = urlsplit(self.path).path
-        parts = [unquote(p) for p in path.strip("/").split("/")] if path != "/" else []
-        allow = _allowed(parts)
-        message = f"{self.command} is not allowed on {path}; use {allow}"
-        self._json(405, {"error": message}, allow)
 
     def _dispatch(self, method: str) -> None:
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
             self._check_host()
-            if method == "POST" or parts[:3] == ["api", "v1", "morgue"]:
+            morgue = parts[:3] == ["api", "v1", "morgue"]
+            if method == "POST" or morgue:
                 self._check_access(method)
-            if method == "GET" and parts in ([], ["index.html"]):
-                return self._send(200, self.server.page, "text/html; charset=utf-8")
-            if method == "GET" and parts == ["api", "v1", "stats"]:
-                return self._json(200, self.server.sampler.snapshot())
-            if method == "GET" and parts == ["api", "v1", "nodes"]:
-                return self._json(200, self.server.sampler.nodes())
-            if parts[:3] == ["api", "v1", "morgue"] and len(parts) in (4, 5):
-                action = parts[4] if len(parts) == 5 else "list"
-                app, worker = self.server.app, parts[3]
-                if (method, action) == ("GET", "list"):
-                    return self._json(200, morgue_page(app, worker, parse_qs(url.query)))
-                if (method, action) in ACTIONS:
-                    lock = self.server.morgue_lock
-                    return self._json(200, morgue_act(app, worker, action, self._body, lock))
-                allow = _allowed(parts)
+            allow = _allowed(parts)
+            if method not in allow.split(", "):
                 raise HttpError(405, f"{method} is not allowed on {url.path}; use {allow}", allow)
-            if method == "POST" and _allowed(parts) == "GET":
-                raise HttpError(405, f"POST is not allowed on {url.path}; use GET", "GET")
+            if parts in ([], ["index.html"]):
+                return self._send(200, self.server.page, "text/html; charset=utf-8")
+            if parts == ["api", "v1", "stats"]:
+                return self._json(200, self.server.sampler.snapshot())
+            if parts == ["api", "v1", "nodes"]:
+                return self._json(200, self.server.sampler.nodes())
+            if morgue and allow == "GET":
+                return self._json(200, morgue_page(self.server.app, parts[3], parse_qs(url.query)))
+            if morgue and allow == "POST":
+                lock, app = self.server.morgue_lock, self.server.app
+                return self._json(200, morgue_act(app, parts[3], parts[4], self._body, lock))
             raise HttpError(404, f"no such page or endpoint: {url.path}")
         except HttpError as exc:
             self._json(exc.status, {"error": str(exc)}, exc.allow)
@@ -146,7 +132,6 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("dashboard.request_failed", path=self.path)
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
-    # -- security ---------------------------------------------------------------------
     def _check_host(self) -> None:
         """Without a token, answer only requests addressed to a loopback name."""
         if not self.server.token and not _is_loopback_name(self.headers["Host"] or ""):
@@ -157,20 +142,15 @@ class Handler(BaseHTTPRequestHandler):
         without one, a POST must not come from another origin."""
         if self.server.token:
             scheme, _, given = self.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self.server.token.encode()
-            ):
+            token = self.server.token.encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
                 raise HttpError(401, "this needs the header 'Authorization: Bearer <token>'")
             return
         origin = self.headers.get("Origin")
-        if (
-            method == "POST"
-            and origin is not None
-            and urlsplit(origin).netloc.lower() != self.headers["Host"].lower()
-        ):
+        host = self.headers["Host"].lower()  # a loopback name: checked before
+        if method == "POST" and origin is not None and urlsplit(origin).netloc.lower() != host:
             raise HttpError(403, f"cross-origin request refused (Origin {origin})")
 
-    # -- request bodies -----------------------------------------------------------------
     def _body(self) -> Any:
         """The JSON body; refused unless its length is given and it is all there."""
         if self.headers.get("Transfer-Encoding") is not None:
@@ -207,7 +187,6 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
 
-    # -- responses ----------------------------------------------------------------------
     def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
         data = json.dumps(doc, default=str, allow_nan=False).encode()
         self._send(status, data, "application/json", allow)
@@ -229,14 +208,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _allowed(parts: list[str]) -> str:
-    """The methods served at a path (split on ``/``), for a 405's ``Allow``."""
+    """The methods served at a path (split on ``/``), as a 405's ``Allow`` names them."""
+    morgue = parts[:3] == ["api", "v1", "morgue"]
+    if morgue and len(parts) == 5 and ("POST", parts[4]) in ACTIONS:
+        return "POST"
     if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
         return "GET"
-    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 4:
-        return "GET"
-    if parts[:3] == ["api", "v1", "morgue"] and len(parts) == 5:
-        return "POST" if parts[4] in ("requeue", "purge") else "GET, POST"
-    return "GET, POST"
+    return "GET" if morgue and (len(parts) == 4 or parts[4:] == ["list"]) else "GET, POST"
 
 
 def _is_loopback_name(host: str) -> bool:
@@ -257,7 +235,6 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-# -- entry points ---------------------------------------------------------------------
 def make_server(
     app: App,
     host: str = "127.0.0.1",

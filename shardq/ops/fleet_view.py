@@ -1,14 +1,13 @@
 """The fleet as ``shardq nodes``, ``shardq stats`` and the dashboard show it, from the
 heartbeats (``node/<id>``) and ownership items (``shard/<key>``): live nodes, nodes gone
-in the last hour (marked gone by a live node, or not reporting: :func:`stale_after`),
-each shard's owner and reported lag, and the shards no live node serves (lag unknown)."""
+in the last hour, each shard's owner and lag, and the shards no live node serves."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shardq.core.errors import ConfigError
@@ -41,50 +40,42 @@ class NodeReport:
     node: str
     host: str = ""
     pid: int = 0
+    mode: str = ELASTIC
+    version: str = ""
+    threads: int = 0
+    concurrency: int | None = None
+    slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
     started: float = 0.0
     seen: float = 0.0
-    mode: str = ELASTIC
-    threads: int = 0
     held: tuple[str, ...] = ()
-    lags: Mapping[str, float] = field(default_factory=dict)
     jobs_per_second: float = 0.0
     done: int = 0
     retried: int = 0
     failed: int = 0
-    max_lag: float = 0.0
-    version: str = ""
-    expire: float = 0.0
-    concurrency: int | None = None
-    #: Jobs running now (execution slots busy), out of ``concurrency``.
-    slots_in_use: int | None = None
-    #: Worker -> ``{"done", "retried", "failed"}`` since the node started.
     by_worker: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    max_lag: float = 0.0
+    lags: Mapping[str, float] = field(default_factory=dict)
+    expire: float = 0.0
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
         raw = v["lags"] if isinstance(v.get("lags"), dict) else {}
         lags = {str(k): float(x) for k, x in raw.items() if isinstance(x, (int, float))}
         held = v["held"] if isinstance(v.get("held"), list) else []
+        numbers: dict[str, Any] = {k: _int(v.get(k)) for k in ("pid", "threads", *COUNTS)}
+        numbers.update((k, _float(v.get(k))) for k in ("started", "jobs_per_second", "expire"))
+        numbers.update((k, _opt_int(v.get(k))) for k in ("concurrency", "slots_in_use"))
         return cls(
             node=node,
             host=str(v.get("host", "")),
-            pid=_int(v.get("pid")),
-            started=_float(v.get("started")),
             seen=_float(v.get("at")),
             mode=str(v.get("mode", ELASTIC)),
-            threads=_int(v.get("threads")),
             held=tuple(str(k) for k in held),
             lags=lags,
-            jobs_per_second=_float(v.get("jobs_per_second")),
-            done=_int(v.get("done")),
-            retried=_int(v.get("retried")),
-            failed=_int(v.get("failed")),
             max_lag=max(lags.values(), default=0.0),
             version=str(v.get("version", "")),
-            expire=_float(v.get("expire")),
-            concurrency=_opt_int(v.get("concurrency")),
-            slots_in_use=_opt_int(v.get("slots_in_use")),
             by_worker=_worker_counts(v.get("by_worker")),
+            **numbers,
         )
 
 
@@ -111,13 +102,10 @@ class FleetView:
     reported: bool = False
     nodes: tuple[NodeReport, ...] = ()
     gone: tuple[GoneView, ...] = ()
-    #: Shard key -> the live node serving it.
-    owners: Mapping[str, str] = field(default_factory=dict)
-    #: Shard key -> the lag its owner reported, in seconds.
-    lags: Mapping[str, float] = field(default_factory=dict)
-    #: Keys of the live layout's shards no live node serves (when the layout was given).
-    unserved: tuple[str, ...] = ()
-    #: Shard key -> the node not live now that held it last, for shards no live node serves.
+    owners: Mapping[str, str] = field(default_factory=dict)  # shard key -> live node
+    lags: Mapping[str, float] = field(default_factory=dict)  # shard key -> owner's report
+    unserved: tuple[str, ...] = ()  # the live layout's shards no live node serves
+    #: Shard key -> the node, not live now, that held it last (of the unserved ones).
     last_held: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -128,10 +116,8 @@ class FleetView:
         """Jobs done, retried and failed (morgued) since the live nodes started, from
         their reports (what SQS cannot count): in all, or of one ``worker``."""
         if worker is None:
-            per = [{"done": n.done, "retried": n.retried, "failed": n.failed} for n in self.nodes]
-        else:
-            per = [dict(n.by_worker.get(worker, {})) for n in self.nodes]
-        return {k: sum(c.get(k, 0) for c in per) for k in COUNTS}
+            return {k: sum(getattr(n, k) for n in self.nodes) for k in COUNTS}
+        return {k: sum(n.by_worker.get(worker, {}).get(k, 0) for n in self.nodes) for k in COUNTS}
 
     @property
     def counted_workers(self) -> tuple[str, ...]:
@@ -153,14 +139,12 @@ class FleetView:
         """The node, not live now, that held a shard no live node serves."""
         return self.last_held.get(shard_key(worker, shard, gen))
 
-    def gone_since(self, since: float) -> tuple[GoneView, ...]:
-        return tuple(g for g in self.gone if g.gone_at >= since)
-
     def excludes(self, since: float = -math.inf) -> list[dict[str, Any]]:
         """``[{"node", "since", "reason"}]``: nodes gone since ``since``, left out of figures."""
         return [
             {"node": g.report.node, "since": g.gone_at, "reason": g.reason}
-            for g in self.gone_since(since)
+            for g in self.gone
+            if g.gone_at >= since
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -212,21 +196,14 @@ def fleet_view(
         else:
             live.append(report)
     live_ids = {r.node for r in live}
-    owners: dict[str, str] = {}
-    for report in live:
-        if report.mode != ELASTIC:
-            owners.update((k, report.node) for k in report.held)
-    for item in items.owners:
-        owner = str(item.value.get("owner", ""))
-        if owner in live_ids:
-            owners[item.key.partition("/")[2]] = owner
+    owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
+    owners = {k: r.node for r in live if r.mode != ELASTIC for k in r.held}
+    owners.update((k, o) for k, o in owned.items() if o in live_ids)
     last_held: dict[str, str] = {}
     for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
         last_held.update((k, report.node) for k in report.held if k not in owners)
-    for item in items.owners:  # an ownership item still naming a node not live
-        owner, key = str(item.value.get("owner", "")), item.key.partition("/")[2]
-        if owner and owner not in live_ids and key not in owners:
-            last_held[key] = owner
+    # an ownership item still naming a node not live
+    last_held.update((k, o) for k, o in owned.items() if o and k not in owners)
     by_id = {r.node: r for r in live}
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
@@ -268,8 +245,7 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _float(value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok else 0.0
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _gone_json(g: GoneView) -> dict[str, Any]:
@@ -278,32 +254,19 @@ def _gone_json(g: GoneView) -> dict[str, Any]:
 
 
 def _node_json(report: NodeReport) -> dict[str, Any]:
-    data = {
-        "node": report.node,
-        "host": report.host,
-        "pid": report.pid,
-        "mode": report.mode,
-        "version": report.version,
-        "threads": report.threads,
-        "started": report.started,
-        "seen": report.seen,
-        "shards": len(set(report.held)),
-        "held": list(_sorted(report.held)),
-        "jobs_per_second": report.jobs_per_second,
-        "done": report.done,
-        "retried": report.retried,
-        "failed": report.failed,
-        "by_worker": {w: dict(c) for w, c in sorted(report.by_worker.items())},
-        "max_lag": report.max_lag,
-    }
-    if report.concurrency is not None:
-        data["concurrency"] = report.concurrency
-    if report.slots_in_use is not None:
-        data["slots_in_use"] = report.slots_in_use
-    return data
+    """The report without its lags and lease time (``concurrency`` and ``slots_in_use``
+    only when it has them)."""
+    data = {f.name: getattr(report, f.name) for f in fields(report)}
+    data.update(
+        shards=len(set(report.held)),
+        held=list(_sorted(report.held)),
+        by_worker={w: dict(c) for w, c in sorted(report.by_worker.items())},
+        lags=None,
+        expire=None,
+    )
+    return {k: v for k, v in data.items() if v is not None}
 
 
-# -- as text -------------------------------------------------------------------------
 def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str:
     """``shardq nodes``: the live nodes, then the nodes gone in the last hour, as tables."""
     parts = [NO_LIVE_NODE]

@@ -1,6 +1,5 @@
-"""What operators see of the live layouts (each worker's generation and shards, a
-reshard in progress, the code's ``shards`` when it differs), in ``shardq stats``,
-``shardq nodes`` and the dashboard: :func:`layout_view` is pure, :func:`reshards` reads."""
+"""What ``shardq stats``, ``shardq nodes`` and the dashboard show of the live layouts:
+each worker's generation and shards, a reshard in progress, the code's ``shards``."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ReshardView:
-    """A reshard in progress: ``open`` old shards of ``from_shards`` not closed yet and
-    ``old_jobs`` jobs (waiting or in flight) still in them (None: not known);
-    ``unserved``: open old shards no node holds (None: not known)."""
+    """A reshard in progress: its ``open`` old shards, the jobs still in them and the
+    ones no node holds (None: not known)."""
 
     worker: str
     from_shards: int
@@ -35,36 +33,31 @@ class ReshardView:
     old_jobs: int | None
     by: str = ""
     unserved: tuple[int, ...] | None = None
-    #: Old shard -> the node, not live now, that held it last (of ``unserved`` ones).
+    #: Old shard -> the node, not live now, that held it last (of the unserved ones).
     last_held: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def stuck(self) -> str | None:
-        """Why the reshard cannot end now, if it cannot, and which nodes held the old
-        shards nobody serves."""
+        """Why the reshard cannot end now (and who held the old shards nobody serves)."""
+        name = shard_name(self.worker, self.from_gen)
         if self.unserved and len(self.unserved) == len(self.open):
-            return (
+            why = (
                 "no node serves the old shards (is any node running? shardq nodes): the "
-                "reshard does not progress until one does" + self._last_held_text()
+                "reshard does not progress until one does"
             )
-        if self.phase == "switched" and self.unserved:
-            name = shard_name(self.worker, self.from_gen)
+        elif self.phase == "switched" and self.unserved:
             shards = ", ".join(f"{name}:{s}" for s in self.unserved[:8])
-            return (
+            why = (
                 f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
                 "the reshard cannot end until a node serves them (start one: shardq run)"
-                + self._last_held_text()
             )
-        return None
-
-    def _last_held_text(self) -> str:
-        """``"; last held by node-e90b (Orders:1, Orders:3)"``, one group per node."""
-        name = shard_name(self.worker, self.from_gen)
+        else:
+            return None
         by_node: dict[str, list[str]] = {}
-        for shard in self.unserved or ():
+        for shard in self.unserved:
             if shard in self.last_held:
                 by_node.setdefault(self.last_held[shard], []).append(f"{name}:{shard}")
-        return "".join(
+        return why + "".join(
             f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
             for node, keys in sorted(by_node.items())
         )
@@ -89,7 +82,7 @@ class ReshardView:
         }
 
     def text(self) -> str:
-        """One line: ``SyncOrder: resharding 8 -> 16 shards ...``."""
+        """``SyncOrder: resharding 8 -> 16 shards ...``."""
         jobs = "? jobs" if self.old_jobs is None else plural(self.old_jobs, "job")
         phase = (
             "announced (publishers switch once every copy of the old layout expired, "
@@ -153,9 +146,7 @@ def layout_view(
     move = layout.moving
     reshard = None
     if move is not None:
-        unserved = None
-        if owners is not None:
-            unserved = tuple(s for s in move.left if owners.get(s) is None)
+        unserved = None if owners is None else tuple(s for s in move.left if owners.get(s) is None)
         last = {s: n for s, n in (last_held or {}).items() if s in (unserved or ())}
         reshard = ReshardView(
             worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
@@ -165,39 +156,35 @@ def layout_view(
     return LayoutView(worker, layout.gen, layout.shards, code_shards, reshard, retired)
 
 
-def old_jobs(app: App, worker: str, layout: WorkerLayout) -> int:
-    """Jobs waiting or in flight in the old generation's queues of ``worker``'s move
-    (0 when none); a broker error is raised."""
-    move = layout.moving
-    if move is None:
-        return 0
+def _old_jobs(app: App, worker: str, gen: int, shards: int) -> int | None:
+    """Jobs waiting or in flight in generation ``gen``'s queues (None: the broker failed)."""
     total = 0
-    for shard in range(move.shards):
+    for shard in range(shards):
         try:
-            counts = app.broker.counts(app.shard_queue(worker, shard, move.gen))
+            counts = app.broker.counts(app.shard_queue(worker, shard, gen))
         except QueueNotFoundError:
             continue
+        except BrokerError:
+            return None
         total += counts.waiting + counts.in_flight
     return total
 
 
 def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
-    """Every reshard in progress among the app's workers, from a fresh read of the
-    layouts (a worker's old-layout jobs are None if they cannot be counted); with the
-    ``fleet``, who holds (or last held) each old shard."""
+    """Every reshard in progress, from a fresh read of the layouts; with the ``fleet``,
+    who holds (or last held) each old shard."""
     app.layouts.refresh()
     found = []
     for name in app.workers:
         layout = app.layouts.cached(name)
-        try:
-            jobs: int | None = old_jobs(app, name, layout)
-        except BrokerError:
-            jobs = None
+        if layout.moving is None:
+            continue
+        gen, old = layout.moving.gen, range(layout.moving.shards)
         owners, last = None, None
-        if fleet is not None and layout.moving is not None:
-            gen, old = layout.moving.gen, range(layout.moving.shards)
+        if fleet is not None:
             owners = {s: fleet.owner(name, s, gen) for s in old}
             last = {s: n for s in old if (n := fleet.last_holder(name, s, gen))}
+        jobs = _old_jobs(app, name, gen, len(old))
         view = layout_view(name, layout, app.settings(name).shards, jobs, owners, last)
         if view.reshard is not None:
             found.append(view.reshard)
@@ -205,9 +192,8 @@ def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
 
 
 def layout_lines(views: Sequence[LayoutView], error: str | None) -> list[str]:
-    """What ``shardq stats`` prints under its table: the live layouts on one line, then
-    a line per code/layout mismatch, reshard in progress and retired generation with
-    queues left, and why the layouts could not be read (``error``)."""
+    """What ``shardq stats`` prints under its table about the layouts (``error``: why
+    they could not be read)."""
     lines = []
     if views:
         lines.append(

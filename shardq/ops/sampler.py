@@ -1,8 +1,6 @@
-"""The dashboard's background sample: the stats every ``refresh`` seconds, the fleet items
-alone every second in between, and throughput (jobs finished per minute, 30 minutes) from
-one source: ``broker`` (embedded: exact, per worker), ``scrape`` (``--scrape URL`` on SQS:
-each node's ``shardq_jobs_total``), ``reports`` (SQS: the total of the live nodes'
-reports) or none. Requests only read the latest sample."""
+"""The dashboard's background sample: the stats every ``refresh`` seconds, the fleet alone
+every second in between, and throughput (jobs finished per minute, 30 minutes) from the
+broker (embedded), the nodes' metrics (``--scrape``) or their reports (SQS)."""
 
 from __future__ import annotations
 
@@ -22,9 +20,7 @@ from shardq.ops.stats import KNOWS_AGES, collect, live_shards, read_fleet
 log = structlog.get_logger("shardq.dashboard")
 
 WINDOW = 1800.0  # seconds of throughput history kept
-#: Seconds between reads of the fleet items alone (two store queries; the full
-#: sample, every ``refresh`` s, reads every queue's counts).
-FLEET_REFRESH = 1.0
+FLEET_REFRESH = 1.0  # seconds between reads of the fleet items alone
 OUTCOMES = frozenset({"succeeded", "morgued"})
 NO_THROUGHPUT = (
     "not counted by SQS and no node has reported yet: start a node, or pass "
@@ -44,9 +40,8 @@ class SampleUnavailable(Exception):
 
 
 class Sampler:
-    """Samples the app's stats and fleet every ``refresh`` seconds and derives throughput.
-    ``clock`` (monotonic) schedules the samples (:meth:`step`); ``wall_clock`` dates
-    the fleet's reports."""
+    """Samples the app's stats and fleet and derives throughput; ``clock`` schedules the
+    samples (:meth:`step`), ``wall_clock`` dates the fleet's reports."""
 
     def __init__(
         self,
@@ -60,11 +55,9 @@ class Sampler:
         self.app, self.refresh, self.scrape = app, refresh, list(scrape)
         self.clock, self.wall = clock, wall_clock
         self._next_sample: float | None = None  # on the clock; None: at once
-        #: Seconds between reads of the fleet items alone.
         self.fleet_refresh = min(refresh, FLEET_REFRESH)
-        #: worker -> (unix time, jobs per minute), oldest first, at most WINDOW old.
+        #: Worker (and all of them) -> (unix time, jobs per minute), oldest first.
         self.points: dict[str, Points] = {}
-        #: (unix time, jobs per minute of all workers), oldest first.
         self.total: Points = deque()
         self.source: str | None = None
         self.excludes: list[dict[str, Any]] = []
@@ -103,8 +96,7 @@ class Sampler:
         return max(0.0, min(self.fleet_refresh, self._next_sample - self.clock()))
 
     def sample_fleet(self) -> None:
-        """Read the fleet items alone (two store queries), between two full samples, so that a
-        node gone or a shard taken over shows within about a second."""
+        """Read the fleet items alone, so that a node gone shows within about a second."""
         try:
             doc = read_fleet(self.app)
         except Exception as exc:  # the store failed: keep the last good fleet
@@ -130,26 +122,22 @@ class Sampler:
         data = stats.to_dict()
         now, names = data["time"], list(data["by_worker"])
         done = [s["done"] for w in data["by_worker"].values() for s in w["shards"]]
-        rates: dict[str, float] | None = None
-        total: float | None = None
-        excludes: list[dict[str, Any]] = []
+        rates, total, excludes = None, None, []
         if data["broker"] in KNOWS_AGES or any(d is not None for d in done):
-            source = "broker"  # a queue not created yet has done None: nothing done
+            source: str | None = "broker"  # a queue not created yet has done None
             counts = {
                 name: float(sum(s["done"] or 0 for s in w["shards"]))
                 for name, w in data["by_worker"].items()
             }
             rates = self._rates(now, {"broker": counts}, names)
         elif self.scrape:
-            source = "scrape"
-            rates = self._rates(now, self._scrape_all(now), names)
+            source, rates = "scrape", self._rates(now, self._scrape_all(now), names)
             excludes = [
                 {"node": url, "since": since, "reason": NOT_ANSWERING}
                 for url, since in self._failing.items()
             ]
         elif stats.fleet.reported:
-            source = "reports"
-            total = stats.fleet.jobs_per_second * 60.0
+            source, total = "reports", stats.fleet.jobs_per_second * 60.0
             excludes = stats.fleet.excludes(now - WINDOW)
         else:
             source = None
@@ -168,24 +156,24 @@ class Sampler:
         counts: dict[str, dict[str, float]] = {}
         self._failing = {u: t for u, t in self._failing.items() if u in self.scrape}
         for url in self.scrape:
-            found, error = _scrape(url, timeout=max(1.0, min(self.refresh, 5.0)))
-            if found is None:
+            try:
+                with urllib.request.urlopen(url, timeout=max(1.0, min(self.refresh, 5.0))) as r:
+                    counts[url] = parse_metrics(r.read().decode("utf-8", "replace"))
+            except Exception as exc:
                 if url not in self._failing:  # logged once per change, not every refresh
+                    error = f"{type(exc).__name__}: {exc}"
                     log.warning("dashboard.scrape_failed", url=url, error=error)
                 self._failing.setdefault(url, now)
-            else:
-                if url in self._failing:
-                    log.info("dashboard.scrape_recovered", url=url, since=self._failing[url])
-                self._failing.pop(url, None)
-                counts[url] = found
+                continue
+            if url in self._failing:
+                log.info("dashboard.scrape_recovered", url=url, since=self._failing.pop(url))
         return counts
 
     def _rates(
         self, now: float, counts: dict[str, dict[str, float]], names: list[str]
     ) -> dict[str, float] | None:
-        """Per worker, the sum over sources of their counts' change per minute since
-        each source's previous answer; None while a source that answered has no
-        previous answer to compare with (the first sample)."""
+        """Per worker, the sum over sources of their counts' change per minute since each
+        source's previous answer; None while a source has no previous answer."""
         rates = dict.fromkeys(names, 0.0)
         complete = bool(counts)
         for source, current in counts.items():
@@ -234,8 +222,8 @@ class Sampler:
             }
 
     def nodes(self, wait: float = 10.0) -> dict[str, Any]:
-        """The latest fleet sample as ``/api/v1/nodes`` (and ``shardq nodes --json``),
-        with ``reshards`` in progress in the same sample (only while there are some)."""
+        """The latest fleet sample as ``/api/v1/nodes``, with the ``reshards`` in progress
+        in the same sample (only while there are some)."""
         self._ready.wait(wait)
         with self._lock:
             if self._fleet_error is not None:
@@ -262,12 +250,3 @@ def parse_metrics(text: str) -> dict[str, float]:
             if sample.name == "shardq_jobs_total" and worker and outcome in OUTCOMES:
                 found[worker] = found.get(worker, 0.0) + float(sample.value)
     return found
-
-
-def _scrape(url: str, timeout: float) -> tuple[dict[str, float] | None, str]:
-    """The counts of a metrics URL, or None and why not."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return parse_metrics(response.read().decode("utf-8", "replace")), ""
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
