@@ -348,10 +348,10 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         ]
         assert nodes["gone"][0]["unserved"] == ["SyncOrder:2", "SyncOrder:3"]
         # and it is what `shardq nodes --json` prints for the same document
-        from shardq.ops.fleet_view import fleet_view
-        from shardq.ops.stats import live_shards, read_fleet
+        from shardq.ops.fleet_view import fleet_view, read_fleet
+        from shardq.ops.stats import live_shards
 
-        view = fleet_view(read_fleet(filled), nodes["time"], live_shards(filled))
+        view = fleet_view(read_fleet(filled.store), nodes["time"], live_shards(filled))
         assert view.to_json() == nodes
     finally:
         srv.stop()
@@ -387,7 +387,7 @@ def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(
     before = sampler.nodes()
 
     # when the fleet document cannot be read between two samples
-    def broken(app: shardq.App) -> None:
+    def broken(store: object) -> None:
         raise BrokerError("the broker is down")
 
     monkeypatch.setattr("shardq.ops.sampler.read_fleet", broken)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,7 +234,8 @@ def test_retention_deletes_only_older_dead_jobs(app: shardq.App) -> None:
 def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    # given 3 dead jobs on SQS, and the shard (and old morgue) queues holding a canary job
+    # given 3 dead jobs on SQS, and a canary job in the old morgue queue (no node polls it,
+    # so a poll the finished node abandoned cannot hold it)
     monkeypatch.setenv("LEDGER_PATH", str(tmp_path / "ledger.jsonl"))
     broker = make_broker("sqs", tmp_path, request)
     config = Config(
@@ -250,19 +250,18 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     server = request.getfixturevalue("sqs_emulator")
     sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.endpoint_url)
     queues = [ledger.app.shard_queue("Ledgered", shard) for shard in range(3)]
-    ledger.app.ensure_queue(ledger.app.morgue_queue("Ledgered"), "Ledgered")  # the old morgue
-    Ledgered.publish("canary", {"n": 0})
-    canary = ledger.app.shard_queue("Ledgered", shard_for("canary", 3))
-    # (a long poll the finished node abandoned may receive it and release it at once, or
-    # on a loaded machine it becomes visible when its 10 s visibility timeout ends)
-    deadline = time.monotonic() + 40
-    while broker.counts(canary).waiting != 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardq"))
-    assert broker.counts(canary).waiting == 1, f"canary still held; live threads: {threads}"
+    canary = ledger.app.morgue_queue("Ledgered")
+    ledger.app.ensure_queue(canary, "Ledgered")  # the old morgue
+    sqs.send_message(
+        QueueUrl=sqs.get_queue_url(QueueName=canary)["QueueUrl"],
+        MessageBody="{}",
+        MessageGroupId="canary",
+        MessageDeduplicationId="canary",
+    )
+    assert broker.counts(canary).waiting == 1
     # when SQS drops every message of those queues, as it does once their retention
     # period has passed (purged here rather than waiting out the 60 s minimum)
-    for queue in [*queues, ledger.app.morgue_queue("Ledgered")]:
+    for queue in [*queues, canary]:
         sqs.purge_queue(QueueUrl=sqs.get_queue_url(QueueName=queue)["QueueUrl"])
     assert broker.counts(canary).waiting == 0, "SQS did not drop the canary job"
     # then the dead jobs are all still listed

@@ -8,11 +8,13 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from shardq.core.assign import assign
-from shardq.core.topology import parse_key
+from shardq.core.topology import parse_key, shard_key
 
 ELASTIC, STATIC = "elastic", "static"
 #: Seconds between two rounds (two prefix queries) of an elastic node.
 ROUND_SECONDS = 1.0
+#: A heartbeat marked gone is deleted (and left out of views) after this long.
+GONE_KEPT_SECONDS = 3600.0
 #: Node -> (heartbeat counter, when this observer first saw it).
 Seen = Mapping[str, tuple[int, float]]
 
@@ -92,7 +94,7 @@ def decide(
         with suppress(ValueError):  # a damaged key is ignored
             if held.node in live:
                 holders[parse_key(key)] = held.node
-    goal = {f"{w}:{n}": node for (w, n), node in assign(shards, sorted(live), holders).items()}
+    goal = {shard_key(w, n): node for (w, n), node in assign(shards, sorted(live), holders).items()}
     claim: dict[str, int | None] = {}
     serve = []
     for key in (k for k, node in goal.items() if node == me and k not in busy):

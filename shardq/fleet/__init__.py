@@ -15,6 +15,7 @@ from shardq.core.clock import Clock
 from shardq.core.errors import ShardqError
 from shardq.core.fleet_rules import (
     ELASTIC,
+    GONE_KEPT_SECONDS,
     ROUND_SECONDS,
     STATIC,
     Beat,
@@ -26,7 +27,7 @@ from shardq.core.fleet_rules import (
     timing,
 )
 from shardq.core.plan import ShardRef
-from shardq.core.topology import parse_key, parse_name
+from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
 
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shardq.fleet")
 
 NODE_PREFIX, SHARD_PREFIX = "node/", "shard/"
-#: A heartbeat marked gone is deleted once it has not changed for this long.
-GONE_KEPT_SECONDS = 3600.0
 #: A shard this node could not take is left alone this long before trying again.
 REFUSED_SECONDS = 30.0
 
@@ -255,7 +254,7 @@ class Fleet:
         if now - self._rate_at >= 1.0:
             self._rate = (done - self._done_before) / (now - self._rate_at)
             self._done_before, self._rate_at = done, now
-        lags = {f"{w}:{s}": round(lag, 3) for w, s, lag in node.lags()}
+        lags = {shard_key(w, s): round(lag, 3) for w, s, lag in node.lags()}
         held = self.held() if self.elastic else sorted(lags)
         return {
             "node": self.id,

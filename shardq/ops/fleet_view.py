@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shardq.core.errors import ConfigError
-from shardq.core.fleet_rules import ELASTIC
+from shardq.core.fleet_rules import ELASTIC, GONE_KEPT_SECONDS
 from shardq.core.tables import age, table, utc
 from shardq.core.terminal import plural
 from shardq.core.topology import parse_name, shard_key, shard_keys
@@ -20,7 +20,6 @@ from shardq.store import Item, Store
 NOT_REPORTING = "not reporting"
 NO_LIVE_NODE = "no live node at all: no shard is served"
 COUNTS = ("done", "retried", "failed")
-GONE_KEPT_SECONDS = 3600.0
 
 
 def key_order(key: str) -> tuple[str, int, int, str]:

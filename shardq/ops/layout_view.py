@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.layout import WorkerLayout
 from shardq.core.terminal import plural
-from shardq.core.topology import shard_name
+from shardq.core.topology import shard_key
 
 if TYPE_CHECKING:
     from shardq.api.app import App
@@ -39,14 +39,14 @@ class ReshardView:
     @property
     def stuck(self) -> str | None:
         """Why the reshard cannot end now (and who held the old shards nobody serves)."""
-        name = shard_name(self.worker, self.from_gen)
+        key = {s: shard_key(self.worker, s, self.from_gen) for s in self.unserved or ()}
         if self.unserved and len(self.unserved) == len(self.open):
             why = (
                 "no node serves the old shards (is any node running? shardq nodes): the "
                 "reshard does not progress until one does"
             )
         elif self.phase == "switched" and self.unserved:
-            shards = ", ".join(f"{name}:{s}" for s in self.unserved[:8])
+            shards = ", ".join(key[s] for s in self.unserved[:8])
             why = (
                 f"{plural(len(self.unserved), 'old shard')} ({shards}) held by no node: "
                 "the reshard cannot end until a node serves them (start one: shardq run)"
@@ -56,7 +56,7 @@ class ReshardView:
         by_node: dict[str, list[str]] = {}
         for shard in self.unserved:
             if shard in self.last_held:
-                by_node.setdefault(self.last_held[shard], []).append(f"{name}:{shard}")
+                by_node.setdefault(self.last_held[shard], []).append(key[shard])
         return why + "".join(
             f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
             for node, keys in sorted(by_node.items())

@@ -14,8 +14,8 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.ops.fleet_view import FleetView, fleet_view
-from shardq.ops.stats import KNOWS_AGES, collect, live_shards, read_fleet
+from shardq.ops.fleet_view import FleetView, fleet_view, read_fleet
+from shardq.ops.stats import KNOWS_AGES, collect, live_shards
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -98,7 +98,7 @@ class Sampler:
     def sample_fleet(self) -> None:
         """Read the fleet items alone, so that a node gone shows within about a second."""
         try:
-            doc = read_fleet(self.app)
+            doc = read_fleet(self.app.store)
         except Exception as exc:  # the store failed: keep the last good fleet
             if not self._fleet_failing:  # once, not every second
                 log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")

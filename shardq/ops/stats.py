@@ -13,8 +13,7 @@ from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.morgue import Morgue
-from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view
-from shardq.ops.fleet_view import read_fleet as read_items
+from shardq.ops.fleet_view import FleetView, fleet_view, read_fleet
 from shardq.ops.layout_view import LayoutView, layout_view
 from shardq.store import StoreError
 
@@ -117,7 +116,7 @@ def collect(app: App) -> Stats:
     except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
         layout_error = str(exc)
     try:
-        items, fleet_error = read_fleet(app), None
+        items, fleet_error = read_fleet(app.store), None
     except StoreError as exc:  # the store cannot be read: the counts still help
         items, fleet_error = None, str(exc)
     fleet = fleet_view(items, now, live_shards(app))
@@ -206,11 +205,6 @@ def _shard_stats(
     return ShardStats(
         shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total, owner, gen
     )
-
-
-def read_fleet(app: App) -> FleetItems:
-    """The app's fleet items (heartbeats and shard owners) from its state store."""
-    return read_items(app.store)
 
 
 def live_shards(app: App) -> dict[str, int]:
