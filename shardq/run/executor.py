@@ -1,27 +1,9 @@
 """Running one received batch of a shard, entity by entity, without breaking order.
 
-For each entity in the batch, in receive order, its jobs run in chunks of up to
-``batch_size`` (one ``perform`` call per chunk):
-
-* success: the chunk's messages are deleted (in the background, by the leases);
-* failure: :func:`shardq.core.decide.decide` says retry or morgue;
-
-  - retry: the failed chunk **and every later job of the entity in the batch** stay
-    together: held (invisible) here when due within :data:`LOCAL_RETRY_SECONDS`, else
-    hidden at the broker for the delay, the failed job first. No later job of the
-    entity becomes visible while an earlier one is hidden, so order does not depend
-    on the broker keeping a group blocked (some SQS emulators do not);
-  - morgue: a chunk of several jobs is first run again one job at a time, in order,
-    so only a job that fails alone goes to the worker's morgue, and only then is
-    deleted; the entity's next jobs run;
-
-* a body that is not a valid envelope, or names another worker: the morgue in its
-  turn (if the morgue cannot be written, it and the entity's later jobs wait 30 s);
-* a chunk whose visibility lapsed before it started (the broker was unreachable
-  while the leases tried to extend it) is not run: another node may have it. It and
-  the entity's later jobs in the batch are left to the broker to deliver again.
-
-Jobs of other entities in the batch are not affected.
+Each entity's jobs run in chunks of up to ``batch_size``: a success is deleted; a
+failure is retried with the entity's later jobs held behind it, or goes to the morgue
+(a chunk of several jobs is first run again one by one); an invalid body goes to the
+morgue in its turn; a lapsed chunk is not run. See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -89,9 +71,8 @@ class _Job:
 
 
 class Executor:
-    """Runs entities' jobs for a node. Shared by the node's threads: the attempt
-    bookkeeping is locked, each thread has its own worker instances. Retries are due on
-    :attr:`clock` (the slots' clock too); ``Retry(at=...)`` is read on ``wall_clock``."""
+    """Runs entities' jobs for a node (any thread; each has its own worker instances).
+    Retries are due on :attr:`clock`; ``Retry(at=...)`` is read on ``wall_clock``."""
 
     def __init__(
         self,
@@ -106,7 +87,11 @@ class Executor:
         wall_clock: Clock = wall,
     ) -> None:
         self._app = app
-        self._router = router or app_router(app)
+        self._router = router or (
+            lambda ref, entity: layouts.route(
+                app.layouts.cached(ref.worker), ref.gen, ref.shard, entity
+            )
+        )
         self._leases, self._stopping = leases, stopping
         self.clock, self._wall = clock, wall_clock
         self._report = Reporter(observers, clock)
@@ -203,8 +188,9 @@ class Executor:
                     return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
                 payloads.append(j.payload)
                 infos.append(JobInfo(m.message_id, attempt_of(m), m.sent_at, j.meta))
-            if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
-                if self._bury_invalid(ref, chunk[0]):
+            invalid = chunk[0].invalid
+            if invalid is not None:  # its turn: the morgue, or wait with the rest
+                if self._bury(ref, None, chunk, chunk[0].reason, invalid, 0.0):
                     i += 1
                     continue
                 return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
@@ -220,9 +206,7 @@ class Executor:
                 isolate_until = i + len(chunk)  # run them again one at a time
                 continue
             if decision.action == MORGUE:
-                if self._bury(ref, worker, chunk, decision.reason, error):
-                    self._outcome("morgued", ref, chunk, duration, error, reason=decision.reason)
-                    self._attempts.forget(j.message for j in chunk)
+                if self._bury(ref, worker, chunk, decision.reason, error, duration):
                     i += len(chunk)
                     continue
                 decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
@@ -314,15 +298,6 @@ class Executor:
             return _Job(message, None, invalid=exc, reason=reason)
         return _Job(message, env.payload, env.meta)
 
-    def _bury_invalid(self, ref: ShardRef, job: _Job) -> bool:
-        """An invalid message's turn: the morgue at once. False if that failed."""
-        assert job.invalid is not None
-        if not self._bury(ref, None, [job], job.reason, job.invalid):
-            return False
-        self._outcome("morgued", ref, [job], 0.0, job.invalid, reason=job.reason)
-        self._attempts.forget([job.message])
-        return True
-
     def _bury(
         self,
         ref: ShardRef,
@@ -330,8 +305,10 @@ class Executor:
         chunk: list[_Job],
         reason: str,
         error: BaseException,
+        duration: float,
     ) -> bool:
-        """Write the chunk to the morgue; only then is it deleted. False if that failed."""
+        """Write the chunk to the morgue; only then is it deleted and reported ``morgued``.
+        False if that failed."""
         entity = chunk[0].message.group_id
         try:
             morgue.bury(
@@ -352,6 +329,8 @@ class Executor:
                 worker.retries_exhausted(entity, [j.payload for j in chunk], error)
             except Exception:
                 log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
+        self._outcome("morgued", ref, chunk, duration, error, reason=reason)
+        self._attempts.forget(j.message for j in chunk)
         return True
 
     # -- reporting ---------------------------------------------------------------
@@ -385,12 +364,3 @@ class Executor:
                 max_delay=self._max_retry_delay,
             )
         return rules
-
-
-def app_router(app: Deployment) -> Router:
-    """The router of the app's layout copy in hand (no request)."""
-
-    def route(ref: ShardRef, entity: str) -> str:
-        return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
-
-    return route

@@ -1,17 +1,8 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
 
-Each **lane** (:mod:`shardq.run.lane`) owns its shards alone: its scheduler picks the
-next shard, it hands that shard's batch, entity by entity, to the execution slots
-(:mod:`shardq.run.slots`) while its next receives are in flight, and hands shards that
-look empty to the idle watch. Every received message is held by the node's
-:class:`~shardq.run.leases.Leases` until it is settled. An elastic node takes shards on
-and hands them back while it runs (:mod:`shardq.run.ownership`).
-
-The node's own thread only watches: every quarter second it checks that every part is
-alive (a dead part stops the node with exit code 1), logs ``node.progress`` now and
-then, runs the broker's housekeeping, and notices when ``--until-empty`` is done.
-
-Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): see :mod:`shardq.run.shutdown`.
+Lanes hand batches to the execution slots; the leases hold every received message until
+it is settled; the node's own thread only watches (:meth:`Node._watch`). See
+docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -61,10 +52,8 @@ MAINTAIN_EVERY_SECONDS = 30.0
 class Node:
     """Runs the plan of one node. :meth:`run` blocks until the node stops.
 
-    ``threads``: how many lanes to run, even if the plan has fewer threads (an elastic
-    node starts with an empty plan and is given shards by :meth:`add_shard`); None:
-    one lane per thread of the plan. Its parts decide by ``clock`` (monotonic seconds;
-    Unix time, ``wall_clock``, where compared with the broker's or other nodes' stamps).
+    ``threads``: how many lanes (an elastic node: more than its plan's; None: the plan's).
+    ``clock``: monotonic seconds; ``wall_clock``: Unix time, compared with others' stamps.
     """
 
     def __init__(
@@ -101,7 +90,6 @@ class Node:
             clock=clock,
             wall_clock=wall_clock,
         )
-        #: Warns of jobs whose age nears their queue's retention.
         self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
         self.intake = Intake(
             app.broker,
@@ -115,7 +103,6 @@ class Node:
         self.stopping = self.intake.stopping
         self.limits = TimeLimits(clock)
         self.id = make_node_id()
-        #: Fleet membership (elastic: leases; static: reports only; None: neither).
         self.fleet = fleet(self) if fleet is not None else None
         self.id = self.fleet.id if self.fleet is not None else self.id
         self.metrics = NodeMetrics(
@@ -132,15 +119,13 @@ class Node:
             self.limits,
             self.stopping,
             [self._tally, *self.observers],
-            router=self.route,
+            router=lambda ref, entity: self.layout.route(ref, entity),
             clock=clock,
             wall_clock=wall_clock,
         )
         concurrency = self.config.concurrency if concurrency is None else concurrency
-        #: The execution slots: up to ``concurrency`` jobs at once.
         self.slots = Slots(concurrency, self.executor, self.stopping, self.fail)
         self.metrics_port: int | None = None
-        #: The idle watch: one thread for the embedded broker, a poller per shard on SQS.
         self.idle: Pollers | Watcher = (
             Watcher(self.intake) if local else Pollers(self.intake, self.config.idle_wait_seconds)
         )
@@ -159,7 +144,6 @@ class Node:
             for i, mine in enumerate(refs)
         ]
         self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard)
-        #: The node's part in a reshard (refresh, close old shards, sweep retired ones).
         self.layout = keeper(self)
         self.failed = False
         self.signals = StopSignals(self.stopping)
@@ -172,10 +156,6 @@ class Node:
             clock=clock,
         )
 
-    def route(self, ref: ShardRef, entity: str) -> str:
-        """Run, wait or relay an entity's jobs from ``ref`` (the lanes' executors ask)."""
-        return self.layout.route(ref, entity)
-
     def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
         queue = self.app.shard_queue(ref.worker, ref.shard, ref.gen)
@@ -183,14 +163,13 @@ class Node:
 
     # -- the shards it serves (any thread) ------------------------------------------------
     def add_shard(self, ref: ShardRef) -> None:
-        """Serve ``ref`` too (a no-op if served). Creates its queue and its worker's
-        morgue queue here (a :class:`BrokerError` is raised to the caller)."""
+        """Serve ``ref`` too (a no-op if served); a :class:`BrokerError` creating its
+        queues is raised."""
         self.ownership.add(ref)
 
     def drop_shard(self, ref: ShardRef) -> threading.Event:
-        """Serve ``ref`` no more. The event is set once the node holds no message of
-        it that the broker has not confirmed released, hidden or deleted: another node
-        may then receive its queue. Set at once if ``ref`` is not served here."""
+        """Serve ``ref`` no more. The event is set once the broker confirmed every
+        message of it released, hidden or deleted (at once if not served here)."""
         return self.ownership.drop(ref)
 
     def shard_refs(self) -> list[ShardRef]:
@@ -200,8 +179,7 @@ class Node:
     # -- running ---------------------------------------------------------------
     def run(self, signals_before: Callable[[], int] | None = None) -> int:
         """Run until stopped (or drained with ``until_empty``); returns the exit code.
-        ``signals_before`` tells how many stop signals came before the node's own
-        handlers were installed (the CLI's start-up handlers count them)."""
+        ``signals_before``: how many stop signals came before the node's handlers."""
         self.signals.install(signals_before() if signals_before else 0)
         if self.signals.count:
             self.stop()
@@ -306,11 +284,9 @@ class Node:
     def _broker_error(self, operation: str) -> None:
         self.metrics.broker_error(operation)
 
-    # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
     def lags(self) -> list[tuple[str, int, float]]:
-        """``(worker, shard, seconds)`` (the worker with its layout generation, as
-        ``Orders@2``, past the first): how long the oldest job believed waiting in each
-        served shard has waited (0 when none is known to wait)."""
+        """``(worker, shard, seconds)`` (worker as ``Orders@2`` past generation 0): the age
+        of the oldest job believed waiting in each served shard (0 when none is known)."""
         now = self.wall()
         return [
             (
@@ -324,17 +300,16 @@ class Node:
 
     # -- the watching thread -----------------------------------------------------------
     def _check_alive(self) -> None:
+        fleet = self.fleet
+        parts: dict[str, Callable[[], bool]] = {
+            "the lease keeper": self.leases.alive,
+            "an execution slot": self.slots.alive,
+            "the idle watch": self.idle.alive,
+            "the fleet membership": fleet.alive if fleet is not None else lambda: True,
+            "the layout keeper": self.layout.alive,
+        }
         dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
-        if not self.leases.alive():
-            dead.append("the lease keeper")
-        if not self.slots.alive():
-            dead.append("an execution slot")
-        if not self.idle.alive():
-            dead.append("the idle watch")
-        if self.fleet is not None and not self.fleet.alive():
-            dead.append("the fleet membership")
-        if not self.layout.alive():
-            dead.append("the layout keeper")
+        dead += [name for name, alive in parts.items() if not alive()]
         if dead and not self.stopping.is_set():
             self.failed = True
             log.error("node.thread_died", threads=dead, detail="stopping the node")
