@@ -1,16 +1,8 @@
 """``async def perform``: one event loop per node, in its own thread.
 
-A worker whose ``perform`` is a coroutine function is run on the node's loop
-(:class:`EventLoop`); the execution slot that runs the entity waits for it, so async
-and sync jobs share the node's ``concurrency`` and the same order, retry, morgue and
-shutdown rules. A ``time_limit`` is enforced by real cancellation
-(:func:`asyncio.wait_for`): the coroutine gets :class:`asyncio.CancelledError` at its
-current ``await``, and the call fails with
-:class:`~shardq.run.timelimit.TimeLimitExceeded`. A ``CancelledError`` (or any other
-``BaseException``) that ``perform`` raises itself is a failed attempt.
-
-Keep the loop free: a blocking call inside an async ``perform`` (``time.sleep``, a
-synchronous HTTP client) stalls every async job of the node.
+An async worker's calls share the node's ``concurrency`` and its order, retry and
+shutdown rules; its ``time_limit`` cancels the coroutine (:func:`asyncio.wait_for`).
+A blocking call inside an async ``perform`` stalls every async job of the node.
 """
 
 from __future__ import annotations
@@ -58,7 +50,7 @@ class EventLoop:
 
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the
-        grace period is: its message reappears after its visibility timeout)."""
+        grace period is)."""
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:

@@ -251,8 +251,7 @@ class Executor:
             self._leases.delete(messages)
         else:
             done.extend(messages)
-        payloads = [j.payload for j in chunk]
-        self._report.outcome("succeeded", ref, messages, payloads, self.attempt, duration)
+        self._outcome("succeeded", ref, chunk, duration)
         self._attempts.forget(messages)
 
     def _retry(

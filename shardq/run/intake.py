@@ -43,7 +43,9 @@ class Intake:
         self.pool = pool
         #: Set once the node began to stop: nothing new starts.
         self.stopping = threading.Event()
-        self._fail, self._broker_error, self._clock = fail, broker_error, clock
+        #: A part of the node died for an unexpected reason: stop with exit code 1.
+        self.fail = fail
+        self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
         self._received = threading.Condition()
 
@@ -51,10 +53,6 @@ class Intake:
         """Begin the node's graceful shutdown (idempotent, from any thread)."""
         self.stopping.set()
         self.broker.wake_waiters()
-
-    def fail(self, what: str, exc: BaseException) -> None:
-        """A part of the node died for an unexpected reason: stop with exit code 1."""
-        self._fail(what, exc)
 
     def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,

@@ -1,11 +1,7 @@
 """``job.old``: a warning for a received job that has waited long in its queue.
 
-SQS deletes a message once it is older than its queue's retention period (14 days
-for the queues shardq creates, at most), received or not, run or not. A node warns,
-once per message, about a job whose age (from its ``SentTimestamp``, i.e.
-:attr:`Message.sent_at`) passes ``retention_warning_share`` of that period, so an
-operator learns of a backlog before SQS starts deleting jobs unrun. The embedded
-broker keeps messages until they are deleted: nothing to warn about there.
+SQS deletes a message older than its queue's retention period, run or not. A node warns
+once per message whose age passes ``retention_warning_share`` of that period.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ REMEMBERED = 10_000
 
 
 def too_old(sent_at: float, now: float, retention: float | None, share: float) -> bool:
-    """Whether a job sent at ``sent_at`` (epoch seconds) is, at ``now``, older than
-    ``share`` of its queue's ``retention`` (None: the queue keeps messages; a share of
-    0 turns the warning off)."""
+    """Is a job sent at ``sent_at`` older than ``share`` of its queue's ``retention`` at
+    ``now`` (None: the queue keeps messages; a share of 0 turns the warning off)?"""
     if retention is None or share <= 0:
         return False
     return now - sent_at > share * retention

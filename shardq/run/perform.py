@@ -5,7 +5,7 @@ Any ``BaseException`` it raises is a failed attempt, returned, never raised.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 from shardq.core.clock import Clock
@@ -38,20 +38,15 @@ class Performer:
         kind = type(worker)
         if kind not in self._async:
             self._async[kind] = is_async(kind.perform)
-        limit = settings.time_limit
-        call: Callable[[], None]
-        if self._async[kind]:  # on the node's loop, the limit by cancellation there
+        is_coroutine = self._async[kind]  # on the node's loop, limited by cancellation there
 
-            def call() -> None:
+        def call() -> None:
+            if is_coroutine:
                 self.loop.run(
                     lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
                     settings.time_limit,
                 )
-
-            limit = None
-        else:
-
-            def call() -> None:
+            else:
                 worker.perform(entity, payloads)
 
         if self._middleware:
@@ -64,7 +59,7 @@ class Performer:
 
         started = self._clock()  # the node's: the slots decide by durations (run_inline)
         try:
-            _, overran = self._limits.run(call, limit)
+            _, overran = self._limits.run(call, None if is_coroutine else settings.time_limit)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
             return exc, self._clock() - started
         duration = self._clock() - started
