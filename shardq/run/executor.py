@@ -38,8 +38,8 @@ from shardq.core.outcome import (
 from shardq.core.outcome import Outcome as Outcome
 from shardq.core.plan import ShardRef
 from shardq.publish.relay import relay
+from shardq.run.aio import Performer
 from shardq.run.leases import Leases
-from shardq.run.perform import Performer
 from shardq.run.shard import by_entity
 from shardq.run.timelimit import TimeLimits
 

@@ -77,7 +77,7 @@ class Node:
         self.elastic = threads is not None
         threads = _lane_count(plan, threads)
         # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
-        self.local = local = app.broker.watch([], 0) is not None
+        local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
         self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
         # leases of the plan's workers (an elastic node: of any, whose shards it may be given)
@@ -112,13 +112,12 @@ class Node:
             slots=lambda: (self.slots.in_use(), self.slots.concurrency),
         )
         self._tally = Tally()
-        self.observers: list[Observer] = [self.metrics, *observers]
         self.executor = Executor(
             app,
             self.leases,
             self.limits,
             self.stopping,
-            [self._tally, *self.observers],
+            [self._tally, self.metrics, *observers],
             router=lambda ref, entity: self.layout.route(ref, entity),
             clock=clock,
             wall_clock=wall_clock,
@@ -204,7 +203,10 @@ class Node:
             self._progress.maybe_log()
             if (now := self.clock()) >= next_maintain:
                 next_maintain = now + MAINTAIN_EVERY_SECONDS
-                self._maintain()
+                try:
+                    self.app.broker.maintain()
+                except BrokerError as exc:
+                    self.broker_trouble("maintain", None, exc)
             if self.until_empty:
                 quiet = quiet + 1 if self._idle() else 0
                 if quiet >= 2 and self._drained():  # asks the broker once idle a while
@@ -236,7 +238,10 @@ class Node:
                 detail="this node owns no shard: there are more nodes than shards; it "
                 "will idle. Run fewer nodes or give the workers more shards.",
             )
-        self._ensure_queues()
+        for ref in self.plan.shards:
+            if self.stopping.is_set():
+                return
+            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
         if self.stopping.is_set():
             return
         if self.config.metrics_port is not None:
@@ -314,18 +319,6 @@ class Node:
             self.failed = True
             log.error("node.thread_died", threads=dead, detail="stopping the node")
             self.stop()
-
-    def _maintain(self) -> None:
-        try:
-            self.app.broker.maintain()
-        except BrokerError as exc:
-            self.broker_trouble("maintain", None, exc)
-
-    def _ensure_queues(self) -> None:
-        for ref in self.plan.shards:
-            if self.stopping.is_set():
-                return
-            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
 
     def _idle(self) -> bool:
         return (
