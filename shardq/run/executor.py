@@ -95,10 +95,9 @@ class Executor:
         self._leases, self._stopping = leases, stopping
         self.clock, self._wall = clock, wall_clock
         self._report = Reporter(observers, clock)
-        self._max_retry_delay = max_retry_delay
+        self._max_delay = max_retry_delay
         self._local_workers = threading.local()
         self.perform = Performer(limits, app.middleware, clock)
-        self._rules: dict[str, Rules] = {}
         self._attempts = Attempts()
         self.attempt = self._attempts.of
         self._key = app.signing_key
@@ -201,7 +200,13 @@ class Executor:
                 i += len(chunk)
                 continue
             attempt = self.attempt(chunk[0].message)
-            decision = decide(error, attempt, self._rules_for(worker), self._wall())
+            rules = Rules(
+                settings.max_retries,
+                type(worker).permanent_errors,
+                worker.retry_in,
+                self._max_delay,
+            )
+            decision = decide(error, attempt, rules, self._wall())
             if decision.action == MORGUE and len(chunk) > 1:
                 isolate_until = i + len(chunk)  # run them again one at a time
                 continue
@@ -351,15 +356,3 @@ class Executor:
         if name not in workers:
             workers[name] = self._app.worker(name)()
         return workers[name]
-
-    def _rules_for(self, worker: WorkerLike) -> Rules:
-        name = type(worker).__name__
-        rules = self._rules.get(name)
-        if rules is None:
-            rules = self._rules[name] = Rules(
-                max_retries=self._app.settings(name).max_retries,
-                permanent_errors=type(worker).permanent_errors,
-                retry_in=worker.retry_in,
-                max_delay=self._max_retry_delay,
-            )
-        return rules

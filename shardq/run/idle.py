@@ -57,28 +57,25 @@ class _Poller(threading.Thread):
         self.wake = threading.Event()
 
     def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail(f"the poller of {self.shard.ref}", exc)
-
-    def _run(self) -> None:
         node, shard, backoff = self.node, self.shard, 0.5
-        while not node.stopping.is_set() and not shard.dropped:
-            if not self.wake.wait(0.5) or shard.dropped:
-                continue
-            messages = node.receive(shard, wait_seconds=self._wait)
-            if messages is None:  # the broker failed (logged; back off), or the node stops
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            if node.stopping.is_set() or shard.dropped:
-                node.release_straggler(messages)
-                return
-            if messages:
-                self.wake.clear()
-                self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+        try:
+            while not node.stopping.is_set() and not shard.dropped:
+                if not self.wake.wait(0.5) or shard.dropped:
+                    continue
+                messages = node.receive(shard, wait_seconds=self._wait)
+                if messages is None:  # the broker failed (logged; back off), or the node stops
+                    node.stopping.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+                backoff = 0.5
+                if node.stopping.is_set() or shard.dropped:
+                    node.release_straggler(messages)
+                    return
+                if messages:
+                    self.wake.clear()
+                    self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+        except BaseException as exc:
+            node.fail(f"the poller of {shard.ref}", exc)
 
 
 class Watcher(threading.Thread):

@@ -172,24 +172,20 @@ class Lane(threading.Thread):
         """Take what reached the inbox; wait up to ``timeout`` for the first (0: do not)."""
         try:
             item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+            while True:
+                match item:  # WAKE (there is room again) needs nothing
+                    case Swept(shard):
+                        shard.sweeping = False
+                        self._swept(shard)
+                    case Join(shard):
+                        self._join(shard)
+                    case Leave():
+                        self._leave(item)
+                    case (shard, messages, full):
+                        self._found(shard, messages, full)
+                item = self.inbox.get_nowait()
         except queue.Empty:
             return
-        while True:
-            if isinstance(item, str):  # WAKE: there is room again
-                pass
-            elif isinstance(item, Swept):
-                item.shard.sweeping = False
-                self._swept(item.shard)
-            elif isinstance(item, Join):
-                self._join(item.shard)
-            elif isinstance(item, Leave):
-                self._leave(item)
-            else:
-                self._found(*item)
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
 
     def _found(self, shard: Shard, messages: list[Message] | None, full: bool) -> None:
         if messages is None:  # the embedded watcher: it may have work
