@@ -1,4 +1,5 @@
-"""Prometheus metrics of a node, served on ``--metrics-port`` (``/metrics``).
+"""A node's metrics: Prometheus on ``--metrics-port`` (``/metrics``), and the
+``node.progress`` log line.
 
 ``shardq_jobs_total``, ``shardq_job_duration_seconds``, ``shardq_shard_lag_seconds``,
 ``shardq_in_flight_jobs``, ``shardq_broker_errors_total``, ``shardq_slots_in_use`` and
@@ -13,18 +14,24 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.core.clock import Clock, monotonic
 from shardq.core.errors import MetricsServerError
+from shardq.core.outcome import Tally
 from shardq.run.executor import Outcome
+
+log = structlog.get_logger("shardq.node")
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
 
 
 class NodeMetrics(Collector):
-    """Counters fed by job outcomes; gauges read from the node when scraped."""
+    """Counters fed by job outcomes; gauges read from the node when scraped; and
+    ``node.progress`` every ``progress_seconds`` (:meth:`log_progress`, 0: never)."""
 
     def __init__(
         self,
@@ -32,9 +39,17 @@ class NodeMetrics(Collector):
         in_flight: Callable[[], int],
         node: str = "",
         slots: Callable[[], tuple[int, int]] | None = None,
+        *,
+        tally: Callable[[], Tally] = Tally,
+        progress_seconds: float = 0.0,
+        clock: Clock = monotonic,
     ) -> None:
+        """``slots``: (in use, concurrency); ``tally``: the node's job outcomes so far."""
         self.node = node
         self._lags, self._in_flight, self._slots = lags, in_flight, slots
+        self._tally, self._every, self._clock = tally, progress_seconds, clock
+        self._last = clock()
+        self._done: dict[str, int] = {}
         self.registry = CollectorRegistry()
         self.jobs = Counter(
             "shardq_jobs_total",
@@ -77,6 +92,32 @@ class NodeMetrics(Collector):
 
     def broker_error(self, operation: str) -> None:
         self.broker_errors.labels(operation, self.node).inc()
+
+    def log_progress(self) -> None:
+        """Log ``node.progress`` (jobs/s per worker, the max lag) if a period passed."""
+        now = self._clock()
+        if not self._every or now - self._last < self._every:
+            return
+        tally = self._tally()
+        done: dict[str, int] = {}
+        for kind in (tally.succeeded, tally.morgued):
+            for worker, n in kind.items():
+                done[worker] = done.get(worker, 0) + n
+        rates = {
+            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
+        }
+        lags = [lag for _, _, lag in self._lags()]
+        in_use, concurrency = self._slots() if self._slots is not None else (0, 0)
+        log.info(
+            "node.progress",
+            jobs_per_second=rates,
+            done=sum(done.values()),
+            max_lag=round(max(lags, default=0.0), 3),
+            held=self._in_flight(),
+            slots_in_use=in_use,
+            concurrency=concurrency,
+        )
+        self._last, self._done = now, done
 
     def serve(self, port: int, host: str) -> int:
         """Serve ``/metrics``; returns the port (useful with port 0)."""

@@ -34,7 +34,6 @@ from shardq.run.leases import Leases, extend_interval
 from shardq.run.metrics import NodeMetrics
 from shardq.run.ownership import Ownership
 from shardq.run.parts import Keeper, Membership
-from shardq.run.progress import Progress
 from shardq.run.shard import Shard
 from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
@@ -110,6 +109,9 @@ class Node:
             self.leases.count,
             node=self.id,
             slots=lambda: (self.slots.in_use(), self.slots.concurrency),
+            tally=self.tally,
+            progress_seconds=self.config.progress_seconds,
+            clock=clock,
         )
         self._tally = Tally()
         self.executor = Executor(
@@ -146,14 +148,6 @@ class Node:
         self.layout = keeper(self)
         self.failed = False
         self.signals = StopSignals(self.stopping)
-        self._progress = Progress(
-            self.config.progress_seconds,
-            self.tally,
-            self.lags,
-            self.leases.count,
-            lambda: (self.slots.in_use(), self.slots.concurrency),
-            clock=clock,
-        )
 
     def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
@@ -200,7 +194,7 @@ class Node:
         quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
             self._check_alive()
-            self._progress.maybe_log()
+            self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
                 next_maintain = now + MAINTAIN_EVERY_SECONDS
                 try:
