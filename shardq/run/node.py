@@ -27,8 +27,7 @@ from shardq.core.signals import StopSignals
 from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
 from shardq.run.idle import Pollers, Watcher
-from shardq.run.intake import Intake
-from shardq.run.job_age import OldJobs
+from shardq.run.intake import Intake, OldJobs
 from shardq.run.lane import Lane
 from shardq.run.leases import Leases, extend_interval
 from shardq.run.metrics import NodeMetrics
