@@ -109,12 +109,12 @@ class Executor:
         return [Deferred(end.due, ref, end.messages) for end in ends if end.kind == LATER]
 
     def run_entity(
-        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool] | None = None
+        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool]
     ) -> EntityEnd:
-        """Run one entity's jobs of shard ``ref`` in order (see the module doc).
-        ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
+        """Run one entity's jobs of shard ``ref`` in order; ``stop`` is asked before each
+        ``perform`` call."""
         settings, worker = self._app.settings(ref.worker), self._worker(ref.worker)
-        return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
+        return self._run_entity(ref, settings, worker, messages, stop)
 
     def run_entities(
         self, ref: ShardRef, groups: list[list[Message]], stop: Callable[[], bool]
