@@ -112,34 +112,31 @@ class Watcher(threading.Thread):
         return self.is_alive() or self.node.stopping.is_set()
 
     def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail("the idle watch", exc)
-
-    def _run(self) -> None:
         node, backoff = self.node, 0.5
-        while not node.stopping.is_set():
-            busy = self._joined.is_set()
-            self._joined.clear()
-            with self._lock:
-                queues = list(dict.fromkeys(s.queue for s in self._watched))
-                self._long_round = not busy
-            if not queues:
-                self._joined.wait(0.5)
-                continue
-            try:
-                ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
-            except BrokerError as exc:
-                node.broker_trouble("watch", None, exc)
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            arrived = set(ready or ())
-            with self._lock:
-                found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
-                for shard, _ in found:
-                    del self._watched[shard]
-            for shard, lane in found:
-                lane.inbox.put((shard, None, False))
+        try:
+            while not node.stopping.is_set():
+                busy = self._joined.is_set()
+                self._joined.clear()
+                with self._lock:
+                    queues = list(dict.fromkeys(s.queue for s in self._watched))
+                    self._long_round = not busy
+                if not queues:
+                    self._joined.wait(0.5)
+                    continue
+                try:
+                    ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
+                except BrokerError as exc:
+                    node.broker_trouble("watch", None, exc)
+                    node.stopping.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+                backoff = 0.5
+                arrived = set(ready or ())
+                with self._lock:
+                    found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
+                    for shard, _ in found:
+                        del self._watched[shard]
+                for shard, lane in found:
+                    lane.inbox.put((shard, None, False))
+        except BaseException as exc:
+            node.fail("the idle watch", exc)

@@ -107,11 +107,6 @@ class Lane(threading.Thread):
         """Replace the list (by the lane's thread, or by anyone before it starts)."""
         self.shards = shards
 
-    def _join(self, shard: Shard) -> None:
-        self.set_shards([*self.shards, shard])
-        if not shard.dropped:
-            self.watch.watch(shard, self)
-
     def _leave(self, leave: Leave) -> None:
         """Serve a shard no more: the slots hand its jobs back (:meth:`Slots.sweep`);
         receives still in flight are released when they return, before ``swept``."""
@@ -178,7 +173,9 @@ class Lane(threading.Thread):
                         shard.sweeping = False
                         self._swept(shard)
                     case Join(shard):
-                        self._join(shard)
+                        self.set_shards([*self.shards, shard])
+                        if not shard.dropped:
+                            self.watch.watch(shard, self)
                     case Leave():
                         self._leave(item)
                     case (shard, messages, full):
