@@ -169,7 +169,7 @@ class Executor:
         if action == layouts.RELAY and not self._relayed(ref, messages):
             action = layouts.WAIT
         if action == layouts.WAIT:  # held, in order, without counting an attempt
-            return self._retry(ref, [], jobs, GATE_SECONDS)
+            return self._retry([], jobs, GATE_SECONDS)
         if action == layouts.RELAY:
             return EntityEnd(DONE)
         i, isolate_until, performed = 0, 0, 0.0
@@ -192,7 +192,7 @@ class Executor:
                 if self._bury(ref, None, chunk, chunk[0].reason, invalid, 0.0):
                     i += 1
                     continue
-                return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
+                return self._retry(chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
             error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
             performed += duration
             if error is None:
@@ -220,7 +220,7 @@ class Executor:
                     "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"
                 )
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
-            return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
+            return self._retry(chunk, jobs[i + len(chunk) :], decision.delay)
         return EntityEnd(DONE, performed=performed)
 
     def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
@@ -259,9 +259,7 @@ class Executor:
         self._outcome("succeeded", ref, chunk, duration)
         self._attempts.forget(messages)
 
-    def _retry(
-        self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
-    ) -> EntityEnd:
+    def _retry(self, failed: list[_Job], later: list[_Job], delay: float) -> EntityEnd:
         """Keep the failed jobs and the entity's later ones together until the retry."""
         messages = [j.message for j in failed + later]
         due = self.clock() + delay
