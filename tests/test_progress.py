@@ -13,7 +13,7 @@ from shardq.broker import MemoryBroker
 from shardq.core.clock import ManualClock
 from shardq.core.config import Config
 from shardq.core.outcome import Tally
-from shardq.run.progress import Progress
+from shardq.run.metrics import NodeMetrics
 from tests.apps import ledger
 from tests.clocks import Skipping
 
@@ -21,29 +21,29 @@ from tests.clocks import Skipping
 def test_progress_is_logged_once_per_period_with_the_rates_since_the_last_one() -> None:
     # given a node's counters and a progress log every 10 s on a manual clock
     clock, tally = ManualClock(), Tally()
-    progress = Progress(
-        10.0,
-        lambda: tally,
+    progress = NodeMetrics(
         lambda: [("Sync", 0, 1.5), ("Sync", 1, 4.25)],
         lambda: 7,
-        lambda: (3, 16),
+        slots=lambda: (3, 16),
+        tally=lambda: tally,
+        progress_seconds=10.0,
         clock=clock,
     )
     with capture_logs() as logs:
         # when 9.9 s pass: nothing is due yet
         tally.add("succeeded", "Sync", 50)
         clock.advance(9.9)
-        progress.maybe_log()
+        progress.log_progress()
         assert logs == []
         # when the period is over: one line with the rate over the whole period
         clock.advance(0.1)
-        progress.maybe_log()
-        progress.maybe_log()  # and not twice for one period
+        progress.log_progress()
+        progress.log_progress()  # and not twice for one period
         # and over the next period only what was done in it counts
         tally.add("succeeded", "Sync", 10)
         tally.add("morgued", "Sync", 10)
         clock.advance(20.0)
-        progress.maybe_log()
+        progress.log_progress()
     # then
     assert [e["event"] for e in logs] == ["node.progress", "node.progress"]
     first, second = logs
@@ -56,11 +56,13 @@ def test_progress_is_logged_once_per_period_with_the_rates_since_the_last_one() 
 def test_progress_every_0_is_never_logged() -> None:
     # given progress turned off (progress_seconds: 0)
     clock = ManualClock()
-    progress = Progress(0.0, Tally, lambda: [], lambda: 0, lambda: (0, 1), clock=clock)
+    progress = NodeMetrics(
+        lambda: [], lambda: 0, slots=lambda: (0, 1), progress_seconds=0.0, clock=clock
+    )
     # when a day passes
     with capture_logs() as logs:
         clock.advance(86_400)
-        progress.maybe_log()
+        progress.log_progress()
     # then nothing was logged
     assert logs == []
 

@@ -20,7 +20,7 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.limits import MAX_RETENTION_SECONDS
 from shardq.ops.ensure import EXIT_DRIFT, EXIT_OK, ensure
-from shardq.run.job_age import OldJobs, too_old
+from shardq.run.intake import OldJobs, too_old
 from tests.emulator import Emulator
 
 DAY = 86400.0

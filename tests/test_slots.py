@@ -350,9 +350,9 @@ def running_a_with_b_joined(recorder: Recorder) -> tuple[Slots, Shard]:
     """Slots running job A of entity e (receipt a-1), and job B of e (b-1) joined."""
     slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.submit(shard, [message("a", "a-1", "1")])
+    slots.hand(shard, [[message("a", "a-1", "1")]])
     assert recorder.started.wait(30)
-    slots.submit(shard, [message("b", "b-1", "2")])
+    slots.hand(shard, [[message("b", "b-1", "2")]])
     return slots, shard
 
 
@@ -361,7 +361,7 @@ def test_a_job_delivered_again_while_it_waits_takes_its_first_copys_place() -> N
     recorder = Recorder()
     slots, shard = running_a_with_b_joined(recorder)
     # when B is received again (its first copy's visibility ran out), with job C after it
-    slots.submit(shard, [message("b", "b-2", "2"), message("c", "c-1", "3")])
+    slots.hand(shard, [[message("b", "b-2", "2"), message("c", "c-1", "3")]])
     recorder.go.set()
     recorder.wait_runs(slots, 2)
     # then B runs once, with its new receipt, in its place before C; its first copy is
@@ -405,9 +405,9 @@ def run_with_m_delivered_again(recorder: Recorder) -> None:
     copy's visibility ran out, receipt m-2) with job N after it; then all settle."""
     slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
-    slots.submit(shard, [message("m", "m-1", "1")])
+    slots.hand(shard, [[message("m", "m-1", "1")]])
     assert recorder.started.wait(30)
-    slots.submit(shard, [message("m", "m-2", "1"), message("n", "n-1", "2")])
+    slots.hand(shard, [[message("m", "m-2", "1"), message("n", "n-1", "2")]])
     recorder.go.set()
     recorder.wait_runs(slots, 2)
     slots.close()

@@ -2,5 +2,5 @@
 
 Imports the core, the brokers, the store, publishing and the morgue; never the fleet,
 resharding, the API or the operator's tools (those plug in through the protocols in
-:mod:`shardq.run.ports`).
+:mod:`shardq.run.parts`). See docs/design/run.md.
 """

@@ -1,11 +1,5 @@
 """What a lane may start (:mod:`shardq.run.slots`): another batch, and an entity's jobs
-in its own thread (inline) instead of a slot.
-
-Back-pressure: a lane starts another batch only while fewer jobs than slots wait for
-one. A hand-over to a slot thread costs more than a blank job, so a worker known to be
-quick (by the mean time its jobs took) runs in the lane that received it while a slot
-is free, counted as one slot. It is known quick only once enough of its jobs were
-measured: one quick early job (a job that failed at once) says little about the next.
+in its own thread (inline) instead of a slot. See docs/design/run.md.
 """
 
 from __future__ import annotations

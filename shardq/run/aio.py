@@ -1,16 +1,7 @@
-"""``async def perform``: one event loop per node, in its own thread.
-
-A worker whose ``perform`` is a coroutine function is run on the node's loop
-(:class:`EventLoop`); the execution slot that runs the entity waits for it, so async
-and sync jobs share the node's ``concurrency`` and the same order, retry, morgue and
-shutdown rules. A ``time_limit`` is enforced by real cancellation
-(:func:`asyncio.wait_for`): the coroutine gets :class:`asyncio.CancelledError` at its
-current ``await``, and the call fails with
-:class:`~shardq.run.timelimit.TimeLimitExceeded`. A ``CancelledError`` (or any other
-``BaseException``) that ``perform`` raises itself is a failed attempt.
-
-Keep the loop free: a blocking call inside an async ``perform`` (``time.sleep``, a
-synchronous HTTP client) stalls every async job of the node.
+"""Calling ``perform``: a sync worker's in the calling thread, an async worker's on the
+node's one event loop (in its own thread); inside the app's middleware, within the
+worker's ``time_limit`` (for ``async def``, by cancelling the coroutine). A blocking call
+inside an async ``perform`` stalls every async job of the node.
 """
 
 from __future__ import annotations
@@ -18,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
-from shardq.run.timelimit import TimeLimitExceeded
-
-
-def is_async(perform: Callable[..., Any]) -> bool:
-    """Is this ``perform`` a coroutine function (``async def``)?"""
-    return inspect.iscoroutinefunction(perform)
+from shardq.core.clock import Clock
+from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
+from shardq.core.middleware import Middleware, PerformContext, run_around
+from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
 
 
 class EventLoop:
@@ -58,7 +47,7 @@ class EventLoop:
 
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the
-        grace period is: its message reappears after its visibility timeout)."""
+        grace period is)."""
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:
@@ -80,3 +69,56 @@ class EventLoop:
                 ready.wait()
                 self._loop = loop
             return self._loop
+
+
+class Performer:
+    """Calls workers' ``perform`` for a node (any thread)."""
+
+    def __init__(self, limits: TimeLimits, middleware: Sequence[Middleware], clock: Clock) -> None:
+        self._limits, self._clock = limits, clock
+        self._middleware = middleware  # the app's list: middleware added later counts
+        self._async: dict[type[WorkerLike], bool] = {}
+        #: The event loop of async workers (started on first use).
+        self.loop = EventLoop()
+
+    def __call__(
+        self,
+        worker: WorkerLike,
+        settings: WorkerSettings,
+        entity: str,
+        payloads: list[Any],
+        jobs: list[JobInfo],
+    ) -> tuple[BaseException | None, float]:
+        """``worker.perform(entity, payloads)``: (the error or None, seconds it took)."""
+        worker.jobs, worker.attempt = jobs, jobs[0].attempt
+        kind = type(worker)
+        if kind not in self._async:
+            self._async[kind] = inspect.iscoroutinefunction(kind.perform)
+        is_coroutine = self._async[kind]  # on the node's loop, limited by cancellation there
+
+        def call() -> None:
+            if is_coroutine:
+                self.loop.run(
+                    lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
+                    settings.time_limit,
+                )
+            else:
+                worker.perform(entity, payloads)
+
+        if self._middleware:
+            ids, metas = [j.message_id for j in jobs], [j.meta for j in jobs]
+            ctx = PerformContext(settings.name, entity, payloads, worker.attempt, ids, metas)
+            inner = call
+
+            def call() -> None:
+                run_around(self._middleware, "around_perform", inner, ctx)
+
+        started = self._clock()  # the node's: the slots decide by durations (run_inline)
+        try:
+            _, overran = self._limits.run(call, None if is_coroutine else settings.time_limit)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
+            return exc, self._clock() - started
+        duration = self._clock() - started
+        if overran:
+            return TimeLimitExceeded(f"perform ran longer than {settings.time_limit} s"), duration
+        return None, duration

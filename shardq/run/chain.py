@@ -1,11 +1,10 @@
 """An entity chain: one entity's jobs held by a node, in order, while they run, wait
-for a slot, wait for a local retry or wait to be released (:mod:`shardq.run.slots`), and
-what becomes of copies of its jobs delivered again meanwhile (a copy's visibility ran
-out while the node still held it).
+for a slot, a local retry or a release; and copies of its jobs delivered again meanwhile.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardq.core.messages import Message
@@ -23,27 +22,24 @@ GONE = "gone"  # no longer the entity's chain
 Key = tuple[str, str]
 
 
+@dataclass(eq=False, slots=True)
 class Chain:
     """One entity's jobs held by the node, in order."""
 
-    __slots__ = ("again", "due", "key", "pending", "running", "shard", "state")
-
-    def __init__(self, key: Key, shard: Shard, pending: list[Message], state: str) -> None:
-        self.key = key
-        self.shard = shard
-        self.pending = pending  # not started, in order
-        self.running: list[Message] = []  # handed to the executor now
-        #: Copies of running jobs delivered again: settled once the run ends.
-        self.again: dict[str, Message] = {}
-        self.state = state
-        self.due = 0.0
+    key: Key
+    shard: Shard
+    pending: list[Message]  # not started, in order
+    state: str
+    running: list[Message] = field(default_factory=list)  # handed to the executor now
+    #: Copies of running jobs delivered again: settled once the run ends.
+    again: dict[str, Message] = field(default_factory=dict)
+    due: float = 0.0
 
 
 def join(chain: Chain, messages: list[Message]) -> list[Message]:
-    """Later jobs join the end of the chain (order holds). A job delivered again while
-    its first copy still waits takes the first copy's place, with its new receipt;
-    one delivered again while its first copy runs waits for that run's end
-    (:func:`settle_again`). Returns the first copies replaced (to give up)."""
+    """Later jobs join the end of the chain. A copy delivered again takes its waiting
+    first copy's place, or waits for its running first copy's end (:func:`settle_again`).
+    Returns the first copies replaced (to give up)."""
     waiting = {m.message_id: i for i, m in enumerate(chain.pending)}
     running = {m.message_id for m in chain.running}
     stale = []
@@ -63,11 +59,10 @@ def join(chain: Chain, messages: list[Message]) -> list[Message]:
 
 
 def settle_again(chain: Chain, end: EntityEnd) -> tuple[EntityEnd, list[Message], list[Message]]:
-    """A run ended: copies of its jobs delivered again meanwhile follow their first
-    copy. Returns the end to act on, the new copies of jobs that ran to an end (to
-    delete: the first receipt may be stale) and the first copies they replace in a
-    retry or a stop (``end.messages``: to give up). After a retry hidden at the broker
-    or a lapse, the new copies go first in ``chain.pending``, to follow the others."""
+    """A run ended: copies of its jobs delivered again meanwhile follow their first copy.
+    Returns the end to act on, the new copies of jobs that ended (to delete) and the
+    first copies they replace in a retry or a stop (to give up). After a hidden retry or
+    a lapse, the new copies go first in ``chain.pending``."""
     if not chain.again:
         return end, [], []
     again, chain.again = chain.again, {}

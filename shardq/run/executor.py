@@ -1,27 +1,9 @@
 """Running one received batch of a shard, entity by entity, without breaking order.
 
-For each entity in the batch, in receive order, its jobs run in chunks of up to
-``batch_size`` (one ``perform`` call per chunk):
-
-* success: the chunk's messages are deleted (in the background, by the leases);
-* failure: :func:`shardq.core.decide.decide` says retry or morgue;
-
-  - retry: the failed chunk **and every later job of the entity in the batch** stay
-    together: held (invisible) here when due within :data:`LOCAL_RETRY_SECONDS`, else
-    hidden at the broker for the delay, the failed job first. No later job of the
-    entity becomes visible while an earlier one is hidden, so order does not depend
-    on the broker keeping a group blocked (some SQS emulators do not);
-  - morgue: a chunk of several jobs is first run again one job at a time, in order,
-    so only a job that fails alone goes to the worker's morgue, and only then is
-    deleted; the entity's next jobs run;
-
-* a body that is not a valid envelope, or names another worker: the morgue in its
-  turn (if the morgue cannot be written, it and the entity's later jobs wait 30 s);
-* a chunk whose visibility lapsed before it started (the broker was unreachable
-  while the leases tried to extend it) is not run: another node may have it. It and
-  the entity's later jobs in the batch are left to the broker to deliver again.
-
-Jobs of other entities in the batch are not affected.
+Each entity's jobs run in chunks of up to ``batch_size``: a success is deleted; a
+failure is retried with the entity's later jobs held behind it, or goes to the morgue
+(a chunk of several jobs is first run again one by one); an invalid body goes to the
+morgue in its turn; a lapsed chunk is not run. See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -56,8 +38,8 @@ from shardq.core.outcome import (
 from shardq.core.outcome import Outcome as Outcome
 from shardq.core.plan import ShardRef
 from shardq.publish.relay import relay
+from shardq.run.aio import Performer
 from shardq.run.leases import Leases
-from shardq.run.perform import Performer
 from shardq.run.shard import by_entity
 from shardq.run.timelimit import TimeLimits
 
@@ -89,9 +71,8 @@ class _Job:
 
 
 class Executor:
-    """Runs entities' jobs for a node. Shared by the node's threads: the attempt
-    bookkeeping is locked, each thread has its own worker instances. Retries are due on
-    :attr:`clock` (the slots' clock too); ``Retry(at=...)`` is read on ``wall_clock``."""
+    """Runs entities' jobs for a node (any thread; each has its own worker instances).
+    Retries are due on :attr:`clock`; ``Retry(at=...)`` is read on ``wall_clock``."""
 
     def __init__(
         self,
@@ -106,14 +87,17 @@ class Executor:
         wall_clock: Clock = wall,
     ) -> None:
         self._app = app
-        self._router = router or app_router(app)
+        self._router = router or (
+            lambda ref, entity: layouts.route(
+                app.layouts.cached(ref.worker), ref.gen, ref.shard, entity
+            )
+        )
         self._leases, self._stopping = leases, stopping
         self.clock, self._wall = clock, wall_clock
         self._report = Reporter(observers, clock)
-        self._max_retry_delay = max_retry_delay
+        self._max_delay = max_retry_delay
         self._local_workers = threading.local()
         self.perform = Performer(limits, app.middleware, clock)
-        self._rules: dict[str, Rules] = {}
         self._attempts = Attempts()
         self.attempt = self._attempts.of
         self._key = app.signing_key
@@ -125,12 +109,12 @@ class Executor:
         return [Deferred(end.due, ref, end.messages) for end in ends if end.kind == LATER]
 
     def run_entity(
-        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool] | None = None
+        self, ref: ShardRef, messages: list[Message], stop: Callable[[], bool]
     ) -> EntityEnd:
-        """Run one entity's jobs of shard ``ref`` in order (see the module doc).
-        ``stop`` is asked before each ``perform`` call (default: the node stopping)."""
+        """Run one entity's jobs of shard ``ref`` in order; ``stop`` is asked before each
+        ``perform`` call."""
         settings, worker = self._app.settings(ref.worker), self._worker(ref.worker)
-        return self._run_entity(ref, settings, worker, messages, stop or self._stopping.is_set)
+        return self._run_entity(ref, settings, worker, messages, stop)
 
     def run_entities(
         self, ref: ShardRef, groups: list[list[Message]], stop: Callable[[], bool]
@@ -185,7 +169,7 @@ class Executor:
         if action == layouts.RELAY and not self._relayed(ref, messages):
             action = layouts.WAIT
         if action == layouts.WAIT:  # held, in order, without counting an attempt
-            return self._retry(ref, [], jobs, GATE_SECONDS)
+            return self._retry([], jobs, GATE_SECONDS)
         if action == layouts.RELAY:
             return EntityEnd(DONE)
         i, isolate_until, performed = 0, 0, 0.0
@@ -203,11 +187,12 @@ class Executor:
                     return EntityEnd(GAVE_UP, [j.message for j in jobs[i:]])
                 payloads.append(j.payload)
                 infos.append(JobInfo(m.message_id, attempt_of(m), m.sent_at, j.meta))
-            if chunk[0].invalid is not None:  # its turn: the morgue, or wait with the rest
-                if self._bury_invalid(ref, chunk[0]):
+            invalid = chunk[0].invalid
+            if invalid is not None:  # its turn: the morgue, or wait with the rest
+                if self._bury(ref, None, chunk, chunk[0].reason, invalid, 0.0):
                     i += 1
                     continue
-                return self._retry(ref, chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
+                return self._retry(chunk, jobs[i + 1 :], INVALID_RETRY_SECONDS)
             error, duration = self.perform(worker, settings, messages[0].group_id, payloads, infos)
             performed += duration
             if error is None:
@@ -215,14 +200,18 @@ class Executor:
                 i += len(chunk)
                 continue
             attempt = self.attempt(chunk[0].message)
-            decision = decide(error, attempt, self._rules_for(worker), self._wall())
+            rules = Rules(
+                settings.max_retries,
+                type(worker).permanent_errors,
+                worker.retry_in,
+                self._max_delay,
+            )
+            decision = decide(error, attempt, rules, self._wall())
             if decision.action == MORGUE and len(chunk) > 1:
                 isolate_until = i + len(chunk)  # run them again one at a time
                 continue
             if decision.action == MORGUE:
-                if self._bury(ref, worker, chunk, decision.reason, error):
-                    self._outcome("morgued", ref, chunk, duration, error, reason=decision.reason)
-                    self._attempts.forget(j.message for j in chunk)
+                if self._bury(ref, worker, chunk, decision.reason, error, duration):
                     i += len(chunk)
                     continue
                 decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
@@ -231,7 +220,7 @@ class Executor:
                     "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"
                 )
             self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
-            return self._retry(ref, chunk, jobs[i + len(chunk) :], decision.delay)
+            return self._retry(chunk, jobs[i + len(chunk) :], decision.delay)
         return EntityEnd(DONE, performed=performed)
 
     def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
@@ -267,13 +256,10 @@ class Executor:
             self._leases.delete(messages)
         else:
             done.extend(messages)
-        payloads = [j.payload for j in chunk]
-        self._report.outcome("succeeded", ref, messages, payloads, self.attempt, duration)
+        self._outcome("succeeded", ref, chunk, duration)
         self._attempts.forget(messages)
 
-    def _retry(
-        self, ref: ShardRef, failed: list[_Job], later: list[_Job], delay: float
-    ) -> EntityEnd:
+    def _retry(self, failed: list[_Job], later: list[_Job], delay: float) -> EntityEnd:
         """Keep the failed jobs and the entity's later ones together until the retry."""
         messages = [j.message for j in failed + later]
         due = self.clock() + delay
@@ -314,15 +300,6 @@ class Executor:
             return _Job(message, None, invalid=exc, reason=reason)
         return _Job(message, env.payload, env.meta)
 
-    def _bury_invalid(self, ref: ShardRef, job: _Job) -> bool:
-        """An invalid message's turn: the morgue at once. False if that failed."""
-        assert job.invalid is not None
-        if not self._bury(ref, None, [job], job.reason, job.invalid):
-            return False
-        self._outcome("morgued", ref, [job], 0.0, job.invalid, reason=job.reason)
-        self._attempts.forget([job.message])
-        return True
-
     def _bury(
         self,
         ref: ShardRef,
@@ -330,8 +307,10 @@ class Executor:
         chunk: list[_Job],
         reason: str,
         error: BaseException,
+        duration: float,
     ) -> bool:
-        """Write the chunk to the morgue; only then is it deleted. False if that failed."""
+        """Write the chunk to the morgue; only then is it deleted and reported ``morgued``.
+        False if that failed."""
         entity = chunk[0].message.group_id
         try:
             morgue.bury(
@@ -352,6 +331,8 @@ class Executor:
                 worker.retries_exhausted(entity, [j.payload for j in chunk], error)
             except Exception:
                 log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
+        self._outcome("morgued", ref, chunk, duration, error, reason=reason)
+        self._attempts.forget(j.message for j in chunk)
         return True
 
     # -- reporting ---------------------------------------------------------------
@@ -373,24 +354,3 @@ class Executor:
         if name not in workers:
             workers[name] = self._app.worker(name)()
         return workers[name]
-
-    def _rules_for(self, worker: WorkerLike) -> Rules:
-        name = type(worker).__name__
-        rules = self._rules.get(name)
-        if rules is None:
-            rules = self._rules[name] = Rules(
-                max_retries=self._app.settings(name).max_retries,
-                permanent_errors=type(worker).permanent_errors,
-                retry_in=worker.retry_in,
-                max_delay=self._max_retry_delay,
-            )
-        return rules
-
-
-def app_router(app: Deployment) -> Router:
-    """The router of the app's layout copy in hand (no request)."""
-
-    def route(ref: ShardRef, entity: str) -> str:
-        return layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
-
-    return route

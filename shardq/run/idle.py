@@ -1,10 +1,7 @@
 """The idle watch: shards that look empty wait here until a job may have arrived.
 
-On SQS, :class:`Pollers` long-poll each idle shard (one thread per shard); on the
-embedded broker, one :class:`Watcher` thread watches every idle shard at once. Either
-hands the shard back to its lane's inbox. A shard the node drops (``Shard.dropped``)
-is watched no more: its poller exits, and what a long poll still in flight receives
-is released (:meth:`~shardq.run.intake.Intake.release_straggler`).
+:class:`Pollers` on SQS, one :class:`Watcher` on the embedded broker; either hands the
+shard back to its lane's inbox, and watches a dropped shard no more.
 """
 
 from __future__ import annotations
@@ -22,13 +19,8 @@ if TYPE_CHECKING:
 
 
 class Pollers:
-    """SQS: one thread per idle shard long-polls it (one request per ``idle_wait_seconds``,
-    180 per hour at 20 s) and hands what arrives to the shard's lane.
-
-    At shutdown a poller still in its long poll is abandoned, not waited for: a job
-    that poll receives afterwards is never run here; it is released at once if the
-    process still runs, else it reappears after its visibility timeout.
-    """
+    """SQS: one thread per idle shard long-polls it and hands what arrives to its lane.
+    At shutdown a poller in its long poll is abandoned; what it brings is released."""
 
     def __init__(self, intake: Intake, wait_seconds: float) -> None:
         self.node, self._wait = intake, wait_seconds
@@ -65,38 +57,31 @@ class _Poller(threading.Thread):
         self.wake = threading.Event()
 
     def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail(f"the poller of {self.shard.ref}", exc)
-
-    def _run(self) -> None:
         node, shard, backoff = self.node, self.shard, 0.5
-        while not node.stopping.is_set() and not shard.dropped:
-            if not self.wake.wait(0.5) or shard.dropped:
-                continue
-            messages = node.receive(shard, wait_seconds=self._wait)
-            if messages is None:  # the broker failed (logged; back off), or the node stops
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            if node.stopping.is_set() or shard.dropped:
-                node.release_straggler(messages)
-                return
-            if messages:
-                self.wake.clear()
-                self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+        try:
+            while not node.stopping.is_set() and not shard.dropped:
+                if not self.wake.wait(0.5) or shard.dropped:
+                    continue
+                messages = node.receive(shard, wait_seconds=self._wait)
+                if messages is None:  # the broker failed (logged; back off), or the node stops
+                    node.stopping.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+                backoff = 0.5
+                if node.stopping.is_set() or shard.dropped:
+                    node.release_straggler(messages)
+                    return
+                if messages:
+                    self.wake.clear()
+                    self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+        except BaseException as exc:
+            node.fail(f"the poller of {shard.ref}", exc)
 
 
 class Watcher(threading.Thread):
-    """Embedded broker: one thread watches every idle shard of the node at once
-    (``Broker.watch``) and tells a shard's lane when a job may have arrived.
-
-    While shards keep joining, a round lasts :data:`BUSY_ROUND` (a newly idle shard
-    waits at most that long to be watched); when none joined during a round, the
-    next lasts :data:`IDLE_ROUND`, and the first shard that joins wakes it at once.
-    """
+    """Embedded broker: one thread watches every idle shard (``Broker.watch``) and tells
+    a shard's lane when a job may have arrived. Rounds last :data:`BUSY_ROUND` while
+    shards keep joining, else :data:`IDLE_ROUND` (the first shard to join wakes it)."""
 
     BUSY_ROUND = 0.05
     IDLE_ROUND = 0.5
@@ -127,34 +112,31 @@ class Watcher(threading.Thread):
         return self.is_alive() or self.node.stopping.is_set()
 
     def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.node.fail("the idle watch", exc)
-
-    def _run(self) -> None:
         node, backoff = self.node, 0.5
-        while not node.stopping.is_set():
-            busy = self._joined.is_set()
-            self._joined.clear()
-            with self._lock:
-                queues = list(dict.fromkeys(s.queue for s in self._watched))
-                self._long_round = not busy
-            if not queues:
-                self._joined.wait(0.5)
-                continue
-            try:
-                ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
-            except BrokerError as exc:
-                node.broker_trouble("watch", None, exc)
-                node.stopping.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 0.5
-            arrived = set(ready or ())
-            with self._lock:
-                found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
-                for shard, _ in found:
-                    del self._watched[shard]
-            for shard, lane in found:
-                lane.inbox.put((shard, None, False))
+        try:
+            while not node.stopping.is_set():
+                busy = self._joined.is_set()
+                self._joined.clear()
+                with self._lock:
+                    queues = list(dict.fromkeys(s.queue for s in self._watched))
+                    self._long_round = not busy
+                if not queues:
+                    self._joined.wait(0.5)
+                    continue
+                try:
+                    ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
+                except BrokerError as exc:
+                    node.broker_trouble("watch", None, exc)
+                    node.stopping.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+                backoff = 0.5
+                arrived = set(ready or ())
+                with self._lock:
+                    found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
+                    for shard, _ in found:
+                        del self._watched[shard]
+                for shard, lane in found:
+                    lane.inbox.put((shard, None, False))
+        except BaseException as exc:
+            node.fail("the idle watch", exc)

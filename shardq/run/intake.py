@@ -2,26 +2,81 @@
 
 Lanes, pollers and the watcher get this, not the node: they receive (what arrives is
 held by the node's leases at once), hand back what came too late, report broker trouble
-and stop the node when a part of it failed.
+and stop the node when a part of it failed. A received job that waited long in its queue
+is logged (``job.old``): SQS deletes a message older than its queue's retention, run or not.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from shardq.broker.base import Broker, Message, release_now
-from shardq.core.clock import Clock, monotonic
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.limits import MAX_BATCH_ENTRIES
-from shardq.run.job_age import OldJobs
 from shardq.run.leases import Leases
 from shardq.run.shard import Shard
 
 log = structlog.get_logger("shardq.node")
+
+#: Message ids remembered as already warned about (oldest forgotten first).
+REMEMBERED = 10_000
+
+
+def too_old(sent_at: float, now: float, retention: float | None, share: float) -> bool:
+    """Is a job sent at ``sent_at`` older than ``share`` of its queue's ``retention`` at
+    ``now`` (None: the queue keeps messages; a share of 0 turns the warning off)?"""
+    if retention is None or share <= 0:
+        return False
+    return now - sent_at > share * retention
+
+
+class OldJobs:
+    """Warns (``job.old``) once per message about received jobs :func:`too_old`."""
+
+    def __init__(self, broker: Broker, share: float, clock: Clock = wall) -> None:
+        self.broker = broker
+        self.share = share
+        self.clock = clock
+        self._warned: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, messages: Sequence[Message]) -> int:
+        """Log ``job.old`` for each message newly found too old; returns how many."""
+        if self.share <= 0 or not messages:
+            return 0
+        try:
+            retention = self.broker.retention_seconds(messages[0].queue)
+        except BrokerError:
+            return 0  # the next receive asks again
+        now = self.clock()
+        warned = 0
+        for message in messages:
+            if not too_old(message.sent_at, now, retention, self.share):
+                continue
+            with self._lock:
+                if message.message_id in self._warned:
+                    continue
+                self._warned[message.message_id] = None
+                if len(self._warned) > REMEMBERED:
+                    self._warned.popitem(last=False)
+            warned += 1
+            log.warning(
+                "job.old",
+                queue=message.queue,
+                message_id=message.message_id,
+                entity=message.group_id,
+                age_seconds=round(now - message.sent_at, 1),
+                retention_seconds=retention,
+                hint="SQS deletes it unrun at its queue's retention: add nodes or fix the "
+                "entity's failing job",
+            )
+        return warned
 
 
 class Intake:
@@ -43,7 +98,9 @@ class Intake:
         self.pool = pool
         #: Set once the node began to stop: nothing new starts.
         self.stopping = threading.Event()
-        self._fail, self._broker_error, self._clock = fail, broker_error, clock
+        #: A part of the node died for an unexpected reason: stop with exit code 1.
+        self.fail = fail
+        self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
         self._received = threading.Condition()
 
@@ -51,10 +108,6 @@ class Intake:
         """Begin the node's graceful shutdown (idempotent, from any thread)."""
         self.stopping.set()
         self.broker.wake_waiters()
-
-    def fail(self, what: str, exc: BaseException) -> None:
-        """A part of the node died for an unexpected reason: stop with exit code 1."""
-        self._fail(what, exc)
 
     def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,

@@ -1,23 +1,9 @@
 """A lane: one node thread serving its own shards, with its receives overlapped.
 
-A lane keeps up to ``prefetch`` receives in flight (in the node's I/O pool) for the
-shards that may have work, chosen by the scheduler (lottery across priorities, lag
-inside one), and hands each batch's entities to the node's execution slots
-(:mod:`shardq.run.slots`) while there is room: fewer jobs wait for a slot than the node's
-``concurrency``. Settles go to the node's :class:`~shardq.run.leases.Leases` and are
-sent in the background. So a lane waits on a round trip only when it has nothing
-else to hand over.
-
-Per-entity order does not depend on this: a receive never returns a job of an
-entity while an earlier job of that entity is held (in flight), and the slots run
-each entity's jobs in order, one run at a time (entity chains, :mod:`shardq.run.slots`).
-
-A shard whose receive returned fewer than 10 messages may be empty: it goes to the
-node's idle watch (:mod:`shardq.run.idle`) and comes back when a job arrives.
-
-Shards come and go while the lane runs (:mod:`shardq.run.ownership`): a :class:`Join` or
-:class:`Leave` reaches the lane through its inbox, between two batches. Only the lane's
-thread changes its ``shards``, and never in place: other threads read a snapshot.
+It keeps up to ``prefetch`` receives in flight for shards that may have work, picks the
+next shard with the scheduler, and hands each batch's entities to the execution slots
+while they have room. A shard that looks empty goes to the idle watch. Shards join and
+leave through the lane's inbox; only the lane's thread replaces ``shards`` (never in place).
 """
 
 from __future__ import annotations
@@ -32,7 +18,6 @@ import structlog
 
 from shardq.broker.base import Message
 from shardq.core.limits import MAX_BATCH_ENTRIES
-from shardq.core.plan import ShardRef
 from shardq.core.scheduler import Scheduler, ShardView
 from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
 
@@ -68,9 +53,7 @@ class Lane(threading.Thread):
         super().__init__(name=f"shardq-lane-{index}", daemon=True)
         self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
         self.index = index
-        self.shards: list[Shard] = []
-        self._by_ref: dict[ShardRef, Shard] = {}
-        self.set_shards(shards)
+        self.shards = shards
         self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
         self.failed = False
         self._scheduler = Scheduler(rng)
@@ -91,33 +74,30 @@ class Lane(threading.Thread):
             self.intake.stop()
 
     def _serve(self) -> None:
-        for shard in self.shards:  # the idle watch finds out which shards have work
-            self.watch.watch(shard, self)
-        slots = self.slots
-        while not self.intake.stopping.is_set():
-            ready = [s for s in self.shards if s.batches and not s.dropped]
-            can = bool(ready) and slots.room(self._wake)
+        for s in self.shards:  # the idle watch finds out which shards have work
+            self.watch.watch(s, self)
+        stopping, room = self.intake.stopping, self.slots.room
+        while not stopping.is_set():
+            can = bool(self._ready()) and room(self._wake)
             self._collect(0.0 if can else 0.5)
-            if self.intake.stopping.is_set():
+            if stopping.is_set():
                 return
             self._prefetch()
-            ready = [s for s in self.shards if s.batches and not s.dropped]
-            if not can and not (ready and slots.room(self._wake)):
+            ready = self._ready()
+            if not can and not (ready and room(self._wake)):
                 continue
-            picked = self._pick(ready)
-            if picked is None:
+            shard = self._pick(ready)
+            if shard is None:
                 continue
-            shard = picked
             batch = shard.batches.popleft()
             self._in_hand -= 1
             shard.head_sent_at = shard.batches[0][0].sent_at if shard.batches else None
             self._prefetch()
-            self._dispatch(shard, batch)
+            self.slots.hand(shard, by_entity(batch))  # each entity to a slot, or run here
             self._settle_idle(shard)
 
-    def _dispatch(self, shard: Shard, batch: list[Message]) -> None:
-        """Each entity's jobs to a slot (or run here, when that is cheaper)."""
-        self.slots.hand(shard, by_entity(batch))
+    def _ready(self) -> list[Shard]:
+        return [s for s in self.shards if s.batches and not s.dropped]
 
     def _wake(self) -> None:
         self.inbox.put(WAKE)
@@ -126,18 +106,10 @@ class Lane(threading.Thread):
     def set_shards(self, shards: list[Shard]) -> None:
         """Replace the list (by the lane's thread, or by anyone before it starts)."""
         self.shards = shards
-        self._by_ref = {s.ref: s for s in shards}
-
-    def _join(self, shard: Shard) -> None:
-        self.set_shards([*self.shards, shard])
-        if not shard.dropped:
-            self.watch.watch(shard, self)
 
     def _leave(self, leave: Leave) -> None:
-        """Serve a shard no more: its running slots finish; its held retries are hidden
-        for what is left of their delay, never less; its unstarted messages are
-        released, in order (:meth:`shardq.run.slots.Slots.sweep`). The lane's receives
-        still in flight are released when they return, before ``swept`` is called."""
+        """Serve a shard no more: the slots hand its jobs back (:meth:`Slots.sweep`);
+        receives still in flight are released when they return, before ``swept``."""
         shard = leave.shard
         self.set_shards([s for s in self.shards if s is not shard])
         self.watch.unwatch(shard)
@@ -153,7 +125,6 @@ class Lane(threading.Thread):
             shard.leave.swept()
             shard.leave = None
 
-    # -- what the lane holds ------------------------------------------------------
     def idle(self) -> bool:
         return (
             self._in_flight == 0
@@ -163,8 +134,7 @@ class Lane(threading.Thread):
 
     # -- receiving ------------------------------------------------------------------
     def _prefetch(self) -> None:
-        """Keep up to ``prefetch`` receives in flight for shards that may have work, and
-        no more than ``prefetch`` + 1 batches received and not started in the lane."""
+        """Up to ``prefetch`` receives in flight, at most ``prefetch`` + 1 batches in hand."""
         limit = self.prefetch
         while self._in_flight < limit and self._in_flight + self._in_hand <= limit:
             candidates = [
@@ -194,28 +164,25 @@ class Lane(threading.Thread):
             self.inbox.put((shard, found, len(found) == MAX_BATCH_ENTRIES))
 
     def _collect(self, timeout: float) -> None:
-        """Take what receives, the idle watch and the slots sent; wait up to ``timeout``
-        for the first (0: do not wait)."""
+        """Take what reached the inbox; wait up to ``timeout`` for the first (0: do not)."""
         try:
             item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+            while True:
+                match item:  # WAKE (there is room again) needs nothing
+                    case Swept(shard):
+                        shard.sweeping = False
+                        self._swept(shard)
+                    case Join(shard):
+                        self.set_shards([*self.shards, shard])
+                        if not shard.dropped:
+                            self.watch.watch(shard, self)
+                    case Leave():
+                        self._leave(item)
+                    case (shard, messages, full):
+                        self._found(shard, messages, full)
+                item = self.inbox.get_nowait()
         except queue.Empty:
             return
-        while True:
-            if isinstance(item, str):  # WAKE: there is room again
-                pass
-            elif isinstance(item, Swept):
-                item.shard.sweeping = False
-                self._swept(item.shard)
-            elif isinstance(item, Join):
-                self._join(item.shard)
-            elif isinstance(item, Leave):
-                self._leave(item)
-            else:
-                self._found(*item)
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
 
     def _found(self, shard: Shard, messages: list[Message] | None, full: bool) -> None:
         if messages is None:  # the embedded watcher: it may have work

@@ -1,31 +1,8 @@
 """The one owner of received jobs: hold, extend, detect lapse, settle.
 
-Every message a node receives is *held* here until it is settled, and only here:
-
-* **extend**: when less than half of a held message's visibility timeout remains,
-  its visibility is extended by a full timeout (within 12 h of the receive), so no
-  other node sees a job that runs or waits its turn here, however long it takes;
-* **lapse**: a message whose visibility ran out before an extension, or whose
-  extension the broker refused, is *lapsed*: another node may have received it, so
-  it must not be started here (:meth:`Leases.lapsed`);
-* **settle**: :meth:`Leases.delete` (the job is done), :meth:`Leases.hide` (visible
-  again after N seconds; 0 releases it at once) or :meth:`Leases.forget` (stop
-  extending, let the broker's timeout return it).
-
-Settling is asynchronous: the caller goes on while a small pool sends the requests,
-batched per queue (10 entries each, changes and extensions together; a settle waits
-up to the broker's ``settle_linger`` for others to fill its batch). A message
-being deleted stays held, and extended, until the broker confirms the delete, so a
-kill -9 at any moment loses nothing. A message being hidden or released is never
-extended again, and a change is never sent while an extension of the same message
-is in flight. Changes of one message group go out in the order they were asked
-for, each after the previous one completed, so a later job of an entity never
-becomes visible before an earlier one.
-
-One policy for every request: a broker error is logged (``lease.request_failed``),
-counted, and retried with backoff for as long as the message is still held by this
-node; an entry the broker refuses (its receipt expired: the message is visible
-again or was received elsewhere) is logged once and dropped.
+Every message a node receives is held here until it is settled (:meth:`Leases.delete`,
+:meth:`Leases.hide`, :meth:`Leases.forget`). Settles are sent in the background, batched
+per queue, in order per message group. See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -83,8 +60,7 @@ class Leases:
         self._held: dict[str, Lease] = {}  # by receipt
         self._settling: list[Lease] = []  # in the order the settles were asked for
         self._extend_at = 0.0  # monotonic time of the next look for extensions due
-        # message id -> (queue, group, Unix time it is visible again): hidden for a
-        # retry by this node, so its entity still has a job in the queue
+        # message id -> (queue, group, Unix time visible again): hidden here for a retry
         self._hidden: dict[str, tuple[str, str, float]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
@@ -136,8 +112,7 @@ class Leases:
         return lease is not None and lease.lapsed(self._clock())
 
     def may_start(self, message: Message) -> bool:
-        """True while this message is held here, not being settled and not
-        :meth:`lapsed`: a job waiting for its turn must be so to start."""
+        """Held here, not being settled and not :meth:`lapsed`: a job may start."""
         lease = self._held.get(message.receipt)  # no lock: one read of each field
         return lease is not None and lease.state == HELD and lease.may_start(self._clock())
 
@@ -155,8 +130,7 @@ class Leases:
             }
 
     def wait_released(self, receipts: Iterable[str], timeout: float) -> bool:
-        """Wait up to ``timeout`` until none of ``receipts`` is held here (each one was
-        settled and answered, given up or forgotten); True if none is."""
+        """Wait up to ``timeout`` until none of ``receipts`` is held here; True if none is."""
         deadline = self._clock() + timeout
         with self._cond:
             left = set(receipts)
@@ -168,9 +142,8 @@ class Leases:
                 self._answers.wait(min(wait, 0.25))
 
     def hidden(self, queue: str) -> tuple[set[str], int]:
-        """Message groups of ``queue`` in which this node hid a job for a retry that it
-        has not received again since (visible again or not), and how many such jobs
-        are still hidden."""
+        """Groups of ``queue`` where this node hid a job for a retry not received again
+        since, and how many such jobs are still hidden."""
         now = self._wall()
         groups, hidden = set(), 0
         with self._cond:
@@ -219,8 +192,7 @@ class Leases:
                 lease.state, lease.seconds, lease.asked = kind, max(0.0, min(seconds, cap)), now
                 self._settling.append(lease)
                 self._asked += 1
-            # The keeper is woken when a batch may be full, or when it would otherwise
-            # sleep past this settle's linger; else it looks when its wait ends.
+            # wake the keeper if a batch may be full or it would sleep past this linger
             if self._asked >= MAX_BATCH_ENTRIES or self._wake_at > now + self._linger:
                 self._cond.notify_all()
 
@@ -380,6 +352,5 @@ class Leases:
 
 
 def extend_interval(visibility_timeouts: Iterable[float]) -> float:
-    """Seconds between looks for extensions due: often enough for the shortest of
-    ``visibility_timeouts`` (60 s if there is none)."""
+    """Seconds between looks for extensions due, for the shortest visibility timeout."""
     return max(0.1, min(1.0, min(visibility_timeouts, default=60) / 6))

@@ -1,19 +1,10 @@
-"""Prometheus metrics of a node, served on ``--metrics-port`` (``/metrics``).
+"""A node's metrics: Prometheus on ``--metrics-port`` (``/metrics``), and the
+``node.progress`` log line.
 
-* ``shardq_jobs_total{worker, outcome, node}``: jobs that succeeded, were retried or
-  were moved to the morgue;
-* ``shardq_job_duration_seconds{worker, node}``: ``perform`` durations;
-* ``shardq_shard_lag_seconds{worker, shard, node}``: the node's estimate of how long
-  the oldest waiting job of each of its shards has waited (0 for idle shards);
-* ``shardq_in_flight_jobs{node}``: jobs the node holds (running or received, not done);
-* ``shardq_broker_errors_total{operation, node}``: failed broker calls.
-
-Every metric carries the ``node`` label (the node's id, as ``shardq nodes`` lists it;
-empty when none is given), so series of several nodes stay apart when one Prometheus
-scrapes them all, and a series that stops can be matched to a node that is gone.
-
-Each node has its own registry, so several nodes in one process (tests) do not
-collide. Lag and in-flight are computed when scraped, not on every job.
+``shardq_jobs_total``, ``shardq_job_duration_seconds``, ``shardq_shard_lag_seconds``,
+``shardq_in_flight_jobs``, ``shardq_broker_errors_total``, ``shardq_slots_in_use`` and
+``shardq_concurrency``, each with a ``node`` label (the node's id). Each node has its own
+registry; gauges are computed when scraped.
 """
 
 from __future__ import annotations
@@ -23,18 +14,24 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.core.clock import Clock, monotonic
 from shardq.core.errors import MetricsServerError
+from shardq.core.outcome import Tally
 from shardq.run.executor import Outcome
+
+log = structlog.get_logger("shardq.node")
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
 
 
-class NodeMetrics:
-    """Counters fed by job outcomes; gauges read from the node when scraped."""
+class NodeMetrics(Collector):
+    """Counters fed by job outcomes; gauges read from the node when scraped; and
+    ``node.progress`` every ``progress_seconds`` (:meth:`log_progress`, 0: never)."""
 
     def __init__(
         self,
@@ -42,8 +39,17 @@ class NodeMetrics:
         in_flight: Callable[[], int],
         node: str = "",
         slots: Callable[[], tuple[int, int]] | None = None,
+        *,
+        tally: Callable[[], Tally] = Tally,
+        progress_seconds: float = 0.0,
+        clock: Clock = monotonic,
     ) -> None:
+        """``slots``: (in use, concurrency); ``tally``: the node's job outcomes so far."""
         self.node = node
+        self._lags, self._in_flight, self._slots = lags, in_flight, slots
+        self._tally, self._every, self._clock = tally, progress_seconds, clock
+        self._last = clock()
+        self._done: dict[str, int] = {}
         self.registry = CollectorRegistry()
         self.jobs = Counter(
             "shardq_jobs_total",
@@ -64,7 +70,7 @@ class NodeMetrics:
             ["operation", "node"],
             registry=self.registry,
         )
-        self.registry.register(_Gauges(lags, in_flight, node, slots))
+        self.registry.register(self)
         self._jobs: dict[tuple[str, str], Any] = {}  # labelled children, by labels
         self._durations: dict[str, Any] = {}
         self._server: Any = None
@@ -86,6 +92,32 @@ class NodeMetrics:
 
     def broker_error(self, operation: str) -> None:
         self.broker_errors.labels(operation, self.node).inc()
+
+    def log_progress(self) -> None:
+        """Log ``node.progress`` (jobs/s per worker, the max lag) if a period passed."""
+        now = self._clock()
+        if not self._every or now - self._last < self._every:
+            return
+        tally = self._tally()
+        done: dict[str, int] = {}
+        for kind in (tally.succeeded, tally.morgued):
+            for worker, n in kind.items():
+                done[worker] = done.get(worker, 0) + n
+        rates = {
+            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
+        }
+        lags = [lag for _, _, lag in self._lags()]
+        in_use, concurrency = self._slots() if self._slots is not None else (0, 0)
+        log.info(
+            "node.progress",
+            jobs_per_second=rates,
+            done=sum(done.values()),
+            max_lag=round(max(lags, default=0.0), 3),
+            held=self._in_flight(),
+            slots_in_use=in_use,
+            concurrency=concurrency,
+        )
+        self._last, self._done = now, done
 
     def serve(self, port: int, host: str) -> int:
         """Serve ``/metrics``; returns the port (useful with port 0)."""
@@ -113,41 +145,25 @@ class NodeMetrics:
                 self._server.server_close()
                 self._server = None
 
-
-class _Gauges(Collector):
-    def __init__(
-        self,
-        lags: Callable[[], Iterable[tuple[str, int, float]]],
-        in_flight: Callable[[], int],
-        node: str,
-        slots: Callable[[], tuple[int, int]] | None,
-    ) -> None:
-        self._lags, self._in_flight, self._node = lags, in_flight, node
-        self._slots = slots
-
     def collect(self) -> Iterable[Any]:
+        """The gauges, read from the node now (called by the registry when scraped)."""
         lag = GaugeMetricFamily(
             "shardq_shard_lag_seconds",
             "Age of the oldest job believed waiting in a shard",
             labels=["worker", "shard", "node"],
         )
         for worker, shard, seconds in self._lags():
-            lag.add_metric([worker, str(shard), self._node], seconds)
+            lag.add_metric([worker, str(shard), self.node], seconds)
         yield lag
-        in_flight = GaugeMetricFamily(
-            "shardq_in_flight_jobs", "Jobs held by this node", labels=["node"]
-        )
-        in_flight.add_metric([self._node], self._in_flight())
-        yield in_flight
+        yield self._gauge("shardq_in_flight_jobs", "Jobs held by this node", self._in_flight())
         if self._slots is not None:
             in_use, concurrency = self._slots()
-            busy = GaugeMetricFamily(
-                "shardq_slots_in_use", "Jobs running now (execution slots busy)", labels=["node"]
+            yield self._gauge(
+                "shardq_slots_in_use", "Jobs running now (execution slots busy)", in_use
             )
-            busy.add_metric([self._node], in_use)
-            yield busy
-            most = GaugeMetricFamily(
-                "shardq_concurrency", "Most jobs the node runs at once", labels=["node"]
-            )
-            most.add_metric([self._node], concurrency)
-            yield most
+            yield self._gauge("shardq_concurrency", "Most jobs the node runs at once", concurrency)
+
+    def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(name, documentation, labels=["node"])
+        gauge.add_metric([self.node], value)
+        return gauge

@@ -1,17 +1,8 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
 
-Each **lane** (:mod:`shardq.run.lane`) owns its shards alone: its scheduler picks the
-next shard, it hands that shard's batch, entity by entity, to the execution slots
-(:mod:`shardq.run.slots`) while its next receives are in flight, and hands shards that
-look empty to the idle watch. Every received message is held by the node's
-:class:`~shardq.run.leases.Leases` until it is settled. An elastic node takes shards on
-and hands them back while it runs (:mod:`shardq.run.ownership`).
-
-The node's own thread only watches: every quarter second it checks that every part is
-alive (a dead part stops the node with exit code 1), logs ``node.progress`` now and
-then, runs the broker's housekeeping, and notices when ``--until-empty`` is done.
-
-Shutdown (first SIGTERM/SIGINT/SIGHUP, or :meth:`Node.stop`): see :mod:`shardq.run.shutdown`.
+Lanes hand batches to the execution slots; the leases hold every received message until
+it is settled; the node's own thread only watches (:meth:`Node._watch`). See
+docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -36,14 +27,12 @@ from shardq.core.signals import StopSignals
 from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
 from shardq.run.idle import Pollers, Watcher
-from shardq.run.intake import Intake
-from shardq.run.job_age import OldJobs
+from shardq.run.intake import Intake, OldJobs
 from shardq.run.lane import Lane
 from shardq.run.leases import Leases, extend_interval
 from shardq.run.metrics import NodeMetrics
 from shardq.run.ownership import Ownership
 from shardq.run.parts import Keeper, Membership
-from shardq.run.progress import Progress
 from shardq.run.shard import Shard
 from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
@@ -61,10 +50,8 @@ MAINTAIN_EVERY_SECONDS = 30.0
 class Node:
     """Runs the plan of one node. :meth:`run` blocks until the node stops.
 
-    ``threads``: how many lanes to run, even if the plan has fewer threads (an elastic
-    node starts with an empty plan and is given shards by :meth:`add_shard`); None:
-    one lane per thread of the plan. Its parts decide by ``clock`` (monotonic seconds;
-    Unix time, ``wall_clock``, where compared with the broker's or other nodes' stamps).
+    ``threads``: how many lanes (an elastic node: more than its plan's; None: the plan's).
+    ``clock``: monotonic seconds; ``wall_clock``: Unix time, compared with others' stamps.
     """
 
     def __init__(
@@ -88,7 +75,7 @@ class Node:
         self.elastic = threads is not None
         threads = _lane_count(plan, threads)
         # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
-        self.local = local = app.broker.watch([], 0) is not None
+        local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
         self.lease_pool = ThreadPoolExecutor(2 if local else 2 * threads + 2, "shardq-settle")
         # leases of the plan's workers (an elastic node: of any, whose shards it may be given)
@@ -101,7 +88,6 @@ class Node:
             clock=clock,
             wall_clock=wall_clock,
         )
-        #: Warns of jobs whose age nears their queue's retention.
         self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
         self.intake = Intake(
             app.broker,
@@ -115,7 +101,6 @@ class Node:
         self.stopping = self.intake.stopping
         self.limits = TimeLimits(clock)
         self.id = make_node_id()
-        #: Fleet membership (elastic: leases; static: reports only; None: neither).
         self.fleet = fleet(self) if fleet is not None else None
         self.id = self.fleet.id if self.fleet is not None else self.id
         self.metrics = NodeMetrics(
@@ -123,24 +108,24 @@ class Node:
             self.leases.count,
             node=self.id,
             slots=lambda: (self.slots.in_use(), self.slots.concurrency),
+            tally=self.tally,
+            progress_seconds=self.config.progress_seconds,
+            clock=clock,
         )
         self._tally = Tally()
-        self.observers: list[Observer] = [self.metrics, *observers]
         self.executor = Executor(
             app,
             self.leases,
             self.limits,
             self.stopping,
-            [self._tally, *self.observers],
-            router=self.route,
+            [self._tally, self.metrics, *observers],
+            router=lambda ref, entity: self.layout.route(ref, entity),
             clock=clock,
             wall_clock=wall_clock,
         )
         concurrency = self.config.concurrency if concurrency is None else concurrency
-        #: The execution slots: up to ``concurrency`` jobs at once.
         self.slots = Slots(concurrency, self.executor, self.stopping, self.fail)
         self.metrics_port: int | None = None
-        #: The idle watch: one thread for the embedded broker, a poller per shard on SQS.
         self.idle: Pollers | Watcher = (
             Watcher(self.intake) if local else Pollers(self.intake, self.config.idle_wait_seconds)
         )
@@ -159,22 +144,9 @@ class Node:
             for i, mine in enumerate(refs)
         ]
         self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard)
-        #: The node's part in a reshard (refresh, close old shards, sweep retired ones).
         self.layout = keeper(self)
         self.failed = False
         self.signals = StopSignals(self.stopping)
-        self._progress = Progress(
-            self.config.progress_seconds,
-            self.tally,
-            self.lags,
-            self.leases.count,
-            lambda: (self.slots.in_use(), self.slots.concurrency),
-            clock=clock,
-        )
-
-    def route(self, ref: ShardRef, entity: str) -> str:
-        """Run, wait or relay an entity's jobs from ``ref`` (the lanes' executors ask)."""
-        return self.layout.route(ref, entity)
 
     def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
@@ -183,14 +155,13 @@ class Node:
 
     # -- the shards it serves (any thread) ------------------------------------------------
     def add_shard(self, ref: ShardRef) -> None:
-        """Serve ``ref`` too (a no-op if served). Creates its queue and its worker's
-        morgue queue here (a :class:`BrokerError` is raised to the caller)."""
+        """Serve ``ref`` too (a no-op if served); a :class:`BrokerError` creating its
+        queues is raised."""
         self.ownership.add(ref)
 
     def drop_shard(self, ref: ShardRef) -> threading.Event:
-        """Serve ``ref`` no more. The event is set once the node holds no message of
-        it that the broker has not confirmed released, hidden or deleted: another node
-        may then receive its queue. Set at once if ``ref`` is not served here."""
+        """Serve ``ref`` no more. The event is set once the broker confirmed every
+        message of it released, hidden or deleted (at once if not served here)."""
         return self.ownership.drop(ref)
 
     def shard_refs(self) -> list[ShardRef]:
@@ -200,8 +171,7 @@ class Node:
     # -- running ---------------------------------------------------------------
     def run(self, signals_before: Callable[[], int] | None = None) -> int:
         """Run until stopped (or drained with ``until_empty``); returns the exit code.
-        ``signals_before`` tells how many stop signals came before the node's own
-        handlers were installed (the CLI's start-up handlers count them)."""
+        ``signals_before``: how many stop signals came before the node's handlers."""
         self.signals.install(signals_before() if signals_before else 0)
         if self.signals.count:
             self.stop()
@@ -223,10 +193,13 @@ class Node:
         quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
             self._check_alive()
-            self._progress.maybe_log()
+            self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
                 next_maintain = now + MAINTAIN_EVERY_SECONDS
-                self._maintain()
+                try:
+                    self.app.broker.maintain()
+                except BrokerError as exc:
+                    self.broker_trouble("maintain", None, exc)
             if self.until_empty:
                 quiet = quiet + 1 if self._idle() else 0
                 if quiet >= 2 and self._drained():  # asks the broker once idle a while
@@ -258,7 +231,10 @@ class Node:
                 detail="this node owns no shard: there are more nodes than shards; it "
                 "will idle. Run fewer nodes or give the workers more shards.",
             )
-        self._ensure_queues()
+        for ref in self.plan.shards:
+            if self.stopping.is_set():
+                return
+            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
         if self.stopping.is_set():
             return
         if self.config.metrics_port is not None:
@@ -306,11 +282,9 @@ class Node:
     def _broker_error(self, operation: str) -> None:
         self.metrics.broker_error(operation)
 
-    # Other threads read a lane's ``shards`` (a list its thread replaces, never changes).
     def lags(self) -> list[tuple[str, int, float]]:
-        """``(worker, shard, seconds)`` (the worker with its layout generation, as
-        ``Orders@2``, past the first): how long the oldest job believed waiting in each
-        served shard has waited (0 when none is known to wait)."""
+        """``(worker, shard, seconds)`` (worker as ``Orders@2`` past generation 0): the age
+        of the oldest job believed waiting in each served shard (0 when none is known)."""
         now = self.wall()
         return [
             (
@@ -324,33 +298,20 @@ class Node:
 
     # -- the watching thread -----------------------------------------------------------
     def _check_alive(self) -> None:
+        fleet = self.fleet
+        parts: dict[str, Callable[[], bool]] = {
+            "the lease keeper": self.leases.alive,
+            "an execution slot": self.slots.alive,
+            "the idle watch": self.idle.alive,
+            "the fleet membership": fleet.alive if fleet is not None else lambda: True,
+            "the layout keeper": self.layout.alive,
+        }
         dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
-        if not self.leases.alive():
-            dead.append("the lease keeper")
-        if not self.slots.alive():
-            dead.append("an execution slot")
-        if not self.idle.alive():
-            dead.append("the idle watch")
-        if self.fleet is not None and not self.fleet.alive():
-            dead.append("the fleet membership")
-        if not self.layout.alive():
-            dead.append("the layout keeper")
+        dead += [name for name, alive in parts.items() if not alive()]
         if dead and not self.stopping.is_set():
             self.failed = True
             log.error("node.thread_died", threads=dead, detail="stopping the node")
             self.stop()
-
-    def _maintain(self) -> None:
-        try:
-            self.app.broker.maintain()
-        except BrokerError as exc:
-            self.broker_trouble("maintain", None, exc)
-
-    def _ensure_queues(self) -> None:
-        for ref in self.plan.shards:
-            if self.stopping.is_set():
-                return
-            self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
 
     def _idle(self) -> bool:
         return (

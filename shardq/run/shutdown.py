@@ -1,16 +1,7 @@
 """A node's graceful shutdown (first SIGTERM/SIGINT/SIGHUP, or ``Node.stop``).
 
-No new jobs start; the running ``perform`` calls finish within ``grace_seconds``;
-every message received but not started is released (visible again at once), held
-retries are hidden for what is left of their delay, with their entity's later jobs
-behind them (:func:`hand_back`); pending deletes are sent, and the process exits 0.
-A second signal exits at once. A message whose job is still running is never
-released: if the grace period runs out it becomes visible when its visibility
-timeout ends (exit code 3). Long polls still waiting on SQS are abandoned: a job one of
-them receives afterwards is not run but released. Where jobs were released at shutdown,
-the node waits up to :data:`STRAGGLER_SECONDS` for such polls to come back, so one that
-took them releases them before the process exits; one that comes back later releases
-what it took if the process still runs, or that reappears after its visibility timeout.
+Running jobs get ``grace_seconds``; the rest is handed back in order (:func:`hand_back`);
+a second signal exits at once. See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -77,10 +68,9 @@ STRAGGLER_SECONDS = 1.0
 def hand_back(
     held: list[Message], running: set[str], retries: list[tuple[float, list[Message]]], now: float
 ) -> list[tuple[list[Message], float]]:
-    """What a stopping node hides, in this order, and for how many seconds: each held
-    retry for what is left of its delay, the jobs not started behind a retry of their
-    entity for as long, one by one, the other jobs not started at once, in order.
-    ``running``: receipts of jobs still running, and of their entities' later jobs."""
+    """What a stopping node hides, in order, and for how long: each held retry for the
+    rest of its delay, unstarted jobs behind a retry of their entity as long, one by one,
+    the other unstarted jobs at once. ``running``: receipts of running jobs and later ones."""
     out: list[tuple[list[Message], float]] = []
     retry_due: dict[tuple[str, str], float] = {}
     for due, messages in sorted(retries, key=lambda r: r[0]):
@@ -115,8 +105,7 @@ def shut_down(node: Stopping) -> int:
     node.slots.close()
     node.slots.join(max(0.0, deadline - node.clock()))
     node.executor.perform.loop.close()
-    # Receives still in flight are not waited for: what they bring is released as a
-    # straggler (see Lane._fetch).
+    # receives in flight are not waited for: what they bring is released (Lane._fetch)
     node.pool.shutdown(wait=False, cancel_futures=True)
     # A job still running keeps its entity's later jobs (they reappear after it).
     running = {m.receipt for m in node.slots.running()}
@@ -124,8 +113,7 @@ def shut_down(node: Stopping) -> int:
     for messages, seconds in hand_back(held, running, node.slots.retries(), node.clock()):
         node.leases.hide(messages, seconds)
     flushed = node.leases.close(FLUSH_SECONDS)
-    # A long poll still in flight on a queue may take what was just released: let it
-    # hand that back before the process may exit (else it reappears after its timeout).
+    # a long poll in flight may take what was just released: let it hand that back
     node.intake.quiet({m.queue for m in held if m.receipt not in running}, STRAGGLER_SECONDS)
     if node.fleet is not None:
         node.fleet.leave()  # after every job message is settled: hand the shards back

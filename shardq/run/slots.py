@@ -1,18 +1,8 @@
 """Execution slots: a node runs up to ``concurrency`` entities' jobs at once.
 
-A lane hands each entity's consecutive jobs of a batch to the node's :class:`Slots`,
-which run them in up to ``concurrency`` threads. Order and exclusion rest on **entity
-chains** (:mod:`shardq.run.chain`): one per entity with jobs running in a slot, waiting,
-held for a local retry or not started at a stop. Later jobs of the entity join its end
-(also a copy of a running job delivered again); a chain runs in one slot at a time.
-How a run ends (:class:`~shardq.core.outcome.EntityEnd`) decides what the jobs that
-joined meanwhile do: wait behind a local retry, hide with a retry hidden at the broker,
-be given up after a lapse, or stay held at a stop for the shutdown sweep.
-
-Back-pressure: a lane starts another batch only while fewer than ``concurrency`` jobs
-wait for a slot (:mod:`shardq.run.admit`). A quick worker's entities without a chain
-run in the lane itself, in one slot, and get none: only the lane of a shard makes
-chains of its entities, so none can start meanwhile.
+Order and exclusion rest on entity chains (:mod:`shardq.run.chain`): later jobs of an
+entity join its chain, which runs in one slot at a time; how a run ends decides what the
+jobs that joined meanwhile do. Back-pressure and running in the lane: :mod:`shardq.run.admit`.
 """
 
 from __future__ import annotations
@@ -68,15 +58,9 @@ class Slots:
         self.peak = 0  # most slots in use at once
 
     # -- what lanes call ---------------------------------------------------------------
-    def submit(self, shard: Shard, messages: list[Message]) -> None:
-        """Run one entity's jobs (in order) in a slot, after any it has here already."""
-        with self._cond:
-            self._submit(shard, messages)
-        self._start_threads()
-
     def hand(self, shard: Shard, groups: list[list[Message]]) -> None:
-        """Each entity's jobs of a batch to a slot (:meth:`submit`), or, when
-        :func:`run_inline` says so, those without a chain run here, in one slot."""
+        """Each entity's jobs of a batch to a slot, after any it has here already; or,
+        when :func:`run_inline` says so, those without a chain run here, in one slot."""
         timing, queue, chains = self._timings.get(shard.ref.worker), shard.queue, self._chains
         here: list[list[Message]] = []
         rest = groups
@@ -108,10 +92,9 @@ class Slots:
             return False
 
     def sweep(self, shard: Shard, unstarted: list[Message], done: Callable[[], None]) -> None:
-        """A handover: the shard's held retries are hidden for what is left of their
-        delay, its jobs not started are released in order (``unstarted``: the lane's,
-        after any of their entity here); ``done`` is called once its running chains
-        finished and were swept too."""
+        """A handover: the shard's held retries are hidden for the rest of their delay,
+        its jobs not started (``unstarted``: the lane's) released in order; ``done`` is
+        called once its running chains finished and were swept too."""
         with self._cond:
             for m in unstarted:
                 chain = self._chains.get((shard.queue, m.group_id))
@@ -157,8 +140,8 @@ class Slots:
             self._start_threads()
 
     def _run_here(self, shard: Shard, groups: list[list[Message]]) -> None:
-        """Run entities without a chain here (:meth:`hand`), in one slot; only one
-        whose run did not end (a local retry, a stop) gets a chain."""
+        """Run entities without a chain here, in one slot; one whose run did not end (a
+        local retry, a stop) gets a chain."""
         ends: list[EntityEnd] = []
         try:
             for end in self._executor.run_entities(shard.ref, groups, self._stop(shard)):

@@ -1,12 +1,7 @@
 """Time limits: a ``perform`` that runs past its worker's ``time_limit`` fails.
 
-Python cannot kill a thread. :class:`TimeLimits` raises :class:`TimeLimitExceeded`
-inside the overrunning thread, where it arrives at the next Python bytecode the
-thread runs. Code blocked inside a C call (a socket read with no timeout,
-``time.sleep``, a database driver call) is interrupted only when that call
-returns. Until ``perform`` actually ends, its messages stay held (the lease keeper
-keeps them invisible), so the entity never runs twice at once. Put timeouts on
-your I/O. Deadlines are on the node's clock; :func:`overdue` decides which passed.
+:class:`TimeLimitExceeded` is raised inside the overrunning thread at its next bytecode
+(a blocking C call is interrupted only when it returns). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -49,17 +44,18 @@ class TimeLimits:
         self._closed = False
 
     def run(self, fn: Callable[[], T], time_limit: float | None) -> tuple[T | None, bool]:
-        """Run ``fn`` in this thread; returns (result, overran).
-
-        ``overran`` is True when the time limit passed, even if ``fn`` swallowed the
-        :class:`TimeLimitExceeded` raised in it.
-        """
+        """Run ``fn`` in this thread; returns (result, overran): whether the limit passed,
+        even if ``fn`` swallowed the :class:`TimeLimitExceeded` raised in it."""
         if time_limit is None:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
             self._running[token] = Running(threading.get_ident(), self._clock() + time_limit)
-            self._ensure_thread()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._watch, name="shardq-timelimits", daemon=True
+                )
+                self._thread.start()
             self._cond.notify()
         try:
             return fn(), self._finish(token)
@@ -86,13 +82,6 @@ class TimeLimits:
                 _async_raise(job.thread_id, None)
             return job.fired
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._watch, name="shardq-timelimits", daemon=True
-            )
-            self._thread.start()
-
     def _watch(self) -> None:
         with self._cond:
             while not self._closed:
@@ -104,8 +93,8 @@ class TimeLimits:
 
 
 def overdue(running: Iterable[Running], now: float) -> tuple[list[Running], float]:
-    """The calls past their deadline at ``now`` (not interrupted, not done yet), and how
-    long to wait before looking again: until the next deadline (at least 5 ms), else 1 s."""
+    """The calls past their deadline at ``now`` (not fired, not done), and how long to
+    wait: until the next deadline (at least 5 ms), else 1 s."""
     pending = [j for j in running if not j.fired and not j.done]
     waits = [j.deadline - now for j in pending if now < j.deadline]
     return [j for j in pending if now >= j.deadline], max(0.005, min(waits)) if waits else 1.0
