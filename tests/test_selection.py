@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shardq.ops.selection import Selection, SelectionError
+from shardq.ops.selection import Selection, SelectionError, parse_time
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,21 @@ def test_the_command_line_needs_all_to_act_on_every_job() -> None:
         Selection.from_args(None, None, False)
     with pytest.raises(SelectionError, match="alone"):
         Selection.from_args("o1", None, True)
+
+
+@pytest.mark.parametrize("when", ["nan", "inf", "-Infinity", float("nan"), float("inf"), 1e400])
+def test_a_time_that_is_not_finite_is_refused(when: Any) -> None:
+    # given since or until as NaN or infinity (text on the command line, a number in JSON,
+    # where 1e400 reads as infinity), which would match no dead job or every one
+    # then the selection is refused naming the key, before anything is changed
+    with pytest.raises(SelectionError, match=r"since .* is not a time"):
+        Selection.from_body({"since": when})
+    with pytest.raises(SelectionError, match=r"--until .* is not a time"):
+        parse_time("--until", when)
+
+
+def test_unix_seconds_and_ages_are_still_read() -> None:
+    assert parse_time("--since", "1700000000.5") == 1700000000.5
+    assert parse_time("--since", 1700000000) == 1700000000.0
+    assert parse_time("--since", "30m", now=10_000.0) == 10_000.0 - 1800
+    assert parse_time("--since", "2026-11-27T08:00:00Z") == 1795766400.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ def parse_time(name: str, text: Any, now: float | None = None) -> float:
     """``--since``/``--until``: an ISO 8601 time (UTC unless it says), unix seconds, or
     an age (``30m`` ago); anything else is refused naming the option."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if not math.isfinite(text):  # NaN would match no job, inf every one
+            raise SelectionError(f"{name} {text!r} is not a time: give {TIME_FORMS}")
         return float(text)
     if not isinstance(text, str):
         raise SelectionError(f"{name} must be {TIME_FORMS}")
@@ -43,9 +46,11 @@ def parse_time(name: str, text: Any, now: float | None = None) -> float:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
         return (time.time() if now is None else now) - float(age.group(1)) * unit
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return parse_time(name, seconds, now)  # unix seconds, but never "nan" or "inf"
     try:
         at = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
