@@ -109,7 +109,6 @@ class SqsBroker(Broker):
         earlier = self.unanswered.earlier(endpoint)
         if earlier is not None:
             raise BrokerError(f"{what}: not sent: {earlier}")
-        meaning = _SAFE.get(what.split()[0], "")
         try:
             return fn(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -122,12 +121,14 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
+            meaning = _SAFE.get(what.split()[0], "")
             error = timed_out(
                 what, exc, meaning, connect=self.connect_timeout, read=self.read_timeout
             )
             self.unanswered.record(endpoint, error)
             raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
+            meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
     def url(self, queue: str) -> str:
