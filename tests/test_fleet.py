@@ -157,6 +157,7 @@ def test_a_frozen_node_has_its_shards_taken_within_the_lease_and_is_marked_gone(
     assert first.fleet is not None and first.fleet._thread is not None
     first.fleet._stop.set()
     first.fleet._thread.join(10)
+
     # and lease periods pass on the nodes' clock (a quarter at each look: the second may
     # see the first's last beat only after a jump, so one jump alone may not be enough)
     def a_quarter_lease_later() -> bool:
