@@ -170,7 +170,11 @@ class App:
             if self._broker is None:
                 cfg = self.config
                 self._broker = broker_from_url(
-                    cfg.broker_url, region=cfg.region, endpoint_url=cfg.endpoint_url
+                    cfg.broker_url,
+                    region=cfg.region,
+                    endpoint_url=cfg.endpoint_url,
+                    connect_timeout=cfg.connect_timeout,
+                    read_timeout=cfg.read_timeout,
                 )
             return self._broker
 
