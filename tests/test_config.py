@@ -321,7 +321,7 @@ def test_the_aws_timeouts_are_read_from_the_environment_and_checked_in_code() ->
     loaded = load(env={"SHARDQ_CONNECT_TIMEOUT": "0.5", "SHARDQ_READ_TIMEOUT": "1.5"})
     assert (loaded.connect_timeout, loaded.read_timeout) == (0.5, 1.5)
     # and a config made in code with a bad one is refused naming the key
-    with pytest.raises(ConfigError, match=r"^defaults: read_timeout: expected seconds \(a"):
+    with pytest.raises(ConfigError, match=r"^defaults: read_timeout: expected seconds .* True$"):
         Config(read_timeout=True)
     with pytest.raises(ConfigError, match=r"^environment: connect_timeout: .* got -0.5$"):
         load(env={"SHARDQ_CONNECT_TIMEOUT": "-0.5"})

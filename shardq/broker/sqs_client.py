@@ -99,8 +99,8 @@ def timed_out(
     meaning: str = "",
     service: str = "SQS",
     *,
-    connect: float = CONNECT_TIMEOUT,
-    read: float = READ_TIMEOUT,
+    connect: float,
+    read: float,
 ) -> str:
     """Why a call to ``service`` that no attempt of got an answer (within these
     timeouts) failed; ``meaning``: what that means for the jobs it was about."""

@@ -125,9 +125,11 @@ class Config:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
         for key in ("connect_timeout", "read_timeout"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                fail(key, f"expected seconds (a number), got {value!r}")
-            if not 0 < value < math.inf:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
                 fail(key, f"expected seconds above 0 (a finite number), got {value!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
