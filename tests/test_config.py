@@ -206,6 +206,11 @@ def test_source_is_not_a_key_of_the_file(tmp_path: Path) -> None:
         ('queue_prefix: "prod-\\n"\n', "queue_prefix", "expected letters, digits"),
         ("broker_url: shardq.db\n", "broker_url", "expected a URL"),
         ("region: 5\n", "region", "expected a string or null"),
+        ("connect_timeout: 0\n", "connect_timeout", "expected seconds above 0"),
+        ("connect_timeout: soon\n", "connect_timeout", "expected a number, got 'soon'"),
+        ("read_timeout: -1\n", "read_timeout", "expected seconds above 0"),
+        ("read_timeout: .nan\n", "read_timeout", "(a finite number), got nan"),
+        ("read_timeout: .inf\n", "read_timeout", "(a finite number), got inf"),
         ("workers: [SyncOrder]\n", "workers", "expected a mapping"),
         ("workers: {SyncOrder: 16}\n", "workers", "expected a mapping"),
     ],
@@ -309,6 +314,17 @@ def test_an_invalid_environment_value_names_the_key_and_the_environment() -> Non
     with pytest.raises(ConfigError) as caught:
         load(env={"SHARDQ_THREADS": "abc"})
     assert str(caught.value) == "environment: threads: expected an integer, got 'abc'"
+
+
+def test_the_aws_timeouts_are_read_from_the_environment_and_checked_in_code() -> None:
+    # given the timeouts in the environment, then they are read as seconds
+    loaded = load(env={"SHARDQ_CONNECT_TIMEOUT": "0.5", "SHARDQ_READ_TIMEOUT": "1.5"})
+    assert (loaded.connect_timeout, loaded.read_timeout) == (0.5, 1.5)
+    # and a config made in code with a bad one is refused naming the key
+    with pytest.raises(ConfigError, match=r"^defaults: read_timeout: expected seconds .* True$"):
+        Config(read_timeout=True)
+    with pytest.raises(ConfigError, match=r"^environment: connect_timeout: .* got -0.5$"):
+        load(env={"SHARDQ_CONNECT_TIMEOUT": "-0.5"})
 
 
 def test_an_invalid_environment_value_over_a_file_names_both(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Entity -> shard, and which entity ids SQS can carry as a MessageGroupId."""
+"""Entity -> shard, which entity ids SQS can carry as a MessageGroupId, and which queue
+names are too long for it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from shardq.core.errors import InvalidEntityIdError
-from shardq.core.topology import check_entity_id, shard_for
+from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.core.topology import check_entity_id, shard_for, too_long
 
 # -- shard_for -----------------------------------------------------------------------
 
@@ -147,3 +149,14 @@ def test_ids_that_are_not_strings_are_refused(entity_id: Any, type_name: str) ->
 def test_invalid_entity_id_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         check_entity_id("")
+
+
+# -- queue names --------------------------------------------------------------------
+
+
+def test_a_queue_name_over_the_limit_is_named_with_its_length_and_the_limit() -> None:
+    # given names of exactly the limit and one character more
+    fits, over = "q" * MAX_QUEUE_NAME_LENGTH, "q" * (MAX_QUEUE_NAME_LENGTH + 1)
+    # then only the longer one is too long, said with its length and SQS's limit
+    assert too_long(fits) is None
+    assert too_long(over) == f"{over} (81 characters); SQS allows 80"

@@ -4,6 +4,7 @@ error, within the client's bounded timeouts and retries, instead of blocking for
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,20 +17,20 @@ import pytest
 
 import shardq
 from shardq.broker.sqs import SqsBroker
-from shardq.broker.sqs_client import (
-    CALL_ATTEMPTS,
-    CONNECT_TIMEOUT,
-    READ_TIMEOUT,
-    Unanswered,
-    worst_call_seconds,
-)
-from shardq.core.config import Config
+from shardq.broker.sqs_client import CALL_ATTEMPTS, Unanswered, worst_call_seconds
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, Config
 from shardq.core.errors import BrokerError
 from shardq.store import StoreError
 from tests.children import ROOT
 
 #: The longest a hung endpoint may hold a command, timeouts and retries included.
 BUDGET = 20.0
+#: What a command may take beyond one call's bound (Python's start included).
+STARTUP = BUDGET - worst_call_seconds()
+#: Short timeouts (``connect_timeout``, ``read_timeout``) for the tests that need not
+#: wait out the default ones, and what the error then says.
+SHORT = (0.5, 0.5)
+SHORT_SAID = f"did not answer within 3 s ({CALL_ATTEMPTS} attempts, 0.5 s to connect and 0.5 s"
 
 
 class Mute:
@@ -72,9 +73,12 @@ def mute() -> Iterator[Mute]:
     server.close()
 
 
-def cli(mute: Mute, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def cli(
+    mute: Mute, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        **(env or {}),
         "SHARDQ_APP": "tests.apps.ledger",
         "SHARDQ_BROKER_URL": "sqs://",
         "SHARDQ_ENDPOINT_URL": mute.url,
@@ -106,6 +110,29 @@ def test_the_broker_client_uses_the_timeouts_and_adaptive_retries() -> None:
     assert config.retries == {"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS}
 
 
+def test_the_timeout_keys_reach_the_broker_and_the_state_table_clients() -> None:
+    # given an sqs:// app configured with other timeouts
+    app = shardq.App()
+    app.configure(
+        Config(
+            broker_url="sqs://",
+            region="us-east-1",
+            endpoint_url="http://127.0.0.1:9",
+            connect_timeout=0.5,
+            read_timeout=1.5,
+        )
+    )
+    # then its SQS client and its DynamoDB client both use them, with the same retries
+    broker: Any = app.broker
+    store: Any = app.store
+    for client in (broker.client, store.client):
+        config: Any = client.meta.config
+        assert (config.connect_timeout, config.read_timeout) == (0.5, 1.5)
+        assert config.retries == {"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS}
+    assert store.client.meta.service_model.service_name == "dynamodb"
+    broker.close()
+
+
 def test_a_broker_given_shorter_timeouts_fails_a_call_within_them(
     mute: Mute, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -131,15 +158,11 @@ def test_a_broker_given_shorter_timeouts_fails_a_call_within_them(
     assert mute.accepted
 
 
-@pytest.mark.parametrize(
-    "args", [("stats",), ("publish", "Ledgered", "e", '{"n": 1}')], ids=["stats", "publish"]
-)
-def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(
-    mute: Mute, args: tuple[str, ...]
-) -> None:
-    # when a command talks to an SQS endpoint that never answers (its state table too)
+def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(mute: Mute) -> None:
+    # when a command talks, with the default timeouts, to an SQS endpoint that never
+    # answers (its state table too)
     started = time.monotonic()
-    result = cli(mute, *args, timeout=90)  # was ~145 s: the run would time out here
+    result = cli(mute, "stats", timeout=90)  # was ~145 s: the run would time out here
     elapsed = time.monotonic() - started
     # then it exits 1 saying the endpoint (SQS, or the state table on it) did not answer in
     # time, with no traceback
@@ -151,6 +174,23 @@ def test_a_command_against_a_mute_endpoint_fails_with_a_clear_error(
     # and within the bound of one call, although it needs the table and then SQS (each
     # call after the first that timed out fails at once), Python's start included
     assert elapsed < BUDGET, f"{elapsed:.1f} s"
+
+
+def test_a_command_given_short_timeouts_fails_within_their_bound(mute: Mute) -> None:
+    # when a command given short timeouts by the config keys publishes to an SQS
+    # endpoint that never answers (its state table too)
+    keys = {"SHARDQ_CONNECT_TIMEOUT": str(SHORT[0]), "SHARDQ_READ_TIMEOUT": str(SHORT[1])}
+    started = time.monotonic()
+    result = cli(mute, "publish", "Ledgered", "e", '{"n": 1}', timeout=90, env=keys)
+    elapsed = time.monotonic() - started
+    # then it exits 1 with the clear error, which states those timeouts, no traceback
+    assert result.returncode == 1, result.stderr
+    assert "shardq: broker error:" in result.stderr or "shardq: state store error:" in result.stderr
+    assert SHORT_SAID in result.stderr
+    assert "Traceback" not in result.stderr
+    assert mute.accepted
+    # and within the bound of one call at those timeouts, Python's start included
+    assert elapsed < worst_call_seconds(*SHORT) + STARTUP, f"{elapsed:.1f} s"
 
 
 def test_an_endpoint_that_timed_out_is_not_asked_again_for_one_calls_bound() -> None:
@@ -185,10 +225,21 @@ def test_app_publish_from_code_fails_with_a_clear_error(
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    app.configure(Config(broker_url="sqs://", endpoint_url=mute.url, region="us-east-1"))
+    connect, read = SHORT
+    app.configure(
+        Config(
+            broker_url="sqs://",
+            endpoint_url=mute.url,
+            region="us-east-1",
+            connect_timeout=connect,
+            read_timeout=read,
+        )
+    )
     # when a web request publishes, then it gets a clear error (the state table, read
-    # first for the worker's layout, is on the same endpoint), not a hang
+    # first for the worker's layout, is on the same endpoint), not a hang, within the
+    # bound of one call at the app's timeouts
     started = time.monotonic()
-    with pytest.raises((BrokerError, StoreError), match="did not answer within"):
+    with pytest.raises((BrokerError, StoreError), match=re.escape(SHORT_SAID)):
         Job.publish("e", {"n": 1})
-    assert time.monotonic() - started < BUDGET
+    elapsed = time.monotonic() - started
+    assert elapsed < worst_call_seconds(connect, read) + 1, f"{elapsed:.1f} s"

@@ -249,6 +249,24 @@ def test_sqlite_store_shares_the_broker_file(tmp_path: Path) -> None:
     again.close()
 
 
+def test_aws_clients_without_a_region_say_where_to_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given no AWS region anywhere boto3 looks
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    from shardq.broker.sqs import SqsBroker
+    from shardq.core.errors import BrokerError
+    from shardq.store.dynamo import DynamoStore
+
+    # when an SQS broker or a DynamoDB store is made, then each says where to set one
+    with pytest.raises(BrokerError, match="no AWS region for SQS: set `region` in shardq"):
+        SqsBroker()
+    with pytest.raises(StoreError, match="no AWS region for DynamoDB: set `region`, store_url"):
+        DynamoStore("t", region=None, endpoint_url=None)
+
+
 def test_store_for_memory_broker_is_in_memory() -> None:
     assert store_for(Config(), MemoryBroker()).kind == "memory"
 

@@ -16,10 +16,9 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError, UnknownWorkerError, WorkerDefinitionError
 from shardq.core.fleet_rules import ELASTIC
 from shardq.core.jobs import WorkerSettings
-from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
 from shardq.core.middleware import Middleware
 from shardq.core.plan import Plan, make_plan
-from shardq.core.topology import morgue_queue, parse_name, shard_name, shard_queue
+from shardq.core.topology import morgue_queue, parse_name, shard_name, shard_queue, too_long
 from shardq.publish import Publisher
 from shardq.store import Store, store_for
 from shardq.store.layouts import Layouts
@@ -117,11 +116,10 @@ class App:
         seen: dict[str, str] = {}
         for name in self._workers:
             settings = self.settings(name)
-            longest = self.morgue_queue(name)
-            if len(longest) > MAX_QUEUE_NAME_LENGTH:
+            problem = too_long(self.morgue_queue(name))
+            if problem:
                 raise ConfigError(
-                    f"{self.config.source}: queue_prefix + {name}'s queue_name give {longest} "
-                    f"({len(longest)} characters); SQS allows {MAX_QUEUE_NAME_LENGTH}"
+                    f"{self.config.source}: queue_prefix + {name}'s queue_name give {problem}"
                 )
             if settings.queue_name in seen:
                 raise ConfigError(
@@ -172,7 +170,11 @@ class App:
             if self._broker is None:
                 cfg = self.config
                 self._broker = broker_from_url(
-                    cfg.broker_url, region=cfg.region, endpoint_url=cfg.endpoint_url
+                    cfg.broker_url,
+                    region=cfg.region,
+                    endpoint_url=cfg.endpoint_url,
+                    connect_timeout=cfg.connect_timeout,
+                    read_timeout=cfg.read_timeout,
                 )
             return self._broker
 

@@ -14,7 +14,7 @@ from shardq.broker.base import (
     SendResult,
 )
 from shardq.broker.sqlite import MemoryBroker, SqliteBroker
-from shardq.core.config import url_parameters
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, url_parameters
 from shardq.core.errors import ConfigError
 
 __all__ = [
@@ -41,9 +41,15 @@ URL_PARAMETERS = {
 
 
 def broker_from_url(
-    url: str, *, region: str | None = None, endpoint_url: str | None = None
+    url: str,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    read_timeout: float = READ_TIMEOUT,
 ) -> Broker:
-    """Make a broker from a URL; unknown query parameters are refused."""
+    """Make a broker from a URL; unknown query parameters are refused (the timeouts:
+    SQS's, in seconds)."""
     parts = urlsplit(url)
     if parts.scheme not in URL_PARAMETERS:
         raise ConfigError(f"broker_url {url!r} is not supported; use {URL_FORMS}")
@@ -52,7 +58,12 @@ def broker_from_url(
         from shardq.broker.sqs import SqsBroker  # boto3 is imported only when used
 
         region, endpoint_url = query.get("region", region), query.get("endpoint_url", endpoint_url)
-        return SqsBroker(region=region, endpoint_url=endpoint_url)
+        return SqsBroker(
+            region=region,
+            endpoint_url=endpoint_url,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
     flags = {}
     for name in URL_PARAMETERS[parts.scheme]:
         value = query.get(name, "0").lower()

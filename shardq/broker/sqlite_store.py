@@ -90,9 +90,7 @@ class BrokerFile:
         self.lock = threading.RLock()
         self.closed = False
         try:
-            self._db = sqlite3.connect(
-                path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
+            self._db = connect(path)
         except sqlite3.Error as exc:
             raise BrokerError(
                 f"cannot open the embedded broker file {path} ({exc}); check that its "
@@ -133,8 +131,22 @@ class BrokerFile:
                 self._db.close()
 
 
+def connect(path: str) -> sqlite3.Connection:
+    """A connection to the file ``path`` that threads share under a lock of their own:
+    explicit transactions, and up to 30 s of waiting for another process's lock."""
+    return sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+
+
+def use_wal(db: sqlite3.Connection, path: str) -> None:
+    """Readers never wait for a writer, a commit does not wait for the disk, and a
+    checkpoint cuts the WAL back to :data:`WAL_SIZE_LIMIT` (no-op in memory)."""
+    if path != ":memory:":
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+
+
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
-    db.execute("PRAGMA busy_timeout = 30000")
     tables = _tables(db)
     others = sorted(t for t in tables - SHARDQ_TABLES.keys() if not is_bucket_table(t))
     for name in tables & SHARDQ_TABLES.keys():
@@ -153,10 +165,7 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
         )
     if not tables:  # a new file: let maintenance give freed pages back to the disk
         db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-    if path != ":memory:":
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+    use_wal(db, path)
     with transaction(db, path, "opening it"):  # one process at a time
         tables = _tables(db)
         _run(db, _SCHEMA)
@@ -280,9 +289,8 @@ def compact(path: str) -> None:
     """Rewrite the broker file at ``path`` to its smallest size, by hand, with every node
     and publisher using it stopped (it locks the file while it rewrites it). It also
     switches a file of an earlier version to incremental vacuum, so maintenance shrinks it."""
-    db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+    db = connect(path)
     try:
-        db.execute("PRAGMA busy_timeout = 30000")
         db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         db.execute("VACUUM")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

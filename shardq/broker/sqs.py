@@ -31,15 +31,14 @@ from shardq.broker.base import (
     valid_entries,
 )
 from shardq.broker.sqs_client import (
-    CONNECT_TIMEOUT,
     POLL_READ_TIMEOUT,
-    READ_TIMEOUT,
     TIMEOUTS,
     Unanswered,
     make_client,
     no_credentials,
     timed_out,
 )
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
@@ -87,9 +86,18 @@ class SqsBroker(Broker):
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.client = make_client(region, endpoint_url, read_timeout, connect_timeout)
-        # Long polls wait up to 20 s for an answer by design: a client of their own.
-        self._poll_client = make_client(region, endpoint_url, POLL_READ_TIMEOUT, connect_timeout)
+        where = (region, endpoint_url)
+        try:
+            self.client = make_client("sqs", *where, connect=connect_timeout, read=read_timeout)
+            # Long polls wait up to 20 s for an answer by design: a client of their own.
+            self._poll_client = make_client(
+                "sqs", *where, connect=connect_timeout, read=POLL_READ_TIMEOUT
+            )
+        except botocore.exceptions.NoRegionError as exc:
+            raise BrokerError(
+                "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
+                "AWS_DEFAULT_REGION"
+            ) from exc
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
         self.unanswered = Unanswered()

@@ -1,13 +1,14 @@
-"""The boto3 SQS clients of :class:`shardq.broker.sqs.SqsBroker`: bounded timeouts and
-retries, so an endpoint that never answers fails a call in seconds, not minutes
-(long polls get a client of their own whose read timeout covers the longest poll).
+"""The boto3 clients of :class:`shardq.broker.sqs.SqsBroker` and of the DynamoDB state
+store: bounded timeouts (config ``connect_timeout`` and ``read_timeout``) and retries, so
+an endpoint that never answers fails a call in seconds, not minutes (long polls get a
+client of their own whose read timeout covers the longest poll).
 """
 
 from __future__ import annotations
 
 import platform
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import botocore
@@ -15,14 +16,11 @@ import botocore.config
 import botocore.exceptions
 
 from shardq.core.clock import Clock, monotonic
-from shardq.core.errors import BrokerError
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.core.limits import MAX_WAIT_SECONDS
 
 #: What botocore raises when an attempt did not connect or was not answered in time.
 TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError)
-#: Seconds to connect, and to wait for the answer to a call that is not a long poll.
-CONNECT_TIMEOUT = 2
-READ_TIMEOUT = 6
 #: Attempts per call, the first included (botocore's adaptive retry mode).
 CALL_ATTEMPTS = 2
 #: Connections each client keeps open.
@@ -71,10 +69,15 @@ class Unanswered:
 
 
 def make_client(
-    region: str | None, endpoint_url: str | None, read: float, connect: float = CONNECT_TIMEOUT
+    service: Literal["sqs", "dynamodb"],
+    region: str | None,
+    endpoint_url: str | None,
+    *,
+    connect: float = CONNECT_TIMEOUT,
+    read: float = READ_TIMEOUT,
 ) -> Any:
-    """A boto3 SQS client with these timeouts and adaptive retries; BrokerError if no
-    region is known."""
+    """A boto3 client of ``service`` (``sqs``, ``dynamodb``) with these timeouts and
+    adaptive retries; botocore's NoRegionError if no region is known."""
     config = botocore.config.Config(
         # Few quick retries: callers retry on their own terms (the leases back off per
         # message), and a request stuck in long retries holds a thread.
@@ -85,15 +88,9 @@ def make_client(
         parameter_validation=False,  # shardq checks every request itself
         user_agent=_user_agent(),  # fixed: botocore otherwise rebuilds it per request
     )
-    try:
-        return boto3.session.Session().client(
-            "sqs", region_name=region, endpoint_url=endpoint_url, config=config
-        )
-    except botocore.exceptions.NoRegionError as exc:
-        raise BrokerError(
-            "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
-            "AWS_DEFAULT_REGION"
-        ) from exc
+    return boto3.session.Session().client(
+        service, region_name=region, endpoint_url=endpoint_url, config=config
+    )
 
 
 def timed_out(
@@ -102,8 +99,8 @@ def timed_out(
     meaning: str = "",
     service: str = "SQS",
     *,
-    connect: float = CONNECT_TIMEOUT,
-    read: float = READ_TIMEOUT,
+    connect: float,
+    read: float,
 ) -> str:
     """Why a call to ``service`` that no attempt of got an answer (within these
     timeouts) failed; ``meaning``: what that means for the jobs it was about."""

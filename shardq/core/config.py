@@ -6,6 +6,7 @@ never read from here: boto3's default chain provides them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from shardq.core.jobs import int_in
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
+#: Defaults of ``connect_timeout`` and ``read_timeout``: seconds an AWS call's attempt
+#: gets to connect, and to be answered (long polls excepted).
+CONNECT_TIMEOUT = 2.0
+READ_TIMEOUT = 6.0
 _CHOICES = {
     "log_format": ("auto", "console", "json"),
     "log_level": ("debug", "info", "warning", "error"),
@@ -34,6 +39,8 @@ class Config:
     region: str | None = None
     endpoint_url: str | None = None
     store_url: str | None = None
+    connect_timeout: float = CONNECT_TIMEOUT
+    read_timeout: float = READ_TIMEOUT
     queue_prefix: str = ""
     app: str = "workers"
     threads: int = 4
@@ -116,6 +123,14 @@ class Config:
         for key, (low, high) in _RANGES.items():
             if not low <= getattr(self, key) <= high:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
+        for key in ("connect_timeout", "read_timeout"):
+            value = getattr(self, key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
+                fail(key, f"expected seconds above 0 (a finite number), got {value!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
         days = self.morgue_retention_days

@@ -5,7 +5,7 @@ file, an environment variable and a class attribute are refused with the same wo
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
@@ -23,7 +23,14 @@ MAX_SHARDS = 1000
 MAX_BASE_NAME_LENGTH = MAX_QUEUE_NAME_LENGTH - len("-morgue") - len(FIFO_SUFFIX)
 
 
-def int_in(low: int, high: int) -> Any:
+#: A setting's check: None if a value is valid, else what is wrong with it.
+Check = Callable[[Any], str | None]
+
+
+def int_in(low: int, high: int) -> Check:
+    """The check of an int (not a bool) from ``low`` to ``high``: of every integer
+    setting, and of a layout's shard counts."""
+
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             return f"expected an integer from {low} to {high}, got {value!r}"
@@ -51,7 +58,7 @@ def _queue_name(value: Any) -> str | None:
 
 
 #: The settings a worker class declares and a config file may override.
-SETTING_CHECKS = {
+SETTING_CHECKS: dict[str, Check] = {
     "shards": int_in(1, MAX_SHARDS),
     "priority": int_in(1, 1000),
     "batch_size": int_in(1, MAX_BATCH_ENTRIES),

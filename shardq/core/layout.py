@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from shardq.core.errors import LayoutError
-from shardq.core.jobs import MAX_SHARDS
+from shardq.core.jobs import MAX_SHARDS, SETTING_CHECKS, int_in
 from shardq.core.topology import shard_for
 
 #: Default of the config's ``reshard_trust_seconds``: how long a copy is trusted.
@@ -95,15 +95,16 @@ class WorkerLayout:
 
 
 def _count(value: Any, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SHARDS:
-        raise ValueError(f"{value!r} is not an int from {low} to {MAX_SHARDS}")
-    return value
+    problem = int_in(low, MAX_SHARDS)(value)
+    if problem:
+        raise ValueError(problem)
+    return int(value)
 
 
 def announce(
     layout: WorkerLayout, worker: str, shards: int, trust: float, by: str = ""
 ) -> WorkerLayout:
-    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+    if SETTING_CHECKS["shards"](shards):
         raise LayoutError(f"--shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
     if layout.moving is not None:
         m = layout.moving

@@ -9,7 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardq.core.errors import ConfigError, InvalidEntityIdError
-from shardq.core.limits import FIFO_SUFFIX, GROUP_ID_PATTERN, MAX_GROUP_ID_LENGTH
+from shardq.core.limits import (
+    FIFO_SUFFIX,
+    GROUP_ID_PATTERN,
+    MAX_GROUP_ID_LENGTH,
+    MAX_QUEUE_NAME_LENGTH,
+)
 
 
 def check_entity_id(entity_id: Any) -> str:
@@ -44,6 +49,14 @@ def shard_queue(prefix: str, queue_name: str, shard: int, gen: int = 0) -> str:
     (generation 0) or ``{prefix}{queue_name}-g2-3.fifo``."""
     part = f"-{shard}" if gen == 0 else f"-g{gen}-{shard}"
     return f"{prefix}{queue_name}{part}{FIFO_SUFFIX}"
+
+
+def too_long(queue: str) -> str | None:
+    """``"<queue> (81 characters); SQS allows 80"`` if SQS would refuse ``queue`` for its
+    length, else None."""
+    if len(queue) <= MAX_QUEUE_NAME_LENGTH:
+        return None
+    return f"{queue} ({len(queue)} characters); SQS allows {MAX_QUEUE_NAME_LENGTH}"
 
 
 def morgue_queue(prefix: str, queue_name: str) -> str:

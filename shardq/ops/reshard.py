@@ -14,7 +14,7 @@ from shardq.api.app import App
 from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
 from shardq.core.layout import WorkerLayout
-from shardq.core.limits import MAX_QUEUE_NAME_LENGTH
+from shardq.core.topology import too_long
 from shardq.ops.layout_view import ReshardView, layout_view
 from shardq.ops.stats import collect
 
@@ -51,12 +51,11 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
     trust = app.config.reshard_trust_seconds
     who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
     planned = rules.announce(app.layouts.read(worker), worker, shards, trust, who)
-    longest = app.shard_queue(worker, shards - 1, planned.gen)
-    if len(longest) > MAX_QUEUE_NAME_LENGTH:
+    problem = too_long(app.shard_queue(worker, shards - 1, planned.gen))
+    if problem:
         raise LayoutError(
-            f"the new layout's queues would be named up to {longest} ({len(longest)} "
-            f"characters); SQS allows {MAX_QUEUE_NAME_LENGTH}. Give {worker} a shorter "
-            "queue_name (a new name starts a new set of queues: drain the old ones first)"
+            f"the new layout's queues would be named up to {problem}. Give {worker} a "
+            "shorter queue_name (a new name starts a new set of queues: drain the old ones first)"
         )
     for shard in range(shards):  # queues first: publishers that switch find them
         app.ensure_queue(app.shard_queue(worker, shard, planned.gen), worker)

@@ -24,8 +24,8 @@ __all__ = [
 
 
 def store_for(config: Config, broker: Broker) -> Store:
-    """DynamoDB for ``store_url`` or ``sqs://`` (SQS's region and endpoint by default),
-    the embedded broker's SQLite file, else memory."""
+    """DynamoDB for ``store_url`` or ``sqs://`` (SQS's region, endpoint and timeouts by
+    default), the embedded broker's SQLite file, else memory."""
     from shardq.broker.sqlite import SqliteBroker
 
     if config.store_url is not None or broker.kind == "sqs":
@@ -34,14 +34,18 @@ def store_for(config: Config, broker: Broker) -> Store:
 
         query = store_parameters(config.store_url or "dynamodb://", config.source)
         region, endpoint, unanswered = config.region, config.endpoint_url, None
+        timeouts = config.connect_timeout, config.read_timeout
         if isinstance(broker, SqsBroker):  # where the broker's SQS is (it may be given in code)
             region, endpoint = broker.client.meta.region_name, broker.endpoint_url
             unanswered = broker.unanswered  # one memory of hung endpoints
+            timeouts = broker.connect_timeout, broker.read_timeout
         return DynamoStore(
             query.get("table", config.queue_prefix + TABLE_SUFFIX),
             region=query.get("region", region),
             endpoint_url=query.get("endpoint_url", endpoint),
             unanswered=unanswered,
+            connect_timeout=timeouts[0],
+            read_timeout=timeouts[1],
         )
     if broker.kind == "sqlite" and isinstance(broker, SqliteBroker):
         return SqliteStore(broker.path)

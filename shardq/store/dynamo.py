@@ -8,19 +8,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import boto3
-import botocore.config
 import botocore.exceptions
 
-from shardq.broker.sqs_client import (
-    CALL_ATTEMPTS,
-    CONNECT_TIMEOUT,
-    READ_TIMEOUT,
-    TIMEOUTS,
-    Unanswered,
-    no_credentials,
-    timed_out,
-)
+from shardq.broker.sqs_client import TIMEOUTS, Unanswered, make_client, no_credentials, timed_out
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -30,7 +21,8 @@ TABLE_SUFFIX = "shardq-state"
 
 
 class DynamoStore(Store):
-    """Items in the DynamoDB table ``table``; credentials from boto3's default chain."""
+    """Items in the DynamoDB table ``table``; credentials from boto3's default chain;
+    each attempt of a call gets ``connect_timeout`` and ``read_timeout`` seconds."""
 
     kind = "dynamodb"
 
@@ -41,18 +33,15 @@ class DynamoStore(Store):
         region: str | None,
         endpoint_url: str | None,
         unanswered: Unanswered | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.table = table
         self.unanswered = unanswered or Unanswered()
-        # The SQS calls' bounds: a table that never answers fails a call within 18 s.
-        config = botocore.config.Config(
-            connect_timeout=CONNECT_TIMEOUT,
-            read_timeout=READ_TIMEOUT,
-            retries={"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS},
-        )
-        try:
-            self.client = boto3.session.Session().client(
-                "dynamodb", region_name=region, endpoint_url=endpoint_url, config=config
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        try:  # the SQS calls' timeouts and retries
+            self.client = make_client(
+                "dynamodb", region, endpoint_url, connect=connect_timeout, read=read_timeout
             )
         except botocore.exceptions.NoRegionError as exc:
             where = "`region`, store_url's ?region=, SHARDQ_REGION or AWS_DEFAULT_REGION"
@@ -76,7 +65,13 @@ class DynamoStore(Store):
             if isinstance(exc, botocore.exceptions.NoCredentialsError):
                 raise StoreError(no_credentials(f"DynamoDB {call}")) from None
             if isinstance(exc, TIMEOUTS):
-                error = timed_out(f"DynamoDB {call}", exc, service="the state table")
+                error = timed_out(
+                    f"DynamoDB {call}",
+                    exc,
+                    service="the state table",
+                    connect=self.connect_timeout,
+                    read=self.read_timeout,
+                )
                 self.unanswered.record(endpoint, error)
                 raise StoreError(error) from None
             if code == "ResourceNotFoundException":

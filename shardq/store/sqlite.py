@@ -1,5 +1,6 @@
 """The state store as the table ``shardq_state`` of the embedded broker's file, or in
-memory; one connection behind a lock, WAL, each write one ``BEGIN IMMEDIATE``."""
+memory; one connection (set up as the broker's) behind a lock, each write one
+``BEGIN IMMEDIATE``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from shardq.broker.sqlite_store import error, transaction
+from shardq.broker.sqlite_store import connect, error, transaction, use_wal
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -29,11 +30,8 @@ class SqliteStore(Store):
         self._lock = threading.Lock()
         self._closed = False
         try:
-            # timeout: wait up to 30 s for another process's write (SQLite's busy timeout)
-            self._db = sqlite3.connect(path, 30, isolation_level=None, check_same_thread=False)
-            if path != ":memory:":  # WAL: readers never wait for a writer
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db = connect(path)
+            use_wal(self._db, path)
             self._db.execute(_SCHEMA)
         except sqlite3.Error as exc:
             with suppress(AttributeError):
