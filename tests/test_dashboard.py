@@ -767,6 +767,27 @@ def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
 
 
 @HTTP_ONLY
+@pytest.mark.parametrize(
+    ("body", "constant"),
+    [
+        (b'{"since": NaN}', "NaN"),
+        (b'{"until": Infinity}', "Infinity"),
+        (b'{"message_ids": ["m"], "since": -Infinity}', "-Infinity"),
+    ],
+)
+def test_a_body_with_nan_or_infinity_is_not_json(
+    server: DashboardServer, body: bytes, constant: str
+) -> None:
+    # when a requeue's body holds NaN or Infinity, which JSON has no words for
+    status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body)
+    # then it is refused as not JSON, naming the constant, and nothing is touched
+    assert status == 400
+    assert doc["error"].startswith("the request body is not valid JSON")
+    assert f"{constant} is not a JSON number" in doc["error"]
+    assert Morgue(server.app, "SyncOrder").size() == 3
+
+
+@HTTP_ONLY
 def test_without_a_token_cross_origin_and_foreign_host_requests_are_refused(
     server: DashboardServer,
 ) -> None:

@@ -12,7 +12,6 @@ from contextlib import nullcontext
 from typing import Any
 
 from shardq.api.app import App
-from shardq.core.envelope import refuse_constant
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
@@ -21,6 +20,7 @@ from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
 from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
+from shardq.ops.json_text import NestedTooDeeply, parse_json
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command
@@ -311,13 +311,11 @@ def _dashboard(app: App, args: argparse.Namespace) -> int:
 # -- helpers ----------------------------------------------------------------------
 def _json_arg(name: str, text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=refuse_constant)
-    except RecursionError:
+        return parse_json(text)
+    except NestedTooDeeply:
         raise ConfigError(
             f"{name} is JSON nested too deeply to read; flatten it, or store the data "
             "elsewhere and publish a reference"
         ) from None
     except ValueError as exc:
-        raise ConfigError(
-            f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
-        ) from None
+        raise ConfigError(f"{name} is {exc}; quote it, e.g. '{{\"a\": 1}}'") from None

@@ -22,6 +22,7 @@ import structlog
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.ops.admin_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.json_text import parse_json
 from shardq.ops.sampler import Sampler, SampleUnavailable
 
 log = structlog.get_logger("shardq.dashboard")
@@ -181,11 +182,9 @@ class Handler(BaseHTTPRequestHandler):
                 400, 'the request body is empty: send a JSON object such as {"all": true}'
             )
         try:
-            return json.loads(raw)
-        except RecursionError:
-            raise HttpError(400, "the request body is nested too deeply") from None
+            return parse_json(raw)
         except ValueError as exc:
-            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+            raise HttpError(400, f"the request body is {exc}") from None
 
     def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
         data = json.dumps(doc, default=str, allow_nan=False).encode()
