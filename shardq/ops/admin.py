@@ -19,7 +19,7 @@ from shardq.core.terminal import plural
 from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
+from shardq.ops.fleet_view import fleet_lines, nodes_text
 from shardq.ops.json_text import NestedTooDeeply, parse_json
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
@@ -28,7 +28,7 @@ from shardq.ops.stats import (
     Stats,
     backlog,
     collect,
-    live_shards,
+    current_fleet,
     no_queues_text,
     queues_exist,
     stats_backlog,
@@ -235,15 +235,13 @@ def lag_cell(lag: float | None, unknown: int) -> str:
 
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
-    now = time.time()
-    view = fleet_view(read_fleet(app.store), now, live_shards(app))
+    view = current_fleet(app, time.time())
     moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
-        print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
+        print(json.dumps(view.to_json([m.to_json() for m in moves]), indent=2))
     else:
         if view.reported:
             print(nodes_text(view, backlog(app, view.unserved)))
