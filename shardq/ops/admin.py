@@ -221,7 +221,7 @@ def _stats_table(stats: Stats) -> str:
         add(w.name, vars(w), w.unknown_lags)
         for s in w.shards:
             name = f"  [{s.shard}]" if s.gen == 0 else f"  [@{s.gen}:{s.shard}]"
-            add(name, vars(s), int(s.lag is None and s.length > 0), s.owner or "-")
+            add(name, vars(s), int(s.lag_unknown), s.owner or "-")
     add("total", stats.to_dict()["total"], sum(w.unknown_lags for w in stats.workers))
     return table(rows, align="lrrrrrl")
 

@@ -35,6 +35,11 @@ class ShardStats:
     owner: str | None = None
     gen: int = 0  # the layout generation of this shard's queue
 
+    @property
+    def lag_unknown(self) -> bool:
+        """Jobs wait here and nobody knows their lag (on SQS: no live node serves it)."""
+        return self.lag is None and self.length > 0
+
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -52,9 +57,8 @@ class WorkerStats:
 
     @property
     def unknown_lags(self) -> int:
-        """Shards with jobs waiting whose lag nobody knows (on SQS, shards no live node
-        serves): ``lag`` leaves them out, so it is then a lower bound."""
-        return sum(1 for s in self.shards if s.lag is None and s.length > 0)
+        """Shards whose lag is unknown: ``lag`` leaves them out, so it is a lower bound."""
+        return sum(s.lag_unknown for s in self.shards)
 
 
 @dataclass(frozen=True)
