@@ -26,7 +26,6 @@ MAX_LIST = 100_000
 log = structlog.get_logger("shardq.dashboard")
 MAX_RAW = 4000  # characters of an unreadable record the API shows
 MAX_LIMIT = 1000  # most dead jobs on one page of the API
-ACTIONS = {("POST", "requeue"), ("POST", "purge")}  # besides GET of a page
 
 EXAMPLES = {
     "list": "  shardq morgue list SyncOrder\n"

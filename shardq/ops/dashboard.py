@@ -21,9 +21,10 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
-from shardq.ops.admin_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.admin_morgue import HttpError, morgue_act, morgue_page
 from shardq.ops.json_text import parse_json
 from shardq.ops.sampler import Sampler, SampleUnavailable
+from shardq.ops.selection import DONE
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -209,7 +210,7 @@ class Handler(BaseHTTPRequestHandler):
 def _allowed(parts: list[str]) -> str:
     """The methods served at a path (split on ``/``), as a 405's ``Allow`` names them."""
     morgue = parts[:3] == ["api", "v1", "morgue"]
-    if morgue and len(parts) == 5 and ("POST", parts[4]) in ACTIONS:
+    if morgue and len(parts) == 5 and parts[4] in DONE:  # an action
         return "POST"
     if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
         return "GET"
