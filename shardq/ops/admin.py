@@ -19,6 +19,7 @@ from shardq.core.terminal import plural
 from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
+from shardq.ops.exits import EXIT_OK, EXIT_USAGE
 from shardq.ops.fleet_view import fleet_lines, nodes_text
 from shardq.ops.json_text import NestedTooDeeply, parse_json
 from shardq.ops.layout_view import layout_lines, reshards
@@ -34,7 +35,6 @@ from shardq.ops.stats import (
     stats_backlog,
 )
 
-EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
     "no node has reported yet: nodes write their heartbeat to the state store when they "
     "start. "
