@@ -83,22 +83,9 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle keep-alive connections close after this
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A method with no ``do_<METHOD>`` (PUT, DELETE, ...) is a JSON 405, not a 501."""
-        if code == 501 and getattr(self, "command", None):
-            return self._dispatch(self.command)
-        super().send_error(code, message, explain)
-
-    def _dispatch(self, method: str) -> None:
+    def _dispatch(self) -> None:
+        """Answer any method; the path says which methods it allows (``_allowed``)."""
+        method = self.command
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
@@ -133,6 +120,14 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.exception("dashboard.request_failed", path=self.path)
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+
+    do_GET = do_POST = do_HEAD = _dispatch
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A method with no ``do_<METHOD>`` (PUT, DELETE, ...) is a JSON 405, not a 501."""
+        if code == 501 and getattr(self, "command", None):
+            return self._dispatch()
+        super().send_error(code, message, explain)
 
     def _check_host(self) -> None:
         """Without a token, answer only requests addressed to a loopback name."""
