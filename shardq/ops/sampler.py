@@ -120,16 +120,13 @@ class Sampler:
                 self._error = f"cannot read the broker: {type(exc).__name__}: {exc}"
             self._ready.set()
             return
-        data = stats.to_dict()
-        now, names = data["time"], list(data["by_worker"])
-        done = [s["done"] for w in data["by_worker"].values() for s in w["shards"]]
+        now, names = stats.time, [w.name for w in stats.workers]
         rates, total, excludes = None, None, []
-        if data["broker"] in KNOWS_AGES or any(d is not None for d in done):
+        if stats.broker in KNOWS_AGES or any(
+            s.done is not None for w in stats.workers for s in w.shards
+        ):
             source: str | None = "broker"  # a queue not created yet has done None
-            counts = {
-                name: float(sum(s["done"] or 0 for s in w["shards"]))
-                for name, w in data["by_worker"].items()
-            }
+            counts = {w.name: float(sum(s.done or 0 for s in w.shards)) for w in stats.workers}
             rates = self._rates(now, {"broker": counts}, names)
         elif self.scrape:
             source, rates = "scrape", self._rates(now, self._scrape_all(now), names)
@@ -144,10 +141,11 @@ class Sampler:
             source = None
         if rates is not None:
             total = sum(rates.values())
+        latest = stats.to_dict()
         with self._lock:
             self.source, self.excludes = source, excludes
             self._add_points(now, names, rates, total)
-            self._latest, self._error = data, None
+            self._latest, self._error = latest, None
             self._fleet_error, self._reshards = stats.fleet_error, stats.reshards
             if stats.fleet_error is None:
                 self._fleet = stats.fleet
