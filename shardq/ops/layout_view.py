@@ -175,16 +175,13 @@ def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
     """Every reshard in progress, from a fresh read of the layouts; with the ``fleet``,
     who holds (or last held) each old shard."""
     app.layouts.refresh()
-    found = []
+    views = []
     for name in app.workers:
         layout = app.layouts.cached(name)
-        if layout.moving is None:
-            continue
-        jobs = _old_jobs(app, name, layout.moving.gen, layout.moving.shards)
-        view = layout_view(name, layout, app.settings(name).shards, jobs, fleet)
-        if view.reshard is not None:
-            found.append(view.reshard)
-    return found
+        if layout.moving is not None:
+            jobs = _old_jobs(app, name, layout.moving.gen, layout.moving.shards)
+            views.append(layout_view(name, layout, app.settings(name).shards, jobs, fleet))
+    return [v.reshard for v in views if v.reshard is not None]
 
 
 def layout_lines(views: Sequence[LayoutView], error: str | None) -> list[str]:
