@@ -43,7 +43,7 @@ from shardq.morgue.migrate import move_queue_morgue
 from shardq.ops.dashboard import DashboardServer, make_server
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.sampler import NO_THROUGHPUT, Sampler, parse_metrics
-from shardq.ops.stats import collect
+from shardq.ops.stats import collect, current_fleet
 from shardq.store import StoreError
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
@@ -348,11 +348,7 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         ]
         assert nodes["gone"][0]["unserved"] == ["SyncOrder:2", "SyncOrder:3"]
         # and it is what `shardq nodes --json` prints for the same document
-        from shardq.ops.fleet_view import fleet_view, read_fleet
-        from shardq.ops.stats import live_shards
-
-        view = fleet_view(read_fleet(filled.store), nodes["time"], live_shards(filled))
-        assert view.to_json() == nodes
+        assert current_fleet(filled, nodes["time"]).to_json() == nodes
     finally:
         srv.stop()
 
@@ -390,7 +386,7 @@ def test_a_fleet_read_that_fails_keeps_the_last_good_fleet(
     def broken(store: object) -> None:
         raise BrokerError("the broker is down")
 
-    monkeypatch.setattr("shardq.ops.sampler.read_fleet", broken)
+    monkeypatch.setattr("shardq.ops.stats.read_fleet", broken)
     with capture_logs() as logs:
         sampler.sample_fleet()
         sampler.sample_fleet()
@@ -763,6 +759,27 @@ def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
     deep = b'{"message_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/purge", deep)
     assert status == 400 and "nested" in doc["error"]
+    assert Morgue(server.app, "SyncOrder").size() == 3
+
+
+@HTTP_ONLY
+@pytest.mark.parametrize(
+    ("body", "constant"),
+    [
+        (b'{"since": NaN}', "NaN"),
+        (b'{"until": Infinity}', "Infinity"),
+        (b'{"message_ids": ["m"], "since": -Infinity}', "-Infinity"),
+    ],
+)
+def test_a_body_with_nan_or_infinity_is_not_json(
+    server: DashboardServer, body: bytes, constant: str
+) -> None:
+    # when a requeue's body holds NaN or Infinity, which JSON has no words for
+    status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body)
+    # then it is refused as not JSON, naming the constant, and nothing is touched
+    assert status == 400
+    assert doc["error"].startswith("the request body is not valid JSON")
+    assert f"{constant} is not a JSON number" in doc["error"]
     assert Morgue(server.app, "SyncOrder").size() == 3
 
 

@@ -21,7 +21,7 @@ from shardq.core.topology import shard_for
 from shardq.ops import reshard
 from shardq.ops.admin import NO_REPORT, _nodes, _stats
 from shardq.ops.ensure import ensure, ensure_state_table
-from shardq.ops.fleet_view import fleet_view, key_order, read_fleet
+from shardq.ops.fleet_view import FleetView, fleet_view, key_order, read_fleet
 from shardq.ops.layout_view import layout_view
 from shardq.ops.sampler import Sampler
 from shardq.ops.stats import collect
@@ -221,7 +221,7 @@ def test_stats_name_the_owner_of_a_new_generations_shard(resharding: shardq.App)
 def test_a_reshard_with_no_node_serving_any_old_shard_says_so() -> None:
     # given a switched move whose old shards no live node holds (none is running)
     layout = rules.switch(rules.announce(rules.WorkerLayout(0, 2), "W", 3, 60.0), 1)
-    view = layout_view("W", layout, 2, 5, {0: None, 1: None})
+    view = layout_view("W", layout, 2, 5, FleetView(0.0))
     # then its line says no node serves them, instead of only counting open shards
     assert view.reshard is not None
     assert view.reshard.text().endswith(
@@ -387,8 +387,9 @@ def test_a_stuck_reshard_names_the_node_that_last_held_each_old_shard() -> None:
     # given a switched move of W from 4 to 6 shards; old shards 1 and 3 held by no node,
     # node-e90b (gone) held shard 1 last, nobody is known to have held shard 3
     layout = rules.switch(rules.announce(rules.WorkerLayout(0, 4), "W", 6, 60.0), 1)
-    owners = {0: "n1", 1: None, 2: "n1", 3: None}
-    view = layout_view("W", layout, 4, 5, owners, {1: "node-e90b", 0: "n0"})
+    owners = {"W:0": "n1", "W:2": "n1"}
+    fleet = FleetView(0.0, True, owners=owners, last_held={"W:1": "node-e90b", "W:0": "n0"})
+    view = layout_view("W", layout, 4, 5, fleet)
     # then the reshard says it is stuck behind those two, and which node held shard 1
     assert view.reshard is not None
     assert view.reshard.stuck == (
@@ -397,7 +398,8 @@ def test_a_stuck_reshard_names_the_node_that_last_held_each_old_shard() -> None:
     )
     assert view.reshard.to_json()["last_held"] == {"1": "node-e90b"}  # served ones left out
     # and with no node serving any old shard, every last holder is named
-    none = layout_view("W", layout, 4, 5, dict.fromkeys(range(4)), {0: "a", 1: "b", 3: "a"})
+    nobody = FleetView(0.0, True, last_held={"W:0": "a", "W:1": "b", "W:3": "a"})
+    none = layout_view("W", layout, 4, 5, nobody)
     assert none.reshard is not None and none.reshard.stuck is not None
     assert none.reshard.stuck.endswith(
         "the reshard does not progress until one does; last held by a (W:0, W:3); "

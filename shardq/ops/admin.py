@@ -12,7 +12,6 @@ from contextlib import nullcontext
 from typing import Any
 
 from shardq.api.app import App
-from shardq.core.envelope import refuse_constant
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
@@ -20,7 +19,9 @@ from shardq.core.terminal import plural
 from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_view import fleet_lines, fleet_view, nodes_text, read_fleet
+from shardq.ops.exits import EXIT_OK, EXIT_USAGE
+from shardq.ops.fleet_view import fleet_lines, nodes_text
+from shardq.ops.json_text import NestedTooDeeply, parse_json
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command
@@ -28,13 +29,12 @@ from shardq.ops.stats import (
     Stats,
     backlog,
     collect,
-    live_shards,
+    current_fleet,
     no_queues_text,
     queues_exist,
     stats_backlog,
 )
 
-EXIT_OK, EXIT_USAGE = 0, 2
 NO_REPORT = (
     "no node has reported yet: nodes write their heartbeat to the state store when they "
     "start. "
@@ -221,7 +221,7 @@ def _stats_table(stats: Stats) -> str:
         add(w.name, vars(w), w.unknown_lags)
         for s in w.shards:
             name = f"  [{s.shard}]" if s.gen == 0 else f"  [@{s.gen}:{s.shard}]"
-            add(name, vars(s), int(s.lag is None and s.length > 0), s.owner or "-")
+            add(name, vars(s), int(s.lag_unknown), s.owner or "-")
     add("total", stats.to_dict()["total"], sum(w.unknown_lags for w in stats.workers))
     return table(rows, align="lrrrrrl")
 
@@ -235,15 +235,13 @@ def lag_cell(lag: float | None, unknown: int) -> str:
 
 
 def _nodes(app: App, args: argparse.Namespace) -> int:
-    now = time.time()
-    view = fleet_view(read_fleet(app.store), now, live_shards(app))
+    view = current_fleet(app, time.time())
     moves = reshards(app, view if view.reported else None)
     if not view.reported and not queues_exist(app):  # most likely a queue_prefix typo
         print(f"shardq: {no_queues_text(app)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        reshards_json = {"reshards": [m.to_json() for m in moves]} if moves else {}
-        print(json.dumps({**view.to_json(), **reshards_json}, indent=2))
+        print(json.dumps(view.to_json([m.to_json() for m in moves]), indent=2))
     else:
         if view.reported:
             print(nodes_text(view, backlog(app, view.unserved)))
@@ -311,13 +309,11 @@ def _dashboard(app: App, args: argparse.Namespace) -> int:
 # -- helpers ----------------------------------------------------------------------
 def _json_arg(name: str, text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=refuse_constant)
-    except RecursionError:
+        return parse_json(text)
+    except NestedTooDeeply:
         raise ConfigError(
             f"{name} is JSON nested too deeply to read; flatten it, or store the data "
             "elsewhere and publish a reference"
         ) from None
     except ValueError as exc:
-        raise ConfigError(
-            f"{name} is not valid JSON ({exc}); quote it, e.g. '{{\"a\": 1}}'"
-        ) from None
+        raise ConfigError(f"{name} is {exc}; quote it, e.g. '{{\"a\": 1}}'") from None

@@ -18,15 +18,14 @@ from shardq.core.errors import ConfigError, ShardqError
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
+from shardq.ops.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, act, parse_range
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 #: Most dead jobs one ``list`` prints.
 MAX_LIST = 100_000
 log = structlog.get_logger("shardq.dashboard")
 MAX_RAW = 4000  # characters of an unreadable record the API shows
 MAX_LIMIT = 1000  # most dead jobs on one page of the API
-ACTIONS = {("POST", "requeue"), ("POST", "purge")}  # besides GET of a page
 
 EXAMPLES = {
     "list": "  shardq morgue list SyncOrder\n"
@@ -148,7 +147,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
                 f"command again to {action} them{last}",
                 file=sys.stderr,
             )
-            return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+            return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
     tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
     jobs = plural(done[0], f"dead {worker} job")
     print(f"{DONE[action]} {jobs}{selection.scope()}{tail}", file=sys.stderr)

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardq.core.envelope import refuse_constant
 from shardq.core.errors import BrokerError, ConfigError, PublishError, ShardqError
 from shardq.core.jobs import Job
 from shardq.core.terminal import Progress, plural
+from shardq.ops.json_text import parse_json
 
 if TYPE_CHECKING:
     from shardq.api.app import App
@@ -100,12 +100,7 @@ def read_jobs(app: App, worker: str, lines: Iterable[str], source: str) -> list[
 
 def parse_line(text: str) -> Job:
     """The job of one line; ValueError says what is wrong with it."""
-    try:
-        doc = json.loads(text, parse_constant=refuse_constant)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON ({exc})") from None
+    doc = parse_json(text)
     if not isinstance(doc, dict):
         raise ValueError('expected a JSON object such as {"entity": "...", "payload": ...}')
     unknown = sorted(set(doc) - set(KEYS))

@@ -1,11 +1,4 @@
-"""The ``shardq`` command.
-
-Exit codes: 0 done; 1 broker unreachable or unexpected error; 2 bad usage, config
-or input (also ``stats`` and ``nodes`` finding none of the app's queues); 3 a node
-stopped with jobs still running after the grace period; 4 ``queues ensure`` found
-queues whose settings drifted; 130 interrupted by Ctrl-C (``publish --file`` then
-names the last line published and the first not published).
-"""
+"""The ``shardq`` command (its exit codes: :mod:`shardq.ops.exits`)."""
 
 from __future__ import annotations
 
@@ -34,13 +27,8 @@ from shardq.core.version import VERSION
 from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
+from shardq.ops.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE
 from shardq.store import StoreError
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-#: Stopped by Ctrl-C (SIGINT): what a shell reports for a tool ended by it.
-EXIT_INTERRUPTED = 128 + 2
-#: Stdout was closed early (``| head``): what a shell reports for a tool ended by SIGPIPE.
-EXIT_PIPE = 128 + 13
 
 _EPILOG_RUN = """examples:
   shardq run                                     # join the app's elastic fleet

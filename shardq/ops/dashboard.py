@@ -21,8 +21,10 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
-from shardq.ops.admin_morgue import ACTIONS, HttpError, morgue_act, morgue_page
+from shardq.ops.admin_morgue import HttpError, morgue_act, morgue_page
+from shardq.ops.json_text import parse_json
 from shardq.ops.sampler import Sampler, SampleUnavailable
+from shardq.ops.selection import DONE
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -81,22 +83,9 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle keep-alive connections close after this
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A method with no ``do_<METHOD>`` (PUT, DELETE, ...) is a JSON 405, not a 501."""
-        if code == 501 and getattr(self, "command", None):
-            return self._dispatch(self.command)
-        super().send_error(code, message, explain)
-
-    def _dispatch(self, method: str) -> None:
+    def _dispatch(self) -> None:
+        """Answer any method; the path says which methods it allows (``_allowed``)."""
+        method = self.command
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
@@ -131,6 +120,14 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.exception("dashboard.request_failed", path=self.path)
             self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+
+    do_GET = do_POST = do_HEAD = _dispatch
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A method with no ``do_<METHOD>`` (PUT, DELETE, ...) is a JSON 405, not a 501."""
+        if code == 501 and getattr(self, "command", None):
+            return self._dispatch()
+        super().send_error(code, message, explain)
 
     def _check_host(self) -> None:
         """Without a token, answer only requests addressed to a loopback name."""
@@ -181,11 +178,9 @@ class Handler(BaseHTTPRequestHandler):
                 400, 'the request body is empty: send a JSON object such as {"all": true}'
             )
         try:
-            return json.loads(raw)
-        except RecursionError:
-            raise HttpError(400, "the request body is nested too deeply") from None
+            return parse_json(raw)
         except ValueError as exc:
-            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+            raise HttpError(400, f"the request body is {exc}") from None
 
     def _json(self, status: int, doc: Any, allow: str | None = None) -> None:
         data = json.dumps(doc, default=str, allow_nan=False).encode()
@@ -210,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
 def _allowed(parts: list[str]) -> str:
     """The methods served at a path (split on ``/``), as a 405's ``Allow`` names them."""
     morgue = parts[:3] == ["api", "v1", "morgue"]
-    if morgue and len(parts) == 5 and ("POST", parts[4]) in ACTIONS:
+    if morgue and len(parts) == 5 and parts[4] in DONE:  # an action
         return "POST"
     if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
         return "GET"

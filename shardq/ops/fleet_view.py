@@ -5,7 +5,7 @@ in the last hour, each shard's owner and lag, and the shards no live node serves
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -146,14 +146,16 @@ class FleetView:
             if g.gone_at >= since
         ]
 
-    def to_json(self) -> dict[str, Any]:
-        """As ``shardq nodes --json`` prints it (and ``/api/v1/nodes`` answers)."""
+    def to_json(self, reshards: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """As ``shardq nodes --json`` prints it and ``/api/v1/nodes`` answers, with the
+        ``reshards`` in progress (their JSON) only while there are some."""
         return {
             "time": self.time,
             "nodes": [_node_json(n) for n in self.nodes],
             "gone": [_gone_json(g) for g in self.gone],
             "unserved": list(self.unserved),
             "no_live_node": self.no_live_node,
+            **({"reshards": list(reshards)} if reshards else {}),
         }
 
 

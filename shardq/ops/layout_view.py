@@ -138,16 +138,17 @@ def layout_view(
     layout: WorkerLayout,
     code_shards: int,
     old_jobs: int | None,
-    owners: Mapping[int, str | None] | None = None,
-    last_held: Mapping[int, str] | None = None,
+    fleet: FleetView | None = None,
 ) -> LayoutView:
-    """The view of ``worker``'s ``layout``, with the jobs in its old generation's queues,
-    the node holding each old shard (None: nobody) and the one that held it last, if known."""
+    """The view of ``worker``'s ``layout``, with the jobs in its old generation's queues
+    and, given the ``fleet``, the old shards no live node holds and who held them last."""
     move = layout.moving
     reshard = None
     if move is not None:
-        unserved = None if owners is None else tuple(s for s in move.left if owners.get(s) is None)
-        last = {s: n for s, n in (last_held or {}).items() if s in (unserved or ())}
+        unserved, last = None, {}
+        if fleet is not None:
+            unserved = tuple(s for s in move.left if fleet.owner(worker, s, move.gen) is None)
+            last = {s: n for s in unserved if (n := fleet.last_holder(worker, s, move.gen))}
         reshard = ReshardView(
             worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
             layout.trust, tuple(move.left), old_jobs, move.by, unserved, last,
@@ -174,21 +175,13 @@ def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
     """Every reshard in progress, from a fresh read of the layouts; with the ``fleet``,
     who holds (or last held) each old shard."""
     app.layouts.refresh()
-    found = []
+    views = []
     for name in app.workers:
         layout = app.layouts.cached(name)
-        if layout.moving is None:
-            continue
-        gen, old = layout.moving.gen, range(layout.moving.shards)
-        owners, last = None, None
-        if fleet is not None:
-            owners = {s: fleet.owner(name, s, gen) for s in old}
-            last = {s: n for s in old if (n := fleet.last_holder(name, s, gen))}
-        jobs = _old_jobs(app, name, gen, len(old))
-        view = layout_view(name, layout, app.settings(name).shards, jobs, owners, last)
-        if view.reshard is not None:
-            found.append(view.reshard)
-    return found
+        if layout.moving is not None:
+            jobs = _old_jobs(app, name, layout.moving.gen, layout.moving.shards)
+            views.append(layout_view(name, layout, app.settings(name).shards, jobs, fleet))
+    return [v.reshard for v in views if v.reshard is not None]
 
 
 def layout_lines(views: Sequence[LayoutView], error: str | None) -> list[str]:

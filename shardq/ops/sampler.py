@@ -14,8 +14,9 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.ops.fleet_view import FleetView, fleet_view, read_fleet
-from shardq.ops.stats import KNOWS_AGES, collect, live_shards
+from shardq.ops.fleet_view import FleetView
+from shardq.ops.layout_view import ReshardView
+from shardq.ops.stats import KNOWS_AGES, collect, current_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -67,6 +68,7 @@ class Sampler:
         self._fleet: FleetView | None = None
         self._fleet_error: str | None = None
         self._fleet_failing = False  # the last read of the fleet alone failed
+        self._reshards: list[ReshardView] = []  # in progress in the latest sample
         self._error: str | None = None
         self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self._thread: threading.Thread | None = None
@@ -98,14 +100,13 @@ class Sampler:
     def sample_fleet(self) -> None:
         """Read the fleet items alone, so that a node gone shows within about a second."""
         try:
-            doc = read_fleet(self.app.store)
+            fleet = current_fleet(self.app, self.wall())
         except Exception as exc:  # the store failed: keep the last good fleet
             if not self._fleet_failing:  # once, not every second
                 log.warning("dashboard.fleet_sample_failed", error=f"{type(exc).__name__}: {exc}")
             self._fleet_failing = True
             return
         self._fleet_failing = False
-        fleet = fleet_view(doc, self.wall(), live_shards(self.app))
         with self._lock:
             self._fleet, self._fleet_error = fleet, None
 
@@ -119,16 +120,13 @@ class Sampler:
                 self._error = f"cannot read the broker: {type(exc).__name__}: {exc}"
             self._ready.set()
             return
-        data = stats.to_dict()
-        now, names = data["time"], list(data["by_worker"])
-        done = [s["done"] for w in data["by_worker"].values() for s in w["shards"]]
+        now, names = stats.time, [w.name for w in stats.workers]
         rates, total, excludes = None, None, []
-        if data["broker"] in KNOWS_AGES or any(d is not None for d in done):
+        if stats.broker in KNOWS_AGES or any(
+            s.done is not None for w in stats.workers for s in w.shards
+        ):
             source: str | None = "broker"  # a queue not created yet has done None
-            counts = {
-                name: float(sum(s["done"] or 0 for s in w["shards"]))
-                for name, w in data["by_worker"].items()
-            }
+            counts = {w.name: float(sum(s.done or 0 for s in w.shards)) for w in stats.workers}
             rates = self._rates(now, {"broker": counts}, names)
         elif self.scrape:
             source, rates = "scrape", self._rates(now, self._scrape_all(now), names)
@@ -143,11 +141,12 @@ class Sampler:
             source = None
         if rates is not None:
             total = sum(rates.values())
+        latest = stats.to_dict()
         with self._lock:
             self.source, self.excludes = source, excludes
             self._add_points(now, names, rates, total)
-            self._latest, self._error = data, None
-            self._fleet_error = stats.fleet_error
+            self._latest, self._error = latest, None
+            self._fleet_error, self._reshards = stats.fleet_error, stats.reshards
             if stats.fleet_error is None:
                 self._fleet = stats.fleet
         self._ready.set()
@@ -230,13 +229,7 @@ class Sampler:
                 raise SampleUnavailable(f"cannot read the fleet items: {self._fleet_error}")
             if self._fleet is None:
                 raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
-            latest = self._latest or {"by_worker": {}}
-            moves = [
-                w["layout"]["reshard"]
-                for w in latest["by_worker"].values()
-                if w.get("layout") and w["layout"]["reshard"]
-            ]
-            return {**self._fleet.to_json(), **({"reshards": moves} if moves else {})}
+            return self._fleet.to_json([m.to_json() for m in self._reshards])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

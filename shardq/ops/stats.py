@@ -14,7 +14,7 @@ from shardq.core.errors import LayoutError, QueueNotFoundError
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.morgue import Morgue
 from shardq.ops.fleet_view import FleetView, fleet_view, read_fleet
-from shardq.ops.layout_view import LayoutView, layout_view
+from shardq.ops.layout_view import LayoutView, ReshardView, layout_view
 from shardq.store import StoreError
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
@@ -35,6 +35,11 @@ class ShardStats:
     owner: str | None = None
     gen: int = 0  # the layout generation of this shard's queue
 
+    @property
+    def lag_unknown(self) -> bool:
+        """Jobs wait here and nobody knows their lag (on SQS: no live node serves it)."""
+        return self.lag is None and self.length > 0
+
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -52,9 +57,8 @@ class WorkerStats:
 
     @property
     def unknown_lags(self) -> int:
-        """Shards with jobs waiting whose lag nobody knows (on SQS, shards no live node
-        serves): ``lag`` leaves them out, so it is then a lower bound."""
-        return sum(1 for s in self.shards if s.lag is None and s.length > 0)
+        """Shards whose lag is unknown: ``lag`` leaves them out, so it is a lower bound."""
+        return sum(s.lag_unknown for s in self.shards)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class Stats:
     layout_error: str | None = None
     #: Set when none of the workers' queues exists: says so and what to check.
     no_queues: str | None = None
+
+    @property
+    def reshards(self) -> list[ReshardView]:
+        """The reshards in progress in this sample."""
+        return [w.layout.reshard for w in self.workers if w.layout and w.layout.reshard]
 
     @property
     def lag_source(self) -> str | None:
@@ -116,10 +125,9 @@ def collect(app: App) -> Stats:
     except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
         layout_error = str(exc)
     try:
-        items, fleet_error = read_fleet(app.store), None
+        fleet, fleet_error = current_fleet(app, now), None
     except StoreError as exc:  # the store cannot be read: the counts still help
-        items, fleet_error = None, str(exc)
-    fleet = fleet_view(items, now, live_shards(app))
+        fleet, fleet_error = fleet_view(None, now, live_shards(app)), str(exc)
     missing: set[str] = set()
     workers = [_worker_stats(app, name, fleet, now, missing) for name in app.workers]
     queues = [s.queue for w in workers for s in w.shards]
@@ -168,12 +176,9 @@ def _worker_stats(
         for gen, count in gens
         for shard in range(count)
     ]
-    old_jobs, owners, last = None, None, None
+    old_jobs = None
     if layout.moving is not None:
-        old = [s for s in shards if s.gen == layout.moving.gen]
-        old_jobs = sum(s.length + s.in_flight for s in old)
-        owners = {s.shard: s.owner for s in old}  # none at all: no node is running
-        last = {s.shard: n for s in old if (n := fleet.last_holder(name, s.shard, s.gen))}
+        old_jobs = sum(s.length + s.in_flight for s in shards if s.gen == layout.moving.gen)
     old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
     dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
@@ -185,7 +190,7 @@ def _worker_stats(
         lag=_max(s.lag for s in shards),
         done=_sum(s.done for s in shards),
         shards=shards,
-        layout=layout_view(name, layout, settings.shards, old_jobs, owners, last),
+        layout=layout_view(name, layout, settings.shards, old_jobs, fleet),
         reported=fleet.counts(name) if fleet.reported else None,
     )
 
@@ -205,6 +210,12 @@ def _shard_stats(
     return ShardStats(
         shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total, owner, gen
     )
+
+
+def current_fleet(app: App, now: float) -> FleetView:
+    """The fleet at ``now`` from a fresh read of the store, with the live layouts' shards
+    no live node serves."""
+    return fleet_view(read_fleet(app.store), now, live_shards(app))
 
 
 def live_shards(app: App) -> dict[str, int]:
