@@ -64,6 +64,7 @@ def waiting(app: shardq.App) -> int:
         ('{"entity": "e", "payload": 1, "dedup_id": 5}', "dedup_id must be a string"),
         ('{"entity": "e", "payload": 1, "meta": []}', "meta must be an object"),
         ('{"entity": "e", "payload": NaN}', "NaN is not a JSON number"),
+        ('{"entity": "e", "payload": 1e999}', "1e999 is too large for a JSON number"),
         ("[1, 2]", "expected a JSON object"),
         ("{oops", "not valid JSON"),
         ("[" * 1500 + "]" * 1500, "nested too deeply"),

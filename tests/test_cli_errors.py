@@ -51,6 +51,7 @@ def test_an_endpoint_url_that_is_not_a_url_exits_2_naming_the_key(tmp_path: Path
     [
         ("[" * 1500 + "]" * 1500, "PAYLOAD_JSON is JSON nested too deeply"),
         ('{"n": NaN}', "NaN is not a JSON number"),
+        ('{"n": -1e999}', "-1e999 is too large for a JSON number"),
         ('{"name": "\\ud800"}', "not valid Unicode"),
     ],
 )

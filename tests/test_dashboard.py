@@ -764,22 +764,23 @@ def test_a_deeply_nested_body_is_a_bad_request(server: DashboardServer) -> None:
 
 @HTTP_ONLY
 @pytest.mark.parametrize(
-    ("body", "constant"),
+    ("body", "problem"),
     [
-        (b'{"since": NaN}', "NaN"),
-        (b'{"until": Infinity}', "Infinity"),
-        (b'{"message_ids": ["m"], "since": -Infinity}', "-Infinity"),
+        (b'{"since": NaN}', "NaN is not a JSON number"),
+        (b'{"until": Infinity}', "Infinity is not a JSON number"),
+        (b'{"message_ids": ["m"], "since": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"until": 1e999}', "1e999 is too large for a JSON number"),
     ],
 )
 def test_a_body_with_nan_or_infinity_is_not_json(
-    server: DashboardServer, body: bytes, constant: str
+    server: DashboardServer, body: bytes, problem: str
 ) -> None:
-    # when a requeue's body holds NaN or Infinity, which JSON has no words for
+    # when a requeue's body holds NaN, Infinity or a number no float can hold
     status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body)
-    # then it is refused as not JSON, naming the constant, and nothing is touched
+    # then it is refused as not JSON, naming the problem, and nothing is touched
     assert status == 400
     assert doc["error"].startswith("the request body is not valid JSON")
-    assert f"{constant} is not a JSON number" in doc["error"]
+    assert problem in doc["error"]
     assert Morgue(server.app, "SyncOrder").size() == 3
 
 

@@ -19,7 +19,8 @@ from shardq.broker import Broker, SendEntry, SqliteBroker
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.limits import MAX_RETENTION_SECONDS
-from shardq.ops.ensure import EXIT_DRIFT, EXIT_OK, ensure
+from shardq.ops.ensure import ensure
+from shardq.ops.exits import EXIT_DRIFT, EXIT_OK
 from shardq.run.intake import OldJobs, too_old
 from tests.emulator import Emulator
 

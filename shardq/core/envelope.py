@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,6 +121,29 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
 def refuse_constant(name: str) -> Any:
     """``json.loads(..., parse_constant=refuse_constant)``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not a JSON number")
+
+
+class NestedTooDeeply(ValueError):
+    """JSON nested too deeply to read."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as infinity
+        raise ValueError(f"{text} is too large for a JSON number")
+    return value
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Operator JSON (arguments, ``publish --file`` lines, request bodies, old morgue
+    records) read strictly; a ValueError (:class:`NestedTooDeeply` when that is the reason)
+    says what is wrong. NaN, Infinity and numbers too large for a float are refused."""
+    try:
+        return json.loads(text, parse_constant=refuse_constant, parse_float=_finite)
+    except RecursionError:
+        raise NestedTooDeeply("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
 
 
 #: One decoder for every body (``json.loads`` with arguments builds a new one per call).

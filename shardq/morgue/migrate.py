@@ -4,12 +4,11 @@ written before its message is deleted, and deleting records past ``morgue_retent
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message, release_now
 from shardq.core.decide import REASON_UNREADABLE
-from shardq.core.envelope import refuse_constant
+from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
 from shardq.morgue import Morgue, keep
@@ -82,8 +81,8 @@ def read_queue_record(message: Message) -> MorgueRecord:
 def _decode(message: Message) -> MorgueRecord:
     header, newline, body = message.body.partition("\n")
     try:
-        doc = json.loads(header if newline else message.body, parse_constant=refuse_constant)
-    except RecursionError:
+        doc = parse_json(header if newline else message.body)
+    except NestedTooDeeply:
         raise ValueError("nested too deeply to be a morgue record") from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise ValueError("not a shardq morgue record")

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from shardq.api.app import App
+from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
@@ -21,7 +22,6 @@ from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
 from shardq.ops.exits import EXIT_OK, EXIT_USAGE
 from shardq.ops.fleet_view import fleet_lines, nodes_text
-from shardq.ops.json_text import NestedTooDeeply, parse_json
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shardq.core.envelope import parse_json
 from shardq.core.errors import BrokerError, ConfigError, PublishError, ShardqError
 from shardq.core.jobs import Job
 from shardq.core.terminal import Progress, plural
-from shardq.ops.json_text import parse_json
 
 if TYPE_CHECKING:
     from shardq.api.app import App

@@ -20,9 +20,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import structlog
 
 from shardq.api.app import App
+from shardq.core.envelope import parse_json
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.ops.admin_morgue import HttpError, morgue_act, morgue_page
-from shardq.ops.json_text import parse_json
 from shardq.ops.sampler import Sampler, SampleUnavailable
 from shardq.ops.selection import DONE
 

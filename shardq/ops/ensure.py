@@ -12,10 +12,9 @@ from shardq.core.limits import MAX_RETENTION_SECONDS
 from shardq.core.terminal import plural
 from shardq.core.topology import parse_name
 from shardq.morgue.migrate import tend
+from shardq.ops.exits import EXIT_DRIFT, EXIT_OK
 from shardq.ops.layout_view import layout_view
 from shardq.reshard.prune import prune
-
-EXIT_OK, EXIT_DRIFT = 0, 4
 
 PRUNE_HELP = (
     "also delete the queues of retired layout generations (after a reshard) that are "
