@@ -37,6 +37,7 @@ from shardq.broker.sqs_client import (
     make_client,
     no_credentials,
     timed_out,
+    worst_call_seconds,
 )
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.core.errors import BrokerError, QueueNotFoundError
@@ -100,7 +101,7 @@ class SqsBroker(Broker):
             ) from exc
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
-        self.unanswered = Unanswered()
+        self.unanswered = Unanswered(bound=worst_call_seconds(connect_timeout, read_timeout))
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         for client in (self.client, self._poll_client):

@@ -40,17 +40,19 @@ def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIME
 class Unanswered:
     """An endpoint that let a whole call time out, remembered for ``hold`` seconds: later
     calls to it fail at once with that error, so a one-shot command fails within one
-    call's bound. ``hold`` is 0 (off) unless such a command turns it on."""
+    call's bound (``bound``: that of the clients' timeouts). ``hold`` is 0 (off) unless
+    such a command turns it on."""
 
-    def __init__(self, clock: Clock = monotonic) -> None:
+    def __init__(self, clock: Clock = monotonic, bound: float | None = None) -> None:
         self.hold = 0.0
+        self.bound = worst_call_seconds() if bound is None else bound
         self._clock = clock
         self._lock = threading.Lock()
         self._errors: dict[str, tuple[float, str]] = {}
 
     def fail_fast(self) -> None:
         """Turn it on: for the bound of one call."""
-        self.hold = worst_call_seconds()
+        self.hold = self.bound
 
     def record(self, endpoint: str, error: str) -> None:
         with self._lock:

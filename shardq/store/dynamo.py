@@ -10,7 +10,14 @@ from typing import Any
 
 import botocore.exceptions
 
-from shardq.broker.sqs_client import TIMEOUTS, Unanswered, make_client, no_credentials, timed_out
+from shardq.broker.sqs_client import (
+    TIMEOUTS,
+    Unanswered,
+    make_client,
+    no_credentials,
+    timed_out,
+    worst_call_seconds,
+)
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
@@ -37,7 +44,9 @@ class DynamoStore(Store):
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.table = table
-        self.unanswered = unanswered or Unanswered()
+        self.unanswered = unanswered or Unanswered(
+            bound=worst_call_seconds(connect_timeout, read_timeout)
+        )
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         try:  # the SQS calls' timeouts and retries
             self.client = make_client(
