@@ -3,6 +3,7 @@ error, within the client's bounded timeouts and retries, instead of blocking for
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -269,3 +270,14 @@ def test_the_memory_of_hung_endpoints_lasts_the_bound_of_the_configured_timeouts
     # default's, and the state store shares that memory
     assert broker.unanswered.hold == worst_call_seconds(*SHORT) < worst_call_seconds()
     assert getattr(app.store, "unanswered", None) is broker.unanswered
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("connect_timeout", 0), ("read_timeout", -1.0), ("read_timeout", math.nan)]
+)
+def test_a_broker_given_a_timeout_that_is_not_positive_seconds_is_refused(
+    key: str, value: float
+) -> None:
+    # when code makes an SQS broker with a timeout of no seconds, then it is refused by name
+    with pytest.raises(ValueError, match=f"SqsBroker {key}: expected seconds above 0"):
+        SqsBroker(region="us-east-1", endpoint_url="http://127.0.0.1:9", **{key: value})

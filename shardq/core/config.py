@@ -124,13 +124,9 @@ class Config:
             if not low <= getattr(self, key) <= high:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
         for key in ("connect_timeout", "read_timeout"):
-            value = getattr(self, key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 < value < math.inf
-            ):
-                fail(key, f"expected seconds above 0 (a finite number), got {value!r}")
+            problem = timeout_problem(getattr(self, key))
+            if problem:
+                fail(key, problem)
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
         days = self.morgue_retention_days
@@ -228,3 +224,10 @@ def store_parameters(url: str, where: str = "config") -> dict[str, str]:
     if empty:
         raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")
     return query
+
+
+def timeout_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a timeout (seconds above 0, finite), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return f"expected seconds above 0 (a finite number), got {value!r}"
+    return None
