@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardq.core.envelope import parse_json
 from shardq.core.errors import BrokerError, ConfigError, PublishError, ShardqError
 from shardq.core.jobs import Job
+from shardq.core.signals import StopSignals
 from shardq.core.terminal import Progress, plural
 
 if TYPE_CHECKING:
@@ -41,24 +41,8 @@ class PublishInterrupted(BulkPublishError):
     """Ctrl-C stopped ``publish --file``; ``lines`` lists those not published."""
 
 
-@contextmanager
-def _interrupts() -> Iterator[list[bool]]:
-    """Ctrl-C while publishing (main thread only): the first is noted (``[True]``) and
-    publishing stops after the batch being sent; a second raises KeyboardInterrupt at once."""
-    requested = [False]
-
-    def on_sigint(_signum: int, _frame: Any) -> None:
-        if requested[0]:
-            raise KeyboardInterrupt
-        requested[0] = True  # only a flag: the batch being sent finishes
-
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
-    try:
-        yield requested
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+def _interrupt(_signum: int) -> None:
+    raise KeyboardInterrupt  # a second Ctrl-C: stop at once, the batch being sent in doubt
 
 
 @dataclass(frozen=True)
@@ -124,9 +108,11 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
     naming the lines not published if the broker refused some."""
     done = sending = 0
     try:
-        with _interrupts() as interrupts, Progress("published", len(lines)) as progress:
+        # Ctrl-C: publishing stops after the batch being sent (main thread only)
+        ctrl_c = StopSignals(threading.Event(), (signal.SIGINT,), again=_interrupt)
+        with ctrl_c.installed(), Progress("published", len(lines)) as progress:
             for start in range(0, len(lines), BATCH):
-                if interrupts[0]:
+                if ctrl_c.stopping.is_set():
                     raise _interrupted(lines, done, 0)
                 chunk = lines[start : start + BATCH]
                 sending = len(chunk)

@@ -22,6 +22,7 @@ import structlog
 from shardq.api.app import App
 from shardq.core.envelope import parse_json
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
+from shardq.core.signals import StopSignals
 from shardq.ops.admin_morgue import HttpError, morgue_act, morgue_page
 from shardq.ops.sampler import Sampler, SampleUnavailable
 from shardq.ops.selection import DONE
@@ -262,19 +263,14 @@ def serve(app: App, **options: Any) -> None:
     """Serve the dashboard (``options`` as :func:`make_server` takes them) until Ctrl-C
     or SIGTERM."""
     server = make_server(app, **options)
-    stop = threading.Event()
-    previous: dict[signal.Signals, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    scrape = len(server.sampler.scrape)
-    log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=scrape)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        log.info("dashboard.stopped")
+    stop = StopSignals(threading.Event(), (signal.SIGINT, signal.SIGTERM))
+    with stop.installed():  # a second signal: exit at once
+        server.start()
+        scrape = len(server.sampler.scrape)
+        log.info("dashboard.started", url=server.url, token=bool(server.token), scrape=scrape)
+        try:
+            while not stop.stopping.wait(0.5):
+                pass
+        finally:
+            server.stop()
+            log.info("dashboard.stopped")
