@@ -131,6 +131,11 @@ def test_the_timeout_keys_reach_the_broker_and_the_state_table_clients() -> None
         assert (config.connect_timeout, config.read_timeout) == (0.5, 1.5)
         assert config.retries == {"mode": "adaptive", "total_max_attempts": CALL_ATTEMPTS}
     assert store.client.meta.service_model.service_name == "dynamodb"
+    # and a one-shot command remembers a hung endpoint for one call's bound at those
+    # timeouts, not the default's, in one memory shared by both clients
+    broker.unanswered.fail_fast()
+    assert broker.unanswered.hold == worst_call_seconds(0.5, 1.5) < worst_call_seconds()
+    assert store.unanswered is broker.unanswered
     broker.close()
 
 
@@ -244,32 +249,6 @@ def test_app_publish_from_code_fails_with_a_clear_error(
         Job.publish("e", {"n": 1})
     elapsed = time.monotonic() - started
     assert elapsed < worst_call_seconds(connect, read) + 1, f"{elapsed:.1f} s"
-
-
-def test_the_memory_of_hung_endpoints_lasts_the_bound_of_the_configured_timeouts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # given an app whose SQS and DynamoDB clients have short timeouts
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    app = shardq.App()
-    app.configure(
-        Config(
-            broker_url="sqs://",
-            endpoint_url="http://127.0.0.1:9",
-            region="us-east-1",
-            connect_timeout=SHORT[0],
-            read_timeout=SHORT[1],
-        )
-    )
-    broker = app.broker
-    assert isinstance(broker, SqsBroker)
-    # when a one-shot command turns the memory on
-    broker.unanswered.fail_fast()
-    # then a hung endpoint is remembered for one call's bound at those timeouts, not the
-    # default's, and the state store shares that memory
-    assert broker.unanswered.hold == worst_call_seconds(*SHORT) < worst_call_seconds()
-    assert getattr(app.store, "unanswered", None) is broker.unanswered
 
 
 @pytest.mark.parametrize(
