@@ -140,6 +140,7 @@ class Node:
                 [self.make_shard(ref) for ref in mine],
                 random.Random(rng.random()),
                 prefetch=self.config.prefetch,
+                wall_clock=wall_clock,
             )
             for i, mine in enumerate(refs)
         ]
