@@ -14,6 +14,7 @@ import structlog
 from shardq.broker.base import Message
 from shardq.core.lease import HELD
 from shardq.core.middleware import notify
+from shardq.run.waits import Deadline
 
 if TYPE_CHECKING:
     from shardq.core.clock import Clock
@@ -98,12 +99,12 @@ def shut_down(node: Stopping) -> int:
         )
     node.app.broker.wake_waiters()
     log.info("node.stopping", grace_seconds=node.config.grace_seconds)
-    deadline = node.clock() + node.config.grace_seconds
+    grace = Deadline(node.clock, node.config.grace_seconds)
     for lane in node.lanes:
         if lane.ident is not None:
-            lane.join(max(0.0, deadline - node.clock()))
+            lane.join(grace.left())
     node.slots.close()
-    node.slots.join(max(0.0, deadline - node.clock()))
+    node.slots.join(grace.left())
     node.executor.perform.loop.close()
     # receives in flight are not waited for: what they bring is released (Lane._fetch)
     node.pool.shutdown(wait=False, cancel_futures=True)
