@@ -112,7 +112,10 @@ class Intake:
 
     def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
-        or if shutdown began meanwhile (what came is released: :meth:`release_straggler`)."""
+        or if shutdown began: then no receive starts (a long poll on SQS cannot be cut
+        short), and what one in flight brings is released (:meth:`release_straggler`)."""
+        if self.stopping.is_set():
+            return None
         queue = shard.queue
         with self._received:
             self._receiving[queue] = self._receiving.get(queue, 0) + 1

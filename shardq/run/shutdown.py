@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shardq.core.outcome import Tally
     from shardq.core.signals import StopSignals
     from shardq.run.executor import Executor
+    from shardq.run.idle import Pollers, Watcher
     from shardq.run.intake import Intake
     from shardq.run.lane import Lane
     from shardq.run.leases import Leases
@@ -42,6 +43,7 @@ class Stopping(Protocol):
     signals: StopSignals
     lanes: list[Lane]
     intake: Intake
+    idle: Pollers | Watcher
     slots: Slots
     executor: Executor
     pool: ThreadPoolExecutor
@@ -64,6 +66,8 @@ log = structlog.get_logger("shardq.node")
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
+#: Longest wait for the idle watch's threads to end (those not in a long poll end at once).
+IDLE_WATCH_SECONDS = 0.2
 
 
 def hand_back(
@@ -123,6 +127,15 @@ def shut_down(node: Stopping) -> int:
     node.metrics.close()
     notify(node.app.middleware, "on_node_stop", node)
     node.ownership.finish()
+    left = [lane.name for lane in node.lanes if lane.is_alive()]
+    left += node.idle.wait_ended(IDLE_WATCH_SECONDS)
+    if left:
+        log.info(
+            "node.threads_left",
+            threads=left,
+            detail="still in a receive (a long poll cannot be cut short) or a job; each "
+            "ends when it returns, and what a receive brings then is released, not run",
+        )
     tally = node.tally()
     log.info(
         "node.stopped",
