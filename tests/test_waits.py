@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from shardq.core.clock import ManualClock
-from shardq.run.waits import STEP, Deadline, wait_until
+from shardq.core.clock import ManualClock, monotonic
+from shardq.run.waits import STEP, Deadline, until_next_look, wait_until
 from tests.clocks import ends_within
 
 
@@ -64,3 +64,10 @@ def test_a_wait_ends_soon_after_the_injected_clock_passes_its_deadline() -> None
     threading.Timer(0.05, clock.advance, [3600]).start()
     # then the wait ends, not done, long before an hour of real time
     assert ends_within(10, wait) is False
+
+
+def test_a_sleeper_on_the_real_monotonic_clock_looks_again_only_when_due() -> None:
+    # the real monotonic clock cannot jump; any other clock is read again within a step
+    assert until_next_look(monotonic, 10.0) == 10.0
+    assert until_next_look(ManualClock(), 10.0) == STEP
+    assert until_next_look(ManualClock(), STEP / 2) == STEP / 2

@@ -19,7 +19,7 @@ from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import CHANGE, DELETE, HELD, Lease
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
-from shardq.run.waits import STEP, Deadline, wait_until
+from shardq.run.waits import Deadline, until_next_look, wait_until
 
 log = structlog.get_logger("shardq.leases")
 
@@ -215,12 +215,11 @@ class Leases:
             log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
 
     def _sleep(self) -> None:
-        """Until woken, or the clock reaches ``_wake_at``; the clock is read every
-        :data:`~shardq.run.waits.STEP` real seconds, so a clock moved ahead (a test's)
-        takes effect within one."""
+        """Until woken, or the clock reaches ``_wake_at`` (:func:`until_next_look`: a
+        clock moved ahead, a test's, takes effect within a step)."""
         while not self._closed:
             left = self._wake_at - self._clock()
-            if left <= 0 or self._cond.wait(min(left, STEP)):
+            if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
                 return
 
     def _dispatch(self, now: float) -> float:

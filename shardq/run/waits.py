@@ -4,7 +4,8 @@ The rule: a wait of ``timeout`` seconds ends once ``timeout`` seconds passed on 
 injected clock or in real time, whichever comes first, and it reads the injected clock
 at least every :data:`STEP` real seconds. So a clock a test moves takes effect within a
 step, and a clock nobody moves still lets the wait end. On the node's own monotonic
-clock both deadlines are the same.
+clock both deadlines are the same. Threads that sleep until a time on their clock (the
+lease keeper, the time-limit watch) read a clock other than that one as often.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from shardq.core.clock import Clock
+from shardq.core.clock import Clock, monotonic
 
 #: Longest real wait before a waiter reads its injected clock again.
 STEP = 0.05
@@ -33,6 +34,13 @@ class Deadline:
     def step(self) -> float:
         """How long to wait before looking again: what is left, at most :data:`STEP`."""
         return min(self.left(), STEP)
+
+
+def until_next_look(clock: Clock, left: float) -> float:
+    """How long a thread that sleeps ``left`` seconds of ``clock`` waits before reading
+    it again: all of it on the real monotonic clock (which cannot jump), at most
+    :data:`STEP` on any other."""
+    return left if clock is monotonic else min(left, STEP)
 
 
 def wait_until(cond: threading.Condition, done: Callable[[], bool], deadline: Deadline) -> bool:
