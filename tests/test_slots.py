@@ -31,6 +31,7 @@ from shardq.run.chain import RUNNING, Chain, join, settle_again
 from shardq.run.node import Node
 from shardq.run.shard import Shard
 from shardq.run.slots import Slots
+from tests.clocks import ends_within
 from tests.conftest import make_broker
 
 
@@ -467,6 +468,18 @@ def test_a_job_that_joined_a_run_hidden_for_a_retry_is_hidden_until_the_retry_is
     assert recorder.was_hidden.wait(30)
     assert recorder.hidden == [(["b-1"], 40.0)]
     assert recorder.runs == [["a-1"]] and slots.idle()
+    slots.close()
+
+
+def test_waiting_for_running_chains_on_a_clock_nobody_moves_ends_after_its_timeout() -> None:
+    # given slots on a clock nobody moves, running a job that does not end yet
+    recorder = Recorder(clock=ManualClock())
+    slots, _ = running_a_with_b_joined(recorder)
+    # when a caller waits 0.2 s for the running chains, then the wait ends, one running
+    assert ends_within(10, lambda: slots.join(0.2)) is False
+    # when the job ends, then the wait sees it
+    recorder.go.set()
+    assert ends_within(10, lambda: slots.join(30)) is True
     slots.close()
 
 

@@ -87,6 +87,26 @@ def test_an_interrupted_call_that_swallowed_the_interruption_still_overran() -> 
     assert (result, overran) == ("swallowed", True)
 
 
+def test_a_long_limit_is_enforced_soon_after_the_clock_jumps_past_it() -> None:
+    # given time limits on a clock the test moves, and a call with a 60 s limit
+    clock = ManualClock()
+    limits = TimeLimits(clock)
+
+    def compute() -> str:
+        clock.advance(61)  # when the clock jumps past the limit while it computes
+        until = time.monotonic() + 30
+        while time.monotonic() < until:  # pure Python: interruptible
+            pass
+        return "ran on"
+
+    # then it is interrupted within a fraction of a second, not 60 s of real time later
+    started = time.monotonic()
+    with pytest.raises(TimeLimitExceeded):
+        limits.run(compute, 60)
+    limits.close()
+    assert time.monotonic() - started < 5
+
+
 def test_a_call_without_a_limit_runs_unwatched() -> None:
     limits = TimeLimits(ManualClock())
     assert limits.run(lambda: 7, None) == (7, False)

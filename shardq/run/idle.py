@@ -7,6 +7,7 @@ shard back to its lane's inbox, and watches a dropped shard no more.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from shardq.core.errors import BrokerError
@@ -25,7 +26,8 @@ class Pollers:
     def __init__(self, intake: Intake, wait_seconds: float) -> None:
         self.node, self._wait = intake, wait_seconds
         self._lock = threading.Lock()  # lanes add and remove pollers
-        self._threads: dict[int, _Poller] = {}
+        self._threads: dict[int, _Poller] = {}  # by shard
+        self._started: list[_Poller] = []  # every poller not known to have ended
 
     def watch(self, shard: Shard, lane: Lane) -> None:
         shard.watched = True
@@ -33,8 +35,22 @@ class Pollers:
             poller = self._threads.get(id(shard))
             if poller is None:
                 poller = self._threads[id(shard)] = _Poller(self.node, shard, lane, self._wait)
+                self._started = [p for p in self._started if p.is_alive()]
+                self._started.append(poller)
                 poller.start()
         poller.wake.set()
+
+    def wait_ended(self, timeout: float) -> list[str]:
+        """A stopping node's pollers: wake them (one not in a long poll ends at once),
+        wait up to ``timeout`` real seconds for them to end; the names of those left."""
+        with self._lock:
+            pollers = list(self._started)
+        for poller in pollers:
+            poller.wake.set()
+        deadline = time.monotonic() + timeout
+        for poller in pollers:
+            poller.join(max(0.0, deadline - time.monotonic()))
+        return [p.name for p in pollers if p.is_alive()]
 
     def unwatch(self, shard: Shard) -> None:
         """``shard`` was dropped: its poller exits (after its long poll, if in one)."""
@@ -110,6 +126,12 @@ class Watcher(threading.Thread):
 
     def alive(self) -> bool:
         return self.is_alive() or self.node.stopping.is_set()
+
+    def wait_ended(self, timeout: float) -> list[str]:
+        """A stopping node's watcher: wait up to ``timeout`` for it; its name if left."""
+        if self.ident is not None:
+            self.join(timeout)
+        return [self.name] if self.is_alive() else []
 
     def run(self) -> None:
         node, backoff = self.node, 0.5

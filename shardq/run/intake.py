@@ -21,6 +21,7 @@ from shardq.core.errors import BrokerError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.run.leases import Leases
 from shardq.run.shard import Shard
+from shardq.run.waits import Deadline, wait_until
 
 log = structlog.get_logger("shardq.node")
 
@@ -111,7 +112,10 @@ class Intake:
 
     def receive(self, shard: Shard, wait_seconds: float) -> list[Message] | None:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
-        or if shutdown began meanwhile (what came is released: :meth:`release_straggler`)."""
+        or if shutdown began: then no receive starts (a long poll on SQS cannot be cut
+        short), and what one in flight brings is released (:meth:`release_straggler`)."""
+        if self.stopping.is_set():
+            return None
         queue = shard.queue
         with self._received:
             self._receiving[queue] = self._receiving.get(queue, 0) + 1
@@ -138,16 +142,15 @@ class Intake:
                 self._received.notify_all()
 
     def quiet(self, queues: set[str], timeout: float) -> bool:
-        """Wait up to ``timeout`` until no receive of ``queues`` is in flight: a stopping
-        node that released jobs there lets a long poll that took them release them."""
-        deadline = self._clock() + timeout
+        """Wait up to ``timeout`` (:mod:`shardq.run.waits`) until no receive of ``queues``
+        is in flight: a stopping node that released jobs there lets a long poll that took
+        them release them. True if none is."""
         with self._received:
-            while any(self._receiving.get(q) for q in queues):
-                left = deadline - self._clock()
-                if left <= 0:
-                    return False
-                self._received.wait(left)
-        return True
+            return wait_until(
+                self._received,
+                lambda: not any(self._receiving.get(q) for q in queues),
+                Deadline(self._clock, timeout),
+            )
 
     def release_straggler(self, messages: list[Message] | None) -> None:
         """Messages a receive brought after shutdown began, or after their shard was

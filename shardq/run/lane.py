@@ -11,12 +11,12 @@ from __future__ import annotations
 import queue
 import random
 import threading
-import time
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from shardq.broker.base import Message
+from shardq.core.clock import Clock, wall
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.scheduler import Scheduler, ShardView
 from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
@@ -37,7 +37,8 @@ log = structlog.get_logger("shardq.node")
 
 
 class Lane(threading.Thread):
-    """One node thread: hands its shards' batches to the slots, receives overlapped."""
+    """One node thread: hands its shards' batches to the slots, receives overlapped.
+    ``wall_clock``: Unix time, compared with the broker's sent times to age shards' heads."""
 
     def __init__(
         self,
@@ -49,9 +50,11 @@ class Lane(threading.Thread):
         rng: random.Random,
         *,
         prefetch: int,
+        wall_clock: Clock = wall,
     ) -> None:
         super().__init__(name=f"shardq-lane-{index}", daemon=True)
         self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
+        self.wall = wall_clock
         self.index = index
         self.shards = shards
         self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
@@ -86,7 +89,7 @@ class Lane(threading.Thread):
             ready = self._ready()
             if not can and not (ready and room(self._wake)):
                 continue
-            shard = self._pick(ready)
+            shard = self.pick(ready)
             if shard is None:
                 continue
             batch = shard.batches.popleft()
@@ -142,7 +145,7 @@ class Lane(threading.Thread):
                 for s in self.shards
                 if s.more and s.fetching < limit and len(s.batches) < 2 and not s.dropped
             ]
-            shard = self._pick(candidates)
+            shard = self.pick(candidates)
             if shard is None:
                 return
             shard.fetching += 1
@@ -212,23 +215,26 @@ class Lane(threading.Thread):
             self.watch.watch(shard, self)
 
     # -- choosing -------------------------------------------------------------------
-    def _pick(self, shards: list[Shard]) -> Shard | None:
-        if not shards:
-            return None
-        now = time.time()
-        views = [
-            ShardView(
-                s,
-                s.ref.priority,
-                now - s.head_sent_at if s.head_sent_at else 0.0,
-                ready=True,
-                last_served=s.last_served,
-            )
-            for s in shards
-        ]
-        picked = self._scheduler.pick(views)
+    def pick(self, shards: list[Shard]) -> Shard | None:
+        """The shard of ``shards`` to serve (or receive for) next (the lane's thread)."""
+        picked = self._scheduler.pick(shard_views(shards, self.wall()))
         if picked is None:
             return None
         self._picks += 1
         picked.key.last_served = self._picks
         return picked.key
+
+
+def shard_views(shards: list[Shard], now: float) -> list[ShardView[Shard]]:
+    """What the scheduler sees of ``shards`` at Unix time ``now``: each one's lag is the
+    age of the oldest job believed waiting in it (0 when none is known)."""
+    return [
+        ShardView(
+            s,
+            s.ref.priority,
+            now - s.head_sent_at if s.head_sent_at else 0.0,
+            ready=True,
+            last_served=s.last_served,
+        )
+        for s in shards
+    ]

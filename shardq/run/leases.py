@@ -19,6 +19,7 @@ from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import CHANGE, DELETE, HELD, Lease
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.run.waits import Deadline, until_next_look, wait_until
 
 log = structlog.get_logger("shardq.leases")
 
@@ -63,6 +64,7 @@ class Leases:
         # message id -> (queue, group, Unix time visible again): hidden here for a retry
         self._hidden: dict[str, tuple[str, str, float]] = {}
         self._closed = False
+        self._flushing = 0  # callers of flush(): send settles without lingering
         self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
         self.failed: BaseException | None = None
 
@@ -84,16 +86,21 @@ class Leases:
         return done
 
     def flush(self, timeout: float) -> bool:
-        """Wait until every settle asked for so far was sent and answered."""
-        deadline = self._clock() + timeout
+        """Wait up to ``timeout`` (:mod:`shardq.run.waits`) until every settle asked for
+        so far was sent and answered; meanwhile settles are sent without lingering."""
+        deadline = Deadline(self._clock, timeout)
         with self._cond:
+            self._flushing += 1
             self._cond.notify_all()
-            while self._settling:
-                left = deadline - self._clock()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._answers.wait(min(left, 0.05))
-        return True
+            try:
+                wait_until(self._answers, self._flushed, deadline)
+            finally:
+                self._flushing -= 1
+            return not self._settling
+
+    def _flushed(self) -> bool:
+        """Nothing is left to settle, or nobody is left to settle it (the lock held)."""
+        return not self._settling or not self._thread.is_alive()
 
     # -- holding -----------------------------------------------------------------
     def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
@@ -130,16 +137,15 @@ class Leases:
             }
 
     def wait_released(self, receipts: Iterable[str], timeout: float) -> bool:
-        """Wait up to ``timeout`` until none of ``receipts`` is held here; True if none is."""
-        deadline = self._clock() + timeout
+        """Wait up to ``timeout`` (:mod:`shardq.run.waits`) until none of ``receipts`` is
+        held here; True if none is."""
+        left = set(receipts)
         with self._cond:
-            left = set(receipts)
-            while True:
-                left = {r for r in left if r in self._held}
-                wait = deadline - self._clock()
-                if not left or wait <= 0:
-                    return not left
-                self._answers.wait(min(wait, 0.25))
+            return wait_until(
+                self._answers,
+                lambda: not any(r in self._held for r in left),
+                Deadline(self._clock, timeout),
+            )
 
     def hidden(self, queue: str) -> tuple[set[str], int]:
         """Groups of ``queue`` where this node hid a job for a retry not received again
@@ -202,12 +208,19 @@ class Leases:
             with self._cond:
                 while not self._closed:
                     now = self._clock()
-                    wait = self._dispatch(now)
-                    self._wake_at = now + wait
-                    self._cond.wait(wait)
+                    self._wake_at = now + self._dispatch(now)
+                    self._sleep()
         except BaseException as exc:  # the node notices and stops: see Node.run
             self.failed = exc
             log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
+
+    def _sleep(self) -> None:
+        """Until woken, or the clock reaches ``_wake_at`` (:func:`until_next_look`: a
+        clock moved ahead, a test's, takes effect within a step)."""
+        while not self._closed:
+            left = self._wake_at - self._clock()
+            if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
+                return
 
     def _dispatch(self, now: float) -> float:
         """Send what is due (lock held); returns how long to wait for the next thing."""
@@ -247,7 +260,7 @@ class Leases:
                 oldest = min(x.asked for x in request.leases)
                 young = now - oldest < self._linger
                 filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
-                if young and filling and not self._closed:
+                if young and filling and not (self._closed or self._flushing):
                     wait = min(wait, self._linger - (now - oldest))
                     continue  # let it fill up a little
                 for lease in request.leases:

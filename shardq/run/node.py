@@ -88,7 +88,7 @@ class Node:
             clock=clock,
             wall_clock=wall_clock,
         )
-        self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share)
+        self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share, wall_clock)
         self.intake = Intake(
             app.broker,
             self.leases,
@@ -140,6 +140,7 @@ class Node:
                 [self.make_shard(ref) for ref in mine],
                 random.Random(rng.random()),
                 prefetch=self.config.prefetch,
+                wall_clock=wall_clock,
             )
             for i, mine in enumerate(refs)
         ]

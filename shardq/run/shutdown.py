@@ -14,6 +14,7 @@ import structlog
 from shardq.broker.base import Message
 from shardq.core.lease import HELD
 from shardq.core.middleware import notify
+from shardq.run.waits import Deadline
 
 if TYPE_CHECKING:
     from shardq.core.clock import Clock
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from shardq.core.outcome import Tally
     from shardq.core.signals import StopSignals
     from shardq.run.executor import Executor
+    from shardq.run.idle import Pollers, Watcher
     from shardq.run.intake import Intake
     from shardq.run.lane import Lane
     from shardq.run.leases import Leases
@@ -41,6 +43,7 @@ class Stopping(Protocol):
     signals: StopSignals
     lanes: list[Lane]
     intake: Intake
+    idle: Pollers | Watcher
     slots: Slots
     executor: Executor
     pool: ThreadPoolExecutor
@@ -63,6 +66,8 @@ log = structlog.get_logger("shardq.node")
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
+#: Longest wait for the idle watch's threads to end (those not in a long poll end at once).
+IDLE_WATCH_SECONDS = 0.2
 
 
 def hand_back(
@@ -98,12 +103,12 @@ def shut_down(node: Stopping) -> int:
         )
     node.app.broker.wake_waiters()
     log.info("node.stopping", grace_seconds=node.config.grace_seconds)
-    deadline = node.clock() + node.config.grace_seconds
+    grace = Deadline(node.clock, node.config.grace_seconds)
     for lane in node.lanes:
         if lane.ident is not None:
-            lane.join(max(0.0, deadline - node.clock()))
+            lane.join(grace.left())
     node.slots.close()
-    node.slots.join(max(0.0, deadline - node.clock()))
+    node.slots.join(grace.left())
     node.executor.perform.loop.close()
     # receives in flight are not waited for: what they bring is released (Lane._fetch)
     node.pool.shutdown(wait=False, cancel_futures=True)
@@ -122,6 +127,15 @@ def shut_down(node: Stopping) -> int:
     node.metrics.close()
     notify(node.app.middleware, "on_node_stop", node)
     node.ownership.finish()
+    left = [lane.name for lane in node.lanes if lane.is_alive()]
+    left += node.idle.wait_ended(IDLE_WATCH_SECONDS)
+    if left:
+        log.info(
+            "node.threads_left",
+            threads=left,
+            detail="still in a receive (a long poll cannot be cut short) or a job; each "
+            "ends when it returns, and what a receive brings then is released, not run",
+        )
     tally = node.tally()
     log.info(
         "node.stopped",

@@ -18,6 +18,7 @@ from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
 from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
+from shardq.run.waits import Deadline, wait_until
 
 if TYPE_CHECKING:
     from shardq.run.shard import Shard
@@ -194,12 +195,10 @@ class Slots:
             self._cond.notify_all()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the running chains; True if none runs."""
-        deadline = self._clock() + timeout
+        """Wait up to ``timeout`` (:mod:`shardq.run.waits`) for the running chains; True
+        if none runs."""
         with self._cond:
-            while self._busy and self._clock() < deadline:
-                self._cond.wait(max(0.0, min(0.1, deadline - self._clock())))
-            return not self._busy
+            return wait_until(self._cond, lambda: not self._busy, Deadline(self._clock, timeout))
 
     def running(self) -> list[Message]:
         """Messages of the chains still running: their jobs and the later ones held."""
