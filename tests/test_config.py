@@ -211,6 +211,7 @@ def test_source_is_not_a_key_of_the_file(tmp_path: Path) -> None:
         ("read_timeout: -1\n", "read_timeout", "expected seconds above 0"),
         ("read_timeout: .nan\n", "read_timeout", "(a finite number), got nan"),
         ("read_timeout: .inf\n", "read_timeout", "(a finite number), got inf"),
+        ("read_timeout: 1e12\n", "read_timeout", "above 0 and at most 300 (a finite number)"),
         ("workers: [SyncOrder]\n", "workers", "expected a mapping"),
         ("workers: {SyncOrder: 16}\n", "workers", "expected a mapping"),
     ],

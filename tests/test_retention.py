@@ -18,9 +18,9 @@ import shardq
 from shardq.broker import Broker, SendEntry, SqliteBroker
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
+from shardq.core.exits import EXIT_DRIFT, EXIT_OK
 from shardq.core.limits import MAX_RETENTION_SECONDS
 from shardq.ops.ensure import ensure
-from shardq.ops.exits import EXIT_DRIFT, EXIT_OK
 from shardq.run.intake import OldJobs, too_old
 from tests.emulator import Emulator
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
-from shardq.core.signals import StopSignals
+import shardq
+from shardq.broker.sqlite import SqliteBroker
+from shardq.core.config import Config
+from shardq.core.signals import STOP_SIGNALS, StopSignals
 
 
 def test_the_first_signal_asks_to_stop_a_second_calls_again_and_restore_gives_them_back() -> None:
@@ -49,3 +53,33 @@ def test_signals_that_came_before_install_count_and_other_threads_install_nothin
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGUSR2) is previous
+
+
+def test_a_node_run_from_code_in_the_main_thread_gives_the_stop_signals_back(
+    tmp_path: Path,
+) -> None:
+    # given a program with its own handlers of SIGTERM and SIGHUP (SIGINT: Python's)
+    def own(_signum: int, _frame: object) -> None: ...
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, own)
+    app = shardq.App(Config(queue_prefix="sig-"), broker=SqliteBroker(str(tmp_path / "q.db")))
+
+    @app.register
+    class Noop(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[object]) -> None: ...
+
+    app.ensure_queues()
+    Noop.publish("e", {"n": 1})
+    try:
+        # when it runs a node in its main thread until the work is done
+        assert app.node(app.plan(threads=1), until_empty=True).run() == 0
+        # then its handlers are back: a Ctrl-C after the node is Python's again
+        assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGHUP) is own
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        app.broker.close()

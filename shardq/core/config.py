@@ -6,7 +6,6 @@ never read from here: boto3's default chain provides them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ DEFAULT_FILE = "shardq.yaml"
 #: gets to connect, and to be answered (long polls excepted).
 CONNECT_TIMEOUT = 2.0
 READ_TIMEOUT = 6.0
+#: The longest ``connect_timeout`` or ``read_timeout``: a call held longer holds a thread.
+MAX_TIMEOUT = 300.0
 _CHOICES = {
     "log_format": ("auto", "console", "json"),
     "log_level": ("debug", "info", "warning", "error"),
@@ -227,7 +228,11 @@ def store_parameters(url: str, where: str = "config") -> dict[str, str]:
 
 
 def timeout_problem(value: object) -> str | None:
-    """What is wrong with ``value`` as a timeout (seconds above 0, finite), or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    """What is wrong with ``value`` as a timeout (seconds above 0, at most
+    :data:`MAX_TIMEOUT`), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"expected seconds above 0 (a finite number), got {value!r}"
+    if not 0 < value <= MAX_TIMEOUT:  # NaN too
+        limit = f"above 0 and at most {MAX_TIMEOUT:g}"
+        return f"expected seconds {limit} (a finite number), got {value!r}"
     return None

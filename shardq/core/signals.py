@@ -48,7 +48,8 @@ class StopSignals:
         """Give the signals back to the handlers they had before :meth:`install`."""
         while self._previous:
             sig, handler = self._previous.popitem()
-            signal.signal(sig, handler)
+            if handler is not None:  # None: a handler not set from Python, left as is
+                signal.signal(sig, handler)
 
     @contextmanager
     def installed(self) -> Iterator[StopSignals]:

@@ -14,13 +14,13 @@ from typing import Any
 from shardq.api.app import App
 from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.errors import ConfigError
+from shardq.core.exits import EXIT_OK, EXIT_USAGE
 from shardq.core.jobs import MAX_SHARDS
 from shardq.core.tables import age, optional, table
 from shardq.core.terminal import plural
 from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.exits import EXIT_OK, EXIT_USAGE
 from shardq.ops.fleet_view import fleet_lines, nodes_text
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES

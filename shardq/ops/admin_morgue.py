@@ -15,10 +15,10 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError
+from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
-from shardq.ops.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, act, parse_range
 
 #: Most dead jobs one ``list`` prints.

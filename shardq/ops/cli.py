@@ -1,4 +1,4 @@
-"""The ``shardq`` command (its exit codes: :mod:`shardq.ops.exits`)."""
+"""The ``shardq`` command (its exit codes: :mod:`shardq.core.exits`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import structlog
 from shardq.api.app import App
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError, ShardqError
+from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
 from shardq.core.signals import StopSignals
@@ -27,7 +28,6 @@ from shardq.core.version import VERSION
 from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options
 from shardq.ops.bulk import PublishInterrupted
-from shardq.ops.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE
 from shardq.store import StoreError
 
 _EPILOG_RUN = """examples:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import sys
 
 from shardq.api.app import App
+from shardq.core.exits import EXIT_DRIFT, EXIT_OK
 from shardq.core.limits import MAX_RETENTION_SECONDS
 from shardq.core.terminal import plural
 from shardq.core.topology import parse_name
 from shardq.morgue.migrate import tend
-from shardq.ops.exits import EXIT_DRIFT, EXIT_OK
 from shardq.ops.layout_view import layout_view
 from shardq.reshard.prune import prune
 

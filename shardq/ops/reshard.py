@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from shardq.api.app import App
 from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
+from shardq.core.exits import EXIT_OK
 from shardq.core.layout import WorkerLayout
 from shardq.core.topology import too_long
 from shardq.ops.layout_view import ReshardView, layout_view
@@ -94,7 +95,7 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.no_wait:
-        return 0
+        return EXIT_OK
     print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
     try:
         while True:
@@ -105,6 +106,6 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
         print("\nstopped following; the reshard goes on", file=sys.stderr)
-        return 0
+        return EXIT_OK
     print(f"{args.worker}: reshard done", flush=True)
-    return 0
+    return EXIT_OK

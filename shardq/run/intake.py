@@ -114,12 +114,12 @@ class Intake:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
         or if shutdown began: then no receive starts (a long poll on SQS cannot be cut
         short), and what one in flight brings is released (:meth:`release_straggler`)."""
-        if self.stopping.is_set():
-            return None
         queue = shard.queue
         with self._received:
             self._receiving[queue] = self._receiving.get(queue, 0) + 1
         try:
+            if self.stopping.is_set():  # checked once counted, so quiet() waits for it
+                return None
             messages = self.broker.receive(
                 queue,
                 max_messages=MAX_BATCH_ENTRIES,

@@ -174,6 +174,12 @@ class Node:
         """Run until stopped (or drained with ``until_empty``); returns the exit code.
         ``signals_before``: how many stop signals came before the node's handlers."""
         self.signals.install(signals_before() if signals_before else 0)
+        try:
+            return self._run()
+        finally:
+            self.signals.restore()  # a program that embeds the node gets its handlers back
+
+    def _run(self) -> int:
         if self.signals.count:
             self.stop()
         try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from shardq.broker.base import Message
+from shardq.core.exits import EXIT_ERROR, EXIT_GRACE_EXPIRED, EXIT_OK
 from shardq.core.lease import HELD
 from shardq.core.middleware import notify
 from shardq.run.waits import Deadline
@@ -133,8 +134,9 @@ def shut_down(node: Stopping) -> int:
         log.info(
             "node.threads_left",
             threads=left,
-            detail="still in a receive (a long poll cannot be cut short) or a job; each "
-            "ends when it returns, and what a receive brings then is released, not run",
+            detail="still in a receive (a long poll cannot be cut short) or a job; what "
+            "a receive brings is released while the process lives, and reappears after "
+            "its visibility timeout if the process exits first",
         )
     tally = node.tally()
     log.info(
@@ -158,6 +160,6 @@ def shut_down(node: Stopping) -> int:
             running_jobs=len(running),
             detail="their messages reappear after their visibility timeout",
         )
-        return 3
+        return EXIT_GRACE_EXPIRED
     failed = node.failed or not node.leases.alive() or any(lane.failed for lane in node.lanes)
-    return 1 if failed else 0
+    return EXIT_ERROR if failed else EXIT_OK
