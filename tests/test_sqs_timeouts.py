@@ -260,3 +260,11 @@ def test_a_broker_given_a_timeout_that_is_not_positive_seconds_is_refused(
     # when code makes an SQS broker with a timeout of no seconds, then it is refused by name
     with pytest.raises(ValueError, match=f"SqsBroker {key}: expected seconds above 0"):
         SqsBroker(region="us-east-1", endpoint_url="http://127.0.0.1:9", **{key: value})
+
+
+def test_a_state_store_given_a_timeout_beyond_the_limit_is_refused() -> None:
+    # when code makes a DynamoDB store with a read timeout over 300 s, then it is refused
+    from shardq.store.dynamo import DynamoStore
+
+    with pytest.raises(ValueError, match="DynamoStore read_timeout: expected seconds above 0"):
+        DynamoStore("t", region="us-east-1", endpoint_url=None, read_timeout=1e12)

@@ -39,7 +39,7 @@ from shardq.broker.sqs_client import (
     timed_out,
     worst_call_seconds,
 )
-from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, timeout_problem
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, check_timeouts
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_RETENTION_SECONDS, MAX_WAIT_SECONDS
 
@@ -86,10 +86,7 @@ class SqsBroker(Broker):
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
-            problem = timeout_problem(value)
-            if problem:
-                raise ValueError(f"SqsBroker {name}: {problem}")
+        check_timeouts("SqsBroker", connect_timeout, read_timeout)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         where = (region, endpoint_url)
         try:

@@ -236,3 +236,11 @@ def timeout_problem(value: object) -> str | None:
         limit = f"above 0 and at most {MAX_TIMEOUT:g}"
         return f"expected seconds {limit} (a finite number), got {value!r}"
     return None
+
+
+def check_timeouts(owner: str, connect: float, read: float) -> None:
+    """ValueError naming ``owner`` and the argument if either timeout is not valid."""
+    for name, value in (("connect_timeout", connect), ("read_timeout", read)):
+        problem = timeout_problem(value)
+        if problem:
+            raise ValueError(f"{owner} {name}: {problem}")

@@ -18,7 +18,7 @@ from shardq.broker.sqs_client import (
     timed_out,
     worst_call_seconds,
 )
-from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, timeout_problem
+from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, check_timeouts
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
@@ -43,10 +43,7 @@ class DynamoStore(Store):
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
-            problem = timeout_problem(value)
-            if problem:
-                raise ValueError(f"DynamoStore {name}: {problem}")
+        check_timeouts("DynamoStore", connect_timeout, read_timeout)
         self.table = table
         self.unanswered = unanswered or Unanswered(
             bound=worst_call_seconds(connect_timeout, read_timeout)
