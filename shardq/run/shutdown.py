@@ -53,9 +53,8 @@ class Stopping(Protocol):
     metrics: NodeMetrics
     ownership: Ownership
     failed: bool
+    id: str
 
-    @property
-    def id(self) -> str: ...
     def tally(self) -> Tally: ...
 
 
