@@ -1,7 +1,5 @@
 """Calling ``perform``: a sync worker's in the calling thread, an async worker's on the
-node's one event loop (in its own thread); inside the app's middleware, within the
-worker's ``time_limit`` (for ``async def``, by cancelling the coroutine). A blocking call
-inside an async ``perform`` stalls every async job of the node.
+node's one event loop; inside the app's middleware, within the worker's ``time_limit``.
 """
 
 from __future__ import annotations
@@ -56,18 +54,11 @@ class EventLoop:
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name="shardq-async", daemon=True)
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._loop.run_forever, name="shardq-async", daemon=True
+                )
                 self._thread.start()
-                ready.wait()
-                self._loop = loop
             return self._loop
 
 

@@ -1,9 +1,5 @@
-"""Running one received batch of a shard, entity by entity, without breaking order.
-
-Each entity's jobs run in chunks of up to ``batch_size``: a success is deleted; a
-failure is retried with the entity's later jobs held behind it, or goes to the morgue
-(a chunk of several jobs is first run again one by one); an invalid body goes to the
-morgue in its turn; a lapsed chunk is not run. See docs/design/run.md.
+"""Running one received batch of a shard, entity by entity, in chunks of up to
+``batch_size``, without breaking order (docs/design/run.md, "Order and exclusion").
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ log = structlog.get_logger("shardq.job")
 LOCAL_RETRY_SECONDS = 10.0
 #: When an invalid message could not be written to the morgue: try again after this.
 INVALID_RETRY_SECONDS = 30.0
-#: A job held back by a reshard (its entity may still have jobs in the old layout), or
-#: whose relay failed, is looked at again after this (held here meanwhile, in order).
+#: A job held back by a reshard, or whose relay failed, is looked at again after this.
 GATE_SECONDS = 1.0
 
 #: Decides what to do with an entity's jobs from a shard: run, wait or relay.

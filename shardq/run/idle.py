@@ -1,7 +1,5 @@
-"""The idle watch: shards that look empty wait here until a job may have arrived.
-
-:class:`Pollers` on SQS, one :class:`Watcher` on the embedded broker; either hands the
-shard back to its lane's inbox, and watches a dropped shard no more.
+"""The idle watch: shards that look empty wait here until a job may have arrived, then
+go back to their lane's inbox (:class:`Pollers` on SQS, a :class:`Watcher` embedded).
 """
 
 from __future__ import annotations

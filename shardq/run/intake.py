@@ -1,9 +1,6 @@
-"""A node's intake: receives for its lanes and idle watch, and its stop flag.
-
-Lanes, pollers and the watcher get this, not the node: they receive (what arrives is
-held by the node's leases at once), hand back what came too late, report broker trouble
-and stop the node when a part of it failed. A received job that waited long in its queue
-is logged (``job.old``): SQS deletes a message older than its queue's retention, run or not.
+"""A node's intake: receives for its lanes and idle watch (held by its leases at once),
+its stop flag, and the ``job.old`` warning (SQS deletes a message older than its queue's
+retention, run or not).
 """
 
 from __future__ import annotations
@@ -81,6 +78,8 @@ class OldJobs:
 
 
 class Intake:
+    """What lanes, pollers and the watcher get of the node: receiving, its stop flag."""
+
     def __init__(
         self,
         broker: Broker,

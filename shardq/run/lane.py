@@ -1,9 +1,5 @@
-"""A lane: one node thread serving its own shards, with its receives overlapped.
-
-It keeps up to ``prefetch`` receives in flight for shards that may have work, picks the
-next shard with the scheduler, and hands each batch's entities to the execution slots
-while they have room. A shard that looks empty goes to the idle watch. Shards join and
-leave through the lane's inbox; only the lane's thread replaces ``shards`` (never in place).
+"""A lane: one node thread serving its own shards, with up to ``prefetch`` receives in
+flight; shards join and leave through its inbox. See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -107,7 +103,8 @@ class Lane(threading.Thread):
 
     # -- which shards ----------------------------------------------------------------
     def set_shards(self, shards: list[Shard]) -> None:
-        """Replace the list (by the lane's thread, or by anyone before it starts)."""
+        """Replace the list, never changed in place (by the lane's thread, or by anyone
+        before it starts)."""
         self.shards = shards
 
     def _leave(self, leave: Leave) -> None:

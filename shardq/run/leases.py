@@ -1,8 +1,5 @@
-"""The one owner of received jobs: hold, extend, detect lapse, settle.
-
-Every message a node receives is held here until it is settled (:meth:`Leases.delete`,
-:meth:`Leases.hide`, :meth:`Leases.forget`). Settles are sent in the background, batched
-per queue, in order per message group. See docs/design/run.md.
+"""The one owner of received jobs: hold, extend, detect lapse, settle (in the
+background, batched per queue, in order per message group). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -59,7 +56,7 @@ class Leases:
         self._wake_at = 0.0  # monotonic time the keeper wakes up by itself
         self._asked = 0  # settles asked for since the keeper last looked
         self._held: dict[str, Lease] = {}  # by receipt
-        self._settling: list[Lease] = []  # in the order the settles were asked for
+        self._settling: dict[str, Lease] = {}  # by receipt, in the order asked for
         self._extend_at = 0.0  # monotonic time of the next look for extensions due
         # message id -> (queue, group, Unix time visible again): hidden here for a retry
         self._hidden: dict[str, tuple[str, str, float]] = {}
@@ -181,9 +178,7 @@ class Leases:
         """Stop extending; the broker returns them when their visibility ends."""
         with self._cond:
             for m in messages:
-                lease = self._held.pop(m.receipt, None)
-                if lease is not None and lease in self._settling:
-                    self._settling.remove(lease)
+                self._drop(m.receipt)
             self._cond.notify_all()
             self._answers.notify_all()
 
@@ -196,7 +191,7 @@ class Leases:
                     continue
                 cap = m.received_at + MAX_VISIBILITY_SECONDS - wall - 1
                 lease.state, lease.seconds, lease.asked = kind, max(0.0, min(seconds, cap)), now
-                self._settling.append(lease)
+                self._settling[m.receipt] = lease
                 self._asked += 1
             # wake the keeper if a batch may be full or it would sleep past this linger
             if self._asked >= MAX_BATCH_ENTRIES or self._wake_at > now + self._linger:
@@ -209,18 +204,13 @@ class Leases:
                 while not self._closed:
                     now = self._clock()
                     self._wake_at = now + self._dispatch(now)
-                    self._sleep()
+                    while not self._closed:  # until woken, or the clock reaches _wake_at
+                        left = self._wake_at - self._clock()
+                        if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
+                            break
         except BaseException as exc:  # the node notices and stops: see Node.run
             self.failed = exc
             log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
-
-    def _sleep(self) -> None:
-        """Until woken, or the clock reaches ``_wake_at`` (:func:`until_next_look`: a
-        clock moved ahead, a test's, takes effect within a step)."""
-        while not self._closed:
-            left = self._wake_at - self._clock()
-            if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
-                return
 
     def _dispatch(self, now: float) -> float:
         """Send what is due (lock held); returns how long to wait for the next thing."""
@@ -229,7 +219,7 @@ class Leases:
         requests: dict[tuple[str, str], list[_Request]] = {}
         groups: dict[tuple[str, str], _Request | None] = {}  # None: wait for an earlier change
         added: set[int] = set()
-        for lease in self._settling:
+        for lease in self._settling.values():
             if lease.busy and lease.state == DELETE:
                 continue  # in flight: its answer wakes the keeper
             m = lease.message
@@ -356,12 +346,11 @@ class Leases:
                 if len(self._hidden) > 10_000:  # forget those long visible again
                     old = self._wall() - 3600
                     self._hidden = {k: v for k, v in self._hidden.items() if v[2] > old}
-            self._drop(lease)
+            self._drop(lease.message.receipt)
 
-    def _drop(self, lease: Lease) -> None:
-        self._held.pop(lease.message.receipt, None)
-        if lease in self._settling:
-            self._settling.remove(lease)
+    def _drop(self, receipt: str) -> None:
+        self._held.pop(receipt, None)
+        self._settling.pop(receipt, None)
 
 
 def extend_interval(visibility_timeouts: Iterable[float]) -> float:

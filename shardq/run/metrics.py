@@ -1,14 +1,10 @@
-"""A node's metrics: Prometheus on ``--metrics-port`` (``/metrics``), and the
-``node.progress`` log line.
-
-``shardq_jobs_total``, ``shardq_job_duration_seconds``, ``shardq_shard_lag_seconds``,
-``shardq_in_flight_jobs``, ``shardq_broker_errors_total``, ``shardq_slots_in_use`` and
-``shardq_concurrency``, each with a ``node`` label (the node's id). Each node has its own
-registry; gauges are computed when scraped.
+"""A node's metrics: Prometheus on ``--metrics-port`` (``/metrics``, each metric with a
+``node`` label, gauges computed when scraped), and the ``node.progress`` log line.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import threading
 from collections.abc import Callable, Iterable
@@ -38,7 +34,7 @@ class NodeMetrics(Collector):
         lags: Callable[[], Iterable[tuple[str, int, float]]],
         in_flight: Callable[[], int],
         node: str = "",
-        slots: Callable[[], tuple[int, int]] | None = None,
+        slots: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
         tally: Callable[[], Tally] = Tally,
         progress_seconds: float = 0.0,
@@ -99,15 +95,12 @@ class NodeMetrics(Collector):
         if not self._every or now - self._last < self._every:
             return
         tally = self._tally()
-        done: dict[str, int] = {}
-        for kind in (tally.succeeded, tally.morgued):
-            for worker, n in kind.items():
-                done[worker] = done.get(worker, 0) + n
+        done = collections.Counter(tally.succeeded) + collections.Counter(tally.morgued)
         rates = {
             w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
         }
         lags = [lag for _, _, lag in self._lags()]
-        in_use, concurrency = self._slots() if self._slots is not None else (0, 0)
+        in_use, concurrency = self._slots()
         log.info(
             "node.progress",
             jobs_per_second=rates,
@@ -156,12 +149,9 @@ class NodeMetrics(Collector):
             lag.add_metric([worker, str(shard), self.node], seconds)
         yield lag
         yield self._gauge("shardq_in_flight_jobs", "Jobs held by this node", self._in_flight())
-        if self._slots is not None:
-            in_use, concurrency = self._slots()
-            yield self._gauge(
-                "shardq_slots_in_use", "Jobs running now (execution slots busy)", in_use
-            )
-            yield self._gauge("shardq_concurrency", "Most jobs the node runs at once", concurrency)
+        in_use, concurrency = self._slots()
+        yield self._gauge("shardq_slots_in_use", "Jobs running now (execution slots busy)", in_use)
+        yield self._gauge("shardq_concurrency", "Most jobs the node runs at once", concurrency)
 
     def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
         gauge = GaugeMetricFamily(name, documentation, labels=["node"])

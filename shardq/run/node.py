@@ -1,8 +1,5 @@
-"""A node: the shards of its plan, one lane (thread) per plan slot, run until stopped.
-
-Lanes hand batches to the execution slots; the leases hold every received message until
-it is settled; the node's own thread only watches (:meth:`Node._watch`). See
-docs/design/run.md.
+"""A node: the shards of its plan, one lane (thread) per plan slot, run until stopped;
+its own thread only watches (:meth:`Node._watch`). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -156,13 +153,11 @@ class Node:
 
     # -- the shards it serves (any thread) ------------------------------------------------
     def add_shard(self, ref: ShardRef) -> None:
-        """Serve ``ref`` too (a no-op if served); a :class:`BrokerError` creating its
-        queues is raised."""
+        """Serve ``ref`` too (:meth:`Ownership.add`)."""
         self.ownership.add(ref)
 
     def drop_shard(self, ref: ShardRef) -> threading.Event:
-        """Serve ``ref`` no more. The event is set once the broker confirmed every
-        message of it released, hidden or deleted (at once if not served here)."""
+        """Serve ``ref`` no more (:meth:`Ownership.drop`)."""
         return self.ownership.drop(ref)
 
     def shard_refs(self) -> list[ShardRef]:
@@ -338,16 +333,15 @@ class Node:
             ]
         else:
             queues = [shard.queue for lane in self.lanes for shard in lane.shards]
-        try:
-            for queue in queues:
-                try:
-                    counts = broker.counts(queue)
-                except QueueNotFoundError:
-                    continue  # nobody created it: nothing was ever published there
-                if counts.waiting or counts.in_flight:
-                    return False
-        except BrokerError:
-            return False
+        for queue in queues:
+            try:
+                counts = broker.counts(queue)
+            except QueueNotFoundError:
+                continue  # nobody created it: nothing was ever published there
+            except BrokerError:
+                return False
+            if counts.waiting or counts.in_flight:
+                return False
         return True
 
 

@@ -1,7 +1,5 @@
-"""A node's graceful shutdown (first SIGTERM/SIGINT/SIGHUP, or ``Node.stop``).
-
-Running jobs get ``grace_seconds``; the rest is handed back in order (:func:`hand_back`);
-a second signal exits at once. See docs/design/run.md.
+"""A node's graceful shutdown (first SIGTERM/SIGINT/SIGHUP, or ``Node.stop``; a second
+signal exits at once). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -55,9 +53,8 @@ class Stopping(Protocol):
     metrics: NodeMetrics
     ownership: Ownership
     failed: bool
+    id: str
 
-    @property
-    def id(self) -> str: ...
     def tally(self) -> Tally: ...
 
 
@@ -119,8 +116,9 @@ def shut_down(node: Stopping) -> int:
     for messages, seconds in hand_back(held, running, node.slots.retries(), node.clock()):
         node.leases.hide(messages, seconds)
     flushed = node.leases.close(FLUSH_SECONDS)
+    released = [m for m in held if m.receipt not in running]
     # a long poll in flight may take what was just released: let it hand that back
-    node.intake.quiet({m.queue for m in held if m.receipt not in running}, STRAGGLER_SECONDS)
+    node.intake.quiet({m.queue for m in released}, STRAGGLER_SECONDS)
     if node.fleet is not None:
         node.fleet.leave()  # after every job message is settled: hand the shards back
     node.lease_pool.shutdown(wait=False)
@@ -144,7 +142,7 @@ def shut_down(node: Stopping) -> int:
         succeeded=sum(tally.succeeded.values()),
         retried=sum(tally.retried.values()),
         morgued=sum(tally.morgued.values()),
-        released=len([m for m in held if m.receipt not in running]),
+        released=len(released),
         abandoned_running=len(running),
     )
     if not flushed:

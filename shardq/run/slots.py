@@ -1,8 +1,5 @@
-"""Execution slots: a node runs up to ``concurrency`` entities' jobs at once.
-
-Order and exclusion rest on entity chains (:mod:`shardq.run.chain`): later jobs of an
-entity join its chain, which runs in one slot at a time; how a run ends decides what the
-jobs that joined meanwhile do. Back-pressure and running in the lane: :mod:`shardq.run.admit`.
+"""Execution slots: a node runs up to ``concurrency`` entities' jobs at once, each
+entity's in one slot at a time (:mod:`shardq.run.chain`). See docs/design/run.md.
 """
 
 from __future__ import annotations

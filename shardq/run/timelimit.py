@@ -1,7 +1,5 @@
-"""Time limits: a ``perform`` that runs past its worker's ``time_limit`` fails.
-
-:class:`TimeLimitExceeded` is raised inside the overrunning thread at its next bytecode
-(a blocking C call is interrupted only when it returns). See docs/design/run.md.
+"""Time limits: a ``perform`` that runs past its worker's ``time_limit`` fails
+(docs/design/run.md, "Time limits and async workers").
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Waits whose timeout is measured on an injected clock (:mod:`shardq.core.clock`).
-
-The rule: a wait of ``timeout`` seconds ends once ``timeout`` seconds passed on the
-injected clock or in real time, whichever comes first, and it reads the injected clock
-at least every :data:`STEP` real seconds. So a clock a test moves takes effect within a
-step, and a clock nobody moves still lets the wait end. On the node's own monotonic
-clock both deadlines are the same. Threads that sleep until a time on their clock (the
-lease keeper, the time-limit watch) read a clock other than that one as often.
+"""Waits whose timeout is measured on an injected clock: they end once it passed on that
+clock or in real time, whichever comes first (docs/design/run.md, "Clocks").
 """
 
 from __future__ import annotations
