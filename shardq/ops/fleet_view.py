@@ -179,8 +179,6 @@ def read_fleet(store: Store) -> FleetItems:
 def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None = None) -> FleetView:
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
     layout) adds the shards no live node serves."""
-    if not (items.nodes or items.owners):
-        return FleetView(now, unserved=_sorted(shard_keys(shards or {})))
     reports = [
         (NodeReport.from_value(i.key.partition("/")[2], i.value), i.value) for i in items.nodes
     ]
@@ -197,16 +195,15 @@ def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None =
             went.append((report, report.seen, NOT_REPORTING))
         else:
             live.append(report)
-    live_ids = {r.node for r in live}
+    by_id = {r.node: r for r in live}
     owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
     owners = {k: r.node for r in live if r.mode != ELASTIC for k in r.held}
-    owners.update((k, o) for k, o in owned.items() if o in live_ids)
+    owners.update((k, o) for k, o in owned.items() if o in by_id)
     last_held: dict[str, str] = {}
     for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
         last_held.update((k, report.node) for k in report.held if k not in owners)
     # an ownership item still naming a node not live
     last_held.update((k, o) for k, o in owned.items() if o and k not in owners)
-    by_id = {r.node: r for r in live}
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
         GoneView(r, at, why, _sorted(k for k in r.held if k not in owners))
@@ -215,7 +212,7 @@ def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None =
     ]
     return FleetView(
         time=now,
-        reported=True,
+        reported=bool(items.nodes or items.owners),
         nodes=tuple(sorted(live, key=lambda r: r.node)),
         gone=tuple(sorted(gone, key=lambda g: (-g.gone_at, g.report.node))),
         owners=owners,
