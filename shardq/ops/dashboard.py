@@ -151,13 +151,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> Any:
         """The JSON body; refused unless its length is given and it is all there."""
-        if self.headers.get("Transfer-Encoding") is not None:
-            raise HttpError(
-                411, "send the body with a Content-Length header (chunked bodies are refused)"
-            )
         lengths = set(self.headers.get_all("Content-Length") or [])
-        if not lengths:
-            raise HttpError(411, "a POST needs a Content-Length header and a JSON body")
+        if not lengths or self.headers.get("Transfer-Encoding") is not None:
+            raise HttpError(
+                411, "a POST needs a Content-Length header and a JSON body (not chunked)"
+            )
         try:
             (length,) = (int(v) for v in lengths)
             if length < 0:

@@ -152,7 +152,10 @@ class FleetView:
         return {
             "time": self.time,
             "nodes": [_node_json(n) for n in self.nodes],
-            "gone": [_gone_json(g) for g in self.gone],
+            "gone": [
+                _node_json(g.report, gone_at=g.gone_at, reason=g.reason, unserved=list(g.unserved))
+                for g in self.gone
+            ],
             "unserved": list(self.unserved),
             "no_live_node": self.no_live_node,
             **({"reshards": list(reshards)} if reshards else {}),
@@ -173,13 +176,9 @@ def read_fleet(store: Store) -> FleetItems:
     return FleetItems(tuple(store.query_all("node/")), tuple(owners))
 
 
-def fleet_view(
-    items: FleetItems | None, now: float, shards: Mapping[str, int] | None = None
-) -> FleetView:
+def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None = None) -> FleetView:
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
     layout) adds the shards no live node serves."""
-    if items is None or not (items.nodes or items.owners):
-        return FleetView(now, unserved=_sorted(shard_keys(shards or {})))
     reports = [
         (NodeReport.from_value(i.key.partition("/")[2], i.value), i.value) for i in items.nodes
     ]
@@ -196,16 +195,15 @@ def fleet_view(
             went.append((report, report.seen, NOT_REPORTING))
         else:
             live.append(report)
-    live_ids = {r.node for r in live}
+    by_id = {r.node: r for r in live}
     owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
     owners = {k: r.node for r in live if r.mode != ELASTIC for k in r.held}
-    owners.update((k, o) for k, o in owned.items() if o in live_ids)
+    owners.update((k, o) for k, o in owned.items() if o in by_id)
     last_held: dict[str, str] = {}
     for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
         last_held.update((k, report.node) for k in report.held if k not in owners)
     # an ownership item still naming a node not live
     last_held.update((k, o) for k, o in owned.items() if o and k not in owners)
-    by_id = {r.node: r for r in live}
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
         GoneView(r, at, why, _sorted(k for k in r.held if k not in owners))
@@ -214,7 +212,7 @@ def fleet_view(
     ]
     return FleetView(
         time=now,
-        reported=True,
+        reported=bool(items.nodes or items.owners),
         nodes=tuple(sorted(live, key=lambda r: r.node)),
         gone=tuple(sorted(gone, key=lambda g: (-g.gone_at, g.report.node))),
         owners=owners,
@@ -249,14 +247,9 @@ def _float(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _gone_json(g: GoneView) -> dict[str, Any]:
-    gone = {"gone_at": g.gone_at, "reason": g.reason, "unserved": list(g.unserved)}
-    return {**_node_json(g.report), **gone}
-
-
-def _node_json(report: NodeReport) -> dict[str, Any]:
+def _node_json(report: NodeReport, **extra: Any) -> dict[str, Any]:
     """The report without its lags and lease time (``concurrency`` and ``slots_in_use``
-    only when it has them)."""
+    only when it has them), with ``extra`` fields."""
     data = {f.name: getattr(report, f.name) for f in fields(report)}
     data.update(
         shards=len(set(report.held)),
@@ -264,6 +257,7 @@ def _node_json(report: NodeReport) -> dict[str, Any]:
         by_worker={w: dict(c) for w, c in sorted(report.by_worker.items())},
         lags=None,
         expire=None,
+        **extra,
     )
     return {k: v for k, v in data.items() if v is not None}
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardq.core.errors import BrokerError, QueueNotFoundError
-from shardq.core.layout import WorkerLayout
+from shardq.core.layout import Move, WorkerLayout
 from shardq.core.terminal import plural
 from shardq.core.topology import shard_key
 
@@ -53,14 +53,11 @@ class ReshardView:
             )
         else:
             return None
-        by_node: dict[str, list[str]] = {}
-        for shard in self.unserved:
-            if shard in self.last_held:
-                by_node.setdefault(self.last_held[shard], []).append(key[shard])
-        return why + "".join(
-            f"; last held by {node} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
-            for node, keys in sorted(by_node.items())
-        )
+        for node in sorted(set(self.last_held.values())):
+            keys = [key[s] for s in self.unserved if self.last_held.get(s) == node]
+            more = ", ..." if len(keys) > 8 else ""
+            why += f"; last held by {node} ({', '.join(keys[:8])}{more})"
+        return why
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,45 +140,49 @@ def layout_view(
     """The view of ``worker``'s ``layout``, with the jobs in its old generation's queues
     and, given the ``fleet``, the old shards no live node holds and who held them last."""
     move = layout.moving
-    reshard = None
-    if move is not None:
-        unserved, last = None, {}
-        if fleet is not None:
-            unserved = tuple(s for s in move.left if fleet.owner(worker, s, move.gen) is None)
-            last = {s: n for s in unserved if (n := fleet.last_holder(worker, s, move.gen))}
-        reshard = ReshardView(
-            worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
-            layout.trust, tuple(move.left), old_jobs, move.by, unserved, last,
-        )  # fmt: skip
+    reshard = None if move is None else _reshard_view(worker, layout, move, old_jobs, fleet)
     retired = tuple((r.gen, r.shards, len(r.left)) for r in layout.retired if r.left)
     return LayoutView(worker, layout.gen, layout.shards, code_shards, reshard, retired)
 
 
-def _old_jobs(app: App, worker: str, gen: int, shards: int) -> int | None:
-    """Jobs waiting or in flight in generation ``gen``'s queues (None: the broker failed)."""
+def _reshard_view(
+    worker: str, layout: WorkerLayout, move: Move, old_jobs: int | None, fleet: FleetView | None
+) -> ReshardView:
+    unserved, last = None, {}
+    if fleet is not None:
+        unserved = tuple(s for s in move.left if fleet.owner(worker, s, move.gen) is None)
+        last = {s: n for s in unserved if (n := fleet.last_holder(worker, s, move.gen))}
+    return ReshardView(
+        worker, move.shards, layout.shards, move.gen, layout.gen, layout.state,
+        layout.trust, tuple(move.left), old_jobs, move.by, unserved, last,
+    )  # fmt: skip
+
+
+def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
+    """Every reshard in progress, from a fresh read of the layouts, with the jobs still in
+    its old queues (None: the broker failed); with the ``fleet``, who holds (or last held)
+    each old shard."""
+    app.layouts.refresh()
+    views = []
+    for name in app.workers:
+        layout = app.layouts.cached(name)
+        if layout.moving is not None:
+            jobs = _old_jobs(app, name, layout.moving)
+            views.append(_reshard_view(name, layout, layout.moving, jobs, fleet))
+    return views
+
+
+def _old_jobs(app: App, worker: str, move: Move) -> int | None:
     total = 0
-    for shard in range(shards):
+    for shard in range(move.shards):
         try:
-            counts = app.broker.counts(app.shard_queue(worker, shard, gen))
+            counts = app.broker.counts(app.shard_queue(worker, shard, move.gen))
         except QueueNotFoundError:
             continue
         except BrokerError:
             return None
         total += counts.waiting + counts.in_flight
     return total
-
-
-def reshards(app: App, fleet: FleetView | None = None) -> list[ReshardView]:
-    """Every reshard in progress, from a fresh read of the layouts; with the ``fleet``,
-    who holds (or last held) each old shard."""
-    app.layouts.refresh()
-    views = []
-    for name in app.workers:
-        layout = app.layouts.cached(name)
-        if layout.moving is not None:
-            jobs = _old_jobs(app, name, layout.moving.gen, layout.moving.shards)
-            views.append(layout_view(name, layout, app.settings(name).shards, jobs, fleet))
-    return [v.reshard for v in views if v.reshard is not None]
 
 
 def layout_lines(views: Sequence[LayoutView], error: str | None) -> list[str]:

@@ -15,8 +15,7 @@ import structlog
 from shardq.api.app import App
 from shardq.core.clock import Clock, monotonic, wall
 from shardq.ops.fleet_view import FleetView
-from shardq.ops.layout_view import ReshardView
-from shardq.ops.stats import KNOWS_AGES, collect, current_fleet
+from shardq.ops.stats import KNOWS_AGES, Stats, collect, current_fleet
 
 log = structlog.get_logger("shardq.dashboard")
 
@@ -64,11 +63,10 @@ class Sampler:
         self.excludes: list[dict[str, Any]] = []
         self._last: dict[str, tuple[float, dict[str, float]]] = {}  # source -> (time, counts)
         self._failing: dict[str, float] = {}  # scrape URL -> since when it fails
-        self._latest: dict[str, Any] | None = None
-        self._fleet: FleetView | None = None
+        self._stats: Stats | None = None  # the latest full sample
+        self._fleet: FleetView | None = None  # the latest good fleet, maybe read alone since
         self._fleet_error: str | None = None
         self._fleet_failing = False  # the last read of the fleet alone failed
-        self._reshards: list[ReshardView] = []  # in progress in the latest sample
         self._error: str | None = None
         self._ready, self._stop, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self._thread: threading.Thread | None = None
@@ -141,12 +139,11 @@ class Sampler:
             source = None
         if rates is not None:
             total = sum(rates.values())
-        latest = stats.to_dict()
         with self._lock:
             self.source, self.excludes = source, excludes
             self._add_points(now, names, rates, total)
-            self._latest, self._error = latest, None
-            self._fleet_error, self._reshards = stats.fleet_error, stats.reshards
+            self._stats, self._error = stats, None
+            self._fleet_error = stats.fleet_error
             if stats.fleet_error is None:
                 self._fleet = stats.fleet
         self._ready.set()
@@ -202,15 +199,15 @@ class Sampler:
         """The latest stats sample as ``/api/v1/stats`` returns it (waits for the first)."""
         self._ready.wait(wait)
         with self._lock:
-            if self._latest is None:
+            if self._stats is None:
                 raise SampleUnavailable(self._error or "no stats sampled yet; retry in a moment")
             per_worker = self.source in ("broker", "scrape")
             throughput = {
-                n: [list(p) for p in self.points.get(n, ())] for n in self._latest["by_worker"]
+                w.name: [list(p) for p in self.points.get(w.name, ())] for w in self._stats.workers
             }
             note = {None: NO_THROUGHPUT, "reports": PER_WORKER_NOTE}.get(self.source)
             return {
-                **self._latest,
+                **self._stats.to_dict(),
                 "throughput": throughput if per_worker else None,
                 "throughput_total": None if self.source is None else [list(p) for p in self.total],
                 "throughput_source": self.source,
@@ -229,7 +226,8 @@ class Sampler:
                 raise SampleUnavailable(f"cannot read the fleet items: {self._fleet_error}")
             if self._fleet is None:
                 raise SampleUnavailable(self._error or "no sample taken yet; retry in a moment")
-            return self._fleet.to_json([m.to_json() for m in self._reshards])
+            reshards = self._stats.reshards if self._stats else []
+            return self._fleet.to_json([m.to_json() for m in reshards])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

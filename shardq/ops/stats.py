@@ -5,7 +5,7 @@ The fields are described in docs/operations.md (``shardq stats``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,7 @@ from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.morgue import Morgue
-from shardq.ops.fleet_view import FleetView, fleet_view, read_fleet
+from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, read_fleet
 from shardq.ops.layout_view import LayoutView, ReshardView, layout_view
 from shardq.store import StoreError
 
@@ -96,17 +96,12 @@ class Stats:
             }
             for w in self.workers
         }
+        morgue_length = sum(w.morgue_length for w in self.workers)
         return {
             "time": self.time,
             "broker": self.broker,
             "lag_source": self.lag_source,
-            "total": {
-                "length": sum(w.length for w in self.workers),
-                "in_flight": sum(w.in_flight for w in self.workers),
-                "morgue_length": sum(w.morgue_length for w in self.workers),
-                "lag": _max(w.lag for w in self.workers),
-                "done": _sum(w.done for w in self.workers),
-            },
+            "total": {**_totals(self.workers), "morgue_length": morgue_length},
             "by_worker": by_worker,
             "fleet": _fleet_dict(self.fleet),
             "fleet_error": self.fleet_error,
@@ -127,12 +122,10 @@ def collect(app: App) -> Stats:
     try:
         fleet, fleet_error = current_fleet(app, now), None
     except StoreError as exc:  # the store cannot be read: the counts still help
-        fleet, fleet_error = fleet_view(None, now, live_shards(app)), str(exc)
-    missing: set[str] = set()
-    workers = [_worker_stats(app, name, fleet, now, missing) for name in app.workers]
-    queues = [s.queue for w in workers for s in w.shards]
-    queues += [app.morgue_queue(name) for name in app.workers]
-    none = no_queues_text(app) if queues and set(queues) <= missing else None
+        fleet, fleet_error = fleet_view(FleetItems(), now, live_shards(app)), str(exc)
+    workers = [_worker_stats(app, name, fleet, now) for name in app.workers]
+    idle = bool(workers) and all(w.length == w.in_flight == w.morgue_length == 0 for w in workers)
+    none = no_queues_text(app) if idle and not queues_exist(app) else None
     return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error, none)
 
 
@@ -163,43 +156,50 @@ def queues_exist(app: App) -> bool:
     return False
 
 
-def _worker_stats(
-    app: App, name: str, fleet: FleetView, now: float, missing: set[str]
-) -> WorkerStats:
+def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerStats:
     settings = app.settings(name)
     layout = app.layouts.cached(name)
     gens = [(layout.gen, layout.shards)]  # the current generation first
     if layout.moving is not None:
         gens.append((layout.moving.gen, layout.moving.shards))
     shards = [
-        _shard_stats(app, name, gen, shard, fleet, now, missing)
+        _shard_stats(app, name, gen, shard, fleet, now)
         for gen, count in gens
         for shard in range(count)
     ]
     old_jobs = None
     if layout.moving is not None:
         old_jobs = sum(s.length + s.in_flight for s in shards if s.gen == layout.moving.gen)
-    old_morgue = _counts(app, app.morgue_queue(name), missing)  # until `queues ensure` moves it
+    old_morgue = _counts(app, app.morgue_queue(name))  # until `queues ensure` moves it
     dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
         name=name,
         priority=settings.priority,
-        length=sum(s.length for s in shards),
-        in_flight=sum(s.in_flight for s in shards),
         morgue_length=dead,
-        lag=_max(s.lag for s in shards),
-        done=_sum(s.done for s in shards),
         shards=shards,
         layout=layout_view(name, layout, settings.shards, old_jobs, fleet),
         reported=fleet.counts(name) if fleet.reported else None,
+        **_totals(shards),
     )
 
 
+def _totals(rows: Sequence[ShardStats | WorkerStats]) -> dict[str, Any]:
+    """The rows' jobs waiting and in flight, their longest known lag, and their jobs done
+    (None when a row's is unknown)."""
+    done = [r.done for r in rows]
+    return {
+        "length": sum(r.length for r in rows),
+        "in_flight": sum(r.in_flight for r in rows),
+        "lag": max((r.lag for r in rows if r.lag is not None), default=None),
+        "done": None if None in done else sum(d or 0 for d in done),
+    }
+
+
 def _shard_stats(
-    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float, missing: set[str]
+    app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float
 ) -> ShardStats:
     queue = app.shard_queue(name, shard, gen)
-    counts = _counts(app, queue, missing)
+    counts = _counts(app, queue)
     if app.broker.kind not in KNOWS_AGES:
         lag = fleet.lag(name, shard, gen)
     elif counts.oldest_sent_at is None:
@@ -229,7 +229,7 @@ def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:
     for key in keys:
         name, shard = parse_key(key)
         worker, gen = parse_name(name)
-        result[key] = _counts(app, app.shard_queue(worker, shard, gen), set()).waiting
+        result[key] = _counts(app, app.shard_queue(worker, shard, gen)).waiting
     return result
 
 
@@ -250,19 +250,8 @@ def _fleet_dict(fleet: FleetView) -> dict[str, Any] | None:
     }
 
 
-def _counts(app: App, queue: str, missing: set[str]) -> QueueCounts:
+def _counts(app: App, queue: str) -> QueueCounts:
     try:
         return app.broker.counts(queue)
     except QueueNotFoundError:  # not created yet: nothing was ever published to it
-        missing.add(queue)
         return QueueCounts(0, 0)
-
-
-def _max(values: Any) -> float | None:
-    known = [v for v in values if v is not None]
-    return max(known) if known else None
-
-
-def _sum(values: Any) -> int | None:
-    items = list(values)
-    return None if any(v is None for v in items) else sum(items)
