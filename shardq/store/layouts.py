@@ -71,17 +71,7 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        store, key = self._app.store, PREFIX + worker
-        code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
-        item = store.get(key)
-        while item is None:
-            try:
-                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
-            except StoreConflict:  # another process recorded it first: read theirs
-                item = store.get(key)
-        layout = self._keep(worker, item)
-        self.check(worker, layout)
-        return layout
+        return self._load(worker, self._app.store.get(PREFIX + worker))
 
     def check(self, worker: str, layout: WorkerLayout) -> None:
         """Refuse a class whose ``shards`` disagrees with a never-resharded layout."""
@@ -99,13 +89,7 @@ class Layouts:
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
         items = {i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX)}
-        found = {w: self._keep(w, items[w]) for w in self._app.workers if w in items}
-        for worker in self._app.workers:
-            if worker in found:
-                self.check(worker, found[worker])
-            else:
-                found[worker] = self.read(worker)
-        return found
+        return {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
 
     def cached(self, worker: str) -> WorkerLayout:
         """The copy in hand (no request); the code's shards before the first read."""
@@ -144,6 +128,19 @@ class Layouts:
             return layout
         layout = self.update(worker, lambda w: switch(w, layout.gen))
         log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
+        return layout
+
+    def _load(self, worker: str, item: Item | None) -> WorkerLayout:
+        """Keep and check ``item`` as read; if absent, record the code's ``shards``."""
+        store, key = self._app.store, PREFIX + worker
+        code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+        while item is None:
+            try:
+                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
+            except StoreConflict:  # another process recorded it first: read theirs
+                item = store.get(key)
+        layout = self._keep(worker, item)
+        self.check(worker, layout)
         return layout
 
     def _keep(self, worker: str, item: Item) -> WorkerLayout:
