@@ -71,7 +71,9 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        return self._load(worker, self._app.store.get(PREFIX + worker))
+        layout = self._load(worker, self._app.store.get(PREFIX + worker))
+        self.check(worker, layout)
+        return layout
 
     def check(self, worker: str, layout: WorkerLayout) -> None:
         """Refuse a class whose ``shards`` disagrees with a never-resharded layout."""
@@ -89,7 +91,10 @@ class Layouts:
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
         items = {i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX)}
-        return {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
+        found = {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
+        for worker, layout in found.items():  # every copy is kept before one is refused
+            self.check(worker, layout)
+        return found
 
     def cached(self, worker: str) -> WorkerLayout:
         """The copy in hand (no request); the code's shards before the first read."""
@@ -131,7 +136,7 @@ class Layouts:
         return layout
 
     def _load(self, worker: str, item: Item | None) -> WorkerLayout:
-        """Keep and check ``item`` as read; if absent, record the code's ``shards``."""
+        """Keep ``item`` as read; if absent, record the code's ``shards``."""
         store, key = self._app.store, PREFIX + worker
         code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
         while item is None:
@@ -139,9 +144,7 @@ class Layouts:
                 item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
             except StoreConflict:  # another process recorded it first: read theirs
                 item = store.get(key)
-        layout = self._keep(worker, item)
-        self.check(worker, layout)
-        return layout
+        return self._keep(worker, item)
 
     def _keep(self, worker: str, item: Item) -> WorkerLayout:
         layout, version = WorkerLayout.from_value(worker, item.value), item.version
