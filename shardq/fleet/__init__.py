@@ -163,7 +163,7 @@ class Fleet:
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
-        live = live_nodes(beats, self._seen, now, self.expire_seconds) | {self.id}
+        live = live_nodes(beats, self._seen, now, self.expire_seconds)  # decide adds this node
         for node in expired(beats, self._seen, now, self.expire_seconds):
             if node != self.id:
                 self._mark_gone(by_key[node])
@@ -188,20 +188,18 @@ class Fleet:
         for key, version in moves.purge.items():
             self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
-            self._take(key, owners[key].version, write=False, now=now)
+            self._take(key, owners[key].version, now)
         for key, claim in moves.claim.items():
-            self._take(key, claim, write=True, now=now)
+            try:
+                item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
+            except StoreError:
+                continue  # another node took it first (or the store failed): next round
+            self._take(key, item.version, now)
             if key in owners and key in self._owned:
                 log.info("fleet.took_over", shard=key, previous=owners[key].node)
 
-    def _take(self, key: str, version: int | None, *, write: bool, now: float) -> None:
-        if write:
-            try:
-                item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=version)
-            except StoreError:
-                return  # another node took it first (or the store failed): next round
-            version = item.version
-        assert version is not None
+    def _take(self, key: str, version: int, now: float) -> None:
+        """Serve ``key``, owned here at ``version``; free it if the node cannot."""
         with self._lock:
             self._owned[key] = version
         try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -64,10 +65,8 @@ class Ownership:
         with self._lock:
             if key in self._served:
                 return
-            load = [0] * len(self._lanes)
-            for lane, _ in self._served.values():
-                load[lane.index] += 1
-            lane = self._lanes[load.index(min(load))]
+            load = Counter(lane for lane, _ in self._served.values())
+            lane = min(self._lanes, key=lambda lane: load[lane])
             self._served[key] = (lane, shard)
             if self._started:
                 lane.inbox.put(Join(shard))
@@ -107,11 +106,12 @@ class Ownership:
 
     def _swept(self, shard: Shard, done: threading.Event) -> None:
         receipts = self._intake.leases.settling(shard.queue)
-        waiter = threading.Thread(
-            target=self._settle, args=(shard, receipts, done), name=f"shardq-drop-{shard.ref}"
-        )
-        waiter.daemon = True
-        waiter.start()
+        threading.Thread(
+            target=self._settle,
+            args=(shard, receipts, done),
+            name=f"shardq-drop-{shard.ref}",
+            daemon=True,
+        ).start()
 
     def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:
         intake = self._intake

@@ -94,7 +94,7 @@ class Store(abc.ABC):
                 return items
             after = page[-1].key
 
-    def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
+    def ensure_table(self) -> bool:
         """Create the table unless it exists; True if created here (SQLite: when opened)."""
         return False
 

@@ -149,7 +149,7 @@ class DynamoStore(Store):
             args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return items[:limit]
 
-    def ensure_table(self, *, wait_seconds: float = 120.0) -> bool:
+    def ensure_table(self) -> bool:
         created = False
         with self._call("CreateTable"):
             try:
@@ -166,7 +166,7 @@ class DynamoStore(Store):
                 created = True
             self.client.get_waiter("table_exists").wait(
                 TableName=self.table,
-                WaiterConfig={"Delay": 1, "MaxAttempts": max(1, int(wait_seconds))},
+                WaiterConfig={"Delay": 1, "MaxAttempts": 120},  # up to 2 minutes
             )
         return created
 

@@ -71,15 +71,7 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        store, key = self._app.store, PREFIX + worker
-        code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
-        item = store.get(key)
-        while item is None:
-            try:
-                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
-            except StoreConflict:  # another process recorded it first: read theirs
-                item = store.get(key)
-        layout = self._keep(worker, item)
+        layout = self._load(worker, self._app.store.get(PREFIX + worker))
         self.check(worker, layout)
         return layout
 
@@ -99,12 +91,9 @@ class Layouts:
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
         items = {i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX)}
-        found = {w: self._keep(w, items[w]) for w in self._app.workers if w in items}
-        for worker in self._app.workers:
-            if worker in found:
-                self.check(worker, found[worker])
-            else:
-                found[worker] = self.read(worker)
+        found = {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
+        for worker, layout in found.items():  # every copy is kept before one is refused
+            self.check(worker, layout)
         return found
 
     def cached(self, worker: str) -> WorkerLayout:
@@ -145,6 +134,17 @@ class Layouts:
         layout = self.update(worker, lambda w: switch(w, layout.gen))
         log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
         return layout
+
+    def _load(self, worker: str, item: Item | None) -> WorkerLayout:
+        """Keep ``item`` as read; if absent, record the code's ``shards``."""
+        store, key = self._app.store, PREFIX + worker
+        code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
+        while item is None:
+            try:
+                item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
+            except StoreConflict:  # another process recorded it first: read theirs
+                item = store.get(key)
+        return self._keep(worker, item)
 
     def _keep(self, worker: str, item: Item) -> WorkerLayout:
         layout, version = WorkerLayout.from_value(worker, item.value), item.version
