@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import structlog
@@ -121,7 +122,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    refused: dict[str, tuple[MorgueRecord, str]] = {}
+    refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress:
 
@@ -129,11 +130,8 @@ def _change(app: App, args: argparse.Namespace) -> int:
             done[0] = n
             progress(n)
 
-        def refuse(record: MorgueRecord, why: str) -> None:
-            refused[record.message_id] = (record, why)
-
         try:
-            act(app, worker, action, where, tell, refuse)
+            act(app, worker, action, where, tell, lambda *dead: refused.append(dead))
         except (KeyboardInterrupt, ShardqError) as exc:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
             last = (
@@ -152,7 +150,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
     tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
     jobs = plural(done[0], f"dead {worker} job")
     print(f"{DONE[action]} {jobs}{selection.scope(where)}{tail}", file=sys.stderr)
-    for record, why in refused.values():
+    for record, why in refused:
         print(
             f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
             "It stays in the morgue: see it with "
@@ -165,10 +163,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
 
 def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
     """A dead job as ``--json`` prints it: its record's fields and its payload."""
-    out = dict(record.__dict__)
-    out["meta"] = dict(record.meta)
-    out["payload"] = payload_of(record, signing_key)
-    return out
+    return {**asdict(record), "payload": payload_of(record, signing_key)}
 
 
 # -- the dashboard's JSON API ---------------------------------------------------------
