@@ -8,12 +8,11 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 from shardq.api.app import App
 from shardq.core.errors import ShardqError
-from shardq.morgue import Filter, Morgue, MorgueRecord
+from shardq.morgue import Filter, Morgue, Progress, Refused
 
 BODY_FORMS = (
     '{"message_ids": [...]}, {"entity": "..."}, {"error_type": "..."}, {"since": TIME, '
@@ -132,8 +131,8 @@ def act(
     worker: str,
     action: str,
     where: Filter,
-    progress: Callable[[int], None] | None = None,
-    refused: Callable[[MorgueRecord, str], None] | None = None,
+    progress: Progress | None = None,
+    refused: Refused | None = None,
 ) -> int:
     """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
     ``refused`` hears of each dead job that cannot be requeued (it stays)."""
