@@ -170,7 +170,7 @@ def test_a_record_whose_body_was_altered_or_lost_a_piece_reads_as_unreadable() -
         ({"entity_id": 7}, "entity_id is not a string"),
         ({"attempts": "3"}, "attempts is not a whole number"),
         ({"failed_at": "yesterday"}, "failed_at is not a time"),
-        ({"body": None}, "body or body_bytes"),
+        ({"body": None}, "body is not a string"),
     ],
 )
 def test_a_malformed_item_is_listed_as_unreadable_saying_why(

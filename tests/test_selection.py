@@ -6,21 +6,22 @@ from typing import Any
 
 import pytest
 
-from shardq.ops.selection import Selection, SelectionError, parse_time
+from shardq.morgue import Filter
+from shardq.ops.selection import SelectionError, from_args, from_body, parse_time, scope
 
 
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ({"all": True}, Selection(everything=True)),
-        ({"entity": "o1"}, Selection(entity="o1")),
-        ({"message_ids": ["a", "b"]}, Selection(message_ids=("a", "b"))),
-        ({"entity": "o1", "message_ids": ["a"]}, Selection("o1", ("a",))),
-        ({"message_ids": []}, Selection(message_ids=())),
+        ({"all": True}, Filter()),
+        ({"entity": "o1"}, Filter(entity="o1")),
+        ({"message_ids": ["a", "b"]}, Filter(message_ids=frozenset({"a", "b"}))),
+        ({"entity": "o1", "message_ids": ["a"]}, Filter("o1", message_ids=frozenset({"a"}))),
+        ({"message_ids": []}, Filter(message_ids=frozenset())),
     ],
 )
-def test_a_body_that_says_which_jobs_is_read_as_said(body: Any, expected: Selection) -> None:
-    assert Selection.from_body(body) == expected
+def test_a_body_that_says_which_jobs_is_read_as_said(body: Any, expected: Filter) -> None:
+    assert from_body(body) == expected
 
 
 @pytest.mark.parametrize(
@@ -43,18 +44,16 @@ def test_a_body_that_says_which_jobs_is_read_as_said(body: Any, expected: Select
 )
 def test_anything_else_is_refused_with_the_reason(body: Any, reason: str) -> None:
     with pytest.raises(SelectionError, match=reason.replace("(", r"\(")):
-        Selection.from_body(body)
+        from_body(body)
 
 
 def test_the_command_line_needs_all_to_act_on_every_job() -> None:
-    assert Selection.from_args(None, None, True).describe("W") == "dead W jobs (all of them)"
-    assert Selection.from_args("o1", ["a"], False).describe("W") == (
-        "dead W jobs of entity o1 with ids a"
-    )
+    assert scope(from_args(None, None, True)) == " (all of them)"
+    assert scope(from_args("o1", ["a"], False)) == " of entity o1 with ids a"
     with pytest.raises(SelectionError, match="--all"):
-        Selection.from_args(None, None, False)
+        from_args(None, None, False)
     with pytest.raises(SelectionError, match="alone"):
-        Selection.from_args("o1", None, True)
+        from_args("o1", None, True)
 
 
 @pytest.mark.parametrize("when", ["nan", "inf", "-Infinity", float("nan"), float("inf"), 1e400])
@@ -63,7 +62,7 @@ def test_a_time_that_is_not_finite_is_refused(when: Any) -> None:
     # where 1e400 reads as infinity), which would match no dead job or every one
     # then the selection is refused naming the key, before anything is changed
     with pytest.raises(SelectionError, match=r"since .* is not a time"):
-        Selection.from_body({"since": when})
+        from_body({"since": when})
     with pytest.raises(SelectionError, match=r"--until .* is not a time"):
         parse_time("--until", when)
 

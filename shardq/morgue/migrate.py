@@ -12,12 +12,10 @@ from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
 from shardq.morgue import Morgue, keep
-from shardq.morgue.record import KIND, MorgueRecord, checked
+from shardq.morgue.record import KIND, STRINGS, MorgueRecord, checked
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
-
-_HEADER = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
 
 
 def tend(app: Deployment) -> list[str]:
@@ -96,7 +94,7 @@ def _decode(message: Message) -> MorgueRecord:
             body = ""  # too large for the old morgue queue: only why it died was kept
     else:
         raise ValueError(f"morgue record version {version!r} is not supported")
-    checked(doc, (*_HEADER, "source_queue", "attempts", "failed_at"))
+    checked(doc, (*STRINGS, "source_queue", "attempts", "failed_at"))
     if not 0 <= doc["failed_at"] < 1e11:
         raise ValueError("field failed_at is not a time")
     if doc["entity_id"] != message.group_id:
@@ -104,7 +102,7 @@ def _decode(message: Message) -> MorgueRecord:
             f"it names entity {doc['entity_id']!r} but sits in group {message.group_id!r}"
         )
     return MorgueRecord(
-        **{k: doc[k] for k in (*_HEADER, "source_queue", "attempts")},
+        **{k: doc[k] for k in (*STRINGS, "source_queue", "attempts")},
         failed_at=float(doc["failed_at"]),  # first_sent_at: the old records did not keep it
         body=body,
     )

@@ -11,7 +11,7 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
@@ -32,7 +32,8 @@ PIECE_BYTES = 300 * 1024  # JSON bytes of body per item (the store allows 350 Ki
 STAMP_DIGITS = 20
 
 _SUMMARY = ("entity_id", "message_id", "reason", "error_type", "attempts", "failed_at", "pieces")
-_STRINGS = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
+#: The text fields of a record, in every version (the old morgue queue's too).
+STRINGS = ("entity_id", "message_id", "reason", "error_type", "error_message", "traceback")
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
     full = {
         "kind": KIND,
         "v": VERSION,
-        **{k: getattr(record, k) for k in _STRINGS},
+        **{k: getattr(record, k) for k in STRINGS},
         **{k: getattr(record, k) for k in ("attempts", "failed_at", "first_sent_at")},
         "source_queue": record.source_queue,
         "meta": meta,
@@ -154,7 +155,7 @@ def summary(item: Item) -> MorgueRecord:
     try:
         v = checked(item.value, _SUMMARY, body=False)
         return MorgueRecord(
-            **{k: v[k] for k in _STRINGS[:4]},
+            **{k: v[k] for k in STRINGS[:4]},
             error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
             attempts=v["attempts"],
             failed_at=float(v["failed_at"]),
@@ -168,7 +169,7 @@ def summary(item: Item) -> MorgueRecord:
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
     """A record from its record item and the rest of its body's pieces."""
     try:
-        v = checked(item.value, (*_SUMMARY, *_STRINGS[4:], "first_sent_at"), body=True)
+        v = checked(item.value, (*_SUMMARY, *STRINGS[4:], "first_sent_at"), body=True)
         body = "".join([v["body"], *pieces])
         raw = body.encode("utf-8", "surrogatepass")
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
@@ -219,25 +220,24 @@ def checked(
     value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool = False
 ) -> Mapping[str, Any]:
     """``value``, once its ``fields`` (and body fields) have their types; else ValueError."""
-    for key in fields:
-        found = value.get(key)
-        if key in ("attempts",):
-            if type(found) is not int or found < 0:
-                raise ValueError("field attempts is not a whole number")
-        elif key in ("failed_at", "first_sent_at"):
-            if isinstance(found, bool) or not isinstance(found, (int, float)):
-                raise ValueError(f"field {key} is not a time")
-        elif key == "pieces":
-            if found is not None and pieces_of(value) != found:
-                raise ValueError("field pieces is not a count from 1 to 1000")
-        elif not isinstance(found, str):
-            raise ValueError(f"field {key} is not a string")
-    if body:
-        if not isinstance(value.get("body"), str) or type(value.get("body_bytes")) is not int:
-            raise ValueError("fields body or body_bytes are missing or malformed")
-        if not isinstance(value.get("body_sha256"), str):
-            raise ValueError("field body_sha256 is missing")
+    for key in (*fields, "body", "body_bytes", "body_sha256") if body else fields:
+        valid, kind = _KINDS.get(key, (lambda v: isinstance(v, str), "a string"))
+        if not valid(value.get(key)):
+            raise ValueError(f"field {key} is not {kind}")
     return value
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "attempts": (lambda v: type(v) is int and v >= 0, "a whole number"),
+    "body_bytes": (lambda v: type(v) is int, "a whole number"),
+    "failed_at": (_is_time, "a time"),
+    "first_sent_at": (_is_time, "a time"),
+    "pieces": (lambda v: v is None or pieces_of({"pieces": v}) == v, "a count from 1 to 1000"),
+}
 
 
 def _split(body: str) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import structlog
@@ -19,7 +20,8 @@ from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
-from shardq.ops.selection import DONE, TIME_FORMS, Selection, SelectionError, act, parse_range
+from shardq.ops import selection
+from shardq.ops.selection import DONE, TIME_FORMS, SelectionError, act, parse_range
 
 #: Most dead jobs one ``list`` prints.
 MAX_LIST = 100_000
@@ -109,18 +111,18 @@ def _list(app: App, args: argparse.Namespace) -> int:
 def _change(app: App, args: argparse.Namespace) -> int:
     """``requeue`` or ``purge`` (``args.action``) the selected dead jobs, with a progress
     line; an interrupted one says what it did and what is left."""
-    selection = Selection.from_args(
+    where = selection.from_args(
         args.entity, args.ids, args.everything, args.error_type, args.since, args.until
     )
     action, worker = args.action, app.worker(args.worker).__name__
     if action == "purge" and not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete {selection.describe(worker)} for good? [y/N] ")
+        answer = input(f"delete dead {worker} jobs{selection.scope(where)} for good? [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    refused: dict[str, tuple[MorgueRecord, str]] = {}
+    refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress:
 
@@ -128,11 +130,8 @@ def _change(app: App, args: argparse.Namespace) -> int:
             done[0] = n
             progress(n)
 
-        def refuse(record: MorgueRecord, why: str) -> None:
-            refused[record.message_id] = (record, why)
-
         try:
-            act(app, worker, action, selection, tell, refuse)
+            act(app, worker, action, where, tell, lambda *dead: refused.append(dead))
         except (KeyboardInterrupt, ShardqError) as exc:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
             last = (
@@ -150,8 +149,8 @@ def _change(app: App, args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
     tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
     jobs = plural(done[0], f"dead {worker} job")
-    print(f"{DONE[action]} {jobs}{selection.scope()}{tail}", file=sys.stderr)
-    for record, why in refused.values():
+    print(f"{DONE[action]} {jobs}{selection.scope(where)}{tail}", file=sys.stderr)
+    for record, why in refused:
         print(
             f"not requeued: dead job {record.message_id} of entity {record.entity_id}: {why}. "
             "It stays in the morgue: see it with "
@@ -164,10 +163,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
 
 def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
     """A dead job as ``--json`` prints it: its record's fields and its payload."""
-    out = dict(record.__dict__)
-    out["meta"] = dict(record.meta)
-    out["payload"] = payload_of(record, signing_key)
-    return out
+    return {**asdict(record), "payload": payload_of(record, signing_key)}
 
 
 # -- the dashboard's JSON API ---------------------------------------------------------
@@ -202,12 +198,14 @@ def morgue_act(
     action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
     morgue = Morgue(app, worker)
     try:
-        selection = Selection.from_body(body())
+        where = selection.from_body(body())
     except SelectionError as exc:
         raise HttpError(400, str(exc)) from None
     with lock:
-        n = act(app, morgue.worker, action, selection)
-    log.info(f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(), count=n)
+        n = act(app, morgue.worker, action, where)
+    log.info(
+        f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
+    )
     return {DONE[action]: n}
 
 

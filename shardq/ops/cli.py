@@ -47,6 +47,17 @@ _EPILOG_PLAN = """examples:
 """
 
 
+#: What the command says, and its exit code, when it stops on each kind of error (the
+#: first that matches).
+_FAILURES: tuple[tuple[type[BaseException], str, int], ...] = (
+    (PublishInterrupted, "{}", EXIT_INTERRUPTED),
+    (KeyboardInterrupt, "interrupted", EXIT_INTERRUPTED),
+    (BrokerError, "broker error: {}", EXIT_ERROR),
+    (StoreError, "state store error: {}", EXIT_ERROR),  # unreachable (a conflict is no error)
+    (ShardqError, "error: {}", EXIT_USAGE),
+)
+
+
 def main(argv: Sequence[str] | None = None, *, early: StopSignals | None = None) -> int:
     """The command line. ``early``: the signal handlers ``shardq run`` installed before
     its imports (:func:`shardq.__main__.entry`); made here when it is called directly."""
@@ -66,21 +77,10 @@ def main(argv: Sequence[str] | None = None, *, early: StopSignals | None = None)
     except BrokenPipeError:  # `shardq stats --json | head`: the reader left
         _silence_stdout()
         return EXIT_PIPE
-    except PublishInterrupted as exc:
-        print(f"shardq: {exc}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        print("shardq: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokerError as exc:
-        print(f"shardq: broker error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except StoreError as exc:  # unreachable, like the broker (a conflict is no error here)
-        print(f"shardq: state store error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except ShardqError as exc:
-        print(f"shardq: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except (KeyboardInterrupt, ShardqError) as exc:
+        text, code = next((t, c) for kind, t, c in _FAILURES if isinstance(exc, kind))
+        print("shardq: " + text.format(exc), file=sys.stderr)
+        return code
 
 
 def _silence_stdout() -> None:
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP.",
     )
     _common(run)
-    _placement(run, node_default=None, nodes_default=None)
+    _placement(run, nodes_default=None)
     run.add_argument(
         "--concurrency", type=int, help="most jobs the node runs at once (default from config: 32)"
     )
@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(plan)
-    _placement(plan, node_default=None)
+    _placement(plan)
     plan.set_defaults(handler=_plan)
     add_commands(commands, _common, lambda args: one_shot(load(args)[0]))
     return parser
@@ -148,10 +148,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-prefix", help="prefix of every queue name")
 
 
-def _placement(
-    p: argparse.ArgumentParser, node_default: int | None = 0, nodes_default: int | None = 1
-) -> None:
-    p.add_argument("--node", type=int, default=node_default, help="this node's number, from 0")
+def _placement(p: argparse.ArgumentParser, nodes_default: int | None = 1) -> None:
+    p.add_argument("--node", type=int, help="this node's number, from 0")
     p.add_argument(
         "--nodes", type=int, default=nodes_default, help="number of nodes of a static plan"
     )

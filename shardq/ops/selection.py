@@ -8,13 +8,11 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from shardq.api.app import App
 from shardq.core.errors import ShardqError
-from shardq.morgue import Filter, Morgue, MorgueRecord
+from shardq.morgue import Filter, Morgue, Progress, Refused
 
 BODY_FORMS = (
     '{"message_ids": [...]}, {"entity": "..."}, {"error_type": "..."}, {"since": TIME, '
@@ -70,104 +68,77 @@ def parse_range(since: Any, until: Any, prefix: str = "") -> tuple[float | None,
 
 #: The past tense of each action, as answers and messages say it.
 DONE = {"requeue": "requeued", "purge": "purged"}
+EVERYTHING = Filter()  # every dead job of the worker: only ever said explicitly
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The dead jobs a requeue or purge acts on: those matching every filter given, or
-    every one (``everything``, only ever said explicitly)."""
+def from_body(doc: Any) -> Filter:
+    """The dead jobs a JSON API body such as ``{"entity": "order-42"}`` or ``{"all": true}``
+    selects."""
+    if not isinstance(doc, dict):
+        raise SelectionError(f"the request body must be a JSON object: {BODY_FORMS}")
+    unknown = sorted(set(doc) - {"all", *_FILTERS})
+    if unknown:
+        raise SelectionError(
+            f"unknown key {', '.join(map(repr, unknown))}: nothing was changed; send {BODY_FORMS}"
+        )
+    if "all" in doc and doc["all"] is not True:
+        raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
+    return _checked(BODY_FORMS, "", "all" in doc, {k: doc.get(k) for k in _FILTERS})
 
-    entity: str | None = None
-    message_ids: tuple[str, ...] | None = None
-    everything: bool = False
-    error_type: str | None = None
-    since: float | None = None
-    until: float | None = None
 
-    @classmethod
-    def from_body(cls, doc: Any) -> Selection:
-        """From a JSON API body such as ``{"entity": "order-42"}`` or ``{"all": true}``."""
-        if not isinstance(doc, dict):
-            raise SelectionError(f"the request body must be a JSON object: {BODY_FORMS}")
-        unknown = sorted(set(doc) - {"all", *_FILTERS})
-        if unknown:
-            raise SelectionError(
-                f"unknown key {', '.join(map(repr, unknown))}: nothing was changed; "
-                f"send {BODY_FORMS}"
-            )
-        if "all" in doc and doc["all"] is not True:
-            raise SelectionError(f'"all" must be true, got {json.dumps(doc["all"])[:40]}')
-        return cls._checked(BODY_FORMS, "", "all" in doc, {k: doc.get(k) for k in _FILTERS})
+def from_args(
+    entity: str | None,
+    ids: list[str] | None,
+    everything: bool,
+    error_type: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> Filter:
+    """The dead jobs the options of ``shardq morgue requeue|purge`` select."""
+    given = dict(zip(_FILTERS, (entity, ids, error_type, since, until), strict=True))
+    return _checked(ARG_FORMS, "--", everything, given)
 
-    @classmethod
-    def from_args(
-        cls,
-        entity: str | None,
-        ids: list[str] | None,
-        everything: bool,
-        error_type: str | None = None,
-        since: str | None = None,
-        until: str | None = None,
-    ) -> Selection:
-        """From the options of ``shardq morgue requeue|purge``."""
-        given = dict(zip(_FILTERS, (entity, ids, error_type, since, until), strict=True))
-        return cls._checked(ARG_FORMS, "--", everything, given)
 
-    @classmethod
-    def _checked(
-        cls, forms: str, prefix: str, everything: bool, given: dict[str, Any]
-    ) -> Selection:
-        """Refuse anything unclear; ``forms`` says what may be given, ``prefix`` + a key
-        names a time that cannot be read."""
-        for key in ("entity", "error_type"):
-            if given[key] is not None and not (isinstance(given[key], str) and given[key]):
-                raise SelectionError(f"{key} must be a non-empty string")
-        ids = given["message_ids"]
-        if ids is not None and not (
-            isinstance(ids, list) and all(isinstance(i, str) and i for i in ids)
-        ):
-            raise SelectionError("message_ids must be a list of non-empty strings")
-        since, until = parse_range(given["since"], given["until"], prefix)
-        if since is not None and until is not None and since > until:
-            raise SelectionError("since is later than until: nothing can match")
-        if everything and any(v is not None for v in given.values()):
-            raise SelectionError("all means every dead job: give it alone, not with filters or ids")
-        if not everything and all(v is None for v in given.values()):
-            raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
-        ids = None if ids is None else tuple(ids)
-        return cls(given["entity"], ids, everything, given["error_type"], since, until)
+def _checked(forms: str, prefix: str, everything: bool, given: dict[str, Any]) -> Filter:
+    """Refuse anything unclear; ``forms`` says what may be given, ``prefix`` + a key names
+    a time that cannot be read."""
+    for key in ("entity", "error_type"):
+        if given[key] is not None and not (isinstance(given[key], str) and given[key]):
+            raise SelectionError(f"{key} must be a non-empty string")
+    ids = given["message_ids"]
+    if ids is not None and not (
+        isinstance(ids, list) and all(isinstance(i, str) and i for i in ids)
+    ):
+        raise SelectionError("message_ids must be a list of non-empty strings")
+    since, until = parse_range(given["since"], given["until"], prefix)
+    if since is not None and until is not None and since > until:
+        raise SelectionError("since is later than until: nothing can match")
+    if everything and any(v is not None for v in given.values()):
+        raise SelectionError("all means every dead job: give it alone, not with filters or ids")
+    if not everything and all(v is None for v in given.values()):
+        raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
+    ids = None if ids is None else frozenset(ids)
+    return Filter(given["entity"], given["error_type"], since, until, ids)
 
-    @property
-    def empty(self) -> bool:
-        """True if it names no job at all (an empty list of ids)."""
-        return self.message_ids == ()
 
-    def filter(self) -> Filter:
-        ids = None if self.message_ids is None else frozenset(self.message_ids)
-        return Filter(self.entity, self.error_type, self.since, self.until, ids)
-
-    def describe(self, worker: str) -> str:
-        """``dead SyncOrder jobs of entity order-42``, ``dead SyncOrder jobs (all of them)``."""
-        return f"dead {worker} jobs{self.scope()}"
-
-    def scope(self) -> str:
-        """`` of entity order-42``, `` with ids a, b`` or `` (all of them)``."""
-        return " (all of them)" if self.everything else self.filter().describe()
+def scope(where: Filter) -> str:
+    """`` of entity order-42``, `` with ids a, b`` or `` (all of them)``."""
+    return " (all of them)" if where == EVERYTHING else where.describe()
 
 
 def act(
     app: App,
     worker: str,
     action: str,
-    selection: Selection,
-    progress: Callable[[int], None] | None = None,
-    refused: Callable[[MorgueRecord, str], None] | None = None,
+    where: Filter,
+    progress: Progress | None = None,
+    refused: Refused | None = None,
 ) -> int:
     """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
     ``refused`` hears of each dead job that cannot be requeued (it stays)."""
-    if selection.empty:
+    if where.message_ids == frozenset():  # an empty list of ids names no job
         return 0
     morgue = Morgue(app, worker)
     if action == "requeue":
-        return morgue.requeue(selection.filter(), progress, refused)
-    return morgue.purge(selection.filter(), progress)
+        return morgue.requeue(where, progress, refused)
+    return morgue.purge(where, progress)
