@@ -134,12 +134,8 @@ class App:
             for worker in self._workers
             for name, count in self.live_shards(worker).items()
         }
-        return make_plan(
-            workers,
-            node=node,
-            nodes=nodes,
-            threads=self.config.threads if threads is None else threads,
-        )
+        threads = self.config.threads if threads is None else threads
+        return make_plan(workers, node=node, nodes=nodes, threads=threads)
 
     def node(
         self, plan: Plan | None = None, *, membership: str | None = None, **options: Any
@@ -199,13 +195,7 @@ class App:
     ) -> Iterator[App]:
         """Use another config and/or broker inside the block, then restore (tests)."""
         with self._lock:
-            saved = (
-                self._config,
-                self._broker,
-                self._store,
-                dict(self._settings),
-                set(self._ready),
-            )
+            saved = self._config, self._broker, self._store, self._settings, self._ready
             self._use(config, broker)
         try:
             yield self
@@ -217,11 +207,11 @@ class App:
     def _use(self, config: Config | None, broker: Broker | None) -> None:
         if config is not None:
             self._config = config
-            self._settings.clear()
+            self._settings = {}  # new ones: ``override`` keeps the old to restore
         if broker is not None:
             self._broker = broker
             self._store = None
-        self._ready.clear()
+        self._ready = set()
         self.layouts.forget()
 
     @property
