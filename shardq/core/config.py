@@ -82,28 +82,27 @@ class Config:
         (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present), the environment,
         and ``overrides`` (CLI flags; None values skipped)."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        sources = []
+        layers: list[tuple[str, dict[str, Any]]] = []
         if base is not None:
-            values = {key: getattr(base, key) for key in _FIELDS}
-            sources.append("the app's config")
+            layers.append(("the app's config", {key: getattr(base, key) for key in _FIELDS}))
         file_path = path or env.get(ENV_PREFIX + "CONFIG")
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
-        layers = [(str(file_path), _read_file(Path(file_path)))] if file_path else []
+        if file_path:
+            layers.append((str(file_path), _read_file(Path(file_path))))
         env_values = _from_env(env)
         if env_values:
             layers.append(("environment", env_values))
         for key, value in (overrides or {}).items():
             if value is not None:
                 layers.append((f"--{key.replace('_', '-')}", {key: value}))
-        for source, layer in layers:
-            workers = {name: dict(s) for name, s in values.get("workers", {}).items()}
+        values: dict[str, Any] = {"workers": {}}
+        for _, layer in layers:
+            workers = {name: dict(s) for name, s in values["workers"].items()}
             for name, settings in (layer.pop("workers", None) or {}).items():
                 workers.setdefault(name, {}).update(settings)
             values.update(layer, workers=workers)
-            sources.append(source)
-        values["source"] = " + ".join(dict.fromkeys(sources)) or "defaults"
+        values["source"] = " + ".join(dict.fromkeys(s for s, _ in layers)) or "defaults"
         return cls(**_coerce(values, values["source"]))
 
     def with_overrides(self, **changes: Any) -> Config:
