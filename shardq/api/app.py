@@ -97,13 +97,11 @@ class App:
     def settings(self, worker: type[Worker] | str) -> WorkerSettings:
         """A worker's settings with the config's overrides applied."""
         name = worker if isinstance(worker, str) else worker.__name__
-        cached = self._settings.get(name)
-        if cached is None:
-            cls = self.worker(name)
+        if name not in self._settings:
             overrides = self.config.workers.get(name, {})
-            cached = cls.default_settings().with_overrides(overrides, self.config.source)
-            self._settings[name] = cached
-        return cached
+            defaults = self.worker(name).default_settings()
+            self._settings[name] = defaults.with_overrides(overrides, self.config.source)
+        return self._settings[name]
 
     def check(self) -> None:
         """Validate the config against the workers: names, overrides, queue names."""
@@ -136,12 +134,8 @@ class App:
             for worker in self._workers
             for name, count in self.live_shards(worker).items()
         }
-        return make_plan(
-            workers,
-            node=node,
-            nodes=nodes,
-            threads=self.config.threads if threads is None else threads,
-        )
+        threads = self.config.threads if threads is None else threads
+        return make_plan(workers, node=node, nodes=nodes, threads=threads)
 
     def node(
         self, plan: Plan | None = None, *, membership: str | None = None, **options: Any
@@ -201,13 +195,7 @@ class App:
     ) -> Iterator[App]:
         """Use another config and/or broker inside the block, then restore (tests)."""
         with self._lock:
-            saved = (
-                self._config,
-                self._broker,
-                self._store,
-                dict(self._settings),
-                set(self._ready),
-            )
+            saved = self._config, self._broker, self._store, self._settings, self._ready
             self._use(config, broker)
         try:
             yield self
@@ -219,11 +207,11 @@ class App:
     def _use(self, config: Config | None, broker: Broker | None) -> None:
         if config is not None:
             self._config = config
-            self._settings.clear()
+            self._settings = {}  # new ones: ``override`` keeps the old to restore
         if broker is not None:
             self._broker = broker
             self._store = None
-        self._ready.clear()
+        self._ready = set()
         self.layouts.forget()
 
     @property
@@ -233,8 +221,7 @@ class App:
 
     def shard_queue(self, worker: type[Worker] | str, shard: int, gen: int = 0) -> str:
         """The queue of shard ``shard`` of layout generation ``gen``."""
-        settings = self.settings(worker)
-        return shard_queue(self.config.queue_prefix, settings.queue_name, shard, gen)
+        return shard_queue(self.config.queue_prefix, self.settings(worker).queue_name, shard, gen)
 
     def live_shards(self, worker: str) -> dict[str, int]:
         """Shards to serve now by generation name (``Orders``, ``Orders@2``): the
@@ -246,8 +233,7 @@ class App:
         return {shard_name(worker, g): n for g, n in sorted(gens.items())}
 
     def morgue_queue(self, worker: type[Worker] | str) -> str:
-        settings = self.settings(worker)
-        return morgue_queue(self.config.queue_prefix, settings.queue_name)
+        return morgue_queue(self.config.queue_prefix, self.settings(worker).queue_name)
 
     def ensure_queue(self, queue: str, worker: type[Worker] | str) -> None:
         """Create ``queue`` once per app (a no-op after the first call)."""

@@ -14,43 +14,36 @@ MAX_TRACKED = 100_000
 
 
 class Attempts:
-    """Attempt bookkeeping by message id. Thread-safe."""
+    """Attempt bookkeeping by message id: what to add to its receive count. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._unstarted: dict[str, int] = {}
-        self._local: dict[str, int] = {}
+        self._corrections: dict[str, int] = {}
 
     def of(self, message: Message) -> int:
         """The 1-based attempt the next run of this message is."""
-        if not (self._unstarted or self._local):  # most runs: nothing to correct
-            return max(1, message.receive_count)
-        key = message.message_id
-        with self._lock:
-            count = message.receive_count - self._unstarted.get(key, 0) + self._local.get(key, 0)
-        return max(1, count)
+        correction = self._corrections.get(message.message_id, 0)
+        return max(1, message.receive_count + correction)
 
     def unstarted(self, messages: Iterable[Message]) -> None:
         """These receives end without a run."""
-        self._add(self._unstarted, messages)
+        self._add(-1, messages)
 
     def local(self, messages: Iterable[Message]) -> None:
         """These jobs run again without a receive (a local retry)."""
-        self._add(self._local, messages)
+        self._add(1, messages)
 
     def forget(self, messages: Iterable[Message]) -> None:
         """These jobs ended (succeeded or morgued)."""
-        if not (self._unstarted or self._local):
+        if not self._corrections:  # most runs: nothing to forget
             return
         with self._lock:
             for m in messages:
-                self._local.pop(m.message_id, None)
-                self._unstarted.pop(m.message_id, None)
+                self._corrections.pop(m.message_id, None)
 
-    def _add(self, counts: dict[str, int], messages: Iterable[Message]) -> None:
+    def _add(self, delta: int, messages: Iterable[Message]) -> None:
         with self._lock:
-            if len(self._unstarted) + len(self._local) > MAX_TRACKED:
-                self._unstarted.clear()
-                self._local.clear()
+            if len(self._corrections) > MAX_TRACKED:
+                self._corrections.clear()
             for m in messages:
-                counts[m.message_id] = counts.get(m.message_id, 0) + 1
+                self._corrections[m.message_id] = self._corrections.get(m.message_id, 0) + delta

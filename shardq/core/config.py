@@ -10,15 +10,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
-from shardq.core.config_sources import ENV_PREFIX, coerce, from_env, read_file
+import yaml
+
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import int_in
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
 
 DEFAULT_FILE = "shardq.yaml"
+ENV_PREFIX = "SHARDQ_"
 #: Defaults of ``connect_timeout`` and ``read_timeout``: seconds an AWS call's attempt
 #: gets to connect, and to be answered (long polls excepted).
 CONNECT_TIMEOUT = 2.0
@@ -80,29 +82,28 @@ class Config:
         (``path``, ``$SHARDQ_CONFIG`` or ``./shardq.yaml`` if present), the environment,
         and ``overrides`` (CLI flags; None values skipped)."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        sources = []
+        layers: list[tuple[str, dict[str, Any]]] = []
         if base is not None:
-            values = {key: getattr(base, key) for key in _FIELDS}
-            sources.append("the app's config")
+            layers.append(("the app's config", {key: getattr(base, key) for key in _FIELDS}))
         file_path = path or env.get(ENV_PREFIX + "CONFIG")
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
-        layers = [(str(file_path), read_file(Path(file_path), _FIELDS))] if file_path else []
-        env_values = from_env(env, _FIELDS)
+        if file_path:
+            layers.append((str(file_path), _read_file(Path(file_path))))
+        env_values = _from_env(env)
         if env_values:
             layers.append(("environment", env_values))
         for key, value in (overrides or {}).items():
             if value is not None:
                 layers.append((f"--{key.replace('_', '-')}", {key: value}))
-        for source, layer in layers:
-            workers = {name: dict(s) for name, s in values.get("workers", {}).items()}
+        values: dict[str, Any] = {"workers": {}}
+        for _, layer in layers:
+            workers = {name: dict(s) for name, s in values["workers"].items()}
             for name, settings in (layer.pop("workers", None) or {}).items():
                 workers.setdefault(name, {}).update(settings)
             values.update(layer, workers=workers)
-            sources.append(source)
-        values["source"] = " + ".join(dict.fromkeys(sources)) or "defaults"
-        return cls(**coerce(values, values["source"], _TYPES))
+        values["source"] = " + ".join(dict.fromkeys(s for s, _ in layers)) or "defaults"
+        return cls(**_coerce(values, values["source"]))
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with some values replaced (None values are ignored)."""
@@ -244,3 +245,137 @@ def check_timeouts(owner: str, connect: float, read: float) -> None:
         problem = timeout_problem(value)
         if problem:
             raise ValueError(f"{owner} {name}: {problem}")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """The settings of the YAML file at ``path``; unknown keys are refused."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key {', '.join(map(str, unknown))}; known keys: "
+            f"{', '.join(sorted(_FIELDS))}"
+        )
+    workers = data.get("workers") or {}
+    if not isinstance(workers, Mapping) or not all(
+        isinstance(v, Mapping) for v in workers.values()
+    ):
+        raise ConfigError(
+            f"{path}: workers: expected a mapping of worker name to a mapping of settings"
+        )
+    return data
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of the file names one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a mapping that names a key twice (YAML says keys
+    are unique; PyYAML would silently keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: PyYAML reports it below
+                continue
+            if first != line:
+                raise _DuplicateKey(
+                    f"duplicate key {key!r} on line {line} (first on line {first}); "
+                    "keep one of them"
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``SHARDQ_*`` settings of ``env`` (setting names in upper case), with
+    ``SHARDQ_WORKERS__<Worker>__<key>`` gathered under ``workers``; others are refused."""
+    values: dict[str, Any] = {}
+    for name, raw in env.items():
+        key = name[len(ENV_PREFIX) :]
+        if not name.startswith(ENV_PREFIX) or key == "CONFIG":
+            continue
+        head, sep, rest = key.partition("__")
+        if head.upper() == "WORKERS" and sep:
+            if head != "WORKERS":
+                _unknown_env(name, f"{ENV_PREFIX}WORKERS__{rest}")
+            parts = rest.split("__")
+            if len(parts) != 2 or not all(parts):
+                raise ConfigError(f"environment: {name}: expected SHARDQ_WORKERS__<Worker>__<key>")
+            worker = values.setdefault("workers", {}).setdefault(parts[0], {})
+            worker[parts[1].lower()] = _env_scalar(raw)
+        elif key.lower() in _FIELDS and key.lower() != "workers":
+            if key != key.upper():
+                _unknown_env(name, ENV_PREFIX + key.upper())
+            values[key.lower()] = raw
+        else:
+            _unknown_env(name, ENV_PREFIX + "CONFIG" if key.upper() == "CONFIG" else None)
+    return values
+
+
+def _unknown_env(name: str, hint: str | None) -> NoReturn:
+    """Refuse ``name``; ``hint``: the variable it was probably meant to be."""
+    if hint is not None:
+        raise ConfigError(
+            f"environment: {name} is not a shardq setting; did you mean {hint}? "
+            "(shardq variables are upper case but for worker names and their settings)"
+        )
+    raise ConfigError(
+        f"environment: {name} is not a shardq setting; known: "
+        + ", ".join(ENV_PREFIX + k.upper() for k in sorted(_FIELDS) if k != "workers")
+    )
+
+
+def _env_scalar(raw: str) -> Any:
+    """Environment values are strings; read numbers and null as YAML would."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if isinstance(value, (int, float)) or value is None else raw
+
+
+def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` with text read as the numbers their settings are (by each setting's
+    annotation); a value of the wrong type is refused, naming ``source``."""
+    out = dict(values)
+    for key, value in values.items():
+        kind = _TYPES.get(key)
+        expected = None
+        if kind in ("int", "float", "int | None") and isinstance(value, str):
+            try:
+                out[key] = float(value) if kind == "float" else int(value)
+            except ValueError:
+                expected = "a number" if kind == "float" else "an integer"
+        elif kind == "int | None":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                expected = "an integer or null"
+        elif kind in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                expected = "a number"
+            elif kind == "float":
+                out[key] = float(value)
+        elif kind == "str" and not isinstance(value, str):
+            expected = "a string"
+        elif kind == "str | None" and value is not None and not isinstance(value, str):
+            expected = "a string or null"
+        if expected:
+            raise ConfigError(f"{source}: {key}: expected {expected}, got {value!r}")
+    return out

@@ -110,7 +110,7 @@ def _guarded(
         try:
             result: T = getattr(middleware, hook)(call, ctx)
         except BaseException as exc:
-            if call.error is not None and exc is call.error:
+            if exc is call.error:
                 raise  # the job's (or publish's) own failure, passing through
             log.exception(
                 "middleware.failed",
@@ -122,15 +122,13 @@ def _guarded(
                 if call.called
                 else "before the call; ran without it",
             )
+            result = call.result
+        else:
             if not call.called:
-                return inner()  # run it without this middleware
-            if call.error is not None:
-                raise call.error from None
-            return call.result  # type: ignore[no-any-return]
+                detail = "it did not call call(); running the job anyway"
+                log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
         if not call.called:
-            detail = "it did not call call(); running the job anyway"
-            log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
-            return inner()
+            return inner()  # run it without this middleware
         if call.error is not None:  # swallowed by the middleware: still a failure
             raise call.error
         return result if hook != "around_perform" else call.result  # type: ignore[no-any-return]

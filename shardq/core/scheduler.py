@@ -1,7 +1,4 @@
-"""Which shard a thread serves next, a pure strategy over a snapshot: a lottery across
-the priority levels that have work, then the laggiest shard of the winning level
-(docs/design/core.md).
-"""
+"""Which shard a thread serves next: a pure strategy over a snapshot (docs/design/core.md)."""
 
 from __future__ import annotations
 

@@ -69,8 +69,6 @@ class Publisher:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
         cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
         ctx = PublishContext(cls.__name__, [_as_job(i, item) for i, item in enumerate(items)])
-        if not self._app.middleware:
-            return self._publish(cls, ctx.jobs)
         return run_around(
             self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
         )
