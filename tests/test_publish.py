@@ -30,6 +30,7 @@ from shardq.core.errors import (
     QueueNotFoundError,
     UnknownWorkerError,
 )
+from shardq.core.layout import WorkerLayout, announce, switch
 from shardq.core.limits import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from shardq.core.topology import shard_for
 
@@ -676,3 +677,42 @@ def test_the_publisher_accepts_a_registered_worker_name(app: shardq.App) -> None
     report = app.publisher.publish_many("SyncOrder", [("e1", 1)])
     assert report.sent == 1
     assert [j.worker for j in drain(app, queue_of(app, worker, "e1"))] == ["SyncOrder"]
+
+
+def test_jobs_whose_queue_was_retired_meanwhile_go_to_the_new_layout_naming_the_callers_items(
+    inner_broker: Broker,
+) -> None:
+    # given a worker recorded with 2 shards whose layout copy is in hand, then resharded to
+    # 3 shards behind this publisher's back, switched, and one old queue deleted
+    broker = RefusingBroker(inner_broker, poison={"n": "bad"})
+    app = make_app(broker)
+    worker = define(app, shards=2)
+    entities = [f"e{i}" for i in range(8)]
+    for entity in entities:
+        worker.publish(entity, {"n": "first"})
+    drain_all(app, worker)
+
+    def reshard(layout: WorkerLayout) -> WorkerLayout:
+        return switch(announce(layout, "SyncOrder", 3, 60.0), layout.gen + 1)
+
+    app.store.put("layout/SyncOrder", reshard(app.layouts.cached("SyncOrder")).to_value(),
+                  version=1)  # fmt: skip
+    retired = shard_for(entities[5], 2)
+    assert [shard_for(e, 2) for e in entities[:5]].count(retired) < 5  # item 5 is not 5th there
+    inner_broker.delete_queue(app.shard_queue(worker, retired, 0))
+    # when a batch is published whose item 5 (of the deleted queue) the broker refuses
+    items: list[tuple[str, dict[str, Any]]] = [(e, {"n": i}) for i, e in enumerate(entities)]
+    items[5] = (entities[5], {"n": "bad"})
+    with pytest.raises(PublishError) as caught:
+        app.publisher.publish_many(worker, items)
+    # then the error names the caller's item 5 of all 8, and counts the 7 published
+    error = caught.value
+    assert [(i, entity) for i, entity, _ in error.failed] == [(5, entities[5])]
+    assert error.sent == 7
+    assert "1 of 8 SyncOrder jobs were not published (first: item 5," in str(error)
+    # and the 7 are in the old layout's queue left and the new layout's queues
+    published = drain(app, app.shard_queue(worker, 1 - retired, 0))
+    for shard in range(3):
+        with contextlib.suppress(QueueNotFoundError):  # no entity of this shard
+            published += drain(app, app.shard_queue(worker, shard, 1))
+    assert sorted(e.payload["n"] for e in published) == [0, 1, 2, 3, 4, 6, 7]

@@ -81,31 +81,20 @@ class Publisher:
         self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key)
 
     def _publish(self, cls: type[WorkerLike], jobs: list[Job]) -> PublishReport:
-        app = self._app
-        layout = app.layouts.get(cls.__name__)  # at most layout_refresh_seconds old
-        key = app.signing_key
-        by_queue: dict[str, list[_Prepared]] = {}
-        for index, job in enumerate(jobs):
-            where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
-            prepared = self._prepare(index, where, job, cls.__name__, layout, key)
-            by_queue.setdefault(prepared.queue, []).append(prepared)
+        name = cls.__name__
+        layout = self._app.layouts.get(name)  # at most layout_refresh_seconds old
         count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
-        missing: list[str] = []
-        for queue, queued in by_queue.items():
-            try:
-                self._send_queue(queue, queued, report)
-            except QueueNotFoundError:
-                missing.append(queue)
-        if missing:  # a retired queue deleted after a reshard: publish with a fresh layout
-            indexes = sorted(p.index for q in missing for p in by_queue[q])
-            if publish_to(app.layouts.read(cls.__name__))[0] == publish_to(layout)[0]:
+        missing = self._send(name, jobs, range(count), layout, report)
+        while missing:  # a retired queue deleted after a reshard: publish with a fresh layout
+            indexes = sorted(i for queued in missing.values() for i in queued)
+            fresh = self._app.layouts.read(name)
+            if publish_to(fresh)[0] == publish_to(layout)[0]:
                 reason = f"its queue does not exist ({', '.join(missing)})"
                 report.failed += [(i, jobs[i].entity_id, reason) for i in indexes]
-            else:
-                again = self._publish(cls, [jobs[i] for i in indexes])
-                for i, message_id in zip(indexes, again.message_ids, strict=True):
-                    report.message_ids[i] = message_id
+                break
+            layout = fresh
+            missing = self._send(name, jobs, indexes, layout, report)
         if report.failed:
             first = report.failed[0]
             raise PublishError(
@@ -117,6 +106,30 @@ class Publisher:
                 gaps=report.gaps,
             )
         return report
+
+    def _send(
+        self,
+        worker: str,
+        jobs: list[Job],
+        indexes: Iterable[int],
+        layout: WorkerLayout,
+        report: PublishReport,
+    ) -> dict[str, list[int]]:
+        """Send the jobs at ``indexes`` by ``layout`` into ``report`` (all checked before
+        any is sent); returns the indexes of those whose queue does not exist, by queue."""
+        key = self._app.signing_key
+        by_queue: dict[str, list[_Prepared]] = {}
+        for index in indexes:
+            where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
+            prepared = self._prepare(index, where, jobs[index], worker, layout, key)
+            by_queue.setdefault(prepared.queue, []).append(prepared)
+        missing: dict[str, list[int]] = {}
+        for queue, queued in by_queue.items():
+            try:
+                self._send_queue(queue, queued, report)
+            except QueueNotFoundError:
+                missing[queue] = [p.index for p in queued]
+        return missing
 
     def _prepare(
         self,
