@@ -33,7 +33,7 @@ from shardq.broker.base import (
 )
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
-from shardq.broker.sqlite_wait import OtherProcesses, Waiter, Waiters
+from shardq.broker.sqlite_wait import Waiter, Waiters
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
@@ -67,11 +67,10 @@ class SqliteBroker(Broker):
         self.path = path
         self.reopen_groups = reopen_groups
         self.stale_visibility = stale_visibility
-        self._poll_interval = poll_interval
         self._file = BrokerFile(path, allow_other_tables=allow_other_tables)
         self._dedup = DedupIds()
-        self._waiters = Waiters()
-        self._watcher: OtherProcesses | None = None
+        in_memory = path == ":memory:"
+        self._waiters = Waiters(None if in_memory else self._file.data_version, poll_interval)
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -154,8 +153,8 @@ class SqliteBroker(Broker):
                     new.append((entry, ids[entry.dedup_id]))
             if new:
                 fifo.store(db, queue, new, time.time())
-            version = self._bump(db, queue) if valid else None
-        self._waiters.wrote(queue, version)
+        if new:
+            self._waiters.notify(queue)
         return result
 
     def receive(
@@ -184,9 +183,9 @@ class SqliteBroker(Broker):
         result = BatchResult()
         with self._file.write(f"deleting from queue {queue}") as db:
             self._settings(db, queue)
-            deleted, unblocked = fifo.delete(db, queue, receipts, time.time(), result)
-            version = self._bump(db, queue, deleted, wake=unblocked) if deleted else None
-        self._waiters.wrote(queue, version if unblocked else None)
+            unblocked = fifo.delete(db, queue, receipts, time.time(), result)
+        if unblocked:
+            self._waiters.notify(queue)
         return result
 
     def change_visibility_batch(
@@ -199,25 +198,11 @@ class SqliteBroker(Broker):
             earlier = fifo.change_visibility(
                 db, queue, changes, time.time(), result, reopen_groups=self.reopen_groups
             )
-            version = self._bump(db, queue) if earlier else None
-        self._waiters.wrote(queue, version)
+        if earlier:
+            self._waiters.notify(queue)
         return result
 
     # -- waiting ------------------------------------------------------------
-    def _bump(
-        self, db: sqlite3.Connection, queue: str, deleted: int = 0, *, wake: bool = True
-    ) -> int:
-        """Count deletes; if ``wake``, record a change of ``queue`` for waiters here and in
-        other processes (woken after the commit). The queue's version."""
-        row = db.execute(
-            "UPDATE queues SET version = version + ?, deleted = deleted + ? WHERE name = ?"
-            " RETURNING version",
-            (int(wake), deleted, queue),
-        ).fetchone()
-        if row is None:  # deleted by another process since this call looked it up
-            raise QueueNotFoundError(f"queue {queue} was deleted from {self.path}")
-        return int(row[0])
-
     def _wait(
         self, queues: list[str], seconds: float, look: Callable[[Waiter], tuple[_T, float | None]]
     ) -> _T:
@@ -226,7 +211,7 @@ class SqliteBroker(Broker):
         deadline = time.monotonic() + max(0.0, seconds)
         waiter = self._waiters.add(queues)  # before the first look: no write is missed
         try:
-            self._start_watcher()
+            self._waiters.watch_others()
             while True:
                 waiter.event.clear()
                 found, next_at = look(waiter)
@@ -246,8 +231,7 @@ class SqliteBroker(Broker):
             if waiter.woken:
                 return [], None
             ready, next_at = self._ready(names)
-            found = ready | self._waiters.take_changed(waiter)
-            return ([] if waiter.woken else [q for q in names if q in found]), next_at
+            return [q for q in names if q in ready], next_at
 
         return self._wait(names, timeout, look)
 
@@ -265,17 +249,6 @@ class SqliteBroker(Broker):
 
     def wake_waiters(self) -> None:
         self._waiters.wake_all()
-
-    def _start_watcher(self) -> None:
-        if self.path == ":memory:" or self._file.closed:
-            return
-        with self._file.lock:
-            if self._watcher is None or not self._watcher.is_alive():
-                try:
-                    self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
-                except sqlite3.Error as exc:
-                    raise error(self.path, exc, "watching it for other processes") from exc
-                self._watcher.start()
 
     # -- housekeeping -------------------------------------------------------
     def maintain(self) -> None:

@@ -171,9 +171,9 @@ def _in_flight(
 
 def delete(
     db: sqlite3.Connection, queue: str, receipts: Sequence[str], now: float, result: BatchResult
-) -> tuple[int, bool]:
+) -> bool:
     """Delete the messages of ``receipts`` still in flight under them (the others fail in
-    ``result``); how many, and whether one of their groups is receivable now."""
+    ``result``) and count them; whether one of their groups is receivable now."""
     groups: dict[str, None] = {}
     for receipt in receipts:
         # one row per statement: SQLite deletes a list of rowids far slower
@@ -182,7 +182,12 @@ def delete(
             groups[found[1][0]] = None
         else:
             result.failed[receipt] = _STALE
-    return len(receipts) - len(result.failed), _refresh(db, queue, groups, now)
+    if groups:
+        db.execute(
+            "UPDATE queues SET deleted = deleted + ? WHERE name = ?",
+            (len(receipts) - len(result.failed), queue),
+        )
+    return _refresh(db, queue, groups, now)
 
 
 def change_visibility(

@@ -119,6 +119,11 @@ class BrokerFile:
             except sqlite3.Error as exc:
                 raise error(self.path, exc, doing) from exc
 
+    def data_version(self) -> int:
+        """A number that only other connections' commits to the file change."""
+        with self.read("watching it for other processes") as db:
+            return int(db.execute("PRAGMA data_version").fetchone()[0])
+
     def _open(self) -> sqlite3.Connection:
         if self.closed:
             raise BrokerError(f"the embedded broker on {self.path} is closed; make a new one")
