@@ -256,7 +256,7 @@ class SqliteBroker(Broker):
         short transactions so other calls are not held up for long."""
         while True:
             with self._file.write("dropping expired deduplication ids") as db:
-                if not self._dedup.purge(db, limit=1):
+                if not self._dedup.drop_expired(db):
                     break
         if self.path == ":memory:":
             return
