@@ -1,14 +1,6 @@
-"""The embedded broker: SQS FIFO semantics on a local SQLite file.
-
-Durable across ``kill -9`` (WAL; every call is one transaction, so a call that fails
-stored nothing), shared by node processes on one machine (``BEGIN IMMEDIATE`` and a busy
-timeout), every SQLite error a :class:`~shardq.core.errors.BrokerError` naming the file
-and what to do. A waiting receive or :meth:`SqliteBroker.watch` wakes at once for writes
-of its queues from this process, within ``poll_interval`` for other processes', and when
-a blocked group's visibility ends. :meth:`SqliteBroker.maintain` drops expired
-deduplication ids, gives freed pages back and truncates the WAL. :class:`MemoryBroker` is
-the same engine in memory, for unit tests.
-"""
+"""The embedded broker: SQS FIFO semantics on a local SQLite file, durable across
+``kill -9`` and shared by node processes on one machine (docs/design/broker.md);
+:class:`MemoryBroker` is the same engine in memory, for unit tests."""
 
 from __future__ import annotations
 
@@ -45,13 +37,9 @@ _T = TypeVar("_T")
 
 
 class SqliteBroker(Broker):
-    """The embedded broker on the SQLite file ``path`` (created if missing).
-
-    ``allow_other_tables`` lets it share a file holding other applications' tables
-    (refused by default: a mistyped ``broker_url`` cannot add shardq's tables to an
-    application database). ``reopen_groups`` and ``stale_visibility`` are test-only
-    (see :mod:`shardq.broker.sqlite_fifo`).
-    """
+    """The embedded broker on the SQLite file ``path`` (created if missing); every call is
+    one transaction. ``allow_other_tables`` lets it share a file with other applications'
+    tables; ``reopen_groups`` and ``stale_visibility`` are test-only."""
 
     kind = "sqlite"
 
