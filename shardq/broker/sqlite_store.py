@@ -1,12 +1,6 @@
-"""The embedded broker's file: schema, opening checks, the connection and its
-transactions, error messages, housekeeping.
-
-Tables: ``queues`` (a ``version`` bumped by writes that may make a message receivable,
-watched by other processes), ``messages`` (``seq`` is the send order), ``groups`` (one
-row per message group with messages, see :mod:`shardq.broker.sqlite_fifo`),
-``shardq_dedup_<minute>`` (see :mod:`shardq.broker.sqlite_dedup`) and ``shardq_state``
-(the state store, :mod:`shardq.store.sqlite`).
-"""
+"""The embedded broker's file: schema (``groups``: docs/design/broker.md; dedup tables:
+:mod:`shardq.broker.sqlite_dedup`; ``shardq_state``: :mod:`shardq.store.sqlite`), opening
+checks, the connection and its transactions, error messages, housekeeping."""
 
 from __future__ import annotations
 
@@ -19,7 +13,8 @@ from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.core.errors import BrokerError
 
 #: shardq's tables and the columns each must have (a same-named table of another
-#: application is refused). ``dedup`` is only in files of earlier versions.
+#: application is refused). ``dedup`` is only in files of earlier versions, and only
+#: they write ``queues.version``.
 SHARDQ_TABLES = {
     "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
@@ -52,8 +47,7 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_group_seq ON messages (queue, group_id, seq);
 """
 
-# Keyed by head (a receive walks a queue's groups in head order); filled from the
-# messages of a file made before group heads existed.
+# Filled from the messages of a file made before group heads existed.
 _GROUPS = """
 CREATE TABLE groups (
     queue TEXT NOT NULL,
@@ -137,14 +131,14 @@ class BrokerFile:
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """A connection to the file ``path`` that threads share under a lock of their own:
-    explicit transactions, and up to 30 s of waiting for another process's lock."""
+    """A connection to ``path`` for threads that share it under a lock of their own:
+    explicit transactions, up to 30 s of waiting for another process's lock."""
     return sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
 
 
 def use_wal(db: sqlite3.Connection, path: str) -> None:
-    """Readers never wait for a writer, a commit does not wait for the disk, and a
-    checkpoint cuts the WAL back to :data:`WAL_SIZE_LIMIT` (no-op in memory)."""
+    """Readers never wait for a writer, a commit not for the disk; a checkpoint cuts the
+    WAL back to :data:`WAL_SIZE_LIMIT` (no-op in memory)."""
     if path != ":memory:":
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")

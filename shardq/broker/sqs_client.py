@@ -1,8 +1,5 @@
-"""The boto3 clients of :class:`shardq.broker.sqs.SqsBroker` and of the DynamoDB state
-store: bounded timeouts (config ``connect_timeout`` and ``read_timeout``) and retries, so
-an endpoint that never answers fails a call in seconds, not minutes (long polls get a
-client of their own whose read timeout covers the longest poll).
-"""
+"""The boto3 clients of the SQS broker and the DynamoDB state store: bounded timeouts and
+retries, so an endpoint that never answers fails a call in seconds, not minutes."""
 
 from __future__ import annotations
 
@@ -38,10 +35,9 @@ def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIME
 
 
 class Unanswered:
-    """An endpoint that let a whole call time out, remembered for ``hold`` seconds: later
-    calls to it fail at once with that error, so a one-shot command fails within one
-    call's bound (``bound``: that of the clients' timeouts). ``hold`` is 0 (off) unless
-    such a command turns it on."""
+    """An endpoint that let a whole call time out, remembered for ``hold`` seconds (0: off,
+    unless a one-shot command turns it on): later calls to it fail at once with that
+    error, so the command fails within one call's ``bound``."""
 
     def __init__(self, clock: Clock = monotonic, bound: float | None = None) -> None:
         self.hold = 0.0
