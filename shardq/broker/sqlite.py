@@ -25,7 +25,7 @@ from shardq.broker.base import (
 )
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
-from shardq.broker.sqlite_wait import Waiter, Waiters
+from shardq.broker.sqlite_wait import Waiters
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
@@ -164,7 +164,7 @@ class SqliteBroker(Broker):
 
         if wait_seconds <= 0:
             return take()[0]
-        return self._wait([queue], wait_seconds, lambda _: take())
+        return self._wait([queue], wait_seconds, take)
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
         check_batch(receipts, list(receipts))
@@ -192,48 +192,41 @@ class SqliteBroker(Broker):
 
     # -- waiting ------------------------------------------------------------
     def _wait(
-        self, queues: list[str], seconds: float, look: Callable[[Waiter], tuple[_T, float | None]]
-    ) -> _T:
-        """Call ``look`` until it finds something, ``seconds`` passed or waiters are woken;
-        it returns what it found (falsy: nothing) and when something may be receivable."""
+        self, queues: list[str], seconds: float, look: Callable[[], tuple[list[_T], float | None]]
+    ) -> list[_T]:
+        """Call ``look`` until it finds something (it returns what, and when something may be
+        receivable), ``seconds`` passed or waiters are woken (then: nothing)."""
         deadline = time.monotonic() + max(0.0, seconds)
         waiter = self._waiters.add(queues)  # before the first look: no write is missed
         try:
             self._waiters.watch_others()
-            while True:
+            while not waiter.woken:
                 waiter.event.clear()
-                found, next_at = look(waiter)
+                found, next_at = look()
                 remaining = deadline - time.monotonic()
-                if found or remaining <= 0 or waiter.woken:
+                if found or remaining <= 0:
                     return found
                 if next_at is not None:
                     remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
                 waiter.event.wait(remaining)
+            return []
         finally:
             self._waiters.remove(waiter)
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
         names = list(dict.fromkeys(queues))
+        return self._wait(names, timeout, lambda: self._ready(names))
 
-        def look(waiter: Waiter) -> tuple[list[str], float | None]:
-            if waiter.woken:
-                return [], None
-            ready, next_at = self._ready(names)
-            return [q for q in names if q in ready], next_at
-
-        return self._wait(names, timeout, look)
-
-    def _ready(self, queues: list[str]) -> tuple[set[str], float | None]:
+    def _ready(self, queues: list[str]) -> tuple[list[str], float | None]:
         """Queues where a receive could return a message now; else when one could."""
-        ready: set[str] = set()
-        next_at: float | None = None
+        ready: list[str] = []
+        next_at: list[float] = []
         for start in range(0, len(queues), _WATCH_CHUNK):
             with self._file.read("watching queues") as db:
                 found, at = fifo.ready(db, json.dumps(queues[start:][:_WATCH_CHUNK]), time.time())
-            ready.update(found)
-            if at is not None and (next_at is None or at < next_at):
-                next_at = at
-        return ready, None if ready else next_at
+            ready += found
+            next_at += [] if at is None else [at]
+        return ready, None if ready or not next_at else min(next_at)
 
     def wake_waiters(self) -> None:
         self._waiters.wake_all()
