@@ -197,9 +197,8 @@ class SqliteBroker(Broker):
         """Call ``look`` until it finds something (it returns what, and when something may be
         receivable), ``seconds`` passed or waiters are woken (then: nothing)."""
         deadline = time.monotonic() + max(0.0, seconds)
-        waiter = self._waiters.add(queues)  # before the first look: no write is missed
+        waiter = self._waiters.add(queues)
         try:
-            self._waiters.watch_others()
             while not waiter.woken:
                 waiter.event.clear()
                 found, next_at = look()

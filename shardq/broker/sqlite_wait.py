@@ -36,34 +36,28 @@ class Waiters:
         self._closed = threading.Event()
         self._data_version, self._poll_interval = data_version, poll_interval
         self._thread: threading.Thread | None = None
-        self._starting = threading.Lock()
 
     def add(self, queues: Sequence[str]) -> Waiter:
-        waiter = Waiter(queues)
+        """Register a waiting call (before its first look, so no write is missed), and
+        start the watching thread unless it runs, from the file's version now."""
         with self._mutex:
+            running = self._thread is not None and self._thread.is_alive()
+            if self._data_version is not None and not running and not self._closed.is_set():
+                self._thread = threading.Thread(
+                    target=self._watch,
+                    args=(self._data_version, self._data_version()),
+                    name="shardq-sqlite-watch",
+                    daemon=True,
+                )
+                self._thread.start()
+            waiter = Waiter(queues)
             if self._closed.is_set():
                 waiter.woken = True
-                waiter.event.set()
             for queue in waiter.queues:
                 self._by_queue.setdefault(queue, set()).add(waiter)
             self._all.add(waiter)
             self._busy.set()
         return waiter
-
-    def watch_others(self) -> None:
-        """Start the thread that notices other processes' commits unless it runs; it
-        starts from the file's version now, before the caller's first look."""
-        with self._starting:
-            running = self._thread is not None and self._thread.is_alive()
-            if self._data_version is None or running or self._closed.is_set():
-                return
-            self._thread = threading.Thread(
-                target=self._watch,
-                args=(self._data_version(),),
-                name="shardq-sqlite-watch",
-                daemon=True,
-            )
-            self._thread.start()
 
     def remove(self, waiter: Waiter) -> None:
         with self._mutex:
@@ -92,13 +86,12 @@ class Waiters:
                 waiter.event.set()
             self._busy.set()  # lets the watching thread see it is closed at once
 
-    def _watch(self, seen: int) -> None:
-        assert self._data_version is not None
+    def _watch(self, data_version: Callable[[], int], seen: int) -> None:
         try:
             while not self._closed.is_set():
                 if not self._busy.wait(1.0):
                     continue
-                current = self._data_version()
+                current = data_version()
                 if current != seen:  # another process committed: every waiter looks again
                     seen = current
                     with self._mutex:
