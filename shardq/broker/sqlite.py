@@ -107,16 +107,12 @@ class SqliteBroker(Broker):
         now = time.time()
         with self._file.read(f"counting queue {queue}") as db:
             deleted = self._settings(db, queue)[2]
-            waiting, in_flight = db.execute(
-                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0)"
-                " FROM messages WHERE queue = :q",
+            waiting, in_flight, oldest = db.execute(
+                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0),"
+                " (SELECT sent_at FROM messages WHERE seq = (SELECT MIN(head_seq) FROM groups"
+                " WHERE queue = :q)) FROM messages WHERE queue = :q",
                 {"q": queue, "now": now},
             ).fetchone()
-            oldest = db.execute(
-                "SELECT MIN(sent_at) FROM messages WHERE seq ="
-                " (SELECT MIN(head_seq) FROM groups WHERE queue = ?)",
-                (queue,),
-            ).fetchone()[0]
         return QueueCounts(int(waiting), int(in_flight), oldest, deleted)
 
     def queue_settings(self, queue: str) -> QueueSettings | None:
