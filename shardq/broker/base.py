@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 
@@ -108,9 +107,9 @@ class Broker(abc.ABC):
         """Make waiting receives return now, at shutdown (SQS cannot: a no-op)."""
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
-        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message
-        (one a receive could return now, or written since the call began); those queues,
-        [] on timeout or wake, or None if this broker cannot watch (SQS: long-poll each)."""
+        """Wait up to ``timeout`` s until any of ``queues`` has a message a receive could
+        return; those queues, [] on timeout or wake, or None if this broker cannot watch
+        (SQS: long-poll each)."""
         return None
 
     def maintain(self) -> None:  # noqa: B027 - optional for implementations
@@ -120,10 +119,11 @@ class Broker(abc.ABC):
         """Release connections; the broker is not used afterwards."""
 
 
-def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
-    """Raise if a batch is empty, too long, or repeats an id (SQS fails such calls whole)."""
-    if not 1 <= len(entries) <= MAX_BATCH_ENTRIES:
-        raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(entries)}")
+def check_batch(ids: Sequence[str]) -> None:
+    """Raise if a batch (its entries' ids) is empty, too long, or repeats an id (SQS fails
+    such calls whole)."""
+    if not 1 <= len(ids) <= MAX_BATCH_ENTRIES:
+        raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(ids)}")
     if len(set(ids)) != len(ids):
         raise BrokerError("batch entry ids must be distinct")
 
@@ -133,7 +133,7 @@ def valid_entries(
 ) -> list[SendEntry]:
     """The entries of a send batch SQS would accept; the others fail in ``result``. Raise
     for a batch SQS would refuse whole (size, count, repeated ids)."""
-    check_batch(entries, [e.id for e in entries])
+    check_batch([e.id for e in entries])
     total = sum(len(e.body.encode("utf-8")) for e in entries)
     if total > MAX_BATCH_BYTES:
         raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")

@@ -163,7 +163,7 @@ class SqliteBroker(Broker):
         return self._wait([queue], wait_seconds, take)
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
-        check_batch(receipts, list(receipts))
+        check_batch(receipts)
         result = BatchResult()
         with self._file.write(f"deleting from queue {queue}") as db:
             self._settings(db, queue)
@@ -175,7 +175,7 @@ class SqliteBroker(Broker):
     def change_visibility_batch(
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
-        check_batch(changes, [r for r, _ in changes])
+        check_batch([r for r, _ in changes])
         result = BatchResult()
         with self._file.write(f"changing visibility in queue {queue}") as db:
             self._settings(db, queue)

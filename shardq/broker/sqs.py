@@ -277,7 +277,7 @@ class SqsBroker(Broker):
         ]
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
-        check_batch(receipts, list(receipts))
+        check_batch(receipts)
         response = self._call(
             f"deleting {len(receipts)} messages from {queue}",
             self.client.delete_message_batch,
@@ -290,7 +290,7 @@ class SqsBroker(Broker):
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
         receipts = [r for r, _ in changes]
-        check_batch(changes, receipts)
+        check_batch(receipts)
         response = self._call(
             f"changing visibility of {len(changes)} messages in {queue}",
             self.client.change_message_visibility_batch,
