@@ -73,10 +73,10 @@ class DedupIds:
         new = set(dedup_ids) - message_ids.keys()
         if new:
             bucket = int(now // BUCKET_SECONDS)
-            rows = [(key, math.ceil(now) - bucket * BUCKET_SECONDS) for key in keys]
+            at = math.ceil(now) - bucket * BUCKET_SECONDS  # the second of the minute, rounded up
             db.executemany(
                 f"INSERT OR REPLACE INTO {_table(db, bucket)} (key, at) VALUES (?, ?)",
-                [row for row in rows if keys[row[0]] in new],
+                [(key, at) for key, dedup_id in keys.items() if dedup_id in new],
             )
             for key in keys:
                 message_ids.setdefault(keys[key], _message_id(salt, key, bucket))
