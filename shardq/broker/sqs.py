@@ -69,8 +69,7 @@ class SqsBroker(Broker):
     Every HTTP request is counted in :attr:`requests`, per operation."""
 
     kind = "sqs"
-    # Jobs of one receive end close together: 100 ms lets their deletes share a request
-    # (see docs/design/broker.md), at the cost of a group blocked up to 100 ms longer.
+    # The deletes of one receive's jobs share a request (docs/design/broker.md).
     settle_linger = 0.1
     prefetch_wait = 1.0
 

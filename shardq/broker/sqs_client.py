@@ -15,6 +15,7 @@ import botocore.exceptions
 from shardq.core.clock import Clock, monotonic
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.core.limits import MAX_WAIT_SECONDS
+from shardq.core.version import VERSION
 
 #: What botocore raises when an attempt did not connect or was not answered in time.
 TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError)
@@ -24,6 +25,7 @@ CALL_ATTEMPTS = 2
 MAX_CONNECTIONS = 50
 #: A long poll's wait for its answer: the longest poll plus a margin.
 POLL_READ_TIMEOUT = MAX_WAIT_SECONDS + 5
+_USER_AGENT = f"shardq/{VERSION} botocore/{botocore.__version__} Python/{platform.python_version()}"
 
 
 def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIMEOUT) -> float:
@@ -84,7 +86,7 @@ def make_client(
         connect_timeout=connect,
         read_timeout=read,
         parameter_validation=False,  # shardq checks every request itself
-        user_agent=_user_agent(),  # fixed: botocore otherwise rebuilds it per request
+        user_agent=_USER_AGENT,  # fixed: botocore otherwise rebuilds it per request
     )
     return boto3.session.Session().client(
         service, region_name=region, endpoint_url=endpoint_url, config=config
@@ -114,9 +116,3 @@ def no_credentials(what: str) -> str:
         f"{what}: no AWS credentials found; configure them for boto3 (environment, "
         "~/.aws/credentials or an instance role), never in shardq.yaml"
     )
-
-
-def _user_agent() -> str:
-    from shardq.core.version import VERSION
-
-    return f"shardq/{VERSION} botocore/{botocore.__version__} Python/{platform.python_version()}"
