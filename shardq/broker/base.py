@@ -134,12 +134,11 @@ def valid_entries(
     """The entries of a send batch SQS would accept; the others fail in ``result``. Raise
     for a batch SQS would refuse whole (size, count, repeated ids)."""
     check_batch([e.id for e in entries])
-    total = sum(len(e.body.encode("utf-8")) for e in entries)
-    if total > MAX_BATCH_BYTES:
-        raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+    sizes = [len(e.body.encode("utf-8")) for e in entries]
+    if sum(sizes) > MAX_BATCH_BYTES:
+        raise BrokerError(f"batch of {sum(sizes)} bytes exceeds {MAX_BATCH_BYTES} bytes")
     valid = []
-    for entry in entries:
-        size = len(entry.body.encode("utf-8"))
+    for entry, size in zip(entries, sizes, strict=True):
         if size > max_bytes:
             result.failed[entry.id] = (
                 f"message is {size} bytes; the queue accepts at most {max_bytes}"
