@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.core.errors import BrokerError
@@ -273,27 +273,22 @@ def give_back_pages(db: sqlite3.Connection) -> bool:
 
 
 def checkpoint(path: str) -> None:
-    """Copy the WAL into the file and truncate the WAL (skipped while others hold it)."""
+    """Copy the WAL into the file and truncate the WAL (skipped while others hold it: the
+    next maintenance tries again)."""
     db = sqlite3.connect(path, timeout=0.2, isolation_level=None)
-    try:
+    with closing(db), suppress(sqlite3.OperationalError):
         db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.OperationalError:
-        pass  # busy: the next maintenance tries again
-    finally:
-        db.close()
 
 
 def compact(path: str) -> None:
     """Rewrite the broker file at ``path`` to its smallest size, by hand, with every node
     and publisher using it stopped (it locks the file while it rewrites it). It also
     switches a file of an earlier version to incremental vacuum, so maintenance shrinks it."""
-    db = connect(path)
-    try:
-        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        db.execute("VACUUM")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.Error as exc:
-        raise error(path, exc, "compacting it") from exc
-    finally:
-        db.close()
+    with closing(connect(path)) as db:
+        try:
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise error(path, exc, "compacting it") from exc
