@@ -8,6 +8,7 @@ while one is in flight; 5-minute deduplication; per-entry batch failures), check
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Sequence
 
 import structlog
@@ -164,11 +165,8 @@ def release_now(broker: Broker, messages: Sequence[Message]) -> int:
     """Make held messages visible again at once, in order, for callers without a node;
     how many. Failures are logged: those reappear after their visibility timeout."""
     released = 0
-    by_queue: dict[str, list[Message]] = {}
-    for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
-    for queue, items in by_queue.items():
-        items.sort(key=lambda m: m.sequence)
+    ordered = sorted(messages, key=lambda m: (m.queue, m.sequence))
+    for queue, items in itertools.groupby(ordered, key=lambda m: m.queue):
         for chunk in batches(items):
             try:
                 result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])
