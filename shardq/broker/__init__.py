@@ -32,7 +32,7 @@ __all__ = [
 
 URL_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db, memory:// or sqs://"
 #: The query parameters each URL scheme accepts (``test_*``: shardq's own tests only,
-#: emulating other emulators' behaviour; see :mod:`shardq.broker.sqlite_fifo`).
+#: emulating other emulators' behaviour; see docs/design/broker.md).
 URL_PARAMETERS = {
     "sqlite": ("allow_other_tables", "test_reopen_groups", "test_stale_visibility"),
     "memory": ("test_reopen_groups", "test_stale_visibility"),

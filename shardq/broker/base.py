@@ -8,8 +8,8 @@ while one is in flight; 5-minute deduplication; per-entry batch failures), check
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 
@@ -108,9 +108,9 @@ class Broker(abc.ABC):
         """Make waiting receives return now, at shutdown (SQS cannot: a no-op)."""
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
-        """Wait up to ``timeout`` s until any of ``queues`` may have a receivable message
-        (one a receive could return now, or written since the call began); those queues,
-        [] on timeout or wake, or None if this broker cannot watch (SQS: long-poll each)."""
+        """Wait up to ``timeout`` s until any of ``queues`` has a message a receive could
+        return; those queues, [] on timeout or wake, or None if this broker cannot watch
+        (SQS: long-poll each)."""
         return None
 
     def maintain(self) -> None:  # noqa: B027 - optional for implementations
@@ -120,10 +120,11 @@ class Broker(abc.ABC):
         """Release connections; the broker is not used afterwards."""
 
 
-def check_batch(entries: Sequence[Any], ids: list[str]) -> None:
-    """Raise if a batch is empty, too long, or repeats an id (SQS fails such calls whole)."""
-    if not 1 <= len(entries) <= MAX_BATCH_ENTRIES:
-        raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(entries)}")
+def check_batch(ids: Sequence[str]) -> None:
+    """Raise if a batch (its entries' ids) is empty, too long, or repeats an id (SQS fails
+    such calls whole)."""
+    if not 1 <= len(ids) <= MAX_BATCH_ENTRIES:
+        raise BrokerError(f"a batch takes 1 to {MAX_BATCH_ENTRIES} entries, got {len(ids)}")
     if len(set(ids)) != len(ids):
         raise BrokerError("batch entry ids must be distinct")
 
@@ -133,13 +134,12 @@ def valid_entries(
 ) -> list[SendEntry]:
     """The entries of a send batch SQS would accept; the others fail in ``result``. Raise
     for a batch SQS would refuse whole (size, count, repeated ids)."""
-    check_batch(entries, [e.id for e in entries])
-    total = sum(len(e.body.encode("utf-8")) for e in entries)
-    if total > MAX_BATCH_BYTES:
-        raise BrokerError(f"batch of {total} bytes exceeds {MAX_BATCH_BYTES} bytes")
+    check_batch([e.id for e in entries])
+    sizes = [len(e.body.encode("utf-8")) for e in entries]
+    if sum(sizes) > MAX_BATCH_BYTES:
+        raise BrokerError(f"batch of {sum(sizes)} bytes exceeds {MAX_BATCH_BYTES} bytes")
     valid = []
-    for entry in entries:
-        size = len(entry.body.encode("utf-8"))
+    for entry, size in zip(entries, sizes, strict=True):
         if size > max_bytes:
             result.failed[entry.id] = (
                 f"message is {size} bytes; the queue accepts at most {max_bytes}"
@@ -165,11 +165,8 @@ def release_now(broker: Broker, messages: Sequence[Message]) -> int:
     """Make held messages visible again at once, in order, for callers without a node;
     how many. Failures are logged: those reappear after their visibility timeout."""
     released = 0
-    by_queue: dict[str, list[Message]] = {}
-    for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
-    for queue, items in by_queue.items():
-        items.sort(key=lambda m: m.sequence)
+    ordered = sorted(messages, key=lambda m: (m.queue, m.sequence))
+    for queue, items in itertools.groupby(ordered, key=lambda m: m.queue):
         for chunk in batches(items):
             try:
                 result = broker.change_visibility_batch(queue, [(m.receipt, 0) for m in chunk])

@@ -1,14 +1,6 @@
-"""The embedded broker: SQS FIFO semantics on a local SQLite file.
-
-Durable across ``kill -9`` (WAL; every call is one transaction, so a call that fails
-stored nothing), shared by node processes on one machine (``BEGIN IMMEDIATE`` and a busy
-timeout), every SQLite error a :class:`~shardq.core.errors.BrokerError` naming the file
-and what to do. A waiting receive or :meth:`SqliteBroker.watch` wakes at once for writes
-of its queues from this process, within ``poll_interval`` for other processes', and when
-a blocked group's visibility ends. :meth:`SqliteBroker.maintain` drops expired
-deduplication ids, gives freed pages back and truncates the WAL. :class:`MemoryBroker` is
-the same engine in memory, for unit tests.
-"""
+"""The embedded broker: SQS FIFO semantics on a local SQLite file, durable across
+``kill -9`` and shared by node processes on one machine (docs/design/broker.md);
+:class:`MemoryBroker` is the same engine in memory, for unit tests."""
 
 from __future__ import annotations
 
@@ -33,7 +25,7 @@ from shardq.broker.base import (
 )
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
-from shardq.broker.sqlite_wait import OtherProcesses, Waiter, Waiters
+from shardq.broker.sqlite_wait import Waiters
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
@@ -45,13 +37,9 @@ _T = TypeVar("_T")
 
 
 class SqliteBroker(Broker):
-    """The embedded broker on the SQLite file ``path`` (created if missing).
-
-    ``allow_other_tables`` lets it share a file holding other applications' tables
-    (refused by default: a mistyped ``broker_url`` cannot add shardq's tables to an
-    application database). ``reopen_groups`` and ``stale_visibility`` are test-only
-    (see :mod:`shardq.broker.sqlite_fifo`).
-    """
+    """The embedded broker on the SQLite file ``path`` (created if missing); every call is
+    one transaction. ``allow_other_tables`` lets it share a file with other applications'
+    tables; ``reopen_groups`` and ``stale_visibility`` are test-only."""
 
     kind = "sqlite"
 
@@ -67,11 +55,10 @@ class SqliteBroker(Broker):
         self.path = path
         self.reopen_groups = reopen_groups
         self.stale_visibility = stale_visibility
-        self._poll_interval = poll_interval
         self._file = BrokerFile(path, allow_other_tables=allow_other_tables)
         self._dedup = DedupIds()
-        self._waiters = Waiters()
-        self._watcher: OtherProcesses | None = None
+        in_memory = path == ":memory:"
+        self._waiters = Waiters(None if in_memory else self._file.data_version, poll_interval)
 
     # -- queues -------------------------------------------------------------
     def ensure_queue(
@@ -120,16 +107,12 @@ class SqliteBroker(Broker):
         now = time.time()
         with self._file.read(f"counting queue {queue}") as db:
             deleted = self._settings(db, queue)[2]
-            waiting, in_flight = db.execute(
-                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0)"
-                " FROM messages WHERE queue = :q",
+            waiting, in_flight, oldest = db.execute(
+                "SELECT COALESCE(SUM(visible_at <= :now), 0), COALESCE(SUM(visible_at > :now), 0),"
+                " (SELECT sent_at FROM messages WHERE seq = (SELECT MIN(head_seq) FROM groups"
+                " WHERE queue = :q)) FROM messages WHERE queue = :q",
                 {"q": queue, "now": now},
             ).fetchone()
-            oldest = db.execute(
-                "SELECT MIN(sent_at) FROM messages WHERE seq ="
-                " (SELECT MIN(head_seq) FROM groups WHERE queue = ?)",
-                (queue,),
-            ).fetchone()[0]
         return QueueCounts(int(waiting), int(in_flight), oldest, deleted)
 
     def queue_settings(self, queue: str) -> QueueSettings | None:
@@ -154,8 +137,8 @@ class SqliteBroker(Broker):
                     new.append((entry, ids[entry.dedup_id]))
             if new:
                 fifo.store(db, queue, new, time.time())
-            version = self._bump(db, queue) if valid else None
-        self._waiters.wrote(queue, version)
+        if new:
+            self._waiters.notify(queue)
         return result
 
     def receive(
@@ -177,105 +160,71 @@ class SqliteBroker(Broker):
 
         if wait_seconds <= 0:
             return take()[0]
-        return self._wait([queue], wait_seconds, lambda _: take())
+        return self._wait([queue], wait_seconds, take)
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
-        check_batch(receipts, list(receipts))
+        check_batch(receipts)
         result = BatchResult()
         with self._file.write(f"deleting from queue {queue}") as db:
             self._settings(db, queue)
-            deleted, unblocked = fifo.delete(db, queue, receipts, time.time(), result)
-            version = self._bump(db, queue, deleted, wake=unblocked) if deleted else None
-        self._waiters.wrote(queue, version if unblocked else None)
+            unblocked = fifo.delete(db, queue, receipts, time.time(), result)
+        if unblocked:
+            self._waiters.notify(queue)
         return result
 
     def change_visibility_batch(
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
-        check_batch(changes, [r for r, _ in changes])
+        check_batch([r for r, _ in changes])
         result = BatchResult()
         with self._file.write(f"changing visibility in queue {queue}") as db:
             self._settings(db, queue)
             earlier = fifo.change_visibility(
                 db, queue, changes, time.time(), result, reopen_groups=self.reopen_groups
             )
-            version = self._bump(db, queue) if earlier else None
-        self._waiters.wrote(queue, version)
+        if earlier:
+            self._waiters.notify(queue)
         return result
 
     # -- waiting ------------------------------------------------------------
-    def _bump(
-        self, db: sqlite3.Connection, queue: str, deleted: int = 0, *, wake: bool = True
-    ) -> int:
-        """Count deletes; if ``wake``, record a change of ``queue`` for waiters here and in
-        other processes (woken after the commit). The queue's version."""
-        row = db.execute(
-            "UPDATE queues SET version = version + ?, deleted = deleted + ? WHERE name = ?"
-            " RETURNING version",
-            (int(wake), deleted, queue),
-        ).fetchone()
-        if row is None:  # deleted by another process since this call looked it up
-            raise QueueNotFoundError(f"queue {queue} was deleted from {self.path}")
-        return int(row[0])
-
     def _wait(
-        self, queues: list[str], seconds: float, look: Callable[[Waiter], tuple[_T, float | None]]
-    ) -> _T:
-        """Call ``look`` until it finds something, ``seconds`` passed or waiters are woken;
-        it returns what it found (falsy: nothing) and when something may be receivable."""
+        self, queues: list[str], seconds: float, look: Callable[[], tuple[list[_T], float | None]]
+    ) -> list[_T]:
+        """Call ``look`` until it finds something (it returns what, and when something may be
+        receivable), ``seconds`` passed or waiters are woken (then: nothing)."""
         deadline = time.monotonic() + max(0.0, seconds)
-        waiter = self._waiters.add(queues)  # before the first look: no write is missed
+        waiter = self._waiters.add(queues)
         try:
-            self._start_watcher()
-            while True:
+            while not waiter.woken:
                 waiter.event.clear()
-                found, next_at = look(waiter)
+                found, next_at = look()
                 remaining = deadline - time.monotonic()
-                if found or remaining <= 0 or waiter.woken:
+                if found or remaining <= 0:
                     return found
                 if next_at is not None:
                     remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
                 waiter.event.wait(remaining)
+            return []
         finally:
             self._waiters.remove(waiter)
 
     def watch(self, queues: Sequence[str], timeout: float) -> list[str] | None:
         names = list(dict.fromkeys(queues))
+        return self._wait(names, timeout, lambda: self._ready(names))
 
-        def look(waiter: Waiter) -> tuple[list[str], float | None]:
-            if waiter.woken:
-                return [], None
-            ready, next_at = self._ready(names)
-            found = ready | self._waiters.take_changed(waiter)
-            return ([] if waiter.woken else [q for q in names if q in found]), next_at
-
-        return self._wait(names, timeout, look)
-
-    def _ready(self, queues: list[str]) -> tuple[set[str], float | None]:
+    def _ready(self, queues: list[str]) -> tuple[list[str], float | None]:
         """Queues where a receive could return a message now; else when one could."""
-        ready: set[str] = set()
-        next_at: float | None = None
+        ready: list[str] = []
+        next_at: list[float] = []
         for start in range(0, len(queues), _WATCH_CHUNK):
             with self._file.read("watching queues") as db:
                 found, at = fifo.ready(db, json.dumps(queues[start:][:_WATCH_CHUNK]), time.time())
-            ready.update(found)
-            if at is not None and (next_at is None or at < next_at):
-                next_at = at
-        return ready, None if ready else next_at
+            ready += found
+            next_at += [] if at is None else [at]
+        return ready, None if ready or not next_at else min(next_at)
 
     def wake_waiters(self) -> None:
         self._waiters.wake_all()
-
-    def _start_watcher(self) -> None:
-        if self.path == ":memory:" or self._file.closed:
-            return
-        with self._file.lock:
-            if self._watcher is None or not self._watcher.is_alive():
-                try:
-                    self._watcher = OtherProcesses(self.path, self._waiters, self._poll_interval)
-                except sqlite3.Error as exc:
-                    raise error(self.path, exc, "watching it for other processes") from exc
-                self._watcher.start()
 
     # -- housekeeping -------------------------------------------------------
     def maintain(self) -> None:
@@ -283,7 +232,7 @@ class SqliteBroker(Broker):
         short transactions so other calls are not held up for long."""
         while True:
             with self._file.write("dropping expired deduplication ids") as db:
-                if not self._dedup.purge(db, limit=1):
+                if not self._dedup.drop_expired(db):
                     break
         if self.path == ":memory:":
             return

@@ -1,11 +1,6 @@
-"""Deduplication ids on the embedded broker's file, kept their 5 minutes compactly.
-
-Each id is a row (a 16-byte hash of queue and id, the second of the minute it was sent)
-of a table ``shardq_dedup_<minute>`` for the minute of its first send; a table is dropped
-whole once all its ids left their window. A new message's id is derived from the
-queue's ``salt``, the key and the minute, so a duplicate gets it back without storing
-it. Runs inside the caller's write transaction (see docs/design/broker.md).
-"""
+"""Deduplication ids on the embedded broker's file, kept their 5 minutes compactly in
+one table per minute of first sends, dropped whole once expired; message ids derived,
+not stored (docs/design/broker.md). Runs inside the caller's write transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +8,7 @@ import hashlib
 import math
 import re
 import sqlite3
+import uuid
 from collections.abc import Sequence
 
 from shardq.core.clock import Clock, wall
@@ -43,13 +39,8 @@ def key_of(queue: str, dedup_id: str) -> bytes:
 
 def _message_id(salt: bytes, key: bytes, bucket: int) -> str:
     """A message id in the form of a random UUID (version 4, RFC 4122 variant)."""
-    raw = bytearray(
-        hashlib.blake2b(key + bucket.to_bytes(8, "big"), key=salt, digest_size=16).digest()
-    )
-    raw[6] = raw[6] & 0x0F | 0x40
-    raw[8] = raw[8] & 0x3F | 0x80
-    x = raw.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    digest = hashlib.blake2b(key + bucket.to_bytes(8, "big"), key=salt, digest_size=16)
+    return str(uuid.UUID(bytes=digest.digest(), version=4))
 
 
 class DedupIds:
@@ -63,10 +54,9 @@ class DedupIds:
         self, db: sqlite3.Connection, queue: str, dedup_ids: Sequence[str]
     ) -> tuple[dict[str, str], set[str]]:
         """Record the (distinct) ``dedup_ids`` sent to ``queue`` now: each one's message
-        id (the first message's if seen within its window) and the new ones. Drops an
-        expired bucket on the way (a process that only publishes does not grow the file)."""
+        id (the first message's if seen within its window) and the new ones."""
         now = self.clock()
-        self.purge(db, now, limit=1)
+        self.drop_expired(db, now)  # a process that only publishes does not grow the file
         live = [b for b in _buckets(db) if not _expired(b, now)]
         keys = {key_of(queue, d): d for d in dedup_ids}
         salt = bytes(
@@ -83,23 +73,22 @@ class DedupIds:
         new = set(dedup_ids) - message_ids.keys()
         if new:
             bucket = int(now // BUCKET_SECONDS)
-            rows = [(key, math.ceil(now) - bucket * BUCKET_SECONDS) for key in keys]
+            at = math.ceil(now) - bucket * BUCKET_SECONDS  # the second of the minute, rounded up
             db.executemany(
                 f"INSERT OR REPLACE INTO {_table(db, bucket)} (key, at) VALUES (?, ?)",
-                [row for row in rows if keys[row[0]] in new],
+                [(key, at) for key, dedup_id in keys.items() if dedup_id in new],
             )
             for key in keys:
                 message_ids.setdefault(keys[key], _message_id(salt, key, bucket))
         return message_ids, new
 
-    def purge(self, db: sqlite3.Connection, now: float | None = None, limit: int = 0) -> int:
-        """Drop bucket tables whose every id has left its window (``limit`` of them
-        at most, 0: all); how many were dropped."""
+    def drop_expired(self, db: sqlite3.Connection, now: float | None = None) -> bool:
+        """Drop the oldest table whose every id has left its window; False if none had."""
         now = self.clock() if now is None else now
-        expired = sorted(b for b in _buckets(db) if _expired(b, now))[: limit or None]
-        for bucket in expired:
-            db.execute(f"DROP TABLE {_PREFIX}{bucket}")
-        return len(expired)
+        expired = [b for b in _buckets(db) if _expired(b, now)]
+        if expired:
+            db.execute(f"DROP TABLE {_PREFIX}{min(expired)}")
+        return bool(expired)
 
     def migrate(self, db: sqlite3.Connection) -> None:
         """Move the ids still in their window from the single ``dedup`` table of
@@ -137,7 +126,6 @@ def _table(db: sqlite3.Connection, bucket: int) -> str:
 def _lookup(
     db: sqlite3.Connection, buckets: list[int], keys: list[bytes]
 ) -> list[tuple[bytes, int, int, str | None]]:
-    """The rows of these keys in these buckets."""
     if not buckets or not keys:
         return []
     marks = ",".join(f"?{n + 1}" for n in range(len(keys)))

@@ -1,17 +1,6 @@
-"""The FIFO semantics of the embedded broker, as statements on its tables.
-
-Each function runs inside the caller's transaction. A group's row holds its head (first
-message), how long it is blocked (the latest visibility of its received messages) and
-its last received message; a receive walks the unblocked groups in head order, so a long
-backlog behind a hidden head costs one row.
-
-Test-only modes (never in production): ``reopen_groups`` (URL ``test_reopen_groups=1``)
-emulates a LocalStack FIFO defect: releasing a message (visibility 0) while another of
-its group is in flight lets the group's visible later messages be received out of order,
-until a receive returns one of them. ``stale_visibility`` (``test_stale_visibility=1``)
-emulates another emulator: a message received before stays hidden while an older
-message of its queue is in flight.
-"""
+"""The FIFO semantics of the embedded broker, as statements on its tables, each
+function inside the caller's transaction (the group rows and the test-only modes
+``reopen_groups`` and ``stale_visibility``: docs/design/broker.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +57,7 @@ _STALE = "receipt handle is invalid or expired (the message is visible again or 
 
 def store(db: sqlite3.Connection, queue: str, new: list[tuple[SendEntry, str]], now: float) -> None:
     """Store the messages ``new`` (each entry with its message id) in order, and a row for
-    each group that had no messages."""
+    each group that had none."""
     rows = db.execute(
         "INSERT INTO messages (queue, group_id, body, message_id, sent_at, visible_at)"
         f" VALUES {','.join(['(?, ?, ?, ?, ?, ?)'] * len(new))} RETURNING seq, group_id",
@@ -130,9 +119,8 @@ def take(
 def _stale_hidden(
     db: sqlite3.Connection, queue: str, now: float, rows: list[Any]
 ) -> tuple[list[Any], float | None]:
-    """Test-only (``stale_visibility``): ``rows`` less the messages received before that
-    an older in-flight message keeps hidden (and their groups' later messages); with when
-    the oldest in-flight message becomes visible."""
+    """Test-only: ``rows`` less those an older in-flight message keeps hidden (and their
+    groups' later ones); with when the oldest in-flight message becomes visible."""
     oldest, until = db.execute(
         "SELECT MIN(seq), MIN(visible_at) FROM messages"
         " WHERE queue = ? AND visible_at > ? AND receive_count > 0",
@@ -150,8 +138,7 @@ def _stale_hidden(
 
 
 def _refresh(db: sqlite3.Connection, queue: str, groups: Iterable[str], now: float) -> bool:
-    """Bring these groups' rows up to date (dropping emptied ones); whether one of them is
-    receivable now."""
+    """Bring these groups' rows up to date; whether one of them is receivable now."""
     names = json.dumps(list(groups))
     db.execute(_DROP_EMPTY, (queue, names))
     return any(row[0] for row in db.execute(_REFRESH, (queue, names, now)).fetchall())
@@ -160,8 +147,8 @@ def _refresh(db: sqlite3.Connection, queue: str, groups: Iterable[str], now: flo
 def _in_flight(
     db: sqlite3.Connection, sql: str, receipt: str, queue: str, now: float
 ) -> tuple[int, Any] | None:
-    """The seq of the message in flight under ``receipt`` and the row of ``sql`` (one
-    statement on it, by seq, token, queue and time), or None."""
+    """The seq of the message in flight under ``receipt`` and the row ``sql`` returns for
+    it, or None."""
     seq, _, token = receipt.partition(".")
     if not seq.isdigit() or not token:
         return None
@@ -171,9 +158,9 @@ def _in_flight(
 
 def delete(
     db: sqlite3.Connection, queue: str, receipts: Sequence[str], now: float, result: BatchResult
-) -> tuple[int, bool]:
+) -> bool:
     """Delete the messages of ``receipts`` still in flight under them (the others fail in
-    ``result``); how many, and whether one of their groups is receivable now."""
+    ``result``) and count them; whether one of their groups is receivable now."""
     groups: dict[str, None] = {}
     for receipt in receipts:
         # one row per statement: SQLite deletes a list of rowids far slower
@@ -182,7 +169,12 @@ def delete(
             groups[found[1][0]] = None
         else:
             result.failed[receipt] = _STALE
-    return len(receipts) - len(result.failed), _refresh(db, queue, groups, now)
+    if groups:
+        db.execute(
+            "UPDATE queues SET deleted = deleted + ? WHERE name = ?",
+            (len(receipts) - len(result.failed), queue),
+        )
+    return _refresh(db, queue, groups, now)
 
 
 def change_visibility(

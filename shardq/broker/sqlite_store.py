@@ -1,25 +1,20 @@
-"""The embedded broker's file: schema, opening checks, the connection and its
-transactions, error messages, housekeeping.
-
-Tables: ``queues`` (a ``version`` bumped by writes that may make a message receivable,
-watched by other processes), ``messages`` (``seq`` is the send order), ``groups`` (one
-row per message group with messages, see :mod:`shardq.broker.sqlite_fifo`),
-``shardq_dedup_<minute>`` (see :mod:`shardq.broker.sqlite_dedup`) and ``shardq_state``
-(the state store, :mod:`shardq.store.sqlite`).
-"""
+"""The embedded broker's file: schema (``groups``: docs/design/broker.md; dedup tables:
+:mod:`shardq.broker.sqlite_dedup`; ``shardq_state``: :mod:`shardq.store.sqlite`), opening
+checks, the connection and its transactions, error messages, housekeeping."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.core.errors import BrokerError
 
 #: shardq's tables and the columns each must have (a same-named table of another
-#: application is refused). ``dedup`` is only in files of earlier versions.
+#: application is refused). ``dedup`` is only in files of earlier versions, and only
+#: they write ``queues.version``.
 SHARDQ_TABLES = {
     "queues": {"name", "visibility_timeout", "max_message_bytes", "version"},
     "messages": {"seq", "queue", "group_id", "body", "visible_at", "token"},
@@ -52,8 +47,7 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_group_seq ON messages (queue, group_id, seq);
 """
 
-# Keyed by head (a receive walks a queue's groups in head order); filled from the
-# messages of a file made before group heads existed.
+# Filled from the messages of a file made before group heads existed.
 _GROUPS = """
 CREATE TABLE groups (
     queue TEXT NOT NULL,
@@ -119,6 +113,11 @@ class BrokerFile:
             except sqlite3.Error as exc:
                 raise error(self.path, exc, doing) from exc
 
+    def data_version(self) -> int:
+        """A number that only other connections' commits to the file change."""
+        with self.read("watching it for other processes") as db:
+            return int(db.execute("PRAGMA data_version").fetchone()[0])
+
     def _open(self) -> sqlite3.Connection:
         if self.closed:
             raise BrokerError(f"the embedded broker on {self.path} is closed; make a new one")
@@ -132,14 +131,14 @@ class BrokerFile:
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """A connection to the file ``path`` that threads share under a lock of their own:
-    explicit transactions, and up to 30 s of waiting for another process's lock."""
+    """A connection to ``path`` for threads that share it under a lock of their own:
+    explicit transactions, up to 30 s of waiting for another process's lock."""
     return sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
 
 
 def use_wal(db: sqlite3.Connection, path: str) -> None:
-    """Readers never wait for a writer, a commit does not wait for the disk, and a
-    checkpoint cuts the WAL back to :data:`WAL_SIZE_LIMIT` (no-op in memory)."""
+    """Readers never wait for a writer, a commit not for the disk; a checkpoint cuts the
+    WAL back to :data:`WAL_SIZE_LIMIT` (no-op in memory)."""
     if path != ":memory:":
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
@@ -274,27 +273,22 @@ def give_back_pages(db: sqlite3.Connection) -> bool:
 
 
 def checkpoint(path: str) -> None:
-    """Copy the WAL into the file and truncate the WAL (skipped while others hold it)."""
+    """Copy the WAL into the file and truncate the WAL (skipped while others hold it: the
+    next maintenance tries again)."""
     db = sqlite3.connect(path, timeout=0.2, isolation_level=None)
-    try:
+    with closing(db), suppress(sqlite3.OperationalError):
         db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.OperationalError:
-        pass  # busy: the next maintenance tries again
-    finally:
-        db.close()
 
 
 def compact(path: str) -> None:
     """Rewrite the broker file at ``path`` to its smallest size, by hand, with every node
     and publisher using it stopped (it locks the file while it rewrites it). It also
     switches a file of an earlier version to incremental vacuum, so maintenance shrinks it."""
-    db = connect(path)
-    try:
-        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        db.execute("VACUUM")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.Error as exc:
-        raise error(path, exc, "compacting it") from exc
-    finally:
-        db.close()
+    with closing(connect(path)) as db:
+        try:
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise error(path, exc, "compacting it") from exc

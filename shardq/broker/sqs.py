@@ -1,10 +1,5 @@
-"""Amazon SQS FIFO through boto3 (clients and timeouts: :mod:`shardq.broker.sqs_client`).
-
-Credentials come only from boto3's default chain. Every HTTP request is counted in
-:attr:`SqsBroker.requests`, per operation. Each receive carries a
-``ReceiveRequestAttemptId``, so a receive whose answer was lost returns the same
-messages when botocore sends it again instead of hiding them for a visibility timeout.
-"""
+"""Amazon SQS FIFO through boto3 (clients and timeouts: :mod:`shardq.broker.sqs_client`);
+credentials only from boto3's default chain."""
 
 from __future__ import annotations
 
@@ -49,7 +44,7 @@ _SYSTEM_ATTRIBUTES = [
     "MessageGroupId",
     "SequenceNumber",
 ]
-#: What a failed call means for the jobs it was about (by the first word of ``what``).
+#: What a failed call means for its jobs, by the first word of what it was doing.
 _SAFE = {
     "sending": "; whether it was queued is unknown: sent again with the same dedup ids "
     "within 5 minutes, each job is queued once",
@@ -70,11 +65,11 @@ _SETTINGS = {
 
 class SqsBroker(Broker):
     """SQS FIFO queues in one account and region; ``connect_timeout`` and
-    ``read_timeout`` (seconds) bound each attempt of a call that is not a long poll."""
+    ``read_timeout`` (seconds) bound each attempt of a call that is not a long poll.
+    Every HTTP request is counted in :attr:`requests`, per operation."""
 
     kind = "sqs"
-    # Jobs of one receive end close together: 100 ms lets their deletes share a request
-    # (see docs/design/broker.md), at the cost of a group blocked up to 100 ms longer.
+    # The deletes of one receive's jobs share a request (docs/design/broker.md).
     settle_linger = 0.1
     prefetch_wait = 1.0
 
@@ -116,6 +111,7 @@ class SqsBroker(Broker):
 
     def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         endpoint = self.client.meta.endpoint_url
+        meaning = _SAFE.get(what.split()[0], "")  # what a failure means for the jobs
         earlier = self.unanswered.earlier(endpoint)
         if earlier is not None:
             raise BrokerError(f"{what}: not sent: {earlier}")
@@ -131,14 +127,12 @@ class SqsBroker(Broker):
         except botocore.exceptions.NoCredentialsError as exc:
             raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
-            meaning = _SAFE.get(what.split()[0], "")
             error = timed_out(
                 what, exc, meaning, connect=self.connect_timeout, read=self.read_timeout
             )
             self.unanswered.record(endpoint, error)
             raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            meaning = _SAFE.get(what.split()[0], "")
             raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
 
     def url(self, queue: str) -> str:
@@ -235,19 +229,17 @@ class SqsBroker(Broker):
             QueueUrl=self.url(queue),
             Entries=[
                 {
-                    "Id": e.id,
+                    "Id": str(i),
                     "MessageBody": e.body,
                     "MessageGroupId": e.group_id,
                     "MessageDeduplicationId": e.dedup_id,
                 }
-                for e in valid
+                for i, e in enumerate(valid)
             ],
         )
-        result.message_ids.update(
-            (ok["Id"], ok["MessageId"]) for ok in response.get("Successful", [])
-        )
-        missing = "missing from the SendMessageBatch response"
-        result.failed.update(_failures([e.id for e in valid], response, missing))
+        for ok in response.get("Successful", []):
+            result.message_ids[valid[int(ok["Id"])].id] = ok["MessageId"]
+        result.failed.update(_failures([e.id for e in valid], response))
         return result
 
     def receive(
@@ -284,20 +276,20 @@ class SqsBroker(Broker):
         ]
 
     def delete_batch(self, queue: str, receipts: Sequence[str]) -> BatchResult:
-        check_batch(receipts, list(receipts))
+        check_batch(receipts)
         response = self._call(
             f"deleting {len(receipts)} messages from {queue}",
             self.client.delete_message_batch,
             QueueUrl=self.url(queue),
             Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)],
         )
-        return _batch_result(receipts, response)
+        return BatchResult(failed=_failures(receipts, response))
 
     def change_visibility_batch(
         self, queue: str, changes: Sequence[tuple[str, float]]
     ) -> BatchResult:
         receipts = [r for r, _ in changes]
-        check_batch(changes, receipts)
+        check_batch(receipts)
         response = self._call(
             f"changing visibility of {len(changes)} messages in {queue}",
             self.client.change_message_visibility_batch,
@@ -307,7 +299,7 @@ class SqsBroker(Broker):
                 for i, (r, s) in enumerate(changes)
             ],
         )
-        return _batch_result(receipts, response)
+        return BatchResult(failed=_failures(receipts, response))
 
 
 def _code(exc: BaseException | None) -> str:
@@ -317,18 +309,11 @@ def _code(exc: BaseException | None) -> str:
     return ""
 
 
-def _failures(ids: list[str], response: dict[str, Any], missing: str) -> dict[str, str]:
-    """Why each entry of a batch call SQS did not do was not done (refused, or absent from
-    the response: ``missing``), by entry id."""
+def _failures(keys: Sequence[str], response: dict[str, Any]) -> dict[str, str]:
+    """Why SQS did not do each entry of a batch call (its ``Id``: its index), by key."""
     done = {ok["Id"] for ok in response.get("Successful", [])}
     refused = {
         bad["Id"]: f"{bad.get('Code')}: {bad.get('Message')}" for bad in response.get("Failed", [])
     }
-    return {i: refused.get(i, missing) for i in ids if i not in done}
-
-
-def _batch_result(receipts: Sequence[str], response: dict[str, Any]) -> BatchResult:
-    failed = _failures(
-        [str(i) for i in range(len(receipts))], response, "missing from the batch response"
-    )
-    return BatchResult(failed={receipts[int(i)]: reason for i, reason in failed.items()})
+    missing = "missing from the batch response"
+    return {key: refused.get(str(i), missing) for i, key in enumerate(keys) if str(i) not in done}

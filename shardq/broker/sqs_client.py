@@ -1,8 +1,5 @@
-"""The boto3 clients of :class:`shardq.broker.sqs.SqsBroker` and of the DynamoDB state
-store: bounded timeouts (config ``connect_timeout`` and ``read_timeout``) and retries, so
-an endpoint that never answers fails a call in seconds, not minutes (long polls get a
-client of their own whose read timeout covers the longest poll).
-"""
+"""The boto3 clients of the SQS broker and the DynamoDB state store: bounded timeouts and
+retries, so an endpoint that never answers fails a call in seconds, not minutes."""
 
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ import botocore.exceptions
 from shardq.core.clock import Clock, monotonic
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT
 from shardq.core.limits import MAX_WAIT_SECONDS
+from shardq.core.version import VERSION
 
 #: What botocore raises when an attempt did not connect or was not answered in time.
 TIMEOUTS = (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError)
@@ -27,6 +25,7 @@ CALL_ATTEMPTS = 2
 MAX_CONNECTIONS = 50
 #: A long poll's wait for its answer: the longest poll plus a margin.
 POLL_READ_TIMEOUT = MAX_WAIT_SECONDS + 5
+_USER_AGENT = f"shardq/{VERSION} botocore/{botocore.__version__} Python/{platform.python_version()}"
 
 
 def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIMEOUT) -> float:
@@ -38,10 +37,9 @@ def worst_call_seconds(connect: float = CONNECT_TIMEOUT, read: float = READ_TIME
 
 
 class Unanswered:
-    """An endpoint that let a whole call time out, remembered for ``hold`` seconds: later
-    calls to it fail at once with that error, so a one-shot command fails within one
-    call's bound (``bound``: that of the clients' timeouts). ``hold`` is 0 (off) unless
-    such a command turns it on."""
+    """An endpoint that let a whole call time out, remembered for ``hold`` seconds (0: off,
+    unless a one-shot command turns it on): later calls to it fail at once with that
+    error, so the command fails within one call's ``bound``."""
 
     def __init__(self, clock: Clock = monotonic, bound: float | None = None) -> None:
         self.hold = 0.0
@@ -88,7 +86,7 @@ def make_client(
         connect_timeout=connect,
         read_timeout=read,
         parameter_validation=False,  # shardq checks every request itself
-        user_agent=_user_agent(),  # fixed: botocore otherwise rebuilds it per request
+        user_agent=_USER_AGENT,  # fixed: botocore otherwise rebuilds it per request
     )
     return boto3.session.Session().client(
         service, region_name=region, endpoint_url=endpoint_url, config=config
@@ -118,9 +116,3 @@ def no_credentials(what: str) -> str:
         f"{what}: no AWS credentials found; configure them for boto3 (environment, "
         "~/.aws/credentials or an instance role), never in shardq.yaml"
     )
-
-
-def _user_agent() -> str:
-    from shardq.core.version import VERSION
-
-    return f"shardq/{VERSION} botocore/{botocore.__version__} Python/{platform.python_version()}"
