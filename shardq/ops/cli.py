@@ -226,10 +226,7 @@ def _run(args: argparse.Namespace) -> int:
             membership=ELASTIC,
         )
     else:
-        nodes = 1 if args.nodes is None else args.nodes
-        app.plan(node=args.node, nodes=nodes)  # bad flags are refused before any request
-        app.layouts.refresh()  # the plan covers the live layout
-        plan = app.plan(node=args.node, nodes=nodes)
+        (plan,) = _static_plans(app, args.node, 1 if args.nodes is None else args.nodes)
         _warn_idle_threads(config.threads, len(plan.shards))
         node = app.node(plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.count:
@@ -256,13 +253,16 @@ def _warn_idle_threads(threads: int, shards: int) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    if args.nodes < 1:  # refused before any request (range(0) would print nothing)
-        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
     app, _ = load(args)
-    app.layouts.refresh()
-    nodes = [args.node] if args.node is not None else range(args.nodes)
-    print(format_plan([app.plan(node=n, nodes=args.nodes) for n in nodes]))
+    print(format_plan(_static_plans(app, args.node, args.nodes)))
     return EXIT_OK
+
+
+def _static_plans(app: App, node: int | None, nodes: int) -> list[Plan]:
+    """Node ``node``'s plan (None: every node's) over the live layout, checked first."""
+    app.plan(node=node or 0, nodes=nodes)  # bad flags are refused before any request
+    app.layouts.refresh()
+    return [app.plan(node=n, nodes=nodes) for n in ([node] if node is not None else range(nodes))]
 
 
 def _print_summary(node: Any, elapsed: float) -> None:
