@@ -156,6 +156,26 @@ def test_run_refuses_bad_flag_values_before_touching_the_broker(
 
 
 @pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+        (["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
+    ],
+)
+def test_plan_refuses_bad_flag_values_before_touching_the_broker(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    # given a broker file that must not come to exist
+    db = tmp_path / "never.db"
+    # when the plan is printed with a bad flag
+    result = shardq_cli("plan", "--broker-url", f"sqlite:///{db}", *args)
+    # then it exits 2 with the reason, having created nothing
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("threads: 2\n\tbroker_url: x\n", "not valid YAML"),

@@ -91,17 +91,22 @@ def test_publish_file_names_the_bad_lines_and_publishes_nothing(tmp_path: Path) 
     assert stats["total"]["length"] == 0
 
 
+@pytest.mark.sqs
 def test_an_unreachable_sqs_names_the_operation_and_only_speaks_of_jobs_where_jobs_are_involved(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # given an SQS endpoint where nothing listens
+    # given a queue made on an SQS endpoint where nothing listens any more
     from shardq.broker.sqs import SqsBroker
-    from tests.emulator import free_port
+    from tests import emulator as emu
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    broker = SqsBroker(region="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}")
-    broker._urls["q.fifo"] = f"{broker.endpoint_url}/000000000000/q.fifo"
+    server = emu.start()
+    try:
+        broker = SqsBroker(region="us-east-1", endpoint_url=server.endpoint_url)
+        broker.ensure_queue("q.fifo")
+    finally:
+        emu.stop(server)
     # when stats are read, then the error says what failed and nothing about a job
     with pytest.raises(shardq.BrokerError) as stats_error:
         broker.counts("q.fifo")

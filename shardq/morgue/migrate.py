@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message, release_now
-from shardq.core.decide import REASON_UNREADABLE
 from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
 from shardq.morgue import Morgue, keep
-from shardq.morgue.record import KIND, STRINGS, MorgueRecord, checked
+from shardq.morgue.record import KIND, STRINGS, MorgueRecord, checked, unreadable
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
@@ -65,11 +64,10 @@ def read_queue_record(message: Message) -> MorgueRecord:
     try:
         return _decode(message)
     except ValueError as exc:
-        return MorgueRecord(
-            entity_id=message.group_id,
-            message_id=message.message_id,
-            reason=REASON_UNREADABLE,
-            error_message=f"not a readable shardq morgue record: {exc}",
+        return unreadable(
+            str(exc),
+            message.group_id,
+            message.message_id,
             failed_at=message.sent_at,
             first_sent_at=message.sent_at,
             body=message.body,

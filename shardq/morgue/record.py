@@ -163,7 +163,7 @@ def summary(item: Item) -> MorgueRecord:
             key=key,
         )
     except ValueError as exc:
-        return unreadable(key, item.value, str(exc))
+        return _unreadable_item(key, item.value, str(exc))
 
 
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
@@ -175,7 +175,7 @@ def whole(item: Item, pieces: list[str]) -> MorgueRecord:
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
             raise ValueError("the body does not match its recorded size and SHA-256")
     except ValueError as exc:
-        return unreadable(item.key, item.value, str(exc))
+        return _unreadable_item(item.key, item.value, str(exc))
     return replace(
         summary(item),
         **{k: v[k] for k in ("error_message", "traceback", "body_bytes", "body_sha256")},
@@ -192,19 +192,18 @@ def pieces_of(value: Mapping[str, Any]) -> int:
     return n if type(n) is int and 1 <= n <= 1000 else 1
 
 
-def unreadable(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
-    """What a stored record shardq cannot read is listed as."""
-    enc = _parse(key)[1]
+def unreadable(why: str, entity: str, message_id: str, **known: Any) -> MorgueRecord:
+    """What a record shardq cannot read is listed as: ``why``, and what is ``known`` of it."""
+    error = f"not a readable shardq morgue record: {why}"
+    return MorgueRecord(entity, message_id, REASON_UNREADABLE, error_message=error, **known)
+
+
+def _unreadable_item(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
     entity = value.get("entity_id")
-    return MorgueRecord(
-        entity_id=entity if isinstance(entity, str) else unquote(enc),
-        message_id=str(value.get("message_id", key)),
-        reason=REASON_UNREADABLE,
-        error_message=f"not a readable shardq morgue record: {why}",
-        body=json.dumps(value, default=str)[:4000],
-        pieces=pieces_of(value),
-        key=key,
-    )
+    entity = entity if isinstance(entity, str) else unquote(_parse(key)[1])
+    body = json.dumps(value, default=str)[:4000]
+    message_id = str(value.get("message_id", key))
+    return unreadable(why, entity, message_id, body=body, pieces=pieces_of(value), key=key)
 
 
 def requeue_problem(record: MorgueRecord) -> str | None:

@@ -73,6 +73,17 @@ node that stops gracefully deletes it and is not listed. Gone nodes are shown an
 """
 
 
+def subcommand(
+    parent: Any, name: str, help: str, examples: str, handler: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """A ``shardq`` subcommand: its help (its description too), examples and handler."""
+    p: argparse.ArgumentParser = parent.add_parser(
+        name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
+    )
+    p.set_defaults(handler=handler)
+    return p
+
+
 def add_commands(
     commands: Any, common: Callable[[argparse.ArgumentParser], None], load: Loader
 ) -> None:
@@ -82,11 +93,8 @@ def add_commands(
         name: str, help: str, examples: str, handler: Callable[..., int], parent: Any = commands
     ) -> argparse.ArgumentParser:
         """A subcommand with the common options, running ``handler(app, args)``."""
-        p: argparse.ArgumentParser = parent.add_parser(
-            name, help=help, description=help, formatter_class=RAW, epilog="examples:\n" + examples
-        )
+        p = subcommand(parent, name, help, examples, lambda args: handler(load(args), args))
         common(p)
-        p.set_defaults(handler=lambda args: handler(load(args), args))
         return p
 
     stats = command(

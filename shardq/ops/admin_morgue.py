@@ -1,33 +1,26 @@
 """A worker's dead jobs, from the store: ``shardq morgue list | requeue | purge`` (the
-same filters; ``requeue`` and ``purge`` need one or ``--all``), and the dashboard's
-``/api/v1/morgue`` API (:func:`morgue_page`, :func:`morgue_act`)."""
+same filters; ``requeue`` and ``purge`` need one or ``--all``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
-
-import structlog
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError
 from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
-from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord, payload_of
+from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
 from shardq.ops import selection
-from shardq.ops.selection import DONE, TIME_FORMS, SelectionError, act, parse_range
+from shardq.ops.selection import DONE, TIME_FORMS, act, parse_range
 
 #: Most dead jobs one ``list`` prints.
 MAX_LIST = 100_000
-log = structlog.get_logger("shardq.dashboard")
-MAX_RAW = 4000  # characters of an unreadable record the API shows
-MAX_LIMIT = 1000  # most dead jobs on one page of the API
 
 EXAMPLES = {
     "list": "  shardq morgue list SyncOrder\n"
@@ -164,74 +157,3 @@ def _change(app: App, args: argparse.Namespace) -> int:
 def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
     """A dead job as ``--json`` prints it: its record's fields and its payload."""
     return {**asdict(record), "payload": payload_of(record, signing_key)}
-
-
-# -- the dashboard's JSON API ---------------------------------------------------------
-
-
-class HttpError(Exception):
-    """An answer other than 200: its status, and the ``Allow`` header of a 405."""
-
-    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.allow = status, allow
-
-
-def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str, Any]:
-    """``{"jobs": [...], "next": CURSOR or None, "size": N}``: the page of ``worker``'s
-    dead jobs the query's search, ``limit`` and ``after`` cursor select."""
-    morgue = Morgue(app, worker)
-    try:
-        when = parse_range(_param(query, "since"), _param(query, "until"))
-    except SelectionError as exc:
-        raise HttpError(400, str(exc)) from None
-    where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
-    page = morgue.page(where, _int_param(query, "limit", 100), _param(query, "after"))
-    jobs = [_api_record(r, app.signing_key) for r in page.records]
-    return {"jobs": jobs, "next": page.next, "size": morgue.size()}
-
-
-def morgue_act(
-    app: App, worker: str, action: str, body: Callable[[], Any], lock: threading.Lock
-) -> dict[str, int]:
-    """Requeue or purge what the body (read once the worker is known) selects, one
-    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
-    morgue = Morgue(app, worker)
-    try:
-        where = selection.from_body(body())
-    except SelectionError as exc:
-        raise HttpError(400, str(exc)) from None
-    with lock:
-        n = act(app, morgue.worker, action, where)
-    log.info(
-        f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
-    )
-    return {DONE[action]: n}
-
-
-def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
-    """A dead job as the API shows it: a record that is not shardq's, or whose payload
-    cannot be read or carried in JSON (NaN, nested too deeply), is ``unreadable`` with
-    its ``raw`` text."""
-    doc = record_dict(record, key)
-    try:
-        json.dumps(doc["payload"], allow_nan=False)
-    except (ValueError, RecursionError):
-        doc["payload"] = None
-    unreadable = record.reason == REASON_UNREADABLE or doc["payload"] is None
-    return {**doc, "unreadable": unreadable, "raw": record.body[:MAX_RAW] if unreadable else None}
-
-
-def _param(query: dict[str, list[str]], name: str) -> str | None:
-    return query.get(name, [""])[-1] or None
-
-
-def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
-    text = query.get(name, [str(default)])[-1]
-    try:
-        value = int(text)
-    except ValueError:
-        raise HttpError(400, f"{name} must be an integer, got {text!r}") from None
-    if not 1 <= value <= MAX_LIMIT:
-        raise HttpError(400, f"{name} must be between 1 and {MAX_LIMIT}, got {value}")
-    return value

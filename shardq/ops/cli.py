@@ -26,11 +26,11 @@ from shardq.core.tables import table
 from shardq.core.terminal import plural
 from shardq.core.version import VERSION
 from shardq.ops import logs
-from shardq.ops.admin import add_commands, log_options
+from shardq.ops.admin import add_commands, log_options, subcommand
 from shardq.ops.bulk import PublishInterrupted
 from shardq.store import StoreError
 
-_EPILOG_RUN = """examples:
+_EXAMPLES_RUN = """\
   shardq run                                     # join the app's elastic fleet
   shardq run --until-empty                       # process what is queued, then exit
   shardq run --node 0 --nodes 3 --threads 8      # node 0 of a static 3-node plan
@@ -41,7 +41,7 @@ Without --node the node joins the fleet: it takes its fair share of the shards
 those of nodes that die (within lease_seconds, default 30). With --node N --nodes M
 it serves the static plan of `shardq plan`.
 """
-_EPILOG_PLAN = """examples:
+_EXAMPLES_PLAN = """\
   shardq plan --nodes 3 --threads 4              # every node's shards, per thread
   shardq plan --node 1 --nodes 3                 # node 1 only
 """
@@ -100,13 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardq {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = commands.add_parser(
-        "run",
-        help="run a node",
-        epilog=_EPILOG_RUN,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP.",
-    )
+    run = subcommand(commands, "run", "run a node", _EXAMPLES_RUN, _run)
+    run.description = "Run a node: serve its share of all shards until SIGTERM/SIGINT/SIGHUP."
     _common(run)
     _placement(run, nodes_default=None)
     run.add_argument(
@@ -122,17 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     run.add_argument("--metrics-host", help="address of /metrics (default 127.0.0.1)")
     run.add_argument("--seed", type=int, help="seed the schedulers' lottery (reproducible runs)")
-    run.set_defaults(handler=_run)
 
-    plan = commands.add_parser(
-        "plan",
-        help="print which node and thread own each shard",
-        epilog=_EPILOG_PLAN,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    plan = subcommand(
+        commands, "plan", "print which node and thread own each shard", _EXAMPLES_PLAN, _plan
     )
     _common(plan)
     _placement(plan)
-    plan.set_defaults(handler=_plan)
     add_commands(commands, _common, lambda args: one_shot(load(args)[0]))
     return parser
 
@@ -226,10 +216,7 @@ def _run(args: argparse.Namespace) -> int:
             membership=ELASTIC,
         )
     else:
-        nodes = 1 if args.nodes is None else args.nodes
-        app.plan(node=args.node, nodes=nodes)  # bad flags are refused before any request
-        app.layouts.refresh()  # the plan covers the live layout
-        plan = app.plan(node=args.node, nodes=nodes)
+        (plan,) = _static_plans(app, args.node, 1 if args.nodes is None else args.nodes)
         _warn_idle_threads(config.threads, len(plan.shards))
         node = app.node(plan, until_empty=args.until_empty, seed=args.seed, membership=STATIC)
     if early.count:
@@ -256,13 +243,16 @@ def _warn_idle_threads(threads: int, shards: int) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    if args.nodes < 1:  # refused before any request (range(0) would print nothing)
-        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
     app, _ = load(args)
-    app.layouts.refresh()
-    nodes = [args.node] if args.node is not None else range(args.nodes)
-    print(format_plan([app.plan(node=n, nodes=args.nodes) for n in nodes]))
+    print(format_plan(_static_plans(app, args.node, args.nodes)))
     return EXIT_OK
+
+
+def _static_plans(app: App, node: int | None, nodes: int) -> list[Plan]:
+    """Node ``node``'s plan (None: every node's) over the live layout, checked first."""
+    app.plan(node=node or 0, nodes=nodes)  # bad flags are refused before any request
+    app.layouts.refresh()
+    return [app.plan(node=n, nodes=nodes) for n in ([node] if node is not None else range(nodes))]
 
 
 def _print_summary(node: Any, elapsed: float) -> None:

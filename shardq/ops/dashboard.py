@@ -11,7 +11,7 @@ import signal
 import socket
 import socketserver
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -23,13 +23,17 @@ from shardq.api.app import App
 from shardq.core.envelope import parse_json
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.core.signals import StopSignals
-from shardq.ops.admin_morgue import HttpError, morgue_act, morgue_page
+from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord
+from shardq.ops import selection
+from shardq.ops.admin_morgue import record_dict
 from shardq.ops.sampler import Sampler, SampleUnavailable
-from shardq.ops.selection import DONE
+from shardq.ops.selection import DONE, SelectionError, act, parse_range
 
 log = structlog.get_logger("shardq.dashboard")
 
 MAX_BODY = 1 << 20
+MAX_RAW = 4000  # characters of an unreadable record the API shows
+MAX_LIMIT = 1000  # most dead jobs on one page of the API
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -38,6 +42,14 @@ HEADERS = {
     "'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri "
     "'none'; form-action 'none'",
 }
+
+
+class HttpError(Exception):
+    """An answer other than 200: its status, and the ``Allow`` header of a 405."""
+
+    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.allow = status, allow
 
 
 class DashboardServer(ThreadingHTTPServer):
@@ -111,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(404, f"no such page or endpoint: {url.path}")
         except HttpError as exc:
             self._json(exc.status, {"error": str(exc)}, exc.allow)
+        except SelectionError as exc:  # a morgue query or body that says no clear selection
+            self._json(400, {"error": str(exc)})
         except SampleUnavailable as exc:
             self._json(503, {"error": str(exc)})
         except UnknownWorkerError as exc:
@@ -209,6 +223,61 @@ def _allowed(parts: list[str]) -> str:
     if parts in ([], ["index.html"], ["api", "v1", "stats"], ["api", "v1", "nodes"]):
         return "GET"
     return "GET" if morgue and (len(parts) == 4 or parts[4:] == ["list"]) else "GET, POST"
+
+
+# -- the morgue's JSON API -----------------------------------------------------------
+def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str, Any]:
+    """``{"jobs": [...], "next": CURSOR or None, "size": N}``: the page of ``worker``'s
+    dead jobs the query's search, ``limit`` and ``after`` cursor select."""
+    morgue = Morgue(app, worker)
+    when = parse_range(_param(query, "since"), _param(query, "until"))
+    where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
+    page = morgue.page(where, _int_param(query, "limit", 100), _param(query, "after"))
+    jobs = [_api_record(r, app.signing_key) for r in page.records]
+    return {"jobs": jobs, "next": page.next, "size": morgue.size()}
+
+
+def morgue_act(
+    app: App, worker: str, action: str, body: Callable[[], Any], lock: threading.Lock
+) -> dict[str, int]:
+    """Requeue or purge what the body (read once the worker is known) selects, one
+    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
+    morgue = Morgue(app, worker)
+    where = selection.from_body(body())
+    with lock:
+        n = act(app, morgue.worker, action, where)
+    log.info(
+        f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
+    )
+    return {DONE[action]: n}
+
+
+def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:
+    """A dead job as the API shows it: a record that is not shardq's, or whose payload
+    cannot be read or carried in JSON (NaN, nested too deeply), is ``unreadable`` with
+    its ``raw`` text."""
+    doc = record_dict(record, key)
+    try:
+        json.dumps(doc["payload"], allow_nan=False)
+    except (ValueError, RecursionError):
+        doc["payload"] = None
+    unreadable = record.reason == REASON_UNREADABLE or doc["payload"] is None
+    return {**doc, "unreadable": unreadable, "raw": record.body[:MAX_RAW] if unreadable else None}
+
+
+def _param(query: dict[str, list[str]], name: str) -> str | None:
+    return query.get(name, [""])[-1] or None
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
+    text = query.get(name, [str(default)])[-1]
+    try:
+        value = int(text)
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise HttpError(400, f"{name} must be between 1 and {MAX_LIMIT}, got {value}")
+    return value
 
 
 def _is_loopback_name(host: str) -> bool:
