@@ -125,11 +125,6 @@ class Executor:
             if done:
                 self._leases.delete(done)
 
-    def release(self, messages: list[Message]) -> None:
-        """Jobs that did not start, visible again at once (in the order given)."""
-        if messages:
-            self._leases.hide(messages, 0.0)
-
     def delete(self, messages: list[Message]) -> None:
         """Copies of jobs that ran to an end here, delivered again meanwhile."""
         self._leases.delete(messages)
