@@ -41,9 +41,6 @@ class Lease:
         visibility left (the local clock starts a little after the broker's)."""
         return self.lost or self.expires - START_MARGIN_SECONDS <= now
 
-    def may_start(self, now: float) -> bool:
-        return not self.lapsed(now)
-
     def extension(self, wall: float) -> float | None:
         """Seconds to extend it by: a full timeout, within 12 h of the receive (Unix
         time ``wall``); None, and lost, past that."""
