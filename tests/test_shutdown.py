@@ -14,11 +14,11 @@ import shardq
 from shardq.broker.base import Message
 from shardq.core.clock import ManualClock
 from shardq.core.config import Config
+from shardq.core.lease import hand_back
 from shardq.core.plan import ShardRef
 from shardq.run.intake import Intake, OldJobs
 from shardq.run.leases import Leases
 from shardq.run.shard import Shard
-from shardq.run.shutdown import hand_back
 from tests.clocks import ends_within
 
 
@@ -41,6 +41,33 @@ def test_a_stopping_node_hides_retries_then_what_is_behind_them_then_releases_th
         (["a2"], 4.0),
         (["c1"], 0.0),
     ]
+
+
+def test_a_handover_hides_retries_earliest_due_first_then_releases_the_rest_together() -> None:
+    # given held retries of entity a (due at 12) and of entity b (due at 9, past), and
+    # jobs d3 and c2 of entities d and c not started
+    a1, b1 = message("a1", "a", "1"), message("b1", "b", "4")
+    c2, d3 = message("c2", "c", "2"), message("d3", "d", "3")
+    # when a shard's jobs are handed back at time 10 (nothing of them runs)
+    out = hand_back([d3, c2], retries=[(12.0, [a1]), (9.0, [b1])], now=10.0)
+    # then b's retry is released at once, a's hidden for the 2 s left, then c's and d's
+    # jobs are released in one step, in order
+    assert [([m.receipt for m in ms], s) for ms, s in out] == [
+        (["b1"], 0.0),
+        (["a1"], 2.0),
+        (["c2", "d3"], 0.0),
+    ]
+
+
+def test_handing_back_gives_no_empty_step() -> None:
+    # given a held retry of entity a due at 12 and nothing else held
+    a1 = message("a1", "a", "1")
+    # when it is handed back at time 10, and when nothing is
+    out = hand_back([a1], retries=[(12.0, [a1])], now=10.0)
+    nothing = hand_back([])
+    # then the retry alone is hidden, for the 2 s left, and nothing gives no step
+    assert [([m.receipt for m in ms], s) for ms, s in out] == [(["a1"], 2.0)]
+    assert nothing == []
 
 
 # -- receiving while a node stops ------------------------------------------------------------

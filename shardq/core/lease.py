@@ -1,8 +1,10 @@
 """One held message's lease (:class:`shardq.run.leases.Leases` keeps them): its states,
-whether its job may start, its extensions, and what the broker's answers mean."""
+whether its job may start, its extensions, what the broker's answers mean, and the order
+held jobs are handed back in (:func:`hand_back`)."""
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -38,9 +40,6 @@ class Lease:
         """No longer this node's to run, or less than :data:`START_MARGIN_SECONDS` of
         visibility left (the local clock starts a little after the broker's)."""
         return self.lost or self.expires - START_MARGIN_SECONDS <= now
-
-    def may_start(self, now: float) -> bool:
-        return not self.lapsed(now)
 
     def extension(self, wall: float) -> float | None:
         """Seconds to extend it by: a full timeout, within 12 h of the receive (Unix
@@ -93,3 +92,31 @@ class Lease:
                 else "it becomes visible when its current visibility ends",
             )
         return True
+
+
+def hand_back(
+    held: Iterable[Message],
+    running: Container[str] = (),
+    retries: Iterable[tuple[float, list[Message]]] = (),
+    now: float = 0.0,
+) -> list[tuple[list[Message], float]]:
+    """``(messages, seconds)`` to hide held jobs for, in the order to apply them: each
+    held retry ``(due, messages)`` for the rest of its delay, the other held jobs of its
+    entity as long, one by one, the rest at once, in order. Jobs whose receipt is in
+    ``running`` are left alone (a running job keeps its entity's later ones)."""
+    out: list[tuple[list[Message], float]] = []
+    retry_due: dict[tuple[str, str], float] = {}
+    for due, messages in sorted(retries, key=lambda r: r[0]):
+        out.append((messages, max(0.0, due - now)))
+        retry_due[(messages[0].queue, messages[0].group_id)] = due
+    retried = {m.receipt for messages, _ in out for m in messages}
+    unstarted = sorted(
+        (m for m in held if m.receipt not in running and m.receipt not in retried),
+        key=lambda m: (m.queue, m.sequence),
+    )
+    for m in unstarted:
+        behind = retry_due.get((m.queue, m.group_id))
+        if behind is not None:
+            out.append(([m], max(0.0, behind - now)))
+    out.append(([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0))
+    return [(messages, seconds) for messages, seconds in out if messages]

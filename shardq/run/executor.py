@@ -17,7 +17,7 @@ from shardq.core import envelope
 from shardq.core import layout as layouts
 from shardq.core.attempts import Attempts
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.core.decide import MORGUE, Decision, Rules, backoff, decide
+from shardq.core.decide import MORGUE, RETRY, Decision, Rules, backoff, decide
 from shardq.core.errors import BrokerError, EnvelopeError, UnknownWorkerError
 from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
 from shardq.core.outcome import (
@@ -125,11 +125,6 @@ class Executor:
             if done:
                 self._leases.delete(done)
 
-    def release(self, messages: list[Message]) -> None:
-        """Jobs that did not start, visible again at once (in the order given)."""
-        if messages:
-            self._leases.hide(messages, 0.0)
-
     def delete(self, messages: list[Message]) -> None:
         """Copies of jobs that ran to an end here, delivered again meanwhile."""
         self._leases.delete(messages)
@@ -209,7 +204,7 @@ class Executor:
                 if self._bury(ref, worker, chunk, decision.reason, error, duration):
                     i += len(chunk)
                     continue
-                decision = Decision("retry", delay=backoff(attempt))  # morgue unreachable
+                decision = Decision(RETRY, delay=backoff(attempt))  # morgue unreachable
             if decision.retry_in_failed:
                 log.error(
                     "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"

@@ -22,7 +22,7 @@ class Pollers:
     At shutdown a poller in its long poll is abandoned; what it brings is released."""
 
     def __init__(self, intake: Intake, wait_seconds: float) -> None:
-        self.node, self._wait = intake, wait_seconds
+        self.intake, self._wait = intake, wait_seconds
         self._lock = threading.Lock()  # lanes add and remove pollers
         self._threads: dict[int, _Poller] = {}  # by shard
         self._started: list[_Poller] = []  # every poller not known to have ended
@@ -32,7 +32,7 @@ class Pollers:
         with self._lock:
             poller = self._threads.get(id(shard))
             if poller is None:
-                poller = self._threads[id(shard)] = _Poller(self.node, shard, lane, self._wait)
+                poller = self._threads[id(shard)] = _Poller(self.intake, shard, lane, self._wait)
                 self._started = [p for p in self._started if p.is_alive()]
                 self._started.append(poller)
                 poller.start()
@@ -59,37 +59,36 @@ class Pollers:
 
     def alive(self) -> bool:
         with self._lock:
-            pollers = list(self._threads.values())
-        dead = [p for p in pollers if not p.is_alive() and not p.shard.dropped]
-        return not dead or self.node.stopping.is_set()
+            alive = all(p.is_alive() or p.shard.dropped for p in self._threads.values())
+        return alive or self.intake.stopping.is_set()
 
 
 class _Poller(threading.Thread):
     def __init__(self, intake: Intake, shard: Shard, lane: Lane, wait_seconds: float) -> None:
         super().__init__(name=f"shardq-poll-{shard.ref}", daemon=True)
-        self.node, self.shard, self.lane, self._wait = intake, shard, lane, wait_seconds
+        self.intake, self.shard, self.lane, self._wait = intake, shard, lane, wait_seconds
         self.wake = threading.Event()
 
     def run(self) -> None:
-        node, shard, backoff = self.node, self.shard, 0.5
+        intake, shard, backoff = self.intake, self.shard, 0.5
         try:
-            while not node.stopping.is_set() and not shard.dropped:
+            while not intake.stopping.is_set() and not shard.dropped:
                 if not self.wake.wait(0.5) or shard.dropped:
                     continue
-                messages = node.receive(shard, wait_seconds=self._wait)
+                messages = intake.receive(shard, wait_seconds=self._wait)
                 if messages is None:  # the broker failed (logged; back off), or the node stops
-                    node.stopping.wait(backoff)
+                    intake.stopping.wait(backoff)
                     backoff = min(30.0, backoff * 2)
                     continue
                 backoff = 0.5
-                if node.stopping.is_set() or shard.dropped:
-                    node.release_straggler(messages)
+                if intake.stopping.is_set() or shard.dropped:
+                    intake.release_straggler(messages)
                     return
                 if messages:
                     self.wake.clear()
                     self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
         except BaseException as exc:
-            node.fail(f"the poller of {shard.ref}", exc)
+            intake.fail(f"the poller of {shard.ref}", exc)
 
 
 class Watcher(threading.Thread):
@@ -102,7 +101,7 @@ class Watcher(threading.Thread):
 
     def __init__(self, intake: Intake) -> None:
         super().__init__(name="shardq-watch", daemon=True)
-        self.node = intake
+        self.intake = intake
         self._lock = threading.Lock()
         self._watched: dict[Shard, Lane] = {}  # a shard and a newer one of its queue may meet
         self._joined = threading.Event()
@@ -115,7 +114,7 @@ class Watcher(threading.Thread):
             wake, self._long_round = self._long_round, False
         self._joined.set()
         if wake:
-            self.node.broker.wake_waiters()
+            self.intake.broker.wake_waiters()
 
     def unwatch(self, shard: Shard) -> None:
         """``shard`` was dropped: watch it no more."""
@@ -123,7 +122,7 @@ class Watcher(threading.Thread):
             self._watched.pop(shard, None)
 
     def alive(self) -> bool:
-        return self.is_alive() or self.node.stopping.is_set()
+        return self.is_alive() or self.intake.stopping.is_set()
 
     def wait_ended(self, timeout: float) -> list[str]:
         """A stopping node's watcher: wait up to ``timeout`` for it; its name if left."""
@@ -132,9 +131,9 @@ class Watcher(threading.Thread):
         return [self.name] if self.is_alive() else []
 
     def run(self) -> None:
-        node, backoff = self.node, 0.5
+        intake, backoff = self.intake, 0.5
         try:
-            while not node.stopping.is_set():
+            while not intake.stopping.is_set():
                 busy = self._joined.is_set()
                 self._joined.clear()
                 with self._lock:
@@ -143,11 +142,12 @@ class Watcher(threading.Thread):
                 if not queues:
                     self._joined.wait(0.5)
                     continue
+                seconds = self.BUSY_ROUND if busy else self.IDLE_ROUND
                 try:
-                    ready = node.broker.watch(queues, self.BUSY_ROUND if busy else self.IDLE_ROUND)
+                    ready = intake.broker.watch(queues, seconds)
                 except BrokerError as exc:
-                    node.broker_trouble("watch", None, exc)
-                    node.stopping.wait(backoff)
+                    intake.broker_trouble("watch", None, exc)
+                    intake.stopping.wait(backoff)
                     backoff = min(30.0, backoff * 2)
                     continue
                 backoff = 0.5
@@ -159,4 +159,4 @@ class Watcher(threading.Thread):
                 for shard, lane in found:
                     lane.inbox.put((shard, None, False))
         except BaseException as exc:
-            node.fail("the idle watch", exc)
+            intake.fail("the idle watch", exc)

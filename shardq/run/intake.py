@@ -15,6 +15,7 @@ import structlog
 from shardq.broker.base import Broker, Message, release_now
 from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
+from shardq.core.lease import hand_back
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.run.leases import Leases
 from shardq.run.shard import Shard
@@ -160,7 +161,8 @@ class Intake:
             self.leases.forget(messages)
             release_now(self.broker, messages)
         else:
-            self.leases.hide(sorted(messages, key=lambda m: m.sequence), 0.0)
+            for batch, seconds in hand_back(messages):
+                self.leases.hide(batch, seconds)
 
     def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
         log.warning(f"node.{operation}_failed", queue=queue, error=str(exc))

@@ -118,7 +118,7 @@ class Leases:
     def may_start(self, message: Message) -> bool:
         """Held here, not being settled and not :meth:`lapsed`: a job may start."""
         lease = self._held.get(message.receipt)  # no lock: one read of each field
-        return lease is not None and lease.state == HELD and lease.may_start(self._clock())
+        return lease is not None and lease.state == HELD and not lease.lapsed(self._clock())
 
     def count(self) -> int:
         with self._cond:

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from shardq.broker.base import Message
 from shardq.core.exits import EXIT_ERROR, EXIT_GRACE_EXPIRED, EXIT_OK
-from shardq.core.lease import HELD
+from shardq.core.lease import HELD, hand_back
 from shardq.core.middleware import notify
 from shardq.run.waits import Deadline
 
@@ -66,29 +65,6 @@ FLUSH_SECONDS = 5.0
 STRAGGLER_SECONDS = 1.0
 #: Longest wait for the idle watch's threads to end (those not in a long poll end at once).
 IDLE_WATCH_SECONDS = 0.2
-
-
-def hand_back(
-    held: list[Message], running: set[str], retries: list[tuple[float, list[Message]]], now: float
-) -> list[tuple[list[Message], float]]:
-    """What a stopping node hides, in order, and for how long: each held retry for the
-    rest of its delay, unstarted jobs behind a retry of their entity as long, one by one,
-    the other unstarted jobs at once. ``running``: receipts of running jobs and later ones."""
-    out: list[tuple[list[Message], float]] = []
-    retry_due: dict[tuple[str, str], float] = {}
-    for due, messages in sorted(retries, key=lambda r: r[0]):
-        out.append((messages, max(0.0, due - now)))
-        retry_due[(messages[0].queue, messages[0].group_id)] = due
-    taken = running | {m.receipt for _, messages in retries for m in messages}
-    unstarted = sorted(
-        (m for m in held if m.receipt not in taken), key=lambda m: (m.queue, m.sequence)
-    )
-    for m in unstarted:
-        behind = retry_due.get((m.queue, m.group_id))
-        if behind is not None:
-            out.append(([m], max(0.0, behind - now)))
-    out.append(([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0))
-    return out
 
 
 def shut_down(node: Stopping) -> int:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
+from shardq.core.lease import hand_back
 from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
 from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
@@ -90,21 +91,17 @@ class Slots:
             return False
 
     def sweep(self, shard: Shard, unstarted: list[Message], done: Callable[[], None]) -> None:
-        """A handover: the shard's held retries are hidden for the rest of their delay,
-        its jobs not started (``unstarted``: the lane's) released in order; ``done`` is
-        called once its running chains finished and were swept too."""
+        """A handover: the shard's chains not running and its other jobs not started
+        (``unstarted``: the lane's) are handed back (:meth:`_hand_back`); ``done`` is
+        called once its running chains finished and were handed back too."""
         with self._cond:
-            for m in unstarted:
+            loose: list[Message] = []
+            for m in unstarted:  # each joins its entity's chain here, if any
                 chain = self._chains.get((shard.queue, m.group_id))
-                if chain is not None:
-                    chain.pending.append(m)
-            loose = [m for m in unstarted if (shard.queue, m.group_id) not in self._chains]
-            now = self._clock()
-            for chain in [c for c in self._chains.values() if c.shard is shard]:
-                if chain.state != RUNNING:
-                    self._dispose(chain, now)
-            self._executor.release(sorted(loose, key=lambda m: m.sequence))
-            if any(c.shard is shard and c.state == RUNNING for c in self._chains.values()):
+                (loose if chain is None else chain.pending).append(m)
+            chains = [c for c in self._chains.values() if c.shard is shard]
+            self._hand_back([c for c in chains if c.state != RUNNING], loose)
+            if any(c.state == RUNNING for c in chains):
                 self._sweeps[id(shard)] = (shard, done)
                 return
         done()
@@ -287,7 +284,7 @@ class Slots:
         else:
             chain.state = PARKED
         if id(chain.shard) in self._sweeps:
-            self._dispose(chain, self._clock())
+            self._hand_back([chain])
         return False
 
     def _remove(self, chain: Chain) -> bool:
@@ -295,17 +292,16 @@ class Slots:
         self._chains.pop(chain.key, None)
         return False
 
-    def _dispose(self, chain: Chain, now: float) -> None:
-        """Hand a chain back (a handover): a held retry hidden for the rest of its delay,
-        jobs not started released, in order."""
-        delay = max(0.0, chain.due - now) if chain.state == DEFERRED else 0.0
-        self._remove(chain)
-        if chain.pending:
-            if delay:
-                self._executor.hide(chain.pending, delay)
-            else:
-                self._executor.release(chain.pending)
-        chain.pending = []
+    def _hand_back(self, chains: list[Chain], loose: Sequence[Message] = ()) -> None:
+        """Hand chains not running and ``loose`` jobs back (a handover) in the order
+        :func:`~shardq.core.lease.hand_back` gives."""
+        retries = [(c.due, c.pending) for c in chains if c.state == DEFERRED]
+        unstarted = [m for c in chains if c.state != DEFERRED for m in c.pending]
+        for chain in chains:
+            self._remove(chain)
+        plan = hand_back([*unstarted, *loose], retries=retries, now=self._clock())
+        for messages, seconds in plan:
+            self._executor.hide(messages, seconds)
 
     def _end_sweep(self, shard: Shard) -> None:
         sweep = self._sweeps.get(id(shard))
