@@ -72,8 +72,8 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._done_before, self._rate_at = 0, clock()
-        self._rate = 0.0
+        self._done_before: dict[str, int] = {}  # the node's Tally.done() at ``_rate_at``
+        self._rate_at, self._rate = clock(), 0.0
 
     def join(self) -> None:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
@@ -244,12 +244,11 @@ class Fleet:
 
     def report(self) -> Heartbeat:
         """This node's heartbeat."""
-        node = self.node
+        node, now = self.node, self.clock()
         tally = node.tally()
-        done = sum(tally.succeeded.values()) + sum(tally.morgued.values())
-        now = self.clock()
+        done = tally.done()
         if now - self._rate_at >= 1.0:
-            self._rate = (done - self._done_before) / (now - self._rate_at)
+            self._rate = sum(tally.rates(self._done_before, now - self._rate_at).values())
             self._done_before, self._rate_at = done, now
         lags = {shard_key(w, s): round(lag, 3) for w, s, lag in node.lags()}
         held = self.held() if self.elastic else sorted(lags)
@@ -264,16 +263,16 @@ class Fleet:
             held=tuple(held),
             lags={k: v for k, v in lags.items() if k in set(held)},
             jobs_per_second=round(self._rate, 2),
-            done=done,
+            done=sum(done.values()),
             retried=sum(tally.retried.values()),
             failed=sum(tally.morgued.values()),
             by_worker={
                 w: {
-                    "done": tally.succeeded.get(w, 0) + tally.morgued.get(w, 0),
+                    "done": done.get(w, 0),
                     "retried": tally.retried.get(w, 0),
                     "failed": tally.morgued.get(w, 0),
                 }
-                for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
+                for w in sorted({*done, *tally.retried})
             },
             version=__version__,
             expire=self.expire_seconds,

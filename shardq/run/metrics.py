@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import threading
 from collections.abc import Callable, Iterable
@@ -95,10 +94,8 @@ class NodeMetrics(Collector):
         if not self._every or now - self._last < self._every:
             return
         tally = self._tally()
-        done = collections.Counter(tally.succeeded) + collections.Counter(tally.morgued)
-        rates = {
-            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
-        }
+        rates = {w: round(r, 1) for w, r in tally.rates(self._done, now - self._last).items()}
+        done = tally.done()
         lags = [lag for _, _, lag in self._lags()]
         in_use, concurrency = self._slots()
         log.info(

@@ -275,11 +275,7 @@ class Node:
         self.intake.broker_trouble(operation, queue, exc)
 
     def tally(self) -> Tally:
-        total = Tally()
-        for kind in ("succeeded", "retried", "morgued"):
-            for worker, n in list(getattr(self._tally, kind).items()):
-                total.add(kind, worker, n)
-        return total
+        return self._tally.copy()
 
     def _broker_error(self, operation: str) -> None:
         self.metrics.broker_error(operation)
