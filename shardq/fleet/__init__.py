@@ -31,6 +31,7 @@ from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
+from shardq.store.deployment import live_shards
 
 if TYPE_CHECKING:
     from shardq.run.node import Node
@@ -173,7 +174,7 @@ class Fleet:
         with self._lock:
             busy = {*self._draining, *self._refused}
         serving = {ref.key for ref in self.node.shard_refs()}
-        moves = decide(self.id, self._shards(), live, owners, serving, busy)
+        moves = decide(self.id, live_shards(self.app), live, owners, serving, busy)
         for key in moves.lost:
             log.warning("fleet.shard_lost", shard=key, owner=owners[key].node)
             with self._lock:
@@ -279,13 +280,6 @@ class Fleet:
             concurrency=node.slots.concurrency,
             slots_in_use=node.slots.in_use(),
         )
-
-    def _shards(self) -> dict[str, int]:
-        return {
-            name: count
-            for worker in self.app.workers
-            for name, count in self.app.live_shards(worker).items()
-        }
 
     def _ref(self, key: str) -> ShardRef:
         name, shard = parse_key(key)
