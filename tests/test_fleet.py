@@ -219,7 +219,7 @@ def test_the_heartbeat_keeps_the_keys_and_types_every_version_reads(app: App) ->
     a = stepped(app, clock, "a")
     a.step(), a.step()
     for kind, n in (("succeeded", 5), ("retried", 1), ("morgued", 2)):
-        a.node._tally.add(kind, "Ledgered", n)
+        a.node.metrics.tally.add(kind, "Ledgered", n)
     # when it beats
     clock.now += timing(LEASE)[0]
     a.step()
