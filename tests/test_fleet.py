@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from shardq import App
 from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
+from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import Plan
 from shardq.fleet import Fleet
 from shardq.ops.ensure import ensure_state_table
@@ -210,6 +211,35 @@ def test_a_dead_nodes_shards_are_taken_exactly_when_its_counter_stood_still_long
     a.step()  # takes its shards
     assert a.held() == sorted(ALL)
     assert owners(app) == {k: "a" for k in ALL}
+
+
+def test_the_heartbeat_keeps_the_keys_and_types_every_version_reads(app: App) -> None:
+    # given a node holding every shard that counted jobs of its worker
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    for kind, n in (("succeeded", 5), ("retried", 1), ("morgued", 2)):
+        a.node.metrics.tally.add(kind, "Ledgered", n)
+    # when it beats
+    clock.now += timing(LEASE)[0]
+    a.step()
+    # then its item has the keys and types a node of the previous version wrote and reads
+    item = app.store.get("node/a")
+    assert item is not None
+    value = item.value
+    assert {k: type(v) for k, v in value.items()} == {
+        **dict.fromkeys(("node", "host", "mode", "version"), str),
+        **dict.fromkeys(("pid", "threads", "done", "retried", "failed"), int),
+        **dict.fromkeys(("concurrency", "slots_in_use"), int),
+        **dict.fromkeys(("started", "at", "jobs_per_second", "expire"), float),
+        **dict.fromkeys(("lags", "by_worker"), dict),
+        "held": list,
+    }
+    assert value["held"] == sorted(ALL) and value["node"] == "a"
+    assert (value["done"], value["retried"], value["failed"]) == (7, 1, 2)
+    assert value["by_worker"] == {"Ledgered": {"done": 7, "retried": 1, "failed": 2}}
+    # and it reads back as the report it was written from
+    assert Heartbeat.from_value("a", value).to_value() == value
 
 
 def test_a_node_declared_gone_gives_up_its_shards_and_rejoins(app: App) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -142,3 +143,18 @@ def test_every_metric_carries_the_node_label() -> None:
     assert samples[("shardq_shard_lag_seconds", lag)] == 1.5
     # and a node made without an id still works, with an empty label
     assert NodeMetrics(lambda: [], lambda: 0).node == ""
+
+
+def test_the_jobs_counter_shows_the_tally_the_node_reports_from() -> None:
+    # given a node's metrics told of 2 jobs that succeeded and 1 moved to the morgue
+    metrics = NodeMetrics(lambda: [], lambda: 0, node="n-1")
+    for kind, n in (("succeeded", 2), ("morgued", 1)):
+        messages: list[Any] = [None] * n  # stand-ins: only their number counts
+        metrics.job_outcome(Outcome(kind, "Ledgered", 0, "e", messages, [], 0.1))
+    # when they are scraped
+    samples = parse(generate_latest(metrics.registry).decode())
+    # then shardq_jobs_total counts what the tally counts, each series with its start time
+    assert metrics.tally.succeeded == {"Ledgered": 2} and metrics.tally.morgued == {"Ledgered": 1}
+    assert jobs(samples, "succeeded") == 2 and jobs(samples, "morgued") == 1
+    created = [v for (name, _), v in samples.items() if name == "shardq_jobs_created"]
+    assert len(created) == 2 and all(v > 0 for v in created)

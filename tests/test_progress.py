@@ -89,3 +89,24 @@ def test_a_running_node_logs_progress_by_the_clock_it_was_given(
         finally:
             node.stop()
             runner.join(30)
+
+
+def test_a_tally_counts_jobs_done_per_worker_and_their_rate_since_an_earlier_count() -> None:
+    # given a tally of two workers' jobs, and its count of jobs done then
+    tally = Tally()
+    tally.add("succeeded", "Sync", 30)
+    tally.add("morgued", "Sync", 2)
+    tally.add("retried", "Mail", 5)
+    before = tally.done()
+    # when 16 more of Sync's jobs succeed and 4 of Mail's are morgued in 4 s
+    tally.add("succeeded", "Sync", 16)
+    tally.add("morgued", "Mail", 4)
+    # then done counts succeeded and morgued jobs (not retried ones), and the rates are
+    # per worker over those 4 s
+    assert before == {"Sync": 32}
+    assert tally.done() == {"Sync": 48, "Mail": 4}
+    assert tally.rates(before, 4.0) == {"Sync": 4.0, "Mail": 1.0}
+    # and a copy does not change with the tally
+    copy = tally.copy()
+    tally.add("succeeded", "Sync", 1)
+    assert copy.done() == {"Sync": 48, "Mail": 4}

@@ -27,6 +27,7 @@ from shardq.ops.sampler import Sampler
 from shardq.ops.stats import collect
 from shardq.reshard.prune import prune
 from shardq.store import MemoryStore
+from shardq.store.deployment import live_shards
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
 from tests.test_dashboard import browser  # noqa: F401 (the headless Chromium fixture)
@@ -107,6 +108,16 @@ def test_stats_json_shows_the_move_and_the_jobs_still_in_the_old_layout(
     mail = data["by_worker"]["Mail"]["layout"]
     assert (mail["gen"], mail["shards"], mail["note"], mail["reshard"]) == (0, 2, None, None)
     assert data["layout_error"] is None
+
+
+def test_the_live_shards_of_an_app_are_every_workers_live_generations(
+    resharding: shardq.App,
+) -> None:
+    # given SyncOrder moving from 4 shards to 16, Mail never resharded
+    # when the app's live shards are read (as the fleet and stats read them)
+    shards = live_shards(resharding)
+    # then they are both of SyncOrder's generations and Mail's one
+    assert shards == {"SyncOrder": 4, "SyncOrder@1": 16, "Mail": 2}
 
 
 def test_stats_text_says_the_move_and_that_the_live_layout_is_used(

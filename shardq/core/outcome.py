@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +57,19 @@ class Tally:
         counter: dict[str, int] = getattr(self, kind)
         with self._lock:  # the node's slots add at once
             counter[worker] = counter.get(worker, 0) + n
+
+    def copy(self) -> Tally:
+        with self._lock:
+            return Tally(dict(self.succeeded), dict(self.retried), dict(self.morgued))
+
+    def done(self) -> dict[str, int]:
+        """Jobs that ran to an end (succeeded or morgued), per worker."""
+        workers = {*self.succeeded, *self.morgued}
+        return {w: self.succeeded.get(w, 0) + self.morgued.get(w, 0) for w in workers}
+
+    def rates(self, before: Mapping[str, int], seconds: float) -> dict[str, float]:
+        """Jobs done per second per worker since ``seconds`` ago (:meth:`done` was ``before``)."""
+        return {w: (n - before.get(w, 0)) / seconds for w, n in self.done().items()}
 
     def job_outcome(self, outcome: Outcome) -> None:
         self.add(outcome.kind, outcome.worker, len(outcome.messages))

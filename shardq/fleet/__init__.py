@@ -26,10 +26,12 @@ from shardq.core.fleet_rules import (
     observe,
     timing,
 )
+from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
+from shardq.store.deployment import live_shards
 
 if TYPE_CHECKING:
     from shardq.run.node import Node
@@ -71,8 +73,8 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._done_before, self._rate_at = 0, clock()
-        self._rate = 0.0
+        self._done_before: dict[str, int] = {}  # the node's Tally.done() at ``_rate_at``
+        self._rate_at, self._rate = clock(), 0.0
 
     def join(self) -> None:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
@@ -136,7 +138,7 @@ class Fleet:
         self._act(now, owners, items)
 
     def _beat(self, now: float) -> None:
-        key, report = NODE_PREFIX + self.id, self.report()
+        key, report = NODE_PREFIX + self.id, self.report().to_value()
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
@@ -156,10 +158,8 @@ class Fleet:
 
     def _act(self, now: float, owners: Mapping[str, Owner], items: list[Item]) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
-        beats = {
-            n: Beat(n, i.version, str(i.value.get("mode", ELASTIC)), str(i.value.get("gone") or ""))
-            for n, i in by_key.items()
-        }
+        reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
+        beats = {n: Beat(n, by_key[n].version, r.mode, r.gone) for n, r in reports.items()}
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
@@ -174,7 +174,7 @@ class Fleet:
         with self._lock:
             busy = {*self._draining, *self._refused}
         serving = {ref.key for ref in self.node.shard_refs()}
-        moves = decide(self.id, self._shards(), live, owners, serving, busy)
+        moves = decide(self.id, live_shards(self.app), live, owners, serving, busy)
         for key in moves.lost:
             log.warning("fleet.shard_lost", shard=key, owner=owners[key].node)
             with self._lock:
@@ -243,51 +243,43 @@ class Fleet:
             return
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
 
-    def report(self) -> dict[str, Any]:
-        """This node's heartbeat value (``at``, its wall time, is for display only)."""
-        node = self.node
+    def report(self) -> Heartbeat:
+        """This node's heartbeat."""
+        node, now = self.node, self.clock()
         tally = node.tally()
-        done = sum(tally.succeeded.values()) + sum(tally.morgued.values())
-        now = self.clock()
+        done = tally.done()
         if now - self._rate_at >= 1.0:
-            self._rate = (done - self._done_before) / (now - self._rate_at)
+            self._rate = sum(tally.rates(self._done_before, now - self._rate_at).values())
             self._done_before, self._rate_at = done, now
         lags = {shard_key(w, s): round(lag, 3) for w, s, lag in node.lags()}
         held = self.held() if self.elastic else sorted(lags)
-        return {
-            "node": self.id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": self.started,
-            "at": self.wall(),
-            "mode": ELASTIC if self.elastic else STATIC,
-            "threads": len(node.lanes),
-            "held": held,
-            "lags": {k: v for k, v in lags.items() if k in set(held)},
-            "jobs_per_second": round(self._rate, 2),
-            "done": done,
-            "retried": sum(tally.retried.values()),
-            "failed": sum(tally.morgued.values()),
-            "by_worker": {
+        return Heartbeat(
+            node=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            at=self.wall(),
+            mode=ELASTIC if self.elastic else STATIC,
+            threads=len(node.lanes),
+            held=tuple(held),
+            lags={k: v for k, v in lags.items() if k in set(held)},
+            jobs_per_second=round(self._rate, 2),
+            done=sum(done.values()),
+            retried=sum(tally.retried.values()),
+            failed=sum(tally.morgued.values()),
+            by_worker={
                 w: {
-                    "done": tally.succeeded.get(w, 0) + tally.morgued.get(w, 0),
+                    "done": done.get(w, 0),
                     "retried": tally.retried.get(w, 0),
                     "failed": tally.morgued.get(w, 0),
                 }
-                for w in sorted({*tally.succeeded, *tally.retried, *tally.morgued})
+                for w in sorted({*done, *tally.retried})
             },
-            "version": __version__,
-            "expire": self.expire_seconds,
-            "concurrency": node.slots.concurrency,
-            "slots_in_use": node.slots.in_use(),
-        }
-
-    def _shards(self) -> dict[str, int]:
-        return {
-            name: count
-            for worker in self.app.workers
-            for name, count in self.app.live_shards(worker).items()
-        }
+            version=__version__,
+            expire=self.expire_seconds,
+            concurrency=node.slots.concurrency,
+            slots_in_use=node.slots.in_use(),
+        )
 
     def _ref(self, key: str) -> ShardRef:
         name, shard = parse_key(key)

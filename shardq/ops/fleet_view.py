@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardq.core.errors import ConfigError
 from shardq.core.fleet_rules import ELASTIC, GONE_KEPT_SECONDS
+from shardq.core.heartbeat import COUNTS, Heartbeat
 from shardq.core.tables import age, table, utc
 from shardq.core.terminal import plural
 from shardq.core.topology import parse_name, shard_key, shard_keys
@@ -19,7 +20,6 @@ from shardq.store import Item, Store
 
 NOT_REPORTING = "not reporting"
 NO_LIVE_NODE = "no live node at all: no shard is served"
-COUNTS = ("done", "retried", "failed")
 
 
 def key_order(key: str) -> tuple[str, int, int, str]:
@@ -32,53 +32,7 @@ def key_order(key: str) -> tuple[str, int, int, str]:
     return (key, -1, -1, key)
 
 
-@dataclass(frozen=True)
-class NodeReport:
-    """One node's heartbeat as shown. Times are Unix seconds of the node's clock."""
-
-    node: str
-    host: str = ""
-    pid: int = 0
-    mode: str = ELASTIC
-    version: str = ""
-    threads: int = 0
-    concurrency: int | None = None
-    slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
-    started: float = 0.0
-    seen: float = 0.0
-    held: tuple[str, ...] = ()
-    jobs_per_second: float = 0.0
-    done: int = 0
-    retried: int = 0
-    failed: int = 0
-    by_worker: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    max_lag: float = 0.0
-    lags: Mapping[str, float] = field(default_factory=dict)
-    expire: float = 0.0
-
-    @classmethod
-    def from_value(cls, node: str, v: Mapping[str, Any]) -> NodeReport:
-        raw = v["lags"] if isinstance(v.get("lags"), dict) else {}
-        lags = {str(k): float(x) for k, x in raw.items() if isinstance(x, (int, float))}
-        held = v["held"] if isinstance(v.get("held"), list) else []
-        numbers: dict[str, Any] = {k: _int(v.get(k)) for k in ("pid", "threads", *COUNTS)}
-        numbers.update((k, _float(v.get(k))) for k in ("started", "jobs_per_second", "expire"))
-        numbers.update((k, _opt_int(v.get(k))) for k in ("concurrency", "slots_in_use"))
-        return cls(
-            node=node,
-            host=str(v.get("host", "")),
-            seen=_float(v.get("at")),
-            mode=str(v.get("mode", ELASTIC)),
-            held=tuple(str(k) for k in held),
-            lags=lags,
-            max_lag=max(lags.values(), default=0.0),
-            version=str(v.get("version", "")),
-            by_worker=_worker_counts(v.get("by_worker")),
-            **numbers,
-        )
-
-
-def stale_after(report: NodeReport) -> float:
+def stale_after(report: Heartbeat) -> float:
     """Age from which a heartbeat no live node judges is ``not reporting`` (3 leases, >= 60 s)."""
     return max(60.0, 3 * report.expire)
 
@@ -87,7 +41,7 @@ def stale_after(report: NodeReport) -> float:
 class GoneView:
     """A node gone: its last report, when (marker's clock), why, and its shards unserved."""
 
-    report: NodeReport
+    report: Heartbeat
     gone_at: float
     reason: str
     unserved: tuple[str, ...] = ()
@@ -99,7 +53,7 @@ class FleetView:
 
     time: float
     reported: bool = False
-    nodes: tuple[NodeReport, ...] = ()
+    nodes: tuple[Heartbeat, ...] = ()
     gone: tuple[GoneView, ...] = ()
     owners: Mapping[str, str] = field(default_factory=dict)  # shard key -> live node
     lags: Mapping[str, float] = field(default_factory=dict)  # shard key -> owner's report
@@ -179,36 +133,30 @@ def read_fleet(store: Store) -> FleetItems:
 def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None = None) -> FleetView:
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
     layout) adds the shards no live node serves."""
-    reports = [
-        (NodeReport.from_value(i.key.partition("/")[2], i.value), i.value) for i in items.nodes
-    ]
+    reports = [Heartbeat.from_value(i.key.partition("/")[2], i.value) for i in items.nodes]
     judged = any(  # a live elastic node marks the others gone: trust its marks
-        r.mode == ELASTIC and not v.get("gone") and now - r.seen <= stale_after(r)
-        for r, v in reports
+        r.mode == ELASTIC and not r.gone and now - r.at <= stale_after(r) for r in reports
     )
-    live: list[NodeReport] = []
-    went: list[tuple[NodeReport, float, str]] = []
-    for report, value in reports:
-        if value.get("gone"):
-            went.append((report, _float(value.get("gone_at")), str(value["gone"])))
-        elif not judged and now - report.seen > stale_after(report):
-            went.append((report, report.seen, NOT_REPORTING))
-        else:
-            live.append(report)
+    live: list[Heartbeat] = []
+    went: list[Heartbeat] = []  # marked gone, or (none judging) not reporting
+    for report in reports:
+        if not report.gone and not judged and now - report.at > stale_after(report):
+            report = replace(report, gone=NOT_REPORTING, gone_at=report.at)
+        (went if report.gone else live).append(report)
     by_id = {r.node: r for r in live}
     owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
     owners = {k: r.node for r in live if r.mode != ELASTIC for k in r.held}
     owners.update((k, o) for k, o in owned.items() if o in by_id)
     last_held: dict[str, str] = {}
-    for report, _, _ in sorted(went, key=lambda w: w[1]):  # the latest to go wins
+    for report in sorted(went, key=lambda r: r.gone_at):  # the latest to go wins
         last_held.update((k, report.node) for k in report.held if k not in owners)
     # an ownership item still naming a node not live
     last_held.update((k, o) for k, o in owned.items() if o and k not in owners)
     lags = {k: float(by_id[n].lags[k]) for k, n in owners.items() if k in by_id[n].lags}
     gone = [
-        GoneView(r, at, why, _sorted(k for k in r.held if k not in owners))
-        for r, at, why in went
-        if now - at <= GONE_KEPT_SECONDS
+        GoneView(r, r.gone_at, r.gone, _sorted(k for k in r.held if k not in owners))
+        for r in went
+        if now - r.gone_at <= GONE_KEPT_SECONDS
     ]
     return FleetView(
         time=now,
@@ -226,37 +174,16 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(keys), key=key_order))
 
 
-def _int(value: Any) -> int:
-    return _opt_int(value) or 0
-
-
-def _worker_counts(value: Any) -> dict[str, dict[str, int]]:
-    """A report's ``by_worker``; anything malformed in it counts 0."""
-    if not isinstance(value, dict):
-        return {}
-    return {
-        str(w): {k: _int(c.get(k)) for k in COUNTS} for w, c in value.items() if isinstance(c, dict)
-    }
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def _node_json(report: NodeReport, **extra: Any) -> dict[str, Any]:
-    """The report without its lags and lease time (``concurrency`` and ``slots_in_use``
-    only when it has them), with ``extra`` fields."""
-    data = {f.name: getattr(report, f.name) for f in fields(report)}
+def _node_json(report: Heartbeat, **extra: Any) -> dict[str, Any]:
+    """The report with ``at`` as ``seen``, without its lags and lease time
+    (``concurrency`` and ``slots_in_use`` only when it has them), with ``extra`` fields."""
+    data = {k: v for k, v in report.to_value().items() if k not in ("at", "lags", "expire")}
     data.update(
+        seen=report.at,
         shards=len(set(report.held)),
         held=list(_sorted(report.held)),
         by_worker={w: dict(c) for w, c in sorted(report.by_worker.items())},
-        lags=None,
-        expire=None,
+        max_lag=report.max_lag,
         **extra,
     )
     return {k: v for k, v in data.items() if v is not None}
@@ -273,7 +200,7 @@ def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str
             ("pid", "l", lambda n: str(n.pid)),
             ("mode", "l", lambda n: n.mode),
             ("started (UTC)", "l", lambda n: utc(n.started)),
-            ("last seen", "r", lambda n: f"{age(max(0.0, view.time - n.seen))} ago"),
+            ("last seen", "r", lambda n: f"{age(max(0.0, view.time - n.at))} ago"),
             ("shards", "r", lambda n: str(len(set(n.held)))),
             ("slots", "r", lambda n: slots_text(n.slots_in_use, n.concurrency)),
             ("jobs/s", "r", lambda n: f"{n.jobs_per_second:.1f}"),
@@ -288,7 +215,7 @@ def nodes_text(view: FleetView, backlog: Mapping[str, int] | None = None) -> str
             ("node", "l", lambda g: g.report.node),
             ("host", "l", lambda g: g.report.host),
             ("pid", "r", lambda g: str(g.report.pid)),
-            ("last seen (UTC)", "l", lambda g: utc(g.report.seen)),
+            ("last seen (UTC)", "l", lambda g: utc(g.report.at)),
             ("gone (UTC)", "l", lambda g: utc(g.gone_at)),
             ("reason", "l", lambda g: g.reason),
             ("shards", "r", lambda g: str(len(set(g.report.held)))),

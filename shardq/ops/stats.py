@@ -16,6 +16,7 @@ from shardq.morgue import Morgue
 from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, read_fleet
 from shardq.ops.layout_view import LayoutView, ReshardView, layout_view
 from shardq.store import StoreError
+from shardq.store.deployment import live_shards
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
 KNOWS_AGES = frozenset({"sqlite", "memory"})
@@ -159,12 +160,9 @@ def queues_exist(app: App) -> bool:
 def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerStats:
     settings = app.settings(name)
     layout = app.layouts.cached(name)
-    gens = [(layout.gen, layout.shards)]  # the current generation first
-    if layout.moving is not None:
-        gens.append((layout.moving.gen, layout.moving.shards))
     shards = [
-        _shard_stats(app, name, gen, shard, fleet, now)
-        for gen, count in gens
+        _shard_stats(app, name, parse_name(gen_name)[1], shard, fleet, now)
+        for gen_name, count in reversed(app.live_shards(name).items())  # the current first
         for shard in range(count)
     ]
     old_jobs = None
@@ -216,11 +214,6 @@ def current_fleet(app: App, now: float) -> FleetView:
     """The fleet at ``now`` from a fresh read of the store, with the live layouts' shards
     no live node serves."""
     return fleet_view(read_fleet(app.store), now, live_shards(app))
-
-
-def live_shards(app: App) -> dict[str, int]:
-    """Generation name -> shard count of every worker's live layout (the copy in hand)."""
-    return {name: n for worker in app.workers for name, n in app.live_shards(worker).items()}
 
 
 def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import threading
 from collections.abc import Callable, Iterable
@@ -12,10 +11,10 @@ from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shardq.core.clock import Clock, monotonic
+from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import MetricsServerError
 from shardq.core.outcome import Tally
 from shardq.run.executor import Outcome
@@ -26,8 +25,8 @@ _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
 
 
 class NodeMetrics(Collector):
-    """Counters fed by job outcomes; gauges read from the node when scraped; and
-    ``node.progress`` every ``progress_seconds`` (:meth:`log_progress`, 0: never)."""
+    """Job outcomes (:attr:`tally`) and metrics of them; gauges read from the node when scraped;
+    and ``node.progress`` every ``progress_seconds`` (:meth:`log_progress`, 0: never)."""
 
     def __init__(
         self,
@@ -36,23 +35,20 @@ class NodeMetrics(Collector):
         node: str = "",
         slots: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
-        tally: Callable[[], Tally] = Tally,
+        tally: Callable[[], Tally] | None = None,
         progress_seconds: float = 0.0,
         clock: Clock = monotonic,
     ) -> None:
-        """``slots``: (in use, concurrency); ``tally``: the node's job outcomes so far."""
-        self.node = node
+        """``slots``: (in use, concurrency); ``tally``: the job outcomes ``node.progress``
+        reads (default: a copy of :attr:`tally`)."""
+        self.node, self.tally = node, Tally()
+        self._created = wall()  # when the job counts started (``shardq_jobs_created``)
         self._lags, self._in_flight, self._slots = lags, in_flight, slots
-        self._tally, self._every, self._clock = tally, progress_seconds, clock
+        self._tally = self.tally.copy if tally is None else tally
+        self._every, self._clock = progress_seconds, clock
         self._last = clock()
         self._done: dict[str, int] = {}
         self.registry = CollectorRegistry()
-        self.jobs = Counter(
-            "shardq_jobs_total",
-            "Jobs by outcome",
-            ["worker", "outcome", "node"],
-            registry=self.registry,
-        )
         self.duration = Histogram(
             "shardq_job_duration_seconds",
             "perform() duration",
@@ -67,17 +63,12 @@ class NodeMetrics(Collector):
             registry=self.registry,
         )
         self.registry.register(self)
-        self._jobs: dict[tuple[str, str], Any] = {}  # labelled children, by labels
         self._durations: dict[str, Any] = {}
         self._server: Any = None
         self._lock = threading.Lock()
 
     def job_outcome(self, outcome: Outcome) -> None:
-        key = (outcome.worker, outcome.kind)
-        jobs = self._jobs.get(key)
-        if jobs is None:  # labels() looks the child up under a lock: once per key
-            jobs = self._jobs[key] = self.jobs.labels(*key, self.node)
-        jobs.inc(len(outcome.messages))
+        self.tally.job_outcome(outcome)
         if outcome.duration:
             duration = self._durations.get(outcome.worker)
             if duration is None:
@@ -95,10 +86,8 @@ class NodeMetrics(Collector):
         if not self._every or now - self._last < self._every:
             return
         tally = self._tally()
-        done = collections.Counter(tally.succeeded) + collections.Counter(tally.morgued)
-        rates = {
-            w: round((n - self._done.get(w, 0)) / (now - self._last), 1) for w, n in done.items()
-        }
+        rates = {w: round(r, 1) for w, r in tally.rates(self._done, now - self._last).items()}
+        done = tally.done()
         lags = [lag for _, _, lag in self._lags()]
         in_use, concurrency = self._slots()
         log.info(
@@ -139,7 +128,15 @@ class NodeMetrics(Collector):
                 self._server = None
 
     def collect(self) -> Iterable[Any]:
-        """The gauges, read from the node now (called by the registry when scraped)."""
+        """The job counts and the gauges, read now (called by the registry when scraped)."""
+        jobs = CounterMetricFamily(
+            "shardq_jobs", "Jobs by outcome", labels=["worker", "outcome", "node"]
+        )
+        tally = self.tally.copy()
+        for kind in ("succeeded", "retried", "morgued"):
+            for worker, n in getattr(tally, kind).items():
+                jobs.add_metric([worker, kind, self.node], n, created=self._created)
+        yield jobs
         lag = GaugeMetricFamily(
             "shardq_shard_lag_seconds",
             "Age of the oldest job believed waiting in a shard",

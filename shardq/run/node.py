@@ -105,17 +105,15 @@ class Node:
             self.leases.count,
             node=self.id,
             slots=lambda: (self.slots.in_use(), self.slots.concurrency),
-            tally=self.tally,
             progress_seconds=self.config.progress_seconds,
             clock=clock,
         )
-        self._tally = Tally()
         self.executor = Executor(
             app,
             self.leases,
             self.limits,
             self.stopping,
-            [self._tally, self.metrics, *observers],
+            [self.metrics, *observers],
             router=lambda ref, entity: self.layout.route(ref, entity),
             clock=clock,
             wall_clock=wall_clock,
@@ -275,11 +273,7 @@ class Node:
         self.intake.broker_trouble(operation, queue, exc)
 
     def tally(self) -> Tally:
-        total = Tally()
-        for kind in ("succeeded", "retried", "morgued"):
-            for worker, n in list(getattr(self._tally, kind).items()):
-                total.add(kind, worker, n)
-        return total
+        return self.metrics.tally.copy()
 
     def _broker_error(self, operation: str) -> None:
         self.metrics.broker_error(operation)
