@@ -395,3 +395,20 @@ def test_a_file_of_the_previous_version_opens_and_keeps_its_groups(tmp_path: Pat
     with broker._file.read("inspecting it") as db:
         assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'groups_by_id'").fetchone()
     broker.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_waiting_receive_or_watch_on_a_closed_broker_raises_instead_of_returning_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    # given a closed broker
+    broker = MemoryBroker() if kind == "memory" else SqliteBroker(str(tmp_path / "b.db"))
+    broker.ensure_queue("q.fifo")
+    broker.close()
+    # when a receive waits on it, or a watch, then each says the broker is closed at once
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match="closed"):
+        broker.receive("q.fifo", max_messages=1, wait_seconds=2, visibility_timeout=30)
+    with pytest.raises(BrokerError, match="closed"):
+        broker.watch(["q.fifo"], 2)
+    assert time.monotonic() - started < 1.5

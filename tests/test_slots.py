@@ -313,10 +313,6 @@ class Recorder:
 
     hide_later = hide
 
-    def release(self, messages: list[Message]) -> None:
-        if messages:
-            self.hidden.append(([m.receipt for m in messages], 0.0))
-
     def wait_runs(self, slots: Slots, count: int) -> None:
         """Wait until ``count`` runs started and the slots settled them (real time)."""
         with self.ran:

@@ -97,11 +97,13 @@ class App:
     def settings(self, worker: type[Worker] | str) -> WorkerSettings:
         """A worker's settings with the config's overrides applied."""
         name = worker if isinstance(worker, str) else worker.__name__
-        if name not in self._settings:
+        settings = self._settings.get(name)
+        if settings is None:
             overrides = self.config.workers.get(name, {})
             defaults = self.worker(name).default_settings()
-            self._settings[name] = defaults.with_overrides(overrides, self.config.source)
-        return self._settings[name]
+            settings = defaults.with_overrides(overrides, self.config.source)
+            self._settings[name] = settings
+        return settings
 
     def check(self) -> None:
         """Validate the config against the workers: names, overrides, queue names."""

@@ -191,20 +191,22 @@ class SqliteBroker(Broker):
         self, queues: list[str], seconds: float, look: Callable[[], tuple[list[_T], float | None]]
     ) -> list[_T]:
         """Call ``look`` until it finds something (it returns what, and when something may be
-        receivable), ``seconds`` passed or waiters are woken (then: nothing)."""
+        receivable), ``seconds`` passed or waiters are woken (then: nothing). It looks at
+        least once: on a closed broker, that raises."""
         deadline = time.monotonic() + max(0.0, seconds)
         waiter = self._waiters.add(queues)
         try:
-            while not waiter.woken:
+            while True:
                 waiter.event.clear()
                 found, next_at = look()
                 remaining = deadline - time.monotonic()
-                if found or remaining <= 0:
+                if found or remaining <= 0 or waiter.woken:
                     return found
                 if next_at is not None:
                     remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
                 waiter.event.wait(remaining)
-            return []
+                if waiter.woken:
+                    return []
         finally:
             self._waiters.remove(waiter)
 

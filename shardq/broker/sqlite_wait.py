@@ -1,8 +1,8 @@
 """Waiting on the embedded broker: per-queue wake-ups, in this and other processes.
 
 A write to a queue wakes only the waiters of that queue (after its commit). Commits of
-other processes are noticed by one thread per broker polling ``PRAGMA data_version``
-(which only their commits change) while anyone waits; they wake every waiter.
+other connections (other processes, and this one's state store) are noticed by one thread
+per broker polling ``PRAGMA data_version`` while anyone waits; they wake every waiter.
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ class Waiters:
     def add(self, queues: Sequence[str]) -> Waiter:
         """Register a waiting call (before its first look, so no write is missed), and
         start the watching thread unless it runs, from the file's version now."""
+        version, seen = self._data_version, None
+        if version is not None and not self._closed.is_set() and not self._watching():
+            seen = version()  # read before the mutex: it may wait for the file's lock
         with self._mutex:
-            running = self._thread is not None and self._thread.is_alive()
-            if self._data_version is not None and not running and not self._closed.is_set():
+            if version is not None and seen is not None and not self._watching():
                 self._thread = threading.Thread(
                     target=self._watch,
-                    args=(self._data_version, self._data_version()),
+                    args=(version, seen),
                     name="shardq-sqlite-watch",
                     daemon=True,
                 )
@@ -58,6 +60,9 @@ class Waiters:
             self._all.add(waiter)
             self._busy.set()
         return waiter
+
+    def _watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def remove(self, waiter: Waiter) -> None:
         with self._mutex:

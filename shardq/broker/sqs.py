@@ -237,8 +237,10 @@ class SqsBroker(Broker):
                 for i, e in enumerate(valid)
             ],
         )
+        ids = {str(i): e.id for i, e in enumerate(valid)}
         for ok in response.get("Successful", []):
-            result.message_ids[valid[int(ok["Id"])].id] = ok["MessageId"]
+            if ok.get("Id") in ids:  # another Id: reported missing below
+                result.message_ids[ids[ok["Id"]]] = ok["MessageId"]
         result.failed.update(_failures([e.id for e in valid], response))
         return result
 

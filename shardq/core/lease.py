@@ -106,7 +106,7 @@ def hand_back(
     ``running`` are left alone (a running job keeps its entity's later ones)."""
     out: list[tuple[list[Message], float]] = []
     retry_due: dict[tuple[str, str], float] = {}
-    for due, messages in sorted(retries, key=lambda r: r[0]):
+    for due, messages in sorted((r for r in retries if r[1]), key=lambda r: r[0]):
         out.append((messages, max(0.0, due - now)))
         retry_due[(messages[0].queue, messages[0].group_id)] = due
     retried = {m.receipt for messages, _ in out for m in messages}

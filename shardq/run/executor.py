@@ -130,7 +130,7 @@ class Executor:
         self._leases.delete(messages)
 
     def hide(self, messages: list[Message], seconds: float) -> None:
-        """Jobs held for a retry, hidden for what is left of its delay."""
+        """Held jobs hidden for ``seconds`` (a retry's delay left; 0: visible again now)."""
         self._leases.hide(messages, seconds)
 
     def hide_later(self, messages: list[Message], seconds: float) -> None:

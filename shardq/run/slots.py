@@ -295,7 +295,7 @@ class Slots:
     def _hand_back(self, chains: list[Chain], loose: Sequence[Message] = ()) -> None:
         """Hand chains not running and ``loose`` jobs back (a handover) in the order
         :func:`~shardq.core.lease.hand_back` gives."""
-        retries = [(c.due, c.pending) for c in chains if c.state == DEFERRED and c.pending]
+        retries = [(c.due, c.pending) for c in chains if c.state == DEFERRED]
         unstarted = [m for c in chains if c.state != DEFERRED for m in c.pending]
         for chain in chains:
             self._remove(chain)
