@@ -20,12 +20,16 @@ from shardq.core.plan import ShardRef
 
 log = structlog.get_logger("shardq.job")
 
+#: What can become of a job's run: the kinds of :class:`Outcome` (and :class:`Tally`'s fields).
+SUCCEEDED, RETRIED, MORGUED = "succeeded", "retried", "morgued"
+KINDS = (SUCCEEDED, RETRIED, MORGUED)
+
 
 @dataclass(frozen=True)
 class Outcome:
     """What became of one ``perform`` call's jobs (or of one invalid message)."""
 
-    kind: str  # "succeeded", "retried" or "morgued"
+    kind: str  # one of KINDS
     worker: str
     shard: int
     entity: str
@@ -125,14 +129,14 @@ class Reporter:
         error: BaseException | None = None,
         **extra: Any,
     ) -> None:
-        if kind == "succeeded":
+        if kind == SUCCEEDED:
             level = logging.DEBUG
             now = self._clock()
             if now >= self._debug_until:  # asked once a second, not once per job
                 check = getattr(log.bind(), "is_enabled_for", None)
                 self._debug = True if check is None else bool(check(logging.DEBUG))
                 self._debug_until = now + 1.0
-        elif kind == "retried" and isinstance(error, Retry):
+        elif kind == RETRIED and isinstance(error, Retry):
             level = logging.INFO
         else:
             level = logging.WARNING

@@ -14,6 +14,7 @@ import structlog
 
 from shardq.api.app import App
 from shardq.core.clock import Clock, monotonic, wall
+from shardq.core.outcome import MORGUED, SUCCEEDED
 from shardq.ops.fleet_view import FleetView
 from shardq.ops.stats import KNOWS_AGES, Stats, collect, current_fleet
 
@@ -21,7 +22,7 @@ log = structlog.get_logger("shardq.dashboard")
 
 WINDOW = 1800.0  # seconds of throughput history kept
 FLEET_REFRESH = 1.0  # seconds between reads of the fleet items alone
-OUTCOMES = frozenset({"succeeded", "morgued"})
+OUTCOMES = frozenset({SUCCEEDED, MORGUED})  # a job done
 NO_THROUGHPUT = (
     "not counted by SQS and no node has reported yet: start a node, or pass "
     "--scrape http://node:port/metrics"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from shardq.broker import MemoryBroker
 from shardq.core.errors import ShardqError
 from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.outcome import MORGUED, RETRIED, SUCCEEDED
 from shardq.core.plan import ShardRef
 from shardq.publish import Publisher, PublishReport
 from shardq.run.executor import Executor, Outcome
@@ -42,7 +43,7 @@ class JobRun:
     worker: str
     entity_id: str
     payload: Any
-    outcome: str  # "succeeded", "retried" or "morgued"
+    outcome: str  # one of shardq.core.outcome.KINDS
     error: BaseException | None
 
 
@@ -57,15 +58,15 @@ class DrainResult:
 
     @property
     def succeeded(self) -> list[JobRun]:
-        return self._of("succeeded")
+        return self._of(SUCCEEDED)
 
     @property
     def retried(self) -> list[JobRun]:
-        return self._of("retried")
+        return self._of(RETRIED)
 
     @property
     def morgued(self) -> list[JobRun]:
-        return self._of("morgued")
+        return self._of(MORGUED)
 
     def payloads(self, worker: str | None = None, entity_id: str | None = None) -> list[Any]:
         """Payloads of the jobs that succeeded, in the order they ran."""

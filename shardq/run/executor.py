@@ -25,7 +25,10 @@ from shardq.core.outcome import (
     GAVE_UP,
     HIDDEN,
     LATER,
+    MORGUED,
+    RETRIED,
     STOPPED,
+    SUCCEEDED,
     Deferred,
     EntityEnd,
     Observer,
@@ -209,7 +212,7 @@ class Executor:
                 log.error(
                     "job.retry_in_failed", worker=ref.worker, detail="used the default backoff"
                 )
-            self._outcome("retried", ref, chunk, duration, error, delay=round(decision.delay, 3))
+            self._outcome(RETRIED, ref, chunk, duration, error, delay=round(decision.delay, 3))
             return self._retry(chunk, jobs[i + len(chunk) :], decision.delay)
         return EntityEnd(DONE, performed=performed)
 
@@ -246,7 +249,7 @@ class Executor:
             self._leases.delete(messages)
         else:
             done.extend(messages)
-        self._outcome("succeeded", ref, chunk, duration)
+        self._outcome(SUCCEEDED, ref, chunk, duration)
         self._attempts.forget(messages)
 
     def _retry(self, failed: list[_Job], later: list[_Job], delay: float) -> EntityEnd:
@@ -321,7 +324,7 @@ class Executor:
                 worker.retries_exhausted(entity, [j.payload for j in chunk], error)
             except Exception:
                 log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
-        self._outcome("morgued", ref, chunk, duration, error, reason=reason)
+        self._outcome(MORGUED, ref, chunk, duration, error, reason=reason)
         self._attempts.forget(j.message for j in chunk)
         return True
 

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import MetricsServerError
-from shardq.core.outcome import Tally
+from shardq.core.outcome import KINDS, Tally
 from shardq.run.executor import Outcome
 
 log = structlog.get_logger("shardq.node")
@@ -133,7 +133,7 @@ class NodeMetrics(Collector):
             "shardq_jobs", "Jobs by outcome", labels=["worker", "outcome", "node"]
         )
         tally = self.tally.copy()
-        for kind in ("succeeded", "retried", "morgued"):
+        for kind in KINDS:
             for worker, n in getattr(tally, kind).items():
                 jobs.add_metric([worker, kind, self.node], n, created=self._created)
         yield jobs
