@@ -129,46 +129,28 @@ def shardq_cli(
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("command", "args", "message"),
     [
-        (["--node", "0", "--nodes", "0"], "--nodes must be at least 1, got 0"),
-        (["--nodes", "2"], "--nodes needs --node"),
-        (["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
-        (["--threads", "-1"], "threads: expected an integer >= 1, got -1"),
-        (["--grace-seconds", "-5"], "grace_seconds: expected 0 to 3600, got -5.0"),
-        (["--metrics-port", "99999"], "metrics_port: expected a port from 0 to 65535"),
-        (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
-        (["--node", "abc"], "argument --node: invalid int value: 'abc'"),
-        (["--app", "tests.apps"], "defines 0 shardq.App objects"),
+        ("run", ["--node", "0", "--nodes", "0"], "--nodes must be at least 1, got 0"),
+        ("run", ["--nodes", "2"], "--nodes needs --node"),
+        ("run", ["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
+        ("run", ["--threads", "-1"], "threads: expected an integer >= 1, got -1"),
+        ("run", ["--grace-seconds", "-5"], "grace_seconds: expected 0 to 3600, got -5.0"),
+        ("run", ["--metrics-port", "99999"], "metrics_port: expected a port from 0 to 65535"),
+        ("run", ["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
+        ("run", ["--node", "abc"], "argument --node: invalid int value: 'abc'"),
+        ("run", ["--app", "tests.apps"], "defines 0 shardq.App objects"),
+        ("plan", ["--nodes", "0"], "--nodes must be at least 1, got 0"),
+        ("plan", ["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
     ],
 )
-def test_run_refuses_bad_flag_values_before_touching_the_broker(
-    tmp_path: Path, args: list[str], message: str
+def test_run_and_plan_refuse_bad_flag_values_before_touching_the_broker(
+    tmp_path: Path, command: str, args: list[str], message: str
 ) -> None:
     # given a broker file that must not come to exist
     db = tmp_path / "never.db"
-    # when a node is started with a bad flag
-    result = shardq_cli("run", "--broker-url", f"sqlite:///{db}", *args)
-    # then it exits 2 with the reason, having created nothing
-    assert result.returncode == 2, result.stderr
-    assert message in result.stderr
-    assert not db.exists()
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--nodes", "0"], "--nodes must be at least 1, got 0"),
-        (["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
-    ],
-)
-def test_plan_refuses_bad_flag_values_before_touching_the_broker(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
-    # given a broker file that must not come to exist
-    db = tmp_path / "never.db"
-    # when the plan is printed with a bad flag
-    result = shardq_cli("plan", "--broker-url", f"sqlite:///{db}", *args)
+    # when a node is started, or the plan printed, with a bad flag
+    result = shardq_cli(command, "--broker-url", f"sqlite:///{db}", *args)
     # then it exits 2 with the reason, having created nothing
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
