@@ -111,7 +111,6 @@ class SqsBroker(Broker):
 
     def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         endpoint = self.client.meta.endpoint_url
-        meaning = _SAFE.get(what.split()[0], "")  # what a failure means for the jobs
         earlier = self.unanswered.earlier(endpoint)
         if earlier is not None:
             raise BrokerError(f"{what}: not sent: {earlier}")
@@ -128,12 +127,12 @@ class SqsBroker(Broker):
             raise BrokerError(no_credentials(what)) from exc
         except TIMEOUTS as exc:
             error = timed_out(
-                what, exc, meaning, connect=self.connect_timeout, read=self.read_timeout
+                what, exc, _meaning(what), connect=self.connect_timeout, read=self.read_timeout
             )
             self.unanswered.record(endpoint, error)
             raise BrokerError(error) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            raise BrokerError(f"{what}: cannot reach SQS ({exc}){meaning}") from exc
+            raise BrokerError(f"{what}: cannot reach SQS ({exc}){_meaning(what)}") from exc
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
@@ -302,6 +301,12 @@ class SqsBroker(Broker):
             ],
         )
         return BatchResult(failed=_failures(receipts, response))
+
+
+def _meaning(what: str) -> str:
+    """What a failure of the call doing ``what`` means for its jobs (worked out only when
+    a call fails)."""
+    return _SAFE.get(what.split()[0], "")
 
 
 def _code(exc: BaseException | None) -> str:
