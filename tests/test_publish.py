@@ -447,6 +447,36 @@ def test_a_job_over_the_queues_size_limit_sends_nothing(app: shardq.App) -> None
     assert [j.payload for j in drain(app, queue)] == ["small"]
 
 
+class LimitCountingBroker(WrappingBroker):
+    """Counts the reads of a queue's size limit."""
+
+    def __init__(self, inner: Broker) -> None:
+        super().__init__(inner)
+        self.limit_reads: list[str] = []
+
+    def max_message_bytes(self, queue: str) -> int:
+        self.limit_reads.append(queue)
+        return super().max_message_bytes(queue)
+
+
+def test_a_queues_size_limit_is_read_only_for_a_job_over_one_kib(inner_broker: Broker) -> None:
+    """Every queue takes 1 KiB (the smallest MaximumMessageSize SQS allows): jobs no larger
+    cost no attribute read; a larger one reads its queue's limit once."""
+    # given a publisher on a broker counting the size-limit reads
+    broker = LimitCountingBroker(inner_broker)
+    app = make_app(broker)
+    worker = define(app, shards=1)
+    # when 50 small jobs are published
+    worker.publish_many([(f"e{n}", {"n": n}) for n in range(50)])
+    # then no limit was read
+    assert broker.limit_reads == []
+    # when two jobs over 1 KiB are published
+    worker.publish_many([("e1", "x" * 2000), ("e2", "y" * 2000)])
+    # then the queue's limit was read once, and every job is there
+    assert broker.limit_reads == [app.shard_queue(worker, 0)]
+    assert waiting(app, worker) == 52
+
+
 def test_a_job_over_one_mib_is_too_large_for_a_default_queue(app: shardq.App) -> None:
     worker = define(app)
     with pytest.raises(PayloadTooLargeError, match=f"accepts at most {MAX_MESSAGE_BYTES}"):

@@ -95,6 +95,37 @@ def test_the_embedded_broker_has_no_retention(tmp_path: Path) -> None:
     broker.close()
 
 
+class _CountingRetention:
+    """A broker part that answers the retention and counts how often it was asked."""
+
+    def __init__(self, retention: int) -> None:
+        self.retention, self.asked = retention, 0
+
+    def retention_seconds(self, queue: str) -> int:
+        self.asked += 1
+        return self.retention
+
+
+def test_jobs_younger_than_any_retention_cost_no_attribute_read(tmp_path: Path) -> None:
+    """Given jobs received 29 s after they were sent (share 0.5 of the shortest retention,
+    60 s, is 30 s), when they are checked, then the queue's retention is not read; at
+    31 s it is read (once) and, on a 60 s queue, both are warned about."""
+    broker = SqliteBroker(str(tmp_path / "broker.db"))
+    broker.ensure_queue("q.fifo")
+    messages = _send_and_receive(broker, "q.fifo")
+    sent = min(m.sent_at for m in messages)
+    asked = _CountingRetention(60)
+    now = [sent + 29]
+    old = OldJobs(asked, 0.5, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert old.check(messages) == 0
+    assert asked.asked == 0
+    now[0] = max(m.sent_at for m in messages) + 31
+    with capture_logs():
+        assert old.check(messages) == 2
+    assert asked.asked == 1
+    broker.close()
+
+
 @pytest.mark.sqs
 def test_old_jobs_are_warned_about_once_per_message(sqs_emulator: Emulator) -> None:
     """Given two jobs received from a queue keeping messages 60 s, when they are checked

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -19,6 +19,7 @@ from shardq.core.limits import (
     MAX_BATCH_BYTES,
     MAX_BATCH_ENTRIES,
     MAX_VISIBILITY_SECONDS,
+    MIN_MESSAGE_BYTES,
 )
 from shardq.core.messages import (
     BatchResult,
@@ -130,20 +131,20 @@ def check_batch(ids: Sequence[str]) -> None:
 
 
 def valid_entries(
-    entries: Sequence[SendEntry], max_bytes: int, result: SendResult
+    entries: Sequence[SendEntry], max_bytes: Callable[[], int], result: SendResult
 ) -> list[SendEntry]:
     """The entries of a send batch SQS would accept; the others fail in ``result``. Raise
-    for a batch SQS would refuse whole (size, count, repeated ids)."""
+    for a batch SQS would refuse whole (size, count, repeated ids). ``max_bytes``, the
+    queue's limit, is asked only for a body over the least any queue takes."""
     check_batch([e.id for e in entries])
     sizes = [len(e.body.encode("utf-8")) for e in entries]
     if sum(sizes) > MAX_BATCH_BYTES:
         raise BrokerError(f"batch of {sum(sizes)} bytes exceeds {MAX_BATCH_BYTES} bytes")
+    limit = max_bytes() if max(sizes, default=0) > MIN_MESSAGE_BYTES else MIN_MESSAGE_BYTES
     valid = []
     for entry, size in zip(entries, sizes, strict=True):
-        if size > max_bytes:
-            result.failed[entry.id] = (
-                f"message is {size} bytes; the queue accepts at most {max_bytes}"
-            )
+        if size > limit:
+            result.failed[entry.id] = f"message is {size} bytes; the queue accepts at most {limit}"
         elif not GROUP_ID_PATTERN.fullmatch(entry.group_id):
             result.failed[entry.id] = f"invalid MessageGroupId {entry.group_id!r}"
         elif not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):

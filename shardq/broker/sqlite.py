@@ -127,7 +127,8 @@ class SqliteBroker(Broker):
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
         with self._file.write(f"sending to queue {queue}") as db:
-            valid = valid_entries(entries, self._settings(db, queue)[1], result)
+            max_bytes = self._settings(db, queue)[1]  # (QueueNotFoundError if none)
+            valid = valid_entries(entries, lambda: max_bytes, result)
             ids, fresh = self._dedup.claim(db, queue, list({e.dedup_id: 0 for e in valid}))
             new = []
             for entry in valid:

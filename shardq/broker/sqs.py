@@ -219,7 +219,7 @@ class SqsBroker(Broker):
     # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
-        valid = valid_entries(entries, self.max_message_bytes(queue), result)
+        valid = valid_entries(entries, lambda: self.max_message_bytes(queue), result)
         if not valid:
             return result
         response = self._call(

@@ -18,6 +18,8 @@ MAX_BATCH_BYTES = 1024 * 1024
 MAX_VISIBILITY_SECONDS = 12 * 60 * 60
 #: Longest SQS keeps a message (14 days; default 4): every queue shardq creates gets it.
 MAX_RETENTION_SECONDS = 14 * 24 * 60 * 60
+#: Shortest retention a queue can be given (1 minute).
+MIN_RETENTION_SECONDS = 60
 #: Longest a long poll can wait.
 MAX_WAIT_SECONDS = 20
 #: How long SQS remembers a MessageDeduplicationId.

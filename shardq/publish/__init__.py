@@ -24,6 +24,7 @@ from shardq.core.errors import (
 )
 from shardq.core.jobs import Job, JobSpec
 from shardq.core.layout import WorkerLayout, publish_to
+from shardq.core.limits import MIN_MESSAGE_BYTES
 from shardq.core.middleware import PublishContext, run_around
 from shardq.core.topology import check_entity_id, shard_for
 
@@ -154,10 +155,10 @@ class Publisher:
         queue = self._app.shard_queue(worker, shard_for(entity, shards), gen)
         self._app.ensure_queue(queue, worker)
         size = len(body.encode("utf-8"))
-        if queue not in self._max_bytes:
+        # every queue takes MIN_MESSAGE_BYTES: its own limit is read only for a larger job
+        if size > MIN_MESSAGE_BYTES and queue not in self._max_bytes:
             self._max_bytes[queue] = self._app.broker.max_message_bytes(queue)
-        limit = self._max_bytes[queue]
-        if size > limit:
+        if size > (limit := self._max_bytes.get(queue, MIN_MESSAGE_BYTES)):
             raise PayloadTooLargeError(
                 f"{where}job for entity {entity!r} of {worker} encodes to {size} bytes; "
                 f"queue {queue} accepts at most {limit}. Store large data elsewhere (e.g. S3) "

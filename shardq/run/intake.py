@@ -16,7 +16,7 @@ from shardq.broker.base import Broker, Message, release_now
 from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import hand_back
-from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.limits import MAX_BATCH_ENTRIES, MIN_RETENTION_SECONDS
 from shardq.run.leases import Leases
 from shardq.run.shard import Shard
 from shardq.run.waits import Deadline, wait_until
@@ -49,11 +49,13 @@ class OldJobs:
         """Log ``job.old`` for each message newly found too old; returns how many."""
         if self.share <= 0 or not messages:
             return 0
+        now = self.clock()
+        if now - min(m.sent_at for m in messages) <= self.share * MIN_RETENTION_SECONDS:
+            return 0  # too young for any queue's retention: no need to read this one's
         try:
             retention = self.broker.retention_seconds(messages[0].queue)
         except BrokerError:
             return 0  # the next receive asks again
-        now = self.clock()
         warned = 0
         for message in messages:
             if not too_old(message.sent_at, now, retention, self.share):
