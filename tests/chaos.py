@@ -122,11 +122,7 @@ BROKER_TROUBLE = {
 }
 #: Events a node logs when a part of it died or misbehaved.
 CRASHES = {
-    "node.lane_failed",
     "node.part_failed",
-    "node.thread_died",
-    "lease.keeper_failed",
-    "lease.request_crashed",
     "observer.failed",
     "job.retry_in_failed",
 }

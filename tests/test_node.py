@@ -320,11 +320,9 @@ def test_a_broker_bug_in_a_background_thread_stops_the_node_with_exit_1_and_lose
         code = ledger.app.node(ledger.app.plan(threads=1), until_empty=True).run()
     # then the node stops with exit code 1, says why, and the job is still queued
     assert code == 1
-    assert any(e["event"] == "lease.request_crashed" for e in logs)
-    assert any(
-        e["event"] == "node.thread_died" and e["threads"] == ["the lease keeper"] for e in logs
-    )
     queue = ledger.app.shard_queue("Ledgered", shardq.core.topology.shard_for("e", 3))
+    failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
+    assert failed and set(failed) == {(f"a request to {queue}", "RuntimeError: bug in the broker")}
     counts = broker.counts(queue)
     assert counts.waiting + counts.in_flight == 1
 

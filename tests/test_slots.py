@@ -31,6 +31,7 @@ from shardq.run.chain import RUNNING, Chain, join, settle_again
 from shardq.run.node import Node
 from shardq.run.shard import Shard
 from shardq.run.slots import Slots
+from shardq.run.threads import Threads
 from tests.clocks import ends_within
 from tests.conftest import make_broker
 
@@ -345,7 +346,7 @@ def message(message_id: str, receipt: str, sequence: str) -> Message:
 
 def running_a_with_b_joined(recorder: Recorder) -> tuple[Slots, Shard]:
     """Slots running job A of entity e (receipt a-1), and job B of e (b-1) joined."""
-    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    slots = Slots(4, recorder, threading.Event(), Threads())  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.hand(shard, [[message("a", "a-1", "1")]])
     assert recorder.started.wait(30)
@@ -376,7 +377,7 @@ def test_a_quick_workers_entities_run_in_the_lane_and_only_a_retry_gets_a_chain(
     # given slots whose first run of a worker (in a slot) found its jobs quick: one job,
     # then enough to know
     batches = Batches()
-    slots = Slots(4, batches, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    slots = Slots(4, batches, threading.Event(), Threads())  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.hand(shard, [[job("one", "o-1")]])
     batches.wait_runs(slots, 1)
@@ -400,7 +401,7 @@ def test_a_quick_workers_entities_run_in_the_lane_and_only_a_retry_gets_a_chain(
 def run_with_m_delivered_again(recorder: Recorder) -> None:
     """Slots run job M (receipt m-1); while it runs, M is received again (its first
     copy's visibility ran out, receipt m-2) with job N after it; then all settle."""
-    slots = Slots(4, recorder, threading.Event(), lambda what, exc: None)  # type: ignore[arg-type]
+    slots = Slots(4, recorder, threading.Event(), Threads())  # type: ignore[arg-type]
     shard = Shard(ShardRef("W", 0, 1), "q", 30)
     slots.hand(shard, [[message("m", "m-1", "1")]])
     assert recorder.started.wait(30)

@@ -80,11 +80,7 @@ class Fleet:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
         self._beat(self.clock())
         log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
-        self._thread = threading.Thread(target=self._guard, name="shardq-fleet", daemon=True)
-        self._thread.start()
-
-    def alive(self) -> bool:
-        return self._stop.is_set() or self._thread is None or self._thread.is_alive()
+        self._thread = self.node.threads.start("shardq-fleet", "the fleet membership", self._loop)
 
     def leave(self) -> None:
         """After the node's shutdown sweep: free every shard, delete the heartbeat."""
@@ -103,13 +99,10 @@ class Fleet:
         with self._lock:
             return sorted({*self._owned, *self._draining})
 
-    def _guard(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self.step()
-                self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
-        except BaseException as exc:
-            self.node.fail("the fleet membership", exc)
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
 
     def step(self) -> None:
         now = self.clock()

@@ -3,7 +3,6 @@ switch when due, close the old shards served here once empty, sweep retired queu
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -34,34 +33,25 @@ class LayoutKeeper:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.app = node.app
-        self.failed = False
         #: Old shards found empty here: whatever still comes out of them is relayed.
         self.relaying: set[str] = set()
         self._swept: dict[str, float] = {}  # retired queue -> next look (clock)
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
-        self._thread = threading.Thread(target=self._guard, name="shardq-layout", daemon=True)
 
     def start(self) -> None:
         # the node's plan was made over the layouts in hand: follow their changes only
         self._versions = {w: self.app.layouts.cached(w) for w in self.app.workers}
-        self._thread.start()
-
-    def alive(self) -> bool:
-        return not self.failed and (self._thread.is_alive() or self.node.stopping.is_set())
+        self.node.threads.start("shardq-layout", "the layout keeper", self._loop)
 
     def route(self, ref: ShardRef, entity: str) -> str:
         if self.relaying and ref.key in self.relaying:  # (ref.key builds a string)
             return rules.RELAY
         return rules.route(self.app.layouts.cached(ref.worker), ref.gen, ref.shard, entity)
 
-    def _guard(self) -> None:
-        try:
-            while not self.node.stopping.wait(0.5):
-                self.tick()
-        except BaseException as exc:
-            self.failed = True
-            self.node.fail("the layout keeper", exc)
+    def _loop(self) -> None:
+        while not self.node.stopping.wait(0.5):
+            self.tick()
 
     def tick(self) -> None:
         layouts = self.app.layouts

@@ -40,9 +40,6 @@ class EventLoop:
 
         asyncio.run_coroutine_threadsafe(call(), loop).result()
 
-    def alive(self) -> bool:
-        return self._thread is None or self._thread.is_alive()
-
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the
         grace period is)."""

@@ -9,13 +9,12 @@ import random
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-import structlog
-
 from shardq.broker.base import Message
 from shardq.core.clock import Clock, wall
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.scheduler import Scheduler, ShardView
 from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
+from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
@@ -29,10 +28,7 @@ class Watch(Protocol):
     def unwatch(self, shard: Shard) -> None: ...
 
 
-log = structlog.get_logger("shardq.node")
-
-
-class Lane(threading.Thread):
+class Lane:
     """One node thread: hands its shards' batches to the slots, receives overlapped.
     ``wall_clock``: Unix time, compared with the broker's sent times to age shards' heads."""
 
@@ -47,30 +43,27 @@ class Lane(threading.Thread):
         *,
         prefetch: int,
         wall_clock: Clock = wall,
+        threads: Threads | None = None,
     ) -> None:
-        super().__init__(name=f"shardq-lane-{index}", daemon=True)
+        self.name = f"shardq-lane-{index}"
+        self._threads = threads or Threads()
+        self.thread: threading.Thread | None = None
         self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
         self.wall = wall_clock
         self.index = index
         self.shards = shards
         self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
-        self.failed = False
         self._scheduler = Scheduler(rng)
         self._picks = 0
         self._in_flight = 0
         self._in_hand = 0  # received batches not started, over all the lane's shards
 
-    def run(self) -> None:
-        try:
-            self._serve()
-        except BaseException:
-            self.failed = True
-            log.exception(
-                "node.lane_failed",
-                lane=self.name,
-                detail="stopping the node; its jobs are released or reappear",
-            )
-            self.intake.stop()
+    def start(self) -> None:
+        self.thread = self._threads.start(self.name, f"lane {self.index}", self._serve)
+
+    def join(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
 
     def _serve(self) -> None:
         for s in self.shards:  # the idle watch finds out which shards have work

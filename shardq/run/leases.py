@@ -16,6 +16,7 @@ from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import CHANGE, DELETE, HELD, Lease
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
+from shardq.run.threads import Threads
 from shardq.run.waits import Deadline, until_next_look, wait_until
 
 log = structlog.get_logger("shardq.leases")
@@ -43,8 +44,10 @@ class Leases:
         on_broker_error: Callable[[str], None] = lambda operation: None,
         clock: Clock = monotonic,
         wall_clock: Clock = wall,
+        threads: Threads | None = None,
     ) -> None:
         self._clock, self._wall = clock, wall_clock
+        self._threads = threads or Threads()
         self._broker = broker
         self._linger = broker.settle_linger
         self._pool = pool
@@ -62,16 +65,11 @@ class Leases:
         self._hidden: dict[str, tuple[str, str, float]] = {}
         self._closed = False
         self._flushing = 0  # callers of flush(): send settles without lingering
-        self._thread = threading.Thread(target=self._loop, name="shardq-leases", daemon=True)
-        self.failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
-
-    def alive(self) -> bool:
-        """False once the keeper died or a request failed for an unexpected reason."""
-        return self.failed is None and (self._thread.is_alive() or self._closed)
+        self._thread = self._threads.start("shardq-leases", "the lease keeper", self._loop)
 
     def close(self, timeout: float) -> bool:
         """Send every pending settle (waiting up to ``timeout``), then stop extending.
@@ -97,7 +95,7 @@ class Leases:
 
     def _flushed(self) -> bool:
         """Nothing is left to settle, or nobody is left to settle it (the lock held)."""
-        return not self._settling or not self._thread.is_alive()
+        return not self._settling or self._thread is None or not self._thread.is_alive()
 
     # -- holding -----------------------------------------------------------------
     def hold(self, messages: Iterable[Message], visibility_timeout: float) -> None:
@@ -199,18 +197,14 @@ class Leases:
 
     # -- the keeper's loop ---------------------------------------------------------
     def _loop(self) -> None:
-        try:
-            with self._cond:
-                while not self._closed:
-                    now = self._clock()
-                    self._wake_at = now + self._dispatch(now)
-                    while not self._closed:  # until woken, or the clock reaches _wake_at
-                        left = self._wake_at - self._clock()
-                        if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
-                            break
-        except BaseException as exc:  # the node notices and stops: see Node.run
-            self.failed = exc
-            log.exception("lease.keeper_failed", detail="the node stops; held jobs reappear")
+        with self._cond:
+            while not self._closed:
+                now = self._clock()
+                self._wake_at = now + self._dispatch(now)
+                while not self._closed:  # until woken, or the clock reaches _wake_at
+                    left = self._wake_at - self._clock()
+                    if left <= 0 or self._cond.wait(until_next_look(self._clock, left)):
+                        break
 
     def _dispatch(self, now: float) -> float:
         """Send what is due (lock held); returns how long to wait for the next thing."""
@@ -311,9 +305,8 @@ class Leases:
             error: BaseException | None = None
         except BrokerError as exc:
             result, error = BatchResult(), exc
-        except Exception as exc:  # a bug, not an outage: the node stops (see alive())
-            log.exception("lease.request_crashed", queue=request.queue)
-            self.failed = exc
+        except Exception as exc:  # a bug, not an outage: the node stops
+            self._threads.fail(f"a request to {request.queue}", exc)
             result, error = BatchResult(), exc
         with self._cond:
             self._answered(request, sent, result, error)

@@ -33,6 +33,7 @@ from shardq.run.parts import Keeper, Membership
 from shardq.run.shard import Shard
 from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
+from shardq.run.threads import Threads
 from shardq.run.timelimit import TimeLimits
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Node:
         self.config = app.config
         self.until_empty = until_empty
         self.elastic = threads is not None
+        self.threads = Threads(self.fail)
         threads = _lane_count(plan, threads)
         # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
         local = app.broker.watch([], 0) is not None
@@ -84,6 +86,7 @@ class Node:
             on_broker_error=self._broker_error,
             clock=clock,
             wall_clock=wall_clock,
+            threads=self.threads,
         )
         self.old_jobs = OldJobs(app.broker, self.config.retention_warning_share, wall_clock)
         self.intake = Intake(
@@ -96,7 +99,7 @@ class Node:
             clock=clock,
         )
         self.stopping = self.intake.stopping
-        self.limits = TimeLimits(clock)
+        self.limits = TimeLimits(clock, self.threads)
         self.id = make_node_id()
         self.fleet = fleet(self) if fleet is not None else None
         self.id = self.fleet.id if self.fleet is not None else self.id
@@ -119,10 +122,13 @@ class Node:
             wall_clock=wall_clock,
         )
         concurrency = self.config.concurrency if concurrency is None else concurrency
-        self.slots = Slots(concurrency, self.executor, self.stopping, self.fail)
+        self.slots = Slots(concurrency, self.executor, self.stopping, self.threads)
         self.metrics_port: int | None = None
+        wait = self.config.idle_wait_seconds
         self.idle: Pollers | Watcher = (
-            Watcher(self.intake) if local else Pollers(self.intake, self.config.idle_wait_seconds)
+            Watcher(self.intake, self.threads)
+            if local
+            else Pollers(self.intake, wait, self.threads)
         )
         rng = random.Random(seed)
         refs = [*plan.threads, *[()] * (threads - len(plan.threads))]
@@ -136,10 +142,11 @@ class Node:
                 random.Random(rng.random()),
                 prefetch=self.config.prefetch,
                 wall_clock=wall_clock,
+                threads=self.threads,
             )
             for i, mine in enumerate(refs)
         ]
-        self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard)
+        self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard, self.threads)
         self.layout = keeper(self)
         self.failed = False
         self.signals = StopSignals(self.stopping)
@@ -189,10 +196,10 @@ class Node:
         return shut_down(self)
 
     def _watch(self) -> None:
-        """The node's own loop: health, progress, housekeeping, until-empty."""
+        """The node's own loop: progress, housekeeping, until-empty (a part that fails
+        stops the node by itself: :mod:`shardq.run.threads`)."""
         quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
-            self._check_alive()
             self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
                 next_maintain = now + MAINTAIN_EVERY_SECONDS
@@ -244,8 +251,7 @@ class Node:
             log.info(
                 "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
             )
-        if isinstance(self.idle, Watcher):
-            self.idle.start()
+        self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
         self.leases.start()
         self.ownership.start()
@@ -293,22 +299,6 @@ class Node:
         ]
 
     # -- the watching thread -----------------------------------------------------------
-    def _check_alive(self) -> None:
-        fleet = self.fleet
-        parts: dict[str, Callable[[], bool]] = {
-            "the lease keeper": self.leases.alive,
-            "an execution slot": self.slots.alive,
-            "the idle watch": self.idle.alive,
-            "the fleet membership": fleet.alive if fleet is not None else lambda: True,
-            "the layout keeper": self.layout.alive,
-        }
-        dead = [lane.name for lane in self.lanes if lane.ident is not None and not lane.is_alive()]
-        dead += [name for name, alive in parts.items() if not alive()]
-        if dead and not self.stopping.is_set():
-            self.failed = True
-            log.error("node.thread_died", threads=dead, detail="stopping the node")
-            self.stop()
-
     def _idle(self) -> bool:
         return (
             not self.leases.count()

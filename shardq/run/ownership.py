@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -14,6 +15,7 @@ from shardq.core.errors import ConfigError
 from shardq.core.plan import ShardRef
 from shardq.run.lane import Lane
 from shardq.run.shard import Join, Leave, Shard
+from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
@@ -31,8 +33,10 @@ class Ownership:
         intake: Intake,
         lanes: list[Lane],
         make_shard: Callable[[ShardRef], Shard],
+        threads: Threads,
     ) -> None:
         self._app, self._intake, self._make_shard = app, intake, make_shard
+        self._threads = threads
         self._lanes = lanes
         self._lock = threading.Lock()
         self._served: dict[str, tuple[Lane, Shard]] = {
@@ -106,12 +110,8 @@ class Ownership:
 
     def _swept(self, shard: Shard, done: threading.Event) -> None:
         receipts = self._intake.leases.settling(shard.queue)
-        threading.Thread(
-            target=self._settle,
-            args=(shard, receipts, done),
-            name=f"shardq-drop-{shard.ref}",
-            daemon=True,
-        ).start()
+        settle = partial(self._settle, shard, receipts, done)
+        self._threads.start(f"shardq-drop-{shard.ref}", f"the handover of {shard.ref}", settle)
 
     def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:
         intake = self._intake

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from shardq.run.ownership import Ownership
     from shardq.run.parts import Membership
     from shardq.run.slots import Slots
+    from shardq.run.threads import Threads
     from shardq.run.timelimit import TimeLimits
     from shardq.store.deployment import Deployment
 
@@ -51,6 +52,7 @@ class Stopping(Protocol):
     limits: TimeLimits
     metrics: NodeMetrics
     ownership: Ownership
+    threads: Threads
     failed: bool
     id: str
 
@@ -63,8 +65,8 @@ log = structlog.get_logger("shardq.node")
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
-#: Longest wait for the idle watch's threads to end (those not in a long poll end at once).
-IDLE_WATCH_SECONDS = 0.2
+#: Longest wait for the node's threads to end (those not in a long poll or a job end at once).
+THREADS_SECONDS = 0.2
 
 
 def shut_down(node: Stopping) -> int:
@@ -79,8 +81,7 @@ def shut_down(node: Stopping) -> int:
     log.info("node.stopping", grace_seconds=node.config.grace_seconds)
     grace = Deadline(node.clock, node.config.grace_seconds)
     for lane in node.lanes:
-        if lane.ident is not None:
-            lane.join(grace.left())
+        lane.join(grace.left())
     node.slots.close()
     node.slots.join(grace.left())
     node.executor.perform.loop.close()
@@ -102,15 +103,15 @@ def shut_down(node: Stopping) -> int:
     node.metrics.close()
     notify(node.app.middleware, "on_node_stop", node)
     node.ownership.finish()
-    left = [lane.name for lane in node.lanes if lane.is_alive()]
-    left += node.idle.wait_ended(IDLE_WATCH_SECONDS)
+    node.idle.wake()
+    left = node.threads.left(THREADS_SECONDS)
     if left:
         log.info(
             "node.threads_left",
             threads=left,
-            detail="still in a receive (a long poll cannot be cut short) or a job; what "
-            "a receive brings is released while the process lives, and reappears after "
-            "its visibility timeout if the process exits first",
+            detail="still in a receive (a long poll cannot be cut short), a job or a "
+            "store call; what a receive brings is released while the process lives, and "
+            "reappears after its visibility timeout if the process exits first",
         )
     tally = node.tally()
     log.info(
@@ -135,5 +136,4 @@ def shut_down(node: Stopping) -> int:
             detail="their messages reappear after their visibility timeout",
         )
         return EXIT_GRACE_EXPIRED
-    failed = node.failed or not node.leases.alive() or any(lane.failed for lane in node.lanes)
-    return EXIT_ERROR if failed else EXIT_OK
+    return EXIT_ERROR if node.failed else EXIT_OK

@@ -16,6 +16,7 @@ from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
 from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
+from shardq.run.threads import Threads
 from shardq.run.waits import Deadline, wait_until
 
 if TYPE_CHECKING:
@@ -30,12 +31,12 @@ class Slots:
         concurrency: int,
         executor: Executor,
         stopping: threading.Event,
-        on_failure: Callable[[str, BaseException], None],
+        threads: Threads,
     ) -> None:
         self.concurrency = concurrency
         self._executor = executor
         self._stopping = stopping
-        self._on_failure = on_failure
+        self._threads = threads
         self._clock = executor.clock  # one clock for the dues it sets and their turns
         self._lock = threading.Lock()  # taken directly where nothing waits on _cond
         self._cond = threading.Condition(self._lock)
@@ -45,7 +46,7 @@ class Slots:
         self._seq = 0
         self._busy = 0
         self._idle_threads = 0
-        self._threads: list[threading.Thread] = []
+        self._started = 0  # slot threads started
         self._asked_threads = 0  # slot threads asked for, not started yet
         self._starting = 0  # slot threads being started
         # by equality: a lane's or poller's bound method is one waker however often given
@@ -112,7 +113,7 @@ class Slots:
         try:
             end = self._executor.run_entity(shard.ref, chain.running, stop=self._stop(shard))
         except BaseException as exc:
-            self._on_failure(f"a run of jobs of {shard.ref}", exc)
+            self._threads.fail(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._lock:
                 if end is not None and end.kind == DONE:
@@ -142,7 +143,7 @@ class Slots:
             for end in self._executor.run_entities(shard.ref, groups, self._stop(shard)):
                 ends.append(end)
         except BaseException as exc:
-            self._on_failure(f"a run of jobs of {shard.ref}", exc)
+            self._threads.fail(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._lock:
                 del self._here[threading.get_ident()]
@@ -178,9 +179,6 @@ class Slots:
     def idle(self) -> bool:
         with self._cond:
             return not self._chains and not self._here
-
-    def alive(self) -> bool:
-        return self._closed or all(t.is_alive() for t in self._threads)
 
     def close(self) -> None:
         """No chain starts any more (the node is stopping); running ones end."""
@@ -314,7 +312,7 @@ class Slots:
     # -- the slot threads --------------------------------------------------------------
     def _thread_count(self) -> int:
         """Slot threads started, being started or asked for (the lock held)."""
-        return len(self._threads) + self._asked_threads + self._starting
+        return self._started + self._asked_threads + self._starting
 
     def _start_threads(self) -> None:
         """Start the slot threads asked for (the lock not held)."""
@@ -324,15 +322,15 @@ class Slots:
                     return
                 self._asked_threads -= 1
                 self._starting += 1
-                name = f"shardq-slot-{len(self._threads) + self._starting - 1}"
-            thread = threading.Thread(target=self._slot, name=name, daemon=True)
+                name = f"shardq-slot-{self._started + self._starting - 1}"
+            started = False
             try:
-                thread.start()
+                self._threads.start(name, "an execution slot", self._slot)
+                started = True
             finally:
-                with self._lock:  # listed once started: alive() reads it without the lock
+                with self._lock:
                     self._starting -= 1
-                    if thread.ident is not None:
-                        self._threads.append(thread)
+                    self._started += started
 
     def _slot(self) -> None:
         while True:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import structlog
 
 from shardq.core.clock import Clock, monotonic
+from shardq.run.threads import Threads
 from shardq.run.waits import until_next_look
 
 T = TypeVar("T")
@@ -35,8 +36,8 @@ class TimeLimits:
     """Watches running ``perform`` calls that have a time limit (one thread per node,
     started on first use, idle while nothing limited runs)."""
 
-    def __init__(self, clock: Clock = monotonic) -> None:
-        self._cond, self._clock = threading.Condition(), clock
+    def __init__(self, clock: Clock = monotonic, threads: Threads | None = None) -> None:
+        self._cond, self._clock, self._threads = threading.Condition(), clock, threads or Threads()
         self._running: dict[int, Running] = {}
         self._next_token = 0
         self._thread: threading.Thread | None = None
@@ -51,10 +52,8 @@ class TimeLimits:
             token = self._next_token = self._next_token + 1
             self._running[token] = Running(threading.get_ident(), self._clock() + time_limit)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._watch, name="shardq-timelimits", daemon=True
-                )
-                self._thread.start()
+                what = "the time-limit watch"
+                self._thread = self._threads.start("shardq-timelimits", what, self._watch)
             self._cond.notify()
         try:
             return fn(), self._finish(token)

@@ -1,0 +1,57 @@
+"""A node's threads, one owner: every long-lived thread of a node is started here under a
+name and guarded. A thread that raises is reported to the node at once (it stops, exit
+code 1), so no part dies unnoticed; at shutdown :meth:`Threads.left` names those still
+running. See docs/design/run.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+log = structlog.get_logger("shardq.node")
+
+
+def _logged(what: str, exc: BaseException) -> None:
+    log.error("node.part_failed", part=what, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+
+
+class Threads:
+    """Starts and watches threads; ``on_failure(what, exc)`` is called in the thread that
+    raised ``exc`` (default: logged)."""
+
+    def __init__(self, on_failure: Callable[[str, BaseException], None] = _logged) -> None:
+        self.fail = on_failure
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, name: str, what: str, run: Callable[[], None]) -> threading.Thread:
+        """Run ``run`` on a daemon thread ``name``, started; an exception out of it goes
+        to :attr:`fail` with ``what``, the part's name for people ("the lease keeper")."""
+
+        def guarded() -> None:
+            try:
+                run()
+            except BaseException as exc:
+                self.fail(what, exc)
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        with self._lock:  # (one not started yet is kept)
+            self._threads = [t for t in self._threads if t.ident is None or t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def left(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` real seconds for every thread to end; the names of
+        those still running, in start order."""
+        with self._lock:
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in threads if t.is_alive()]

@@ -1,0 +1,96 @@
+"""The node's threads have one owner (:mod:`shardq.run.threads`): a part whose thread
+raises stops the node with exit code 1 and says which part; at shutdown the threads
+still running are named."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import shardq
+from shardq.core.config import Config
+from shardq.run.threads import Threads
+
+
+def test_a_thread_that_raises_is_reported_with_its_part_and_ends() -> None:
+    # given a supervisor recording failures
+    failures: list[tuple[str, str, str]] = []
+    threads = Threads(lambda what, exc: failures.append((what, repr(exc), current())))
+
+    def current() -> str:
+        return threading.current_thread().name
+
+    # when a thread it started raises
+    def broken() -> None:
+        raise RuntimeError("bug")
+
+    thread = threads.start("shardq-test", "the test part", broken)
+    thread.join(5)
+    # then the failure names the part and was reported in that thread, which ended
+    assert failures == [("the test part", "RuntimeError('bug')", "shardq-test")]
+    assert threads.left(0.0) == []
+
+
+def test_left_names_the_threads_still_running_after_the_wait() -> None:
+    # given one thread that ends at once and one that waits for a release
+    threads = Threads()
+    release = threading.Event()
+    threads.start("shardq-quick", "a quick part", lambda: None)
+    threads.start("shardq-stuck", "a stuck part", lambda: release.wait(10) and None)
+    # when a shutdown waits 0.05 s for them
+    left = threads.left(0.05)
+    # then only the stuck one is named; once released, none is
+    assert left == ["shardq-stuck"]
+    release.set()
+    assert threads.left(5.0) == []
+
+
+def test_the_default_supervisor_logs_a_failure() -> None:
+    threads = Threads()
+    with capture_logs() as logs:
+        threads.start("shardq-test", "the test part", lambda: 1 / 0 and None).join(5)
+    assert [(e["event"], e["part"], e["log_level"]) for e in logs] == [
+        ("node.part_failed", "the test part", "error")
+    ]
+    assert logs[0]["error"].startswith("ZeroDivisionError")
+
+
+app = shardq.App()
+
+
+@app.register
+class Quiet(shardq.Worker):
+    shards = 2
+
+    def perform(self, entity_id: str, payloads: list[Any]) -> None:
+        return None
+
+
+@pytest.mark.parametrize("part", ["the layout keeper", "the fleet membership"])
+def test_a_part_of_a_node_that_raises_stops_the_node_with_exit_1(part: str) -> None:
+    # given a static node on the embedded broker whose layout keeper or fleet thread
+    # raises on its first round
+    app.configure(Config(grace_seconds=2), broker=shardq.MemoryBroker())
+    node = app.node(app.plan(threads=1), membership="static")
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("bug in a part")
+
+    if part == "the layout keeper":
+        node.layout.tick = broken  # type: ignore[attr-defined]
+    else:
+        node.fleet.step = broken  # type: ignore[union-attr]
+    # when the node runs (it would run until stopped)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        runner.join(30)
+    # then it stopped by itself with exit code 1 and named the part
+    assert not runner.is_alive()
+    assert result == [1]
+    failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
+    assert failed == [(part, "RuntimeError: bug in a part")]
