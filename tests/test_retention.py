@@ -95,6 +95,32 @@ def test_the_embedded_broker_has_no_retention(tmp_path: Path) -> None:
     broker.close()
 
 
+@pytest.mark.sqs
+def test_sqs_reads_a_queues_size_limit_only_for_a_body_over_one_kib(
+    sqs_emulator: Emulator,
+) -> None:
+    """Every SQS queue takes 1 KiB (the smallest MaximumMessageSize): sending and
+    receiving bodies no larger costs no GetQueueAttributes; a larger body reads the
+    limit once, and a body over it is refused alone."""
+    # given an SQS queue that accepts at most 2 KiB
+    broker = _sqs(sqs_emulator)
+    queue = f"r-{uuid.uuid4().hex[:12]}.fifo"
+    broker.ensure_queue(queue, max_message_bytes=2048)
+    # when small jobs are sent, received and checked for age
+    messages = _send_and_receive(broker, queue, count=3)
+    OldJobs(broker, 0.5).check(messages)
+    # then no queue attribute was read
+    assert broker.requests["GetQueueAttributes"] == 0
+    # when a 1,500-byte and a 3,000-byte body are sent together
+    big = [SendEntry("a", "x" * 1500, "g1", "big-1"), SendEntry("b", "y" * 3000, "g2", "big-2")]
+    result = broker.send_batch(queue, big)
+    # then the limit was read once, and only the body over it was refused
+    assert broker.requests["GetQueueAttributes"] == 1
+    assert set(result.message_ids) == {"a"}
+    assert result.failed == {"b": "message is 3000 bytes; the queue accepts at most 2048"}
+    broker.close()
+
+
 class _CountingRetention:
     """A broker part that answers the retention and counts how often it was asked."""
 

@@ -34,6 +34,21 @@ def test_a_thread_that_raises_is_reported_with_its_part_and_ends() -> None:
     assert threads.left(0.0) == []
 
 
+def test_a_failure_handler_that_raises_still_leaves_the_failure_logged() -> None:
+    # given a supervisor whose failure handler itself raises
+    def handler(what: str, exc: BaseException) -> None:
+        raise ValueError("handler bug")
+
+    threads = Threads(handler)
+    # when a thread it started raises
+    with capture_logs() as logs:
+        threads.start("shardq-test", "the test part", lambda: 1 / 0 and None).join(5)
+    # then the failure is logged, naming the handler's own error
+    assert [(e["event"], e["part"]) for e in logs] == [
+        ("node.part_failed", "the test part (its failure handler raised ValueError: handler bug)")
+    ]
+
+
 def test_left_names_the_threads_still_running_after_the_wait() -> None:
     # given one thread that ends at once and one that waits for a release
     threads = Threads()
@@ -64,33 +79,55 @@ app = shardq.App()
 @app.register
 class Quiet(shardq.Worker):
     shards = 2
+    time_limit = 5  # its jobs run under the node's time-limit watch
 
     def perform(self, entity_id: str, payloads: list[Any]) -> None:
         return None
 
 
-@pytest.mark.parametrize("part", ["the layout keeper", "the fleet membership"])
-def test_a_part_of_a_node_that_raises_stops_the_node_with_exit_1(part: str) -> None:
-    # given a static node on the embedded broker whose layout keeper or fleet thread
-    # raises on its first round
-    app.configure(Config(grace_seconds=2), broker=shardq.MemoryBroker())
-    node = app.node(app.plan(threads=1), membership="static")
+class Unprintable(Exception):
+    """A bug whose message itself fails."""
+
+    def __str__(self) -> str:
+        raise AttributeError("no message")
+
+
+def _break(node: Any, part: str) -> None:
+    """Make ``part`` of ``node`` raise on its first round."""
 
     def broken(*args: Any) -> None:
-        raise RuntimeError("bug in a part")
+        raise (Unprintable() if part == "lane 0" else RuntimeError("bug in a part"))
 
     if part == "the layout keeper":
-        node.layout.tick = broken  # type: ignore[attr-defined]
+        node.layout.tick = broken
+    elif part == "the fleet membership":
+        node.fleet.step = broken
+    elif part == "lane 0":
+        node.lanes[0].pick = broken
     else:
-        node.fleet.step = broken  # type: ignore[union-attr]
+        node.limits._watch = broken
+
+
+@pytest.mark.parametrize(
+    "part", ["the layout keeper", "the fleet membership", "lane 0", "the time-limit watch"]
+)
+def test_a_part_of_a_node_that_raises_stops_the_node_with_exit_1(part: str) -> None:
+    # given a static node on the embedded broker, one job waiting, and a part of the
+    # node that raises on its first round (a lane's with an error that cannot even
+    # print its message)
+    app.configure(Config(grace_seconds=2), broker=shardq.MemoryBroker())
+    Quiet.publish("order-1", {"n": 1})
+    node = app.node(app.plan(threads=1), membership="static")
+    _break(node, part)
     # when the node runs (it would run until stopped)
     result: list[int] = []
     runner = threading.Thread(target=lambda: result.append(node.run()))
     with capture_logs() as logs:
         runner.start()
         runner.join(30)
-    # then it stopped by itself with exit code 1 and named the part
+    # then it stopped by itself with exit code 1 and named the part and its error
     assert not runner.is_alive()
     assert result == [1]
     failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
-    assert failed == [(part, "RuntimeError: bug in a part")]
+    error = "Unprintable" if part == "lane 0" else "RuntimeError: bug in a part"
+    assert failed == [(part, error)]

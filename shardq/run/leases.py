@@ -305,8 +305,7 @@ class Leases:
             error: BaseException | None = None
         except BrokerError as exc:
             result, error = BatchResult(), exc
-        except Exception as exc:  # a bug, not an outage: the node stops
-            self._threads.fail(f"a request to {request.queue}", exc)
+        except Exception as exc:  # a bug, not an outage: the node stops (below)
             result, error = BatchResult(), exc
         with self._cond:
             self._answered(request, sent, result, error)
@@ -314,6 +313,8 @@ class Leases:
             if request.kind != DELETE or error is not None:
                 self._cond.notify_all()
             self._answers.notify_all()
+        if error is not None and not isinstance(error, BrokerError):
+            self._threads.fail(f"a request to {request.queue}", error)
 
     def _answered(
         self, request: _Request, sent: float, result: BatchResult, error: BaseException | None

@@ -33,7 +33,7 @@ from shardq.run.parts import Keeper, Membership
 from shardq.run.shard import Shard
 from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
-from shardq.run.threads import Threads
+from shardq.run.threads import Threads, describe
 from shardq.run.timelimit import TimeLimits
 
 if TYPE_CHECKING:
@@ -266,14 +266,14 @@ class Node:
     def fail(self, what: str, exc: BaseException) -> None:
         """A part of the node died for an unexpected reason: stop with exit code 1."""
         self.failed = True
+        self.stop()  # first: whatever the log call meets, the node stops
         log.error(
             "node.part_failed",
             part=what,
-            error=f"{type(exc).__name__}: {exc}",
+            error=describe(exc),
             exc_info=exc,
             detail="stopping the node; its jobs are released or reappear",
         )
-        self.stop()
 
     def broker_trouble(self, operation: str, queue: str | None, exc: BaseException) -> None:
         self.intake.broker_trouble(operation, queue, exc)

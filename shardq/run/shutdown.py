@@ -109,8 +109,8 @@ def shut_down(node: Stopping) -> int:
         log.info(
             "node.threads_left",
             threads=left,
-            detail="still in a receive (a long poll cannot be cut short), a job or a "
-            "store call; what a receive brings is released while the process lives, and "
+            detail="still in a receive (a long poll cannot be cut short), a job, a store "
+            "call or a handover; what a receive brings is released while the process lives, and "
             "reappears after its visibility timeout if the process exits first",
         )
     tally = node.tally()

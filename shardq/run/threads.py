@@ -1,5 +1,6 @@
-"""A node's threads, one owner: every long-lived thread of a node is started here under a
-name and guarded. A thread that raises is reported to the node at once (it stops, exit
+"""A node's threads, one owner: the threads of its parts (lanes, slots, the lease keeper,
+the idle watch, the fleet, the layout keeper, ...) are started here under a name and
+guarded. A thread that raises is reported to the node at once (it stops, exit
 code 1), so no part dies unnoticed; at shutdown :meth:`Threads.left` names those still
 running. See docs/design/run.md.
 """
@@ -15,8 +16,16 @@ import structlog
 log = structlog.get_logger("shardq.node")
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message``; the type alone if the exception cannot say its message."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
 def _logged(what: str, exc: BaseException) -> None:
-    log.error("node.part_failed", part=what, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+    log.error("node.part_failed", part=what, error=describe(exc), exc_info=exc)
 
 
 class Threads:
@@ -27,6 +36,7 @@ class Threads:
         self.fail = on_failure
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._prune_at = 64
 
     def start(self, name: str, what: str, run: Callable[[], None]) -> threading.Thread:
         """Run ``run`` on a daemon thread ``name``, started; an exception out of it goes
@@ -36,11 +46,16 @@ class Threads:
             try:
                 run()
             except BaseException as exc:
-                self.fail(what, exc)
+                try:
+                    self.fail(what, exc)
+                except BaseException as again:  # the handler failed too: still say so
+                    _logged(f"{what} (its failure handler raised {describe(again)})", exc)
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
-        with self._lock:  # (one not started yet is kept)
-            self._threads = [t for t in self._threads if t.ident is None or t.is_alive()]
+        with self._lock:
+            if len(self._threads) >= self._prune_at:  # drop ended ones (not unstarted ones)
+                self._threads = [t for t in self._threads if t.ident is None or t.is_alive()]
+                self._prune_at = max(64, 2 * len(self._threads))
             self._threads.append(thread)
         thread.start()
         return thread
