@@ -13,16 +13,17 @@ from typing import Any, cast
 from shardq.core.clock import Clock
 from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
 from shardq.core.middleware import Middleware, PerformContext, run_around
+from shardq.run.threads import Threads
 from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
 
 
 class EventLoop:
     """The node's event loop for async workers, started on first use. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: Threads | None = None) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._threads = threads or Threads()
 
     def run(self, make: Callable[[], Awaitable[Any]], time_limit: float | None) -> None:
         """Run ``make()`` on the loop and wait for it (in the calling thread); raises
@@ -52,10 +53,8 @@ class EventLoop:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._loop.run_forever, name="shardq-async", daemon=True
-                )
-                self._thread.start()
+                run = self._loop.run_forever
+                self._threads.start("shardq-async", "the event loop of async workers", run)
             return self._loop
 
 
@@ -67,7 +66,7 @@ class Performer:
         self._middleware = middleware  # the app's list: middleware added later counts
         self._async: dict[type[WorkerLike], bool] = {}
         #: The event loop of async workers (started on first use).
-        self.loop = EventLoop()
+        self.loop = EventLoop(limits.threads)
 
     def __call__(
         self,

@@ -37,7 +37,9 @@ class TimeLimits:
     started on first use, idle while nothing limited runs)."""
 
     def __init__(self, clock: Clock = monotonic, threads: Threads | None = None) -> None:
-        self._cond, self._clock, self._threads = threading.Condition(), clock, threads or Threads()
+        self._cond, self._clock = threading.Condition(), clock
+        #: Who starts its thread (and the event loop's of async workers: :mod:`.aio`).
+        self.threads = threads or Threads()
         self._running: dict[int, Running] = {}
         self._next_token = 0
         self._thread: threading.Thread | None = None
@@ -53,7 +55,7 @@ class TimeLimits:
             self._running[token] = Running(threading.get_ident(), self._clock() + time_limit)
             if self._thread is None or not self._thread.is_alive():
                 what = "the time-limit watch"
-                self._thread = self._threads.start("shardq-timelimits", what, self._watch)
+                self._thread = self.threads.start("shardq-timelimits", what, self._watch)
             self._cond.notify()
         try:
             return fn(), self._finish(token)
