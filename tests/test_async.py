@@ -129,6 +129,34 @@ def test_a_cancelled_error_raised_by_perform_itself_is_a_failed_attempt(app: sha
     assert node.tally().retried == {"Flaky": 1} and node.tally().succeeded == {"Flaky": 1}
 
 
+@pytest.mark.parametrize("escape", [SystemExit, KeyboardInterrupt])
+def test_an_async_perform_raising_system_exit_is_a_failed_attempt(
+    app: shardq.App, escape: type[BaseException]
+) -> None:
+    # given an async worker whose first attempt raises SystemExit or KeyboardInterrupt
+    # (asyncio would stop the node's event loop with it)
+    attempts: list[int] = []
+
+    @app.register
+    class Quits(shardq.Worker):
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            attempts.append(self.attempt)
+            if self.attempt == 1:
+                raise escape
+
+        def retry_in(self, attempt: int) -> float:
+            return 0.0
+
+    Quits.publish("e", 0)
+    # when a node runs it
+    node = app.node(app.plan(threads=1), until_empty=True)
+    # then the attempt failed and was retried, as a sync worker's; the loop and the node
+    # stayed up and the node exited 0
+    assert drain(node) == 0
+    assert attempts == [1, 2]
+    assert node.tally().retried == {"Quits": 1} and node.tally().succeeded == {"Quits": 1}
+
+
 def test_a_stop_mid_await_lets_the_job_finish_and_releases_the_rest(app: shardq.App) -> None:
     # given an async job that awaits 0.5 s, and a later job of the same entity
     started, ended, runs = threading.Event(), [], []

@@ -5,14 +5,17 @@ still running are named."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 import shardq
+from shardq.broker import SendEntry
 from shardq.core.config import Config
-from shardq.run.threads import Threads
+from shardq.run.leases import Leases
+from shardq.run.threads import Threads, describe
 
 
 def test_a_thread_that_raises_is_reported_with_its_part_and_ends() -> None:
@@ -71,6 +74,38 @@ def test_the_default_supervisor_logs_a_failure() -> None:
         ("node.part_failed", "the test part", "error")
     ]
     assert logs[0]["error"].startswith("ZeroDivisionError")
+
+
+class _CrashingDeletes(shardq.MemoryBroker):
+    """A broker with a bug: deletes raise an error that cannot print its message."""
+
+    def delete_batch(self, queue: str, receipts: Any) -> Any:
+        raise Unprintable()
+
+
+def test_a_crashed_request_is_reported_even_if_its_error_cannot_print() -> None:
+    # given leases on a broker whose deletes raise an error that cannot print its message
+    broker = _CrashingDeletes()
+    broker.ensure_queue("q.fifo")
+    broker.send_batch("q.fifo", [SendEntry("0", "body", "g", "d0")])
+    messages = broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=30)
+    failures: list[tuple[str, str]] = []
+    reported = threading.Event()
+
+    def failed(what: str, exc: BaseException) -> None:
+        failures.append((what, describe(exc)))
+        reported.set()
+
+    leases = Leases(broker, ThreadPoolExecutor(1), threads=Threads(failed))
+    leases.hold(messages, 30)
+    leases.start()
+    # when its job is deleted
+    with capture_logs():
+        leases.delete(messages)
+        # then the crash is reported, naming the request's queue
+        assert reported.wait(10)
+        leases.close(0.0)
+    assert failures[0] == ("a request to q.fifo", "Unprintable")
 
 
 app = shardq.App()

@@ -30,16 +30,21 @@ class EventLoop:
         what it raised, :class:`TimeLimitExceeded` when cancelled at ``time_limit``."""
         loop = self._started()
 
-        async def call() -> None:
-            if time_limit is None:
-                await make()
-                return
+        async def call() -> BaseException | None:
             try:
-                await asyncio.wait_for(make(), time_limit)
+                if time_limit is None:
+                    await make()
+                else:
+                    await asyncio.wait_for(make(), time_limit)
             except TimeoutError:
                 raise TimeLimitExceeded(f"perform ran longer than {time_limit} s") from None
+            except (SystemExit, KeyboardInterrupt) as exc:  # they would stop the loop
+                return exc
+            return None
 
-        asyncio.run_coroutine_threadsafe(call(), loop).result()
+        escaped = asyncio.run_coroutine_threadsafe(call(), loop).result()
+        if escaped is not None:
+            raise escaped  # here, in the job's thread: a failed attempt, as for a sync job
 
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the

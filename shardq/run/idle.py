@@ -118,8 +118,9 @@ class Watcher:
         self._threads.start("shardq-watch", "the idle watch", self._run)
 
     def wake(self) -> None:
-        """A stopping node: a watch waiting for a shard to join ends at once."""
+        """A stopping node: the watch ends at once (also one waiting on the broker)."""
         self._joined.set()
+        self.intake.broker.wake_waiters()
 
     def _run(self) -> None:
         intake, backoff = self.intake, 0.5

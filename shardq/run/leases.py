@@ -16,7 +16,7 @@ from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError
 from shardq.core.lease import CHANGE, DELETE, HELD, Lease
 from shardq.core.limits import MAX_BATCH_ENTRIES, MAX_VISIBILITY_SECONDS
-from shardq.run.threads import Threads
+from shardq.run.threads import Threads, describe
 from shardq.run.waits import Deadline, until_next_look, wait_until
 
 log = structlog.get_logger("shardq.leases")
@@ -305,16 +305,18 @@ class Leases:
             error: BaseException | None = None
         except BrokerError as exc:
             result, error = BatchResult(), exc
-        except Exception as exc:  # a bug, not an outage: the node stops (below)
+        except Exception as exc:  # a bug, not an outage: the node stops
             result, error = BatchResult(), exc
-        with self._cond:
-            self._answered(request, sent, result, error)
-            # A delete answered leaves the keeper nothing to send, unless it failed.
-            if request.kind != DELETE or error is not None:
-                self._cond.notify_all()
-            self._answers.notify_all()
-        if error is not None and not isinstance(error, BrokerError):
-            self._threads.fail(f"a request to {request.queue}", error)
+        try:  # (before the answer: a flush that ends then finds the node failed)
+            if error is not None and not isinstance(error, BrokerError):
+                self._threads.fail(f"a request to {request.queue}", error)
+        finally:
+            with self._cond:
+                self._answered(request, sent, result, error)
+                # A delete answered leaves the keeper nothing to send, unless it failed.
+                if request.kind != DELETE or error is not None:
+                    self._cond.notify_all()
+                self._answers.notify_all()
 
     def _answered(
         self, request: _Request, sent: float, result: BatchResult, error: BaseException | None
@@ -327,7 +329,7 @@ class Leases:
                 queue=request.queue,
                 operation=request.kind,
                 messages=len(request.leases),
-                error=str(error),
+                error=str(error) if isinstance(error, BrokerError) else describe(error),
             )
         entries = zip(request.leases, request.seconds, request.extends, strict=True)
         for lease, seconds, extension in entries:

@@ -1,5 +1,6 @@
 """A node: the shards of its plan, one lane (thread) per plan slot, run until stopped;
-its own thread only watches (:meth:`Node._watch`). See docs/design/run.md.
+its own thread logs progress, does housekeeping and notices when it is drained
+(:meth:`Node._watch`). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Node:
         self.config = app.config
         self.until_empty = until_empty
         self.elastic = threads is not None
+        self.failed = False  # fail() sets it, from any thread
         self.threads = Threads(self.fail)
         threads = _lane_count(plan, threads)
         # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
@@ -148,7 +150,6 @@ class Node:
         ]
         self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard, self.threads)
         self.layout = keeper(self)
-        self.failed = False
         self.signals = StopSignals(self.stopping)
 
     def make_shard(self, ref: ShardRef) -> Shard:
@@ -298,7 +299,7 @@ class Node:
             for s in lane.shards
         ]
 
-    # -- the watching thread -----------------------------------------------------------
+    # -- the node's own thread ---------------------------------------------------------
     def _idle(self) -> bool:
         return (
             not self.leases.count()

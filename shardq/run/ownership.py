@@ -115,7 +115,7 @@ class Ownership:
 
     def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:
         intake = self._intake
-        while not intake.leases.wait_released(receipts, 0.25):
+        while not intake.leases.wait_released(receipts, 0.1):
             if intake.stopping.is_set():
                 return  # the shutdown sweep takes over; finish() sets the event
         with self._lock:

@@ -29,7 +29,7 @@ def _logged(what: str, exc: BaseException) -> None:
 
 
 class Threads:
-    """Starts and watches threads; ``on_failure(what, exc)`` is called in the thread that
+    """Starts and guards threads; ``on_failure(what, exc)`` is called in the thread that
     raised ``exc`` (default: logged)."""
 
     def __init__(self, on_failure: Callable[[str, BaseException], None] = _logged) -> None:
