@@ -13,8 +13,8 @@ Starts ministack with ``tests/emulator.py`` on 127.0.0.1 (stopped by its pid at 
 end, also on Ctrl-C), sets AWS_ACCESS_KEY_ID/SECRET=test and region us-east-1, and
 uses an App on ``SqsBroker(region="us-east-1", endpoint_url=...)`` with a blank
 worker (``perform`` does nothing; ``--batch-size``). Requests come from
-``SqsBroker.requests`` (a Counter per operation, counted by the broker for the
-requests botocore sends and for those its wire sends), snapshotted per phase:
+``SqsBroker.requests`` (a Counter per operation, counted by the broker for every
+request botocore sends), snapshotted per phase:
 
 * setup: ``app.ensure_queues()`` before publishing (CreateQueue per queue);
 * publish: ``publish_many`` of the jobs;
