@@ -245,7 +245,7 @@ class Morgue:
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
     """The dead job's payload, or None if its body is not a valid envelope."""
-    if record.reason == REASON_UNREADABLE or not record.body:
+    if requeue_problem(record) is not None:  # unreadable, or no body kept
         return None
     try:
         return envelope.decode(record.body, signing_key).payload
