@@ -170,6 +170,7 @@ def test_a_frozen_node_has_its_shards_taken_within_the_lease_and_is_marked_gone(
     assert owners(app) == {k: second.id for k in ALL}
     beat = app.store.get(f"node/{first.id}")
     assert beat is not None and beat.value["gone"] == "lease expired"
+    assert beat.value["by"] == second.id and beat.value["node"] == first.id  # kept its report
     view = fleet_view(read_fleet(app.store), time.time(), {"Ledgered": 6})
     assert [n.node for n in view.nodes] == [second.id] and not view.unserved
     assert [g.report.node for g in view.gone] == [first.id]

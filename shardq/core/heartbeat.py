@@ -70,6 +70,11 @@ class Heartbeat:
         )
 
 
+def marked_gone(value: Mapping[str, Any], reason: str, at: float, by: str) -> dict[str, Any]:
+    """A stored heartbeat ``value`` as node ``by`` marks it gone, at ``at`` by its clock."""
+    return {**value, "gone": reason, "gone_at": at, "by": by}
+
+
 def _worker_counts(value: Any) -> dict[str, dict[str, int]]:
     """A report's ``by_worker``; anything malformed in it counts 0."""
     if not isinstance(value, dict):

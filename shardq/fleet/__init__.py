@@ -26,7 +26,7 @@ from shardq.core.fleet_rules import (
     observe,
     timing,
 )
-from shardq.core.heartbeat import Heartbeat
+from shardq.core.heartbeat import Heartbeat, marked_gone
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
@@ -229,7 +229,7 @@ class Fleet:
             self.node.drop_shard(self._ref(key))
 
     def _mark_gone(self, item: Item) -> None:
-        value = {**item.value, "gone": "lease expired", "gone_at": self.wall(), "by": self.id}
+        value = marked_gone(item.value, "lease expired", self.wall(), self.id)
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
