@@ -72,3 +72,14 @@ def test_unix_seconds_and_ages_are_still_read() -> None:
     assert parse_time("--since", 1700000000) == 1700000000.0
     assert parse_time("--since", "30m", now=10_000.0) == 10_000.0 - 1800
     assert parse_time("--since", "2026-11-27T08:00:00Z") == 1795766400.0
+
+
+@pytest.mark.parametrize("when", ["1e20", -1e20, "99999999999d", 253402300800])
+def test_a_time_no_date_can_show_is_refused(when: Any) -> None:
+    # given since or until far beyond year 9999 or before year 1 (a huge unix time or age)
+    # then the selection is refused naming the key, before anything is changed (such a
+    # time matched every dead job, then failed to print once they had been requeued)
+    with pytest.raises(SelectionError, match=r"--until .* is not a time"):
+        parse_time("--until", when, now=1_800_000_000.0)
+    with pytest.raises(SelectionError, match=r"since .* is not a time"):
+        from_body({"since": when})

@@ -36,13 +36,15 @@ def parse_time(name: str, text: Any, now: float | None = None) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if not math.isfinite(text):  # NaN would match no job, inf every one
             raise SelectionError(f"{name} {text!r} is not a time: give {TIME_FORMS}")
-        return float(text)
+        return _datable(name, text, float(text))
     if not isinstance(text, str):
         raise SelectionError(f"{name} must be {TIME_FORMS}")
     age = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
     if age:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
-        return (time.time() if now is None else now) - float(age.group(1)) * unit
+        return _datable(
+            name, text, (time.time() if now is None else now) - float(age.group(1)) * unit
+        )
     try:
         seconds = float(text)
     except ValueError:
@@ -55,7 +57,17 @@ def parse_time(name: str, text: Any, now: float | None = None) -> float:
         raise SelectionError(f"{name} {text!r} is not a time: give {TIME_FORMS}") from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=dt.timezone.utc)
-    return at.timestamp()
+    return _datable(name, text, at.timestamp())
+
+
+def _datable(name: str, text: Any, unix: float) -> float:
+    """``unix`` if it is a date from year 1 to 9999 (one every message can show), else
+    refused naming the option: a later one matched every dead job."""
+    try:
+        dt.datetime.fromtimestamp(unix, dt.timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise SelectionError(f"{name} {text!r} is not a time: give {TIME_FORMS}") from None
+    return unix
 
 
 def parse_range(since: Any, until: Any, prefix: str = "") -> tuple[float | None, float | None]:
