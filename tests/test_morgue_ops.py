@@ -267,3 +267,25 @@ def test_dead_jobs_are_still_listed_after_the_queues_retention_has_passed(
     # then the dead jobs are all still listed
     assert [r.entity_id for r in Morgue(ledger.app, "Ledgered").list_jobs()] == ["e"] * 3
     broker.close()
+
+
+def test_a_requeue_stopped_mid_round_leaves_at_most_one_batch_both_sent_and_listed(
+    app: shardq.App,
+) -> None:
+    # given 60 more dead jobs, of 60 entities
+    dead = Morgue(app, "Ledgered")
+    bury(app, [(f"x{n}", n) for n in range(60)])
+
+    # when a requeue of them is stopped (as by Ctrl-C) as its first record is deleted
+    def stop(done: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dead.requeue(Filter(error_type="RuntimeError"), progress=stop)
+
+    # then at most the batch being sent (10 jobs) is both queued and still in the morgue,
+    # as the command and docs/operations.md say: no round of 100 is sent before deletes
+    sent = sum(app.broker.counts(app.shard_queue("Ledgered", s)).waiting for s in range(3))
+    listed = len(dead.page(Filter(error_type="RuntimeError"), 1000).records)
+    assert 1 <= sent <= 10
+    assert listed == 60 - 1

@@ -214,15 +214,15 @@ class Morgue:
                 progress(done)
         return done
 
-    def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> list[MorgueRecord]:
-        """Send to the live layout's shards; what was sent (an entity whose send failed
-        is stopped: its later dead jobs stay)."""
+    def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> Iterator[MorgueRecord]:
+        """Send to the live layout's shards; yields what was sent, one batch at a time, so
+        each batch's records are deleted before the next is sent (an entity whose send
+        failed is stopped: its later dead jobs stay)."""
         by_queue: dict[str, list[MorgueRecord]] = {}
         gen, shards = publish_to(self.app.layouts.get(self.worker))
         for record in records:
             queue = self.app.shard_queue(self.worker, shard_for(record.entity_id, shards), gen)
             by_queue.setdefault(queue, []).append(record)
-        sent: list[MorgueRecord] = []
         for queue, queued in by_queue.items():
             self.app.ensure_queue(queue, self.worker)
             for chunk in batches(queued, lambda record: record.body_bytes):
@@ -237,10 +237,9 @@ class Morgue:
                     accepted = set()  # nothing of this batch was sent: it stays
                 for record, entry in zip(chunk, entries, strict=True):
                     if entry.id in accepted and record.entity_id not in stopped:
-                        sent.append(record)
+                        yield record
                     else:
                         stopped.add(record.entity_id)
-        return sent
 
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
