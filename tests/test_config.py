@@ -152,6 +152,18 @@ def test_invalid_yaml_is_an_error_naming_the_file(tmp_path: Path) -> None:
     assert f"{path} is not valid YAML" in str(caught.value)
 
 
+def test_a_file_that_is_not_utf8_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    # given a config file saved in another encoding (Latin-1, or UTF-16 with its BOM)
+    path = tmp_path / "shardq.yaml"
+    path.write_bytes("queue_prefix: caf\u00e9-\n".encode("latin-1"))
+    # when it is loaded
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    # then the error names the file and says it is not UTF-8 (no traceback)
+    assert f"cannot read config file {path}" in str(caught.value)
+    assert "UTF-8" in str(caught.value)
+
+
 @pytest.mark.parametrize("text", ["- threads\n- 8\n", "just a string\n", "42\n"])
 def test_a_top_level_that_is_not_a_mapping_is_an_error_naming_the_file(
     tmp_path: Path, text: str

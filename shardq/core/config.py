@@ -253,6 +253,10 @@ def _read_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"cannot read config file {path}: byte {exc.start} is not UTF-8; save it as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except _DuplicateKey as exc:
