@@ -4,6 +4,7 @@ file and DynamoDB (on the ministack process)."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,7 +16,15 @@ import pytest
 from shardq.broker import MemoryBroker, SqliteBroker
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
-from shardq.store import MemoryStore, SqliteStore, Store, StoreConflict, StoreError, store_for
+from shardq.store import (
+    DamagedItem,
+    MemoryStore,
+    SqliteStore,
+    Store,
+    StoreConflict,
+    StoreError,
+    store_for,
+)
 from shardq.store.base import MAX_KEY_BYTES, MAX_QUERY_ITEMS, MAX_VALUE_BYTES
 from tests.emulator import Emulator
 
@@ -353,4 +362,22 @@ def test_a_put_retried_after_its_write_landed_is_not_a_conflict(sqs_emulator: Em
     assert item is not None and (item.version, item.value["owner"]) == (2, "b")
     with pytest.raises(StoreConflict, match="expected at version 1 but is at version 2"):
         store.put("shard/W@0:0", {"owner": "c"}, version=1)
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["not json", "[1, 2]", '"text"', "null"])
+def test_a_damaged_item_is_an_error_naming_its_key(tmp_path: Path, damage: str) -> None:
+    # given an embedded state store with an item whose value was overwritten with text
+    # that is not a JSON object (a damaged file, a hand edit)
+    path = str(tmp_path / "broker.db")
+    store = SqliteStore(path)
+    store.put("shard/W@0:1", {"owner": "a"}, version=None)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE shardq_state SET value = ? WHERE key = 'shard/W@0:1'", (damage,))
+    # when it is read alone or in a query
+    # then DamagedItem names the item and says what to do (no JSON or attribute error);
+    # it is no StoreError, which nodes take for an outage that passes and retry
+    for read in (lambda: store.get("shard/W@0:1"), lambda: store.query("shard/")):
+        with pytest.raises(DamagedItem, match=r"item 'shard/W@0:1' is damaged.*fix or delete"):
+            read()
     store.close()

@@ -28,7 +28,7 @@ from shardq.core.version import VERSION
 from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options, subcommand
 from shardq.ops.bulk import PublishInterrupted
-from shardq.store import StoreError
+from shardq.store import DamagedItem, StoreError
 
 _EXAMPLES_RUN = """\
   shardq run                                     # join the app's elastic fleet
@@ -54,6 +54,7 @@ _FAILURES: tuple[tuple[type[BaseException], str, int], ...] = (
     (KeyboardInterrupt, "interrupted", EXIT_INTERRUPTED),
     (BrokerError, "broker error: {}", EXIT_ERROR),
     (StoreError, "state store error: {}", EXIT_ERROR),  # unreachable (a conflict is no error)
+    (DamagedItem, "state store error: {}", EXIT_ERROR),
     (ShardqError, "error: {}", EXIT_USAGE),
 )
 

@@ -15,7 +15,7 @@ from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.morgue import Morgue
 from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, read_fleet
 from shardq.ops.layout_view import LayoutView, ReshardView, layout_view
-from shardq.store import StoreError
+from shardq.store import DamagedItem, StoreError
 from shardq.store.deployment import live_shards
 
 #: Brokers that know each queue's oldest message, hence the exact lag.
@@ -118,11 +118,11 @@ def collect(app: App) -> Stats:
     try:
         app.layouts.refresh()
         layout_error = None
-    except (LayoutError, StoreError) as exc:  # shown as last read, else as the code says
+    except (LayoutError, StoreError, DamagedItem) as exc:  # shown as last read, else as code says
         layout_error = str(exc)
     try:
         fleet, fleet_error = current_fleet(app, now), None
-    except StoreError as exc:  # the store cannot be read: the counts still help
+    except (StoreError, DamagedItem) as exc:  # the store cannot be read: counts still help
         fleet, fleet_error = fleet_view(FleetItems(), now, live_shards(app)), str(exc)
     workers = [_worker_stats(app, name, fleet, now) for name in app.workers]
     idle = bool(workers) and all(w.length == w.in_flight == w.morgue_length == 0 for w in workers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardq.core.config import store_parameters
-from shardq.store.base import Item, Store, StoreConflict, StoreError
+from shardq.store.base import DamagedItem, Item, Store, StoreConflict, StoreError
 from shardq.store.sqlite import MemoryStore, SqliteStore
 
 if TYPE_CHECKING:
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from shardq.core.config import Config
 
 __all__ = [
+    "DamagedItem",
     "Item",
     "MemoryStore",
     "SqliteStore",

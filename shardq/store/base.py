@@ -27,6 +27,11 @@ class StoreConflict(StoreError):
     """A conditional write found the item changed since it was read."""
 
 
+class DamagedItem(ShardqError):
+    """An item's stored value is not a JSON object (a damaged file, a hand edit): not
+    a store outage that passes, so never retried as one; the message names the item."""
+
+
 @dataclass(frozen=True)
 class Item:
     key: str
@@ -53,6 +58,20 @@ def encode(value: Mapping[str, Any]) -> str:
     if len(text.encode("utf-8")) > MAX_VALUE_BYTES:
         raise ValueError(f"store value is over {MAX_VALUE_BYTES} bytes; split it")
     return text
+
+
+def decode(key: str, text: Any) -> Mapping[str, Any]:
+    """The stored value of item ``key``; DamagedItem naming it if it is not a JSON object."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = f"not JSON: {exc}"
+    else:
+        if isinstance(value, dict):
+            return value
+        kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+        why = f"{kinds.get(type(value), 'a number')}, not a JSON object"
+    raise DamagedItem(f"store item {key!r} is damaged ({why}); fix or delete it in the state store")
 
 
 def conflict(key: str, expected: int | None, current: int | None) -> str:

@@ -187,7 +187,8 @@ def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) 
 
 
 def _item(found: Mapping[str, Any]) -> Item:
-    return Item(found["key"]["S"], json.loads(found["value"]["S"]), int(found["version"]["N"]))
+    key = found["key"]["S"]
+    return Item(key, base.decode(key, found["value"]["S"]), int(found["version"]["N"]))
 
 
 def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class SqliteStore(Store):
         base.namespace(key)
         with self._tx(f"reading state item {key!r}", write=False) as db:
             row = db.execute(f"SELECT value, version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
-        return None if row is None else Item(key, json.loads(row[0]), row[1])
+        return None if row is None else Item(key, base.decode(key, row[0]), row[1])
 
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
         base.namespace(key)
@@ -92,7 +92,7 @@ class SqliteStore(Store):
         args += [len(prefix), prefix, limit]
         with self._tx(f"querying state items under {prefix!r}", write=False) as db:
             rows = db.execute(sql, args).fetchall()
-        return [Item(k, json.loads(v), n) for k, v, n in rows]
+        return [Item(k, base.decode(k, v), n) for k, v, n in rows]
 
     def close(self) -> None:
         with self._lock:
