@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import boto3
@@ -14,7 +16,8 @@ import pytest
 
 import shardq
 from shardq import morgue
-from shardq.broker import Message
+from shardq.broker import MemoryBroker, Message
+from shardq.broker.base import SendEntry, SendResult
 from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
@@ -289,3 +292,34 @@ def test_a_requeue_stopped_mid_round_leaves_at_most_one_batch_both_sent_and_list
     listed = len(dead.page(Filter(error_type="RuntimeError"), 1000).records)
     assert 1 <= sent <= 10
     assert listed == 60 - 1
+
+
+class TermOnSecondSend(MemoryBroker):
+    """A memory broker whose process gets SIGTERM once its second batch is sent."""
+
+    sends = 0
+
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        result = super().send_batch(queue, entries)
+        self.sends += 1
+        if self.sends == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+
+def test_sigterm_stops_a_requeue_as_ctrl_c_does_saying_what_was_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given 30 dead jobs of 30 entities
+    ledger.app.configure(Config(queue_prefix="term-"), broker=TermOnSecondSend())
+    bury(ledger.app, [(f"t{n}", n) for n in range(30)])
+    previous = signal.getsignal(signal.SIGTERM)
+    # when SIGTERM comes while `shardq morgue requeue --all` sends its second batch
+    code, _, err = cli(ledger.app, capsys, "requeue", "Ledgered", "--all")
+    # then it stops as on Ctrl-C, saying how many it requeued and that the rest stay,
+    # exits 143 (128 + SIGTERM), and puts the SIGTERM handler back
+    assert code == 128 + signal.SIGTERM
+    assert "interrupted. requeued 10 dead Ledgered jobs before that" in err
+    assert "the rest are still in the morgue" in err
+    assert Morgue(ledger.app, "Ledgered").size() == 20
+    assert signal.getsignal(signal.SIGTERM) == previous

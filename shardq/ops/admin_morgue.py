@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -117,7 +119,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
             return EXIT_OK
     refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
-    with Progress(DONE[action]) as progress:
+    with Progress(DONE[action]) as progress, _sigterm_interrupts():
 
         def tell(n: int) -> None:
             done[0] = n
@@ -139,6 +141,8 @@ def _change(app: App, args: argparse.Namespace) -> int:
                 f"command again to {action} them{last}",
                 file=sys.stderr,
             )
+            if isinstance(exc, Terminated):
+                return 128 + signal.SIGTERM
             return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
     tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
     jobs = plural(done[0], f"dead {worker} job")
@@ -152,6 +156,24 @@ def _change(app: App, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_USAGE if refused else EXIT_OK
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM came during a requeue or purge: it stops as on Ctrl-C."""
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops a requeue or purge as Ctrl-C does, so it says what it did."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def record_dict(record: MorgueRecord, signing_key: bytes | None) -> dict[str, Any]:
