@@ -68,6 +68,9 @@ def waiting(app: shardq.App) -> int:
         ("[1, 2]", "expected a JSON object"),
         ("{oops", "not valid JSON"),
         ("[" * 1500 + "]" * 1500, "nested too deeply"),
+        # which entity? JSON parsers disagree, Python's took the last silently
+        ('{"entity": "a", "payload": 1, "entity": "b"}', "key 'entity' is given twice"),
+        ('{"entity": "e", "payload": {"n": 1, "n": 2}}', "key 'n' is given twice"),
     ],
 )
 def test_a_bad_line_is_refused_saying_why(text: str, problem: str) -> None:

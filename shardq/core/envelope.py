@@ -137,13 +137,26 @@ def _finite(text: str) -> float:
 def parse_json(text: str | bytes) -> Any:
     """Operator JSON (arguments, ``publish --file`` lines, request bodies, old morgue
     records) read strictly; a ValueError (:class:`NestedTooDeeply` when that is the reason)
-    says what is wrong. NaN, Infinity and numbers too large for a float are refused."""
+    says what is wrong. NaN, Infinity, numbers too large for a float and a key given
+    twice in one object are refused."""
     try:
-        return json.loads(text, parse_constant=refuse_constant, parse_float=_finite)
+        return json.loads(
+            text, parse_constant=refuse_constant, parse_float=_finite, object_pairs_hook=_once
+        )
     except RecursionError:
         raise NestedTooDeeply("JSON nested too deeply") from None
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once (which of two values is meant is unknown)."""
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise ValueError(f"key {key!r} is given twice")
+        doc[key] = value
+    return doc
 
 
 #: One decoder for every body (``json.loads`` with arguments builds a new one per call).
