@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from shardq.morgue import Filter
-from shardq.ops.selection import SelectionError, from_args, from_body, parse_time, scope
+from shardq.ops.selection import (
+    SelectionError,
+    cursor,
+    from_args,
+    from_body,
+    parse_time,
+    scope,
+)
 
 
 @pytest.mark.parametrize(
@@ -83,3 +90,14 @@ def test_a_time_no_date_can_show_is_refused(when: Any) -> None:
         parse_time("--until", when, now=1_800_000_000.0)
     with pytest.raises(SelectionError, match=r"since .* is not a time"):
         from_body({"since": when})
+
+
+def test_a_cursor_a_listing_printed_is_read_and_anything_else_refused() -> None:
+    # given the cursors a listing prints (of all dead jobs, or of one entity's)
+    for printed in ("01795795402255833884668e4f/e-14", "01795795402316920690856dd2", None):
+        assert cursor(printed) == printed
+    # when a cursor is mistyped, cut short or made up
+    # then it is refused naming it: it listed nothing, or from the start, without a word
+    for bad in ("garbage", "", "0179579540225583", "01795795402255833884668e4f/", "zz/zz"):
+        with pytest.raises(SelectionError, match=r"is not a cursor .* printed"):
+            cursor(bad)

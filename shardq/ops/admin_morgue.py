@@ -86,7 +86,7 @@ def _list(app: App, args: argparse.Namespace) -> int:
     ids = None if args.ids is None else frozenset(args.ids)
     where = Filter(args.entity, args.error_type, *parse_range(args.since, args.until, "--"), ids)
     morgue = Morgue(app, args.worker)
-    page = morgue.page(where, args.limit, args.after)
+    page = morgue.page(where, args.limit, selection.cursor(args.after))
     rows = [("entity", "message id", "reason", "attempts", "died (UTC)", "error")]
     for r in page.records:
         if args.json:

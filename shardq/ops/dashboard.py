@@ -232,7 +232,8 @@ def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str,
     morgue = Morgue(app, worker)
     when = parse_range(_param(query, "since"), _param(query, "until"))
     where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
-    page = morgue.page(where, _int_param(query, "limit", 100), _param(query, "after"))
+    after = selection.cursor(_param(query, "after"))
+    page = morgue.page(where, _int_param(query, "limit", 100), after)
     jobs = [_api_record(r, app.signing_key) for r in page.records]
     return {"jobs": jobs, "next": page.next, "size": morgue.size()}
 

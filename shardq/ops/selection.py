@@ -13,6 +13,7 @@ from typing import Any
 from shardq.api.app import App
 from shardq.core.errors import ShardqError
 from shardq.morgue import Filter, Morgue, Progress, Refused
+from shardq.morgue.record import STAMP_DIGITS
 
 BODY_FORMS = (
     '{"message_ids": [...]}, {"entity": "..."}, {"error_type": "..."}, {"since": TIME, '
@@ -75,6 +76,17 @@ def parse_range(since: Any, until: Any, prefix: str = "") -> tuple[float | None,
     return (
         None if since is None else parse_time(f"{prefix}since", since),
         None if until is None else parse_time(f"{prefix}until", until),
+    )
+
+
+def cursor(text: str | None) -> str | None:
+    """``--after`` (``after``): a cursor a listing printed, or None; anything else is
+    refused (it would list nothing, or from the start, without a word)."""
+    if text is None or re.fullmatch(rf"\d{{{STAMP_DIGITS}}}[0-9a-f]{{6}}(/[^/]+)?", text):
+        return text
+    raise SelectionError(
+        f"after {text!r} is not a cursor a listing printed: copy it whole from "
+        "'the next page is --after CURSOR' (or the API's \"next\")"
     )
 
 
