@@ -323,3 +323,20 @@ def test_sigterm_stops_a_requeue_as_ctrl_c_does_saying_what_was_done(
     assert "the rest are still in the morgue" in err
     assert Morgue(ledger.app, "Ledgered").size() == 20
     assert signal.getsignal(signal.SIGTERM) == previous
+
+
+@pytest.mark.parametrize("action", ["list", "requeue", "purge"])
+def test_a_filter_given_twice_is_refused_and_nothing_changes(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], action: str
+) -> None:
+    # given dead jobs of e1 and e2
+    # when a filter that takes one value is given twice (meaning both, or a typo)
+    yes = ["--yes"] if action == "purge" else []
+    for twice in (["--entity", "e1", "--entity", "e2"], ["--since", "1h", "--since", "2d"]):
+        with pytest.raises(SystemExit) as stopped:
+            cli(app, capsys, action, "Ledgered", *twice, *yes)
+        # then it is a usage error naming the option, and no dead job was touched
+        # (it acted on the last value alone, e2's, saying so only in passing)
+        assert stopped.value.code == 2
+        assert f"{twice[0]} is given twice" in capsys.readouterr().err
+    assert Morgue(app, "Ledgered").size() == 5

@@ -50,7 +50,7 @@ def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -
     for name in ("list", "requeue", "purge"):
         p = command(name, HELP[name], EXAMPLES[name], _list if name == "list" else _change, actions)
         p.add_argument("worker", metavar="WORKER", help="worker class name")
-        p.add_argument("--entity", help="only this entity's dead jobs")
+        p.add_argument("--entity", action=Once, help="only this entity's dead jobs")
         p.add_argument(
             "--id",
             action="append",
@@ -59,12 +59,20 @@ def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -
             help="only this job (repeatable)",
         )
         p.add_argument(
-            "--error-type", metavar="T", help="only jobs that died of this exception type"
+            "--error-type",
+            action=Once,
+            metavar="T",
+            help="only jobs that died of this exception type",
         )
         p.add_argument(
-            "--since", metavar="TIME", help=f"only jobs that died at or after: {TIME_FORMS}"
+            "--since",
+            action=Once,
+            metavar="TIME",
+            help=f"only jobs that died at or after: {TIME_FORMS}",
         )
-        p.add_argument("--until", metavar="TIME", help="only jobs that died at or before TIME")
+        p.add_argument(
+            "--until", action=Once, metavar="TIME", help="only jobs that died at or before TIME"
+        )
         if name == "list":
             p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
             p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
@@ -78,6 +86,22 @@ def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -
             )
         if name == "purge":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+class Once(argparse.Action):
+    """An option that takes one value: given twice, it is a usage error (which value, or
+    both, is meant is unknown), not the last value silently."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice: it takes one value")
+        setattr(namespace, self.dest, values)
 
 
 def _list(app: App, args: argparse.Namespace) -> int:
