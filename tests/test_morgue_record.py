@@ -185,22 +185,6 @@ def test_a_malformed_item_is_listed_as_unreadable_saying_why(
     assert record.entity_id == "a/b" or "entity_id" in problem
 
 
-@pytest.mark.parametrize("value", [[1, 2], "text", 7, None])
-def test_an_item_that_is_not_a_json_object_is_listed_as_unreadable(value: object) -> None:
-    # given a record's summary and record items overwritten with a JSON list, string,
-    # number or null (a hand-edited or damaged store item)
-    store, back = stored(morgue.record_for(message("{}", "a/b"), "max_retries", failure(), 1))
-    item = store.get(back.key)
-    assert item is not None
-    bad = Item(item.key, value, item.version)  # type: ignore[arg-type]
-    # when it is read for a listing or in whole
-    # then it is unreadable, saying why, with the entity its key names, not a traceback
-    for record in (morgue_record.summary(bad), morgue_record.whole(bad, [])):
-        assert record.reason == "unreadable_record"
-        assert "not a JSON object" in record.error_message
-        assert record.entity_id == "a/b" and record.pieces == 1
-
-
 def queue_message(body: str, group: str = "e") -> shardq.broker.Message:
     return shardq.broker.Message("w-morgue.fifo", "q-1", "r", body, group, 1, 5.0, "1")
 

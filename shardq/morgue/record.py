@@ -199,10 +199,9 @@ def unreadable(why: str, entity: str, message_id: str, **known: Any) -> MorgueRe
 
 
 def _unreadable_item(key: str, value: Mapping[str, Any], why: str) -> MorgueRecord:
-    body = json.dumps(value, default=str)[:4000]
-    value = value if isinstance(value, Mapping) else {}
     entity = value.get("entity_id")
     entity = entity if isinstance(entity, str) else unquote(_parse(key)[1])
+    body = json.dumps(value, default=str)[:4000]
     message_id = str(value.get("message_id", key))
     return unreadable(why, entity, message_id, body=body, pieces=pieces_of(value), key=key)
 
@@ -220,8 +219,6 @@ def checked(
     value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool = False
 ) -> Mapping[str, Any]:
     """``value``, once its ``fields`` (and body fields) have their types; else ValueError."""
-    if not isinstance(value, Mapping):
-        raise ValueError("the item is not a JSON object")
     for key in (*fields, "body", "body_bytes", "body_sha256") if body else fields:
         valid, kind = _KINDS.get(key, (lambda v: isinstance(v, str), "a string"))
         if not valid(value.get(key)):
