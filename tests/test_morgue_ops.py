@@ -340,3 +340,14 @@ def test_a_filter_given_twice_is_refused_and_nothing_changes(
         assert stopped.value.code == 2
         assert f"{twice[0]} is given twice" in capsys.readouterr().err
     assert Morgue(app, "Ledgered").size() == 5
+
+
+@pytest.mark.parametrize("option", ["--entity", "--error-type", "--id"])
+def test_list_refuses_an_empty_filter_as_requeue_and_purge_do(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    # given dead jobs, and a filter given as "" (`--entity "$ENTITY"` with ENTITY unset)
+    # when they are listed
+    # then the filter is refused naming it, rather than "0 dead jobs of entity  shown"
+    with pytest.raises(shardq.core.errors.ShardqError, match=f"{option} must not be empty"):
+        cli(app, capsys, "list", "Ledgered", option, "")

@@ -107,6 +107,10 @@ class Once(argparse.Action):
 def _list(app: App, args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= MAX_LIST:
         raise ConfigError(f"--limit must be from 1 to {MAX_LIST}, got {args.limit}")
+    given = [("--entity", args.entity), ("--error-type", args.error_type)]
+    for option, value in given + [("--id", i) for i in args.ids or []]:
+        if value == "":  # `--entity "$ENTITY"` with ENTITY unset matches no job
+            raise ConfigError(f"{option} must not be empty")
     ids = None if args.ids is None else frozenset(args.ids)
     where = Filter(args.entity, args.error_type, *parse_range(args.since, args.until, "--"), ids)
     morgue = Morgue(app, args.worker)
