@@ -833,6 +833,19 @@ def test_refuses_to_serve_beyond_loopback_without_a_token(filled: shardq.App) ->
     make_server(filled, "localhost", 0).stop()
 
 
+@HTTP_ONLY
+def test_a_port_or_refresh_out_of_range_is_a_config_error(filled: shardq.App) -> None:
+    # given `shardq dashboard --port 99999`, `--port -1` or `--refresh nan` / `inf`
+    # then each is refused naming it (not an OverflowError traceback, nor a dashboard
+    # whose samples never refresh)
+    for port in (99999, -1):
+        with pytest.raises(ConfigError, match=f"cannot serve the dashboard on 127.0.0.1:{port}"):
+            make_server(filled, "127.0.0.1", port)
+    for refresh in (math.nan, math.inf):
+        with pytest.raises(ConfigError, match="refresh must be a positive number"):
+            make_server(filled, "127.0.0.1", 0, refresh=refresh)
+
+
 # -- the page in a real browser -----------------------------------------------------
 @pytest.fixture
 def browser() -> Iterator[Any]:

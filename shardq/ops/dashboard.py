@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import math
 import signal
 import socket
 import socketserver
@@ -315,7 +316,7 @@ def make_server(
             "who can reach it could requeue or delete dead jobs. Set dashboard_token "
             "(or SHARDQ_DASHBOARD_TOKEN), or bind to 127.0.0.1"
         )
-    if refresh <= 0:
+    if not 0 < refresh < math.inf:  # NaN too
         raise ConfigError(f"refresh must be a positive number of seconds, got {refresh}")
     urls = list(scrape)
     for url in urls:
@@ -323,7 +324,7 @@ def make_server(
             raise ConfigError(f"--scrape {url!r}: expected an http(s):// metrics URL")
     try:
         return DashboardServer(app, host, port, token, Sampler(app, refresh, urls))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port beyond 0-65535
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
 
 
