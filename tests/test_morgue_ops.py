@@ -4,9 +4,11 @@ and time, through :class:`shardq.morgue.Morgue` and the ``shardq morgue`` comman
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -351,3 +353,22 @@ def test_list_refuses_an_empty_filter_as_requeue_and_purge_do(
     # then the filter is refused naming it, rather than "0 dead jobs of entity  shown"
     with pytest.raises(shardq.core.errors.ShardqError, match=f"{option} must not be empty"):
         cli(app, capsys, "list", "Ledgered", option, "")
+
+
+class ClosedTerminal(io.StringIO):
+    """A terminal whose user pressed Ctrl-D: it reads as end of input."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_ctrl_d_at_the_purge_question_purges_nothing(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given purge asks on a terminal before deleting
+    monkeypatch.setattr(sys, "stdin", ClosedTerminal(""))
+    # when the answer is Ctrl-D (end of input) instead of y or n
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--all")
+    # then nothing is purged, it says so and exits 0, as for "n" (not an EOFError)
+    assert code == 0 and "nothing purged" in err
+    assert Morgue(app, "Ledgered").size() == 5

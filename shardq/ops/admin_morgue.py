@@ -141,7 +141,11 @@ def _change(app: App, args: argparse.Namespace) -> int:
     if action == "purge" and not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
-        answer = input(f"delete dead {worker} jobs{selection.scope(where)} for good? [y/N] ")
+        try:
+            answer = input(f"delete dead {worker} jobs{selection.scope(where)} for good? [y/N] ")
+        except EOFError:  # Ctrl-D: no answer is no
+            answer = ""
+            print(file=sys.stderr)
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
