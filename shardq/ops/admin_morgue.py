@@ -14,7 +14,7 @@ from typing import Any
 
 from shardq.api.app import App
 from shardq.core.errors import ConfigError, ShardqError
-from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
@@ -174,7 +174,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             if isinstance(exc, Terminated):
-                return 128 + signal.SIGTERM
+                return EXIT_TERMINATED
             return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_ERROR
     tail = ", each at the tail of its entity's jobs" if action == "requeue" else ""
     jobs = plural(done[0], f"dead {worker} job")

@@ -1,8 +1,8 @@
 """``shardq publish WORKER --file PATH``: one job per JSON line (``entity``, ``payload``,
 optional ``dedup_id`` and ``meta``). Every line is checked first, so a bad line publishes
 nothing; jobs are then published in order, in batches, stopping at the first refused
-(later jobs of its entity must not overtake it). Errors, and Ctrl-C (the first stops after
-the batch being sent, a second at once), name the lines not published."""
+(later jobs of its entity must not overtake it). Errors, and Ctrl-C or SIGTERM (the first
+stops after the batch being sent, a second at once), name the lines not published."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ class BulkPublishError(BrokerError):
 
 class PublishInterrupted(BulkPublishError):
     """Ctrl-C stopped ``publish --file``; ``lines`` lists those not published."""
+
+
+class PublishTerminated(PublishInterrupted):
+    """SIGTERM stopped ``publish --file``, as Ctrl-C does."""
 
 
 def _interrupt(_signum: int) -> None:
@@ -108,12 +112,13 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
     naming the lines not published if the broker refused some."""
     done = sending = 0
     try:
-        # Ctrl-C: publishing stops after the batch being sent (main thread only)
-        ctrl_c = StopSignals(threading.Event(), (signal.SIGINT,), again=_interrupt)
+        # Ctrl-C or SIGTERM: publishing stops after the batch being sent (main thread only)
+        stops = (signal.SIGINT, signal.SIGTERM)
+        ctrl_c = StopSignals(threading.Event(), stops, again=_interrupt)
         with ctrl_c.installed(), Progress("published", len(lines)) as progress:
             for start in range(0, len(lines), BATCH):
                 if ctrl_c.stopping.is_set():
-                    raise _interrupted(lines, done, 0)
+                    raise _interrupted(lines, done, 0, ctrl_c.name)
                 chunk = lines[start : start + BATCH]
                 sending = len(chunk)
                 try:
@@ -152,9 +157,11 @@ def _not_published(
     return BulkPublishError(text, missing)
 
 
-def _interrupted(lines: Sequence[Line], done: int, in_doubt: int) -> PublishInterrupted:
-    """Ctrl-C after the first ``done`` lines were published; the ``in_doubt`` lines
-    after them were being sent when a second Ctrl-C came."""
+def _interrupted(
+    lines: Sequence[Line], done: int, in_doubt: int, signal_name: str | None = None
+) -> PublishInterrupted:
+    """Ctrl-C (or ``signal_name``) after the first ``done`` lines were published; the
+    ``in_doubt`` lines after them were being sent when a second Ctrl-C came."""
     last = f", the last on line {lines[done - 1].number}" if done else ""
     doubt = [line.number for line in lines[done : done + in_doubt]]
     missing = [line.number for line in lines[done + in_doubt :]]
@@ -169,7 +176,8 @@ def _interrupted(lines: Sequence[Line], done: int, in_doubt: int) -> PublishInte
             f"; not published: {plural(len(missing), 'line')} ({ranges(missing)}), the first "
             f"on line {missing[0]}. Publish those lines again"
         )
-    return PublishInterrupted(text, doubt + missing)
+    kind = PublishTerminated if signal_name == "SIGTERM" else PublishInterrupted
+    return kind(text, doubt + missing)
 
 
 def ranges(numbers: Sequence[int], most: int = 20) -> str:

@@ -18,7 +18,14 @@ import structlog
 from shardq.api.app import App
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, ConfigError, ShardqError
-from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE
+from shardq.core.exits import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+)
 from shardq.core.fleet_rules import ELASTIC, STATIC
 from shardq.core.plan import Plan, format_plan
 from shardq.core.signals import StopSignals
@@ -27,7 +34,7 @@ from shardq.core.terminal import plural
 from shardq.core.version import VERSION
 from shardq.ops import logs
 from shardq.ops.admin import add_commands, log_options, subcommand
-from shardq.ops.bulk import PublishInterrupted
+from shardq.ops.bulk import PublishInterrupted, PublishTerminated
 from shardq.store import DamagedItem, StoreError
 
 _EXAMPLES_RUN = """\
@@ -50,6 +57,7 @@ _EXAMPLES_PLAN = """\
 #: What the command says, and its exit code, when it stops on each kind of error (the
 #: first that matches).
 _FAILURES: tuple[tuple[type[BaseException], str, int], ...] = (
+    (PublishTerminated, "{}", EXIT_TERMINATED),
     (PublishInterrupted, "{}", EXIT_INTERRUPTED),
     (KeyboardInterrupt, "interrupted", EXIT_INTERRUPTED),
     (BrokerError, "broker error: {}", EXIT_ERROR),
