@@ -298,3 +298,15 @@ def test_a_node_started_against_an_unreachable_endpoint_exits_1() -> None:
     )
     assert "127.0.0.1:9" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("spec", ["", ":app", ".workers", "workers.:app", " workers"])
+def test_an_app_that_names_no_module_is_a_config_error(spec: str) -> None:
+    # given --app (or SHARDQ_APP) empty, without a module, relative or with a space
+    from shardq.core.errors import ConfigError
+    from shardq.ops.cli import load_app
+
+    # when the app is loaded
+    # then it is refused naming it and the form (not a ValueError or TypeError traceback)
+    with pytest.raises(ConfigError, match=r"is not MODULE\[:ATTR\]"):
+        load_app(spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import textwrap
 import threading
@@ -180,6 +181,11 @@ def one_shot(app: App) -> App:
 def load_app(spec: str) -> App:
     """Import ``module[:attr]`` (the working directory first on the path) and find its App."""
     module_name, _, attr = spec.partition(":")
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name):
+        raise ConfigError(
+            f"app {spec!r} is not MODULE[:ATTR] (a module's dotted name, e.g. workers or "
+            "myapp.jobs:app); check --app or SHARDQ_APP"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
