@@ -65,39 +65,27 @@ def start_publishing(env: Env, tmp_path: Path, lines: int) -> subprocess.Popen[s
     )
 
 
-def test_ctrl_c_during_publish_file_names_the_last_line_published(env: Env, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],  # Ctrl-C; a stopped container, a killed CI job
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stopped_publish_file_names_the_last_line_published(
+    env: Env, tmp_path: Path, stop: signal.Signals, code: int
+) -> None:
     # given `shardq publish --file` of 60,000 jobs, some of them already published
     total = 60_000
     child = start_publishing(env, tmp_path, total)
     deadline = time.monotonic() + 120
     while published(env) == 0 and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    # when it gets Ctrl-C (SIGINT)
-    child.send_signal(signal.SIGINT)
+    # when it gets Ctrl-C (SIGINT) or SIGTERM
+    child.send_signal(stop)
     _, stderr = child.communicate(timeout=120)
-    # then it exits 130 without a traceback, naming the last line published and the
-    # first not published, and exactly those lines are in the queues
-    assert child.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    count = published(env)
-    assert 0 < count < total
-    assert f"interrupted: published {count} of {total} jobs, the last on line {count}" in stderr
-    assert f"({count + 1}-{total}), the first on line {count + 1}" in stderr
-
-
-def test_sigterm_during_publish_file_stops_as_ctrl_c_does(env: Env, tmp_path: Path) -> None:
-    # given `shardq publish --file` of 60,000 jobs, some of them already published
-    total = 60_000
-    child = start_publishing(env, tmp_path, total)
-    deadline = time.monotonic() + 120
-    while published(env) == 0 and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    # when it gets SIGTERM (a stopped container, a killed CI job)
-    child.send_signal(signal.SIGTERM)
-    _, stderr = child.communicate(timeout=120)
-    # then it stops after the batch being sent and names the last line published and the
-    # first not published, as on Ctrl-C, and exits 143 (it died silently)
-    assert child.returncode == 143, stderr
+    # then it stops after the batch being sent and exits 128 + the signal's number
+    # without a traceback, naming the last line published and the first not published,
+    # and exactly those lines are in the queues
+    assert child.returncode == code, stderr
     assert "Traceback" not in stderr
     count = published(env)
     assert 0 < count < total
