@@ -1,17 +1,21 @@
-"""A reshard with a node whose wall clock is 120 s ahead (Debian's ``faketime``).
+"""A reshard with a node whose wall clock is 120 s ahead (Debian's libfaketime).
 
-The node process runs under ``faketime -f +120s``; the test process announces the
-reshard and publishes. Nothing of the reshard compares the two clocks: the node
-writes the switch once the trust window passed on its own clock, closes the old
-shards, and every entity's jobs run in publish order.
+The node process runs with libfaketime preloaded (``FAKETIME=+120s``); the test
+process announces the reshard and publishes. Nothing of the reshard compares the two
+clocks: the node writes the switch once the trust window passed on its own clock,
+closes the old shards, and every entity's jobs run in publish order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import glob
+import json
 import os
-import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +25,17 @@ from shardq.ops.ensure import ensure_state_table
 from tests.apps import ledger
 from tests.children import ROOT, Env
 
+# The library itself, not the ``faketime`` wrapper: the wrapper makes a named semaphore
+# and shared memory per run and removes them only when it ends normally, so a wrapper
+# stopped by a kill leaves them behind, and a later wrapper given the same pid fails
+# ("sem_open: File exists") before the node starts.
+LIBFAKETIME = next(
+    iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))),
+    None,
+)
 pytestmark = pytest.mark.skipif(
-    shutil.which("faketime") is None,
-    reason="needs Debian's faketime (apt-get install faketime) to skew a node's clock",
+    LIBFAKETIME is None,
+    reason="needs Debian's libfaketime (apt-get install faketime) to skew a node's clock",
 )
 
 ENTITIES = 30
@@ -49,16 +61,21 @@ def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(
     # when a node runs with its wall clock 120 s ahead (its output in a file: a pipe
     # nobody reads could fill up and block it)
     log = tmp_path / "node.log"
+    started = time.time()
     with open(log, "wb") as out:
         child = subprocess.Popen(
-            ["faketime", "-f", "+120s", sys.executable, "-m", "shardq", "run", "--node", "0"],
+            [sys.executable, "-m", "shardq", "run", "--node", "0"],
             cwd=ROOT,
-            # the wall clock only: a faked monotonic clock hangs every timed wait
-            env={**os.environ, **env.vars, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+            env={
+                **os.environ,
+                **env.vars,
+                "LD_PRELOAD": str(LIBFAKETIME),
+                "FAKETIME": "+120s",
+                # the wall clock only: a faked monotonic clock hangs every timed wait
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
-            # faketime runs the node as its child: a group of their own is stopped whole
-            start_new_session=True,
         )
     env.children.append(child)
     try:
@@ -76,7 +93,16 @@ def test_a_node_whose_clock_is_120_s_ahead_finishes_a_reshard_in_order(
     except AssertionError as exc:
         tail = log.read_text(errors="replace")[-4000:]
         raise AssertionError(f"{exc}\nthe node's output (exit {child.poll()}):\n{tail}") from exc
+    finally:
+        env.stop_all()
+        # libfaketime leaves a semaphore and shared memory named by the pid behind
+        for name in (f"sem.faketime_sem_{child.pid}", f"faketime_shm_{child.pid}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"/dev/shm/{name}")
     # and every entity's jobs ran once each, in publish order, never two at once
     problems = ledger.check(ledger.read(env.ledger), dict.fromkeys(entities, 2))
     assert all(not found for found in problems.values()), problems
     assert app.layouts.read("Ledgered").shards == 5
+    # and the node's clock was the skewed one: its log stamps read 2 minutes ahead
+    first = json.loads(log.read_text().splitlines()[0])
+    assert dt.datetime.fromisoformat(first["timestamp"]).timestamp() - started > 100, first
