@@ -136,3 +136,11 @@ def test_publish_file_that_cannot_be_read_exits_2_naming_it(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     assert f"cannot read {missing}: No such file or directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_abbreviated_flag_is_refused_not_guessed(tmp_path: Path) -> None:
+    # when a purge is given the first letters of --all and --yes
+    result = shardq_cli("morgue", "purge", "SyncOrder", "--al", "--ye", env=embedded(tmp_path))
+    # then nothing is purged: the command exits 2 naming what it did not know
+    assert result.returncode == 2, result.stderr
+    assert "unrecognized arguments: --al --ye" in result.stderr

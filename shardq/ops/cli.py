@@ -103,8 +103,15 @@ def _silence_stdout() -> None:
         pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flags spelled out: ``--al --ye`` is refused, not taken as ``--all --yes``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "allow_abbrev": False})
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
     )
     parser.add_argument("--version", action="version", version=f"shardq {VERSION}")
