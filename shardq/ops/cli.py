@@ -111,9 +111,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO."
-    )
+    parser = _Parser(prog="shardq", description="Ordered, per-entity, sharded jobs on SQS FIFO.")
     parser.add_argument("--version", action="version", version=f"shardq {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
