@@ -14,6 +14,7 @@ from shardq.core.fleet_rules import (
     live_nodes,
     observe,
     timing,
+    unreadable_owner,
 )
 from shardq.core.topology import parse_key
 
@@ -187,3 +188,13 @@ def test_a_damaged_ownership_item_is_ignored_by_the_balancer() -> None:
     # when this node decides, then it claims the shards of the layout and nothing else
     moves = decide("b", {"Orders": 2}, {"b"}, owners, set())
     assert set(moves.claim) == {"Orders:0", "Orders:1"}
+
+
+def test_an_unreadable_ownership_item_belongs_to_the_live_node_holding_it_else_nobody() -> None:
+    # given heartbeats: a live a holds Orders:0; c holds Orders:1 but is not live
+    held = {"a": {"Orders:0"}, "c": {"Orders:1"}}
+    # when the owner of an unreadable ownership item is worked out
+    # then it is the live node that holds it, else nobody
+    assert unreadable_owner("Orders:0", held, {"a", "b"}) == "a"
+    assert unreadable_owner("Orders:1", held, {"a", "b"}) == ""
+    assert unreadable_owner("Orders:2", held, {"a", "b"}) == ""

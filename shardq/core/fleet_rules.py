@@ -51,6 +51,13 @@ def observe(seen: Seen, beats: Mapping[str, Beat], now: float) -> dict[str, tupl
     }
 
 
+def unreadable_owner(key: str, held: Mapping[str, Set[str]], live: Set[str]) -> str:
+    """Owner of shard ``key`` whose ownership item cannot be read: the live node whose
+    heartbeat ``held`` lists it (it serves it), else nobody: the item is then claimed,
+    and so rewritten, as a freed one is."""
+    return next((node for node in sorted(live) if key in held.get(node, ())), "")
+
+
 def _still(beats: Mapping[str, Beat], seen: Seen, now: float, expire: float) -> dict[str, bool]:
     """Node not marked gone -> whether its counter stood still ``expire`` s or more."""
     return {n: now - seen[n][1] >= expire for n, b in beats.items() if not b.gone and n in seen}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -25,6 +25,7 @@ from shardq.core.fleet_rules import (
     live_nodes,
     observe,
     timing,
+    unreadable_owner,
 )
 from shardq.core.heartbeat import Heartbeat, marked_gone
 from shardq.core.plan import ShardRef
@@ -70,6 +71,7 @@ class Fleet:
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
+        self._damaged: dict[str, int] = {}  # item key -> version last reported damaged
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,23 +121,38 @@ class Fleet:
             return
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
-            owned = self.store.query_all(SHARD_PREFIX)
-            items = self.store.query_all(NODE_PREFIX)
+            owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
+            items = self.store.query_all(NODE_PREFIX, keep_damaged=True)
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
-        owners = {}
-        for i in owned:
-            key = i.key[len(SHARD_PREFIX) :]
-            owners[key] = Owner(key, str(i.value.get("owner", "")), i.version)
-        self._act(now, owners, items)
+        self._report_damaged([*owned, *items])
+        self._act(now, owned, items)
+
+    def _report_damaged(self, items: list[Item]) -> None:
+        """Log each damaged item once (again if it changes): it never stops the fleet,
+        and nodes rewrite it (see ``_act``)."""
+        damaged = {i.key: i.version for i in items if i.damaged}
+        for item in items:
+            if item.damaged and self._damaged.get(item.key) != item.version:
+                log.error(
+                    "fleet.item_damaged",
+                    item=item.key,
+                    error=item.damaged,
+                    detail="nodes rewrite it: a heartbeat once it stood still for a lease, "
+                    "an ownership item when its shard is next taken",
+                )
+        self._damaged = damaged
 
     def _beat(self, now: float) -> None:
         key, report = NODE_PREFIX + self.id, self.report().to_value()
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
-            current = self.store.get(key)
+            # a query, not a get: a damaged heartbeat of this node's is read, then rewritten
+            current = next(
+                (i for i in self.store.query_all(key, keep_damaged=True) if i.key == key), None
+            )
             if current is not None and current.value.get("gone"):
                 log.warning(
                     "fleet.declared_gone",
@@ -149,14 +166,23 @@ class Fleet:
         self._beat_ok = now
         self._next_beat = now + self.beat_seconds
 
-    def _act(self, now: float, owners: Mapping[str, Owner], items: list[Item]) -> None:
+    def _act(self, now: float, owned: list[Item], items: list[Item]) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
+        # an unreadable heartbeat reads as an empty report: live until it stands still
         beats = {n: Beat(n, by_key[n].version, r.mode, r.gone) for n, r in reports.items()}
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
         live = live_nodes(beats, self._seen, now, self.expire_seconds)  # decide adds this node
+        held = {n: set(r.held) for n, r in reports.items()} | {self.id: set(self.held())}
+        owners = {}
+        for i in owned:
+            key = i.key[len(SHARD_PREFIX) :]
+            node = str(i.value.get("owner", ""))
+            if i.damaged:
+                node = unreadable_owner(key, held, live | {self.id})
+            owners[key] = Owner(key, node, i.version)
         for node in expired(beats, self._seen, now, self.expire_seconds):
             if node != self.id:
                 self._mark_gone(by_key[node])

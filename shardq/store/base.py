@@ -37,6 +37,7 @@ class Item:
     key: str
     value: Mapping[str, Any]
     version: int
+    damaged: str = ""  # why the stored value cannot be read (``value`` is then empty)
 
 
 def namespace(key: str) -> tuple[str, str]:
@@ -74,6 +75,17 @@ def decode(key: str, text: Any) -> Mapping[str, Any]:
     raise DamagedItem(f"store item {key!r} is damaged ({why}); fix or delete it in the state store")
 
 
+def item(key: str, text: Any, version: int, *, keep_damaged: bool = False) -> Item:
+    """Item ``key`` as stored; a damaged value raises DamagedItem or, ``keep_damaged``,
+    comes back empty with ``damaged`` saying why."""
+    try:
+        return Item(key, decode(key, text), version)
+    except DamagedItem as exc:
+        if not keep_damaged:
+            raise
+        return Item(key, {}, version, damaged=str(exc))
+
+
 def conflict(key: str, expected: int | None, current: int | None) -> str:
     want = "absent" if expected is None else f"at version {expected}"
     now = "absent" if current is None else f"at version {current}"
@@ -99,15 +111,21 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def query(
-        self, prefix: str, *, start_after: str | None = None, limit: int = MAX_QUERY_ITEMS
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = MAX_QUERY_ITEMS,
+        keep_damaged: bool = False,
     ) -> list[Item]:
-        """Items under ``prefix`` (namespace included) in key order after ``start_after``."""
+        """Items under ``prefix`` (namespace included) in key order after ``start_after``;
+        a damaged one raises DamagedItem, or is kept (see :func:`item`)."""
 
-    def query_all(self, prefix: str) -> list[Item]:
+    def query_all(self, prefix: str, *, keep_damaged: bool = False) -> list[Item]:
         items: list[Item] = []
         after: str | None = None
         while True:
-            page = self.query(prefix, start_after=after)
+            page = self.query(prefix, start_after=after, keep_damaged=keep_damaged)
             items += page
             if len(page) < MAX_QUERY_ITEMS:
                 return items

@@ -124,7 +124,12 @@ class DynamoStore(Store):
         return old is not None
 
     def query(
-        self, prefix: str, *, start_after: str | None = None, limit: int = base.MAX_QUERY_ITEMS
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = base.MAX_QUERY_ITEMS,
+        keep_damaged: bool = False,
     ) -> list[Item]:
         space = base.namespace(prefix)[0]
         limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
@@ -143,7 +148,7 @@ class DynamoStore(Store):
         while len(items) < limit:
             with self._call("Query"):
                 page = self.client.query(**args, Limit=limit - len(items))
-            items += [_item(found) for found in page.get("Items", [])]
+            items += [_item(found, keep_damaged) for found in page.get("Items", [])]
             if "LastEvaluatedKey" not in page:
                 break
             args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -186,9 +191,9 @@ def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) 
     return retried and found is not None and all(found.get(k) == v for k, v in record.items())
 
 
-def _item(found: Mapping[str, Any]) -> Item:
-    key = found["key"]["S"]
-    return Item(key, base.decode(key, found["value"]["S"]), int(found["version"]["N"]))
+def _item(found: Mapping[str, Any], keep_damaged: bool = False) -> Item:
+    key, text = found["key"]["S"], found.get("value", {}).get("S")  # a hand edit may drop it
+    return base.item(key, text, int(found["version"]["N"]), keep_damaged=keep_damaged)
 
 
 def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class SqliteStore(Store):
         base.namespace(key)
         with self._tx(f"reading state item {key!r}", write=False) as db:
             row = db.execute(f"SELECT value, version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
-        return None if row is None else Item(key, base.decode(key, row[0]), row[1])
+        return None if row is None else base.item(key, row[0], row[1])
 
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
         base.namespace(key)
@@ -79,7 +79,12 @@ class SqliteStore(Store):
         return True
 
     def query(
-        self, prefix: str, *, start_after: str | None = None, limit: int = base.MAX_QUERY_ITEMS
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = base.MAX_QUERY_ITEMS,
+        keep_damaged: bool = False,
     ) -> list[Item]:
         base.namespace(prefix)
         limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
@@ -92,7 +97,7 @@ class SqliteStore(Store):
         args += [len(prefix), prefix, limit]
         with self._tx(f"querying state items under {prefix!r}", write=False) as db:
             rows = db.execute(sql, args).fetchall()
-        return [Item(k, base.decode(k, v), n) for k, v, n in rows]
+        return [base.item(k, v, n, keep_damaged=keep_damaged) for k, v, n in rows]
 
     def close(self) -> None:
         with self._lock:
