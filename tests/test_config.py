@@ -25,7 +25,9 @@ def write(tmp_path: Path, text: str, name: str = "shardq.yaml") -> Path:
     return path
 
 
-def load(path: Path | None = None, env: dict[str, str] | None = None, **overrides: Any) -> Config:
+def load(
+    path: Path | str | None = None, env: dict[str, str] | None = None, **overrides: Any
+) -> Config:
     return Config.load(path, env=env or {}, overrides=overrides)
 
 
@@ -114,6 +116,23 @@ def test_the_file_can_be_named_by_shardq_config(tmp_path: Path) -> None:
     # then that file is read (and SHARDQ_CONFIG is not itself a setting)
     assert config.threads == 3
     assert config.source == str(path)
+
+
+@pytest.mark.parametrize(
+    ("path", "env"),
+    [("", {}), (" ", {}), (None, {"SHARDQ_CONFIG": ""})],
+    ids=["flag", "space", "env"],
+)
+def test_an_empty_config_path_is_refused_not_taken_for_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str | None, env: dict[str, str]
+) -> None:
+    # given a shardq.yaml in the working directory, and a config path that came out empty
+    # (`--config "$CONFIG"` with CONFIG unset)
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "threads: 3\n", name="shardq.yaml")
+    # when the config is loaded, then it is refused, saying what to do
+    with pytest.raises(ConfigError, match=r"config file path .* is empty: name a file"):
+        load(path, env=env)
 
 
 def test_an_explicit_path_wins_over_shardq_config(tmp_path: Path) -> None:

@@ -85,7 +85,12 @@ class Config:
         layers: list[tuple[str, dict[str, Any]]] = []
         if base is not None:
             layers.append(("the app's config", {key: getattr(base, key) for key in _FIELDS}))
-        file_path = path or env.get(ENV_PREFIX + "CONFIG")
+        file_path = env.get(ENV_PREFIX + "CONFIG") if path is None else path
+        if file_path is not None and not os.fspath(file_path).strip():  # "$CONFIG" unset
+            raise ConfigError(
+                f"the config file path (--config or ${ENV_PREFIX}CONFIG) is empty: name a "
+                f"file, or leave it out to read ./{DEFAULT_FILE} if present"
+            )
         if file_path is None and Path(DEFAULT_FILE).is_file():
             file_path = DEFAULT_FILE
         if file_path:
