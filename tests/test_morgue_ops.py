@@ -372,3 +372,23 @@ def test_ctrl_d_at_the_purge_question_purges_nothing(
     # then nothing is purged, it says so and exits 0, as for "n" (not an EOFError)
     assert code == 0 and "nothing purged" in err
     assert Morgue(app, "Ledgered").size() == 5
+
+
+def test_dead_jobs_of_a_worker_no_longer_registered_can_be_listed_and_purged_not_requeued(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given the app's dead Ledgered jobs, seen by an app that no longer registers Ledgered
+    gone = shardq.App(app.config, broker=app.broker, store=app.store)
+    # when they are listed, then all 5 are shown
+    code, out, err = cli(gone, capsys, "list", "Ledgered", "--json")
+    assert code == 0 and len(out.splitlines()) == 5, err
+    # when they are requeued, then that is refused saying why, and all 5 stay
+    with pytest.raises(shardq.UnknownWorkerError, match="can be listed and purged, not requeued"):
+        cli(gone, capsys, "requeue", "Ledgered", "--all")
+    assert Morgue(gone, "Ledgered").size() == 5
+    # when e1's are purged, then only e2's are left
+    assert cli(gone, capsys, "purge", "Ledgered", "--entity", "e1", "--yes")[0] == 0
+    assert numbers(Morgue(gone, "Ledgered").list_jobs()) == [("e2", 0), ("e2", 1)]
+    # and a name with no dead jobs is still an unknown worker
+    with pytest.raises(shardq.UnknownWorkerError, match="no worker named 'Nobody'"):
+        Morgue(gone, "Nobody")

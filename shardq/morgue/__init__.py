@@ -18,7 +18,7 @@ from shardq.core.decide import REASON_MAX_RETRIES as REASON_MAX_RETRIES
 from shardq.core.decide import REASON_PERMANENT as REASON_PERMANENT
 from shardq.core.decide import REASON_UNKNOWN_WORKER as REASON_UNKNOWN_WORKER
 from shardq.core.decide import REASON_UNREADABLE as REASON_UNREADABLE
-from shardq.core.errors import BrokerError, EnvelopeError
+from shardq.core.errors import BrokerError, EnvelopeError, UnknownWorkerError
 from shardq.core.layout import publish_to
 from shardq.core.tables import utc
 from shardq.core.topology import shard_for
@@ -109,13 +109,25 @@ def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
     return any(store.get(key) is not None for key in summaries)  # the summary is written last
 
 
+NOT_REGISTERED = (
+    "no worker named {!r} is registered: its dead jobs can be listed and purged, not "
+    "requeued; register the worker class again to requeue them"
+)
+
+
 class Morgue:
     """One worker's dead jobs: list, requeue, purge, expire."""
 
     def __init__(self, app: Deployment, worker: str) -> None:
         self.app = app
-        self.worker = app.worker(worker).__name__
         self.store = app.store
+        self.registered = True
+        try:
+            self.worker = app.worker(worker).__name__
+        except UnknownWorkerError:  # a worker removed from the code keeps its dead jobs
+            if not worker.isidentifier() or not self.store.query(f"morgue/{worker}/t/", limit=1):
+                raise
+            self.worker, self.registered = worker, False
 
     def size(self) -> int:
         """How many dead jobs the worker has."""
@@ -151,6 +163,8 @@ class Morgue:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
         to ``refused``, as are its entity's later matches (they must not overtake it)."""
+        if not self.registered:
+            raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
         scan = (record for _, record in self._scan(where))
         while batch := list(islice(scan, ROUND)):

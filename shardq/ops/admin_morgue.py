@@ -13,11 +13,11 @@ from dataclasses import asdict
 from typing import Any
 
 from shardq.api.app import App
-from shardq.core.errors import ConfigError, ShardqError
+from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
-from shardq.morgue import Filter, Morgue, MorgueRecord, payload_of
+from shardq.morgue import NOT_REGISTERED, Filter, Morgue, MorgueRecord, payload_of
 from shardq.ops import selection
 from shardq.ops.selection import DONE, TIME_FORMS, act, parse_range
 
@@ -137,7 +137,10 @@ def _change(app: App, args: argparse.Namespace) -> int:
     where = selection.from_args(
         args.entity, args.ids, args.everything, args.error_type, args.since, args.until
     )
-    action, worker = args.action, app.worker(args.worker).__name__
+    morgue = Morgue(app, args.worker)
+    action, worker = args.action, morgue.worker
+    if action == "requeue" and not morgue.registered:
+        raise UnknownWorkerError(NOT_REGISTERED.format(worker))
     if action == "purge" and not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("purge deletes jobs for good: pass --yes to confirm")
