@@ -377,18 +377,21 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(
         runner.join(30)
 
 
-def damage(app: App, key: str, text: str) -> None:
+def damage(app: App, key: str, text: str, bump: int = 0) -> None:
     """Overwrite the stored value of item ``key`` around the store, as a hand edit or a
-    damaged file would (its version unchanged)."""
+    damaged file would, its version moved on by ``bump``."""
     store = app.store
     if isinstance(store, SqliteStore):
         with sqlite3.connect(store.path) as db:
-            db.execute("UPDATE shardq_state SET value = ? WHERE key = ?", (text, key))
+            update = "UPDATE shardq_state SET value = ?, version = version + ? WHERE key = ?"
+            db.execute(update, (text, bump, key))
     else:
         assert isinstance(store, DynamoStore)
         ids = {"ns": {"S": key.partition("/")[0]}, "key": {"S": key}}
         found = store.client.get_item(TableName=store.table, Key=ids, ConsistentRead=True)
-        store.client.put_item(TableName=store.table, Item={**found["Item"], "value": {"S": text}})
+        version = {"N": str(int(found["Item"]["version"]["N"]) + bump)}
+        item = {**found["Item"], "value": {"S": text}, "version": version}
+        store.client.put_item(TableName=store.table, Item=item)
 
 
 def damaged_logs(logs: list[dict[str, object]]) -> list[object]:
@@ -431,17 +434,19 @@ def test_a_damaged_ownership_item_nobody_serves_is_claimed_and_rewritten(app: Ap
     assert damaged_logs(logs) == ["shard/Ledgered:3"]
 
 
-@pytest.mark.parametrize("beating", [True, False], ids=["live", "dead"])
+@pytest.mark.parametrize(
+    ("beating", "bump"), [(True, 0), (True, 1), (False, 0)], ids=["live", "live-moved", "dead"]
+)
 def test_a_damaged_heartbeat_is_rewritten_by_its_node_or_once_it_stood_still(
-    app: App, beating: bool
+    app: App, beating: bool, bump: int
 ) -> None:
-    # given two balanced nodes, and b's heartbeat damaged
+    # given two balanced nodes, and b's heartbeat damaged (its version moved on or not)
     clock = Clock()
     a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
     for _ in range(4):
         a.step(), b.step()
         clock.now += 1.0
-    damage(app, "node/b", "not json")
+    damage(app, "node/b", "not json", bump)
     # when both step on for a lease (b only if it is live)
     for _ in range(int(LEASE) + 2):
         a.step()
