@@ -85,9 +85,16 @@ class CountingStore(Store):
             self._count("delete " + key.partition("/")[0], writes=1)
 
     def query(
-        self, prefix: str, *, start_after: str | None = None, limit: int = 1000
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        keep_damaged: bool = False,
     ) -> list[Item]:
-        items = self.inner.query(prefix, start_after=start_after, limit=limit)
+        items = self.inner.query(
+            prefix, start_after=start_after, limit=limit, keep_damaged=keep_damaged
+        )
         size = sum(len(encode(i.value)) + len(i.key) + 16 for i in items)
         self._count("query " + prefix, reads=max(1, math.ceil(size / 4096)))
         return items

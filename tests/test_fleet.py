@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +19,6 @@ from shardq.fleet import Fleet
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.fleet_view import fleet_view, read_fleet
 from shardq.run.node import Node
-from shardq.store import SqliteStore
-from shardq.store.dynamo import DynamoStore
 from tests.apps import ledger
 from tests.clocks import Skipping
 from tests.conftest import make_broker
@@ -375,90 +372,3 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(
         gate.set()
         node.stop()
         runner.join(30)
-
-
-def damage(app: App, key: str, text: str, bump: int = 0) -> None:
-    """Overwrite the stored value of item ``key`` around the store, as a hand edit or a
-    damaged file would, its version moved on by ``bump``."""
-    store = app.store
-    if isinstance(store, SqliteStore):
-        with sqlite3.connect(store.path) as db:
-            update = "UPDATE shardq_state SET value = ?, version = version + ? WHERE key = ?"
-            db.execute(update, (text, bump, key))
-    else:
-        assert isinstance(store, DynamoStore)
-        ids = {"ns": {"S": key.partition("/")[0]}, "key": {"S": key}}
-        found = store.client.get_item(TableName=store.table, Key=ids, ConsistentRead=True)
-        version = {"N": str(int(found["Item"]["version"]["N"]) + bump)}
-        item = {**found["Item"], "value": {"S": text}, "version": version}
-        store.client.put_item(TableName=store.table, Item=item)
-
-
-def damaged_logs(logs: list[dict[str, object]]) -> list[object]:
-    return [e["item"] for e in logs if e["event"] == "fleet.item_damaged"]
-
-
-def test_a_damaged_ownership_item_of_a_served_shard_stays_with_its_server(app: App) -> None:
-    # given a node holding every shard, and one ownership item damaged
-    clock = Clock()
-    a = stepped(app, clock, "a")
-    a.step(), a.step()
-    damage(app, "shard/Ledgered:0", "[1")
-    # when it goes on stepping
-    with capture_logs() as logs:
-        for _ in range(3):
-            clock.now += 1.0
-            a.step()
-    # then it keeps serving every shard (its heartbeat holds that one) and logged the item once
-    assert a.held() == sorted(ALL) and keys(a.node) == ALL
-    assert damaged_logs(logs) == ["shard/Ledgered:0"]
-    # and when it leaves, the item it frees is readable again
-    a.leave()
-    assert all(not i.damaged for i in app.store.query_all("shard/", keep_damaged=True))
-
-
-def test_a_damaged_ownership_item_nobody_serves_is_claimed_and_rewritten(app: App) -> None:
-    # given every shard freed by a node that left, then one ownership item damaged
-    clock = Clock()
-    a = stepped(app, clock, "a")
-    a.step(), a.step()
-    a.leave()
-    damage(app, "shard/Ledgered:3", "null")
-    # when another node steps
-    b = stepped(app, clock, "b")
-    with capture_logs() as logs:
-        b.step(), b.step()
-    # then it takes every shard, that one too, and the item is readable again
-    assert b.held() == sorted(ALL)
-    assert owners(app) == dict.fromkeys(ALL, "b")
-    assert damaged_logs(logs) == ["shard/Ledgered:3"]
-
-
-@pytest.mark.parametrize(
-    ("beating", "bump"), [(True, 0), (True, 1), (False, 0)], ids=["live", "live-moved", "dead"]
-)
-def test_a_damaged_heartbeat_is_rewritten_by_its_node_or_once_it_stood_still(
-    app: App, beating: bool, bump: int
-) -> None:
-    # given two balanced nodes, and b's heartbeat damaged (its version moved on or not)
-    clock = Clock()
-    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
-    for _ in range(4):
-        a.step(), b.step()
-        clock.now += 1.0
-    damage(app, "node/b", "not json", bump)
-    # when both step on for a lease (b only if it is live)
-    for _ in range(int(LEASE) + 2):
-        a.step()
-        if beating:
-            b.step()
-            # then a live b keeps its share all along
-            assert len(a.held()) == 3 and len(b.held()) == 3
-        clock.now += 1.0
-    item = app.store.get("node/b")
-    assert item is not None
-    if beating:  # and its next beat rewrote its heartbeat
-        assert item.value["node"] == "b" and "gone" not in item.value
-    else:  # a dead b was marked gone (the item rewritten) and its shards taken
-        assert item.value["gone"] == "lease expired"
-        assert a.held() == sorted(ALL)

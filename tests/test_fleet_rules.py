@@ -190,11 +190,18 @@ def test_a_damaged_ownership_item_is_ignored_by_the_balancer() -> None:
     assert set(moves.claim) == {"Orders:0", "Orders:1"}
 
 
-def test_an_unreadable_ownership_item_belongs_to_the_live_node_holding_it_else_nobody() -> None:
-    # given heartbeats: a live a holds Orders:0; c holds Orders:1 but is not live
-    held = {"a": {"Orders:0"}, "c": {"Orders:1"}}
-    # when the owner of an unreadable ownership item is worked out
-    # then it is the live node that holds it, else nobody
-    assert unreadable_owner("Orders:0", held, {"a", "b"}) == "a"
-    assert unreadable_owner("Orders:1", held, {"a", "b"}) == ""
-    assert unreadable_owner("Orders:2", held, {"a", "b"}) == ""
+def test_an_unreadable_ownership_item_belongs_to_its_holder_else_nobody_after_a_lease() -> None:
+    # given heartbeats: this node b holds Orders:3, a live a holds Orders:0 and Orders:3
+    # (stale), c holds Orders:1 but is not live
+    held = {"a": {"Orders:0", "Orders:3"}, "b": {"Orders:3"}, "c": {"Orders:1"}}
+    live = {"a", "b"}
+
+    def owner(key: str, stood: float) -> str | None:
+        return unreadable_owner(key, "b", held, live, stood, EXPIRE)
+
+    # then this node's own holding wins, then a live holder's
+    assert owner("Orders:3", 0.0) == "b"
+    assert owner("Orders:0", 0.0) == "a"
+    # and a shard no live node holds is left alone (None) until the item stood a lease
+    assert owner("Orders:1", EXPIRE - 0.1) is None and owner("Orders:2", 0.0) is None
+    assert owner("Orders:1", EXPIRE) == ""

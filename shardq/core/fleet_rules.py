@@ -51,11 +51,18 @@ def observe(seen: Seen, beats: Mapping[str, Beat], now: float) -> dict[str, tupl
     }
 
 
-def unreadable_owner(key: str, held: Mapping[str, Set[str]], live: Set[str]) -> str:
-    """Owner of shard ``key`` whose ownership item cannot be read: the live node whose
-    heartbeat ``held`` lists it (it serves it), else nobody: the item is then claimed,
-    and so rewritten, as a freed one is."""
-    return next((node for node in sorted(live) if key in held.get(node, ())), "")
+def unreadable_owner(
+    key: str, me: str, held: Mapping[str, Set[str]], live: Set[str], stood: float, expire: float
+) -> str | None:
+    """Owner of shard ``key`` whose ownership item cannot be read: this node if it holds
+    it (it rewrites the item), else the live node whose heartbeat ``held`` lists it, else
+    nobody ("": claimed, and so rewritten, as a freed one is) once the item ``stood``
+    unchanged ``expire`` seconds, time enough for a live owner to show it or rewrite it;
+    None until then: the shard is left alone."""
+    if key in held.get(me, ()):
+        return me
+    holder = next((node for node in sorted(live) if key in held.get(node, ())), None)
+    return holder if holder is not None else "" if stood >= expire else None
 
 
 def _still(beats: Mapping[str, Beat], seen: Seen, now: float, expire: float) -> dict[str, bool]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -72,6 +72,7 @@ class Fleet:
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
         self._damaged: dict[str, int] = {}  # item key -> version last reported damaged
+        self._unreadable: dict[str, tuple[int, float]] = {}  # shard key -> version, seen at
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,8 +140,9 @@ class Fleet:
                     "fleet.item_damaged",
                     item=item.key,
                     error=item.damaged,
-                    detail="nodes rewrite it: a heartbeat once it stood still for a lease, "
-                    "an ownership item when its shard is next taken",
+                    detail="nodes rewrite it: a heartbeat at its node's next beat, else once "
+                    "it stood still for a lease; an ownership item at once if its holder is "
+                    "live, else once it stood still for a lease",
                 )
         self._damaged = damaged
 
@@ -175,14 +177,11 @@ class Fleet:
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
         live = live_nodes(beats, self._seen, now, self.expire_seconds)  # decide adds this node
+        unknown = {n for n, i in by_key.items() if i.damaged}  # live or not: shown in time
+        live -= unknown
         held = {n: set(r.held) for n, r in reports.items()} | {self.id: set(self.held())}
-        owners = {}
-        for i in owned:
-            key = i.key[len(SHARD_PREFIX) :]
-            node = str(i.value.get("owner", ""))
-            if i.damaged:
-                node = unreadable_owner(key, held, live | {self.id})
-            owners[key] = Owner(key, node, i.version)
+        owners, left = self._owners(now, owned, held, live)
+        left |= {key for key, owner in owners.items() if owner.node in unknown}
         for node in expired(beats, self._seen, now, self.expire_seconds):
             if node != self.id:
                 self._mark_gone(by_key[node])
@@ -191,7 +190,7 @@ class Fleet:
                 self._write(self.store.delete, NODE_PREFIX + node, version=beat.counter)
         self._refused = {k: t for k, t in self._refused.items() if now - t < REFUSED_SECONDS}
         with self._lock:
-            busy = {*self._draining, *self._refused}
+            busy = {*self._draining, *self._refused, *left}
         serving = {ref.key for ref in self.node.shard_refs()}
         moves = decide(self.id, live_shards(self.app), live, owners, serving, busy)
         for key in moves.lost:
@@ -216,6 +215,42 @@ class Fleet:
             self._take(key, item.version, now)
             if key in owners and key in self._owned:
                 log.info("fleet.took_over", shard=key, previous=owners[key].node)
+
+    def _owners(
+        self, now: float, owned: list[Item], held: Mapping[str, set[str]], live: set[str]
+    ) -> tuple[dict[str, Owner], set[str]]:
+        """The owner of each shard, and the shards to leave alone this round (their
+        ownership item is unreadable and its owner unknown yet); rewrites the unreadable
+        items of the shards this node holds."""
+        damaged = {i.key[len(SHARD_PREFIX) :]: Beat(i.key, i.version) for i in owned if i.damaged}
+        self._unreadable = observe(self._unreadable, damaged, now)
+        owners, left = {}, set()
+        for i in owned:
+            key = i.key[len(SHARD_PREFIX) :]
+            node: str | None = str(i.value.get("owner", ""))
+            if key in damaged:
+                stood = now - self._unreadable[key][1]
+                node = unreadable_owner(key, self.id, held, live, stood, self.expire_seconds)
+            if node is None:
+                left.add(key)
+            owners[key] = Owner(key, node or "", i.version)
+            if key in damaged and node == self.id:
+                owners[key] = Owner(key, node, self._rewrite(key, i.version))
+        return owners, left
+
+    def _rewrite(self, key: str, version: int) -> int:
+        """Write this node's name over its shard's unreadable ownership item; the version."""
+        try:
+            item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=version)
+        except StoreError:
+            return version  # changed meanwhile, or the store failed: the next round
+        with self._lock:
+            if key in self._owned:
+                self._owned[key] = item.version
+            elif key in self._draining:
+                self._draining[key] = (self._draining[key][0], item.version)
+        log.info("fleet.item_rewritten", item=SHARD_PREFIX + key)
+        return item.version
 
     def _take(self, key: str, version: int, now: float) -> None:
         """Serve ``key``, owned here at ``version``; free it if the node cannot."""

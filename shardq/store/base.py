@@ -15,6 +15,7 @@ from shardq.core.errors import ShardqError
 MAX_VALUE_BYTES = 350 * 1024
 #: Longest key, in UTF-8 bytes (DynamoDB's limit for a sort key).
 MAX_KEY_BYTES = 1024
+FIX = "fix or delete it in the state store"
 #: Most items one :meth:`Store.query` call returns.
 MAX_QUERY_ITEMS = 1000
 
@@ -66,27 +67,34 @@ def decode(key: str, text: Any) -> Mapping[str, Any]:
     try:
         value = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
-        why = f"not JSON: {exc}"
+        why = "no value" if text is None else f"not JSON: {exc}"
     else:
         if isinstance(value, dict):
             return value
         kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
         why = f"{kinds.get(type(value), 'a number')}, not a JSON object"
-    raise DamagedItem(f"store item {key!r} is damaged ({why}); fix or delete it in the state store")
+    raise DamagedItem(f"store item {key!r} is damaged ({why}); {FIX}")
 
 
-def item(key: str, text: Any, version: int, *, keep_damaged: bool = False) -> Item:
+def item(key: str, text: Any, version: Any, *, keep_damaged: bool = False) -> Item:
     """Item ``key`` as stored; a damaged value raises DamagedItem or, ``keep_damaged``,
-    comes back empty with ``damaged`` saying why."""
+    comes back empty with ``damaged`` saying why (version 0, which no write names, if
+    the version cannot be read either)."""
+    if isinstance(version, str) and version.isascii() and version.isdigit():
+        version = int(version)  # DynamoDB's numbers come as text
+    number = version if type(version) is int and version >= 1 else None
     try:
-        return Item(key, decode(key, text), version)
+        if number is None:  # SQLite keeps whatever type a hand edit wrote
+            why = f"version {version!r} is not a whole number >= 1"
+            raise DamagedItem(f"store item {key!r} is damaged ({why}); {FIX}")
+        return Item(key, decode(key, text), number)
     except DamagedItem as exc:
         if not keep_damaged:
             raise
-        return Item(key, {}, version, damaged=str(exc))
+        return Item(key, {}, number or 0, damaged=str(exc))
 
 
-def conflict(key: str, expected: int | None, current: int | None) -> str:
+def conflict(key: str, expected: int | None, current: object) -> str:
     want = "absent" if expected is None else f"at version {expected}"
     now = "absent" if current is None else f"at version {current}"
     return f"store item {key!r} was expected {want} but is {now}; read it again and decide again"

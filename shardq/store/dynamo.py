@@ -70,7 +70,8 @@ class DynamoStore(Store):
             code = response.get("Error", {}).get("Code", "")
             if code == "ConditionalCheckFailedException":
                 old = response.get("Item")
-                current = int(old["version"]["N"]) if old else None
+                # shown only; a hand edit may have dropped or retyped it
+                current = old.get("version", {}).get("N", "unreadable") if old else None
                 raise StoreConflict(base.conflict(key, expected, current)) from None
             if isinstance(exc, botocore.exceptions.NoCredentialsError):
                 raise StoreError(no_credentials(f"DynamoDB {call}")) from None
@@ -192,8 +193,9 @@ def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) 
 
 
 def _item(found: Mapping[str, Any], keep_damaged: bool = False) -> Item:
-    key, text = found["key"]["S"], found.get("value", {}).get("S")  # a hand edit may drop it
-    return base.item(key, text, int(found["version"]["N"]), keep_damaged=keep_damaged)
+    """An item as DynamoDB returned it; a hand edit may have dropped or retyped a field."""
+    text, version = found.get("value", {}).get("S"), found.get("version", {}).get("N")
+    return base.item(found["key"]["S"], text, version, keep_damaged=keep_damaged)
 
 
 def _condition(version: int | None, *, exists: bool) -> dict[str, Any]:

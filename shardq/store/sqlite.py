@@ -113,9 +113,11 @@ class MemoryStore(SqliteStore):
         super().__init__(":memory:")
 
 
-def _version(db: sqlite3.Connection, key: str) -> int | None:
+def _version(db: sqlite3.Connection, key: str) -> Any:
+    """The item's version: an int, unless a hand edit wrote something else (no write
+    names that, so it conflicts); None if there is no item."""
     row = db.execute(f"SELECT version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None else row[0]
 
 
 def _prefix_end(prefix: str) -> str | None:
