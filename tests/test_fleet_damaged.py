@@ -121,30 +121,56 @@ def test_a_damaged_heartbeat_is_rewritten_by_its_node_or_once_it_stood_still(
         assert a.held() == sorted(ALL)
 
 
-@pytest.mark.parametrize("version", ["x", "-1", None])
-def test_an_item_whose_version_cannot_be_read_is_damaged_not_a_crash(
-    app: App, version: str | None
-) -> None:
-    # given an ownership item whose version was retyped, made negative or dropped
-    clock = Clock()
-    a = stepped(app, clock, "a")
-    a.step(), a.step()
+def damage_version(app: App, key: str, version: str | None) -> None:
+    """Retype, make negative or drop (SQLite: empty) the version of item ``key``."""
     store = app.store
     if isinstance(store, SqliteStore):
         with sqlite3.connect(store.path) as db:
-            sql = "UPDATE shardq_state SET version = ? WHERE key = 'shard/Ledgered:1'"
-            db.execute(sql, ("" if version is None else version,))  # the column is NOT NULL
+            sql = "UPDATE shardq_state SET version = ? WHERE key = ?"
+            db.execute(sql, ("" if version is None else version, key))  # the column is NOT NULL
     else:
         assert isinstance(store, DynamoStore)
-        ids = {"ns": {"S": "shard"}, "key": {"S": "shard/Ledgered:1"}}
+        ids = {"ns": {"S": key.partition("/")[0]}, "key": {"S": key}}
         found = store.client.get_item(TableName=store.table, Key=ids, ConsistentRead=True)
         item = {k: v for k, v in found["Item"].items() if k != "version"}
         if version is not None:
             item["version"] = {"S": version}
         store.client.put_item(TableName=store.table, Item=item)
-    # when the node steps on, then it says so and goes on serving
+
+
+@pytest.mark.parametrize("version", ["x", "-1", None])
+def test_a_shard_whose_item_version_cannot_be_read_stays_with_its_server(
+    app: App, version: str | None
+) -> None:
+    # given a node serving every shard, then one ownership item's version damaged
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    damage_version(app, "shard/Ledgered:4", version)
+    # when a second node joins and both step for longer than a lease
+    b = stepped(app, clock, "b")
     with capture_logs() as logs:
-        clock.now += 1.0
+        for _ in range(int(LEASE) + 4):
+            b.step(), a.step()
+            clock.now += 1.0
+            # then the first node keeps that shard all along (no write can name its
+            # version: freed, nobody could take it), the others are shared
+            assert "Ledgered:4" in keys(a.node) and not keys(a.node) & keys(b.node)
+    assert keys(a.node) | keys(b.node) == ALL and len(b.held()) >= 2
+    # and each node logged the item once
+    assert damaged_logs(logs) == 2 * ["shard/Ledgered:4"]
+
+
+def test_a_node_whose_heartbeat_version_cannot_be_read_replaces_it(app: App) -> None:
+    # given a node serving every shard, then its heartbeat's version damaged
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    damage_version(app, "node/a", "x")
+    # when it beats again
+    with capture_logs() as logs:
+        clock.now += timing(LEASE)[0]
         a.step()
-    assert damaged_logs(logs) == ["shard/Ledgered:1"]
-    assert a.held() == sorted(ALL)
+    # then its heartbeat is readable again and it serves on, with no warning
+    assert readable(app) and a.held() == sorted(ALL)
+    assert not [e for e in logs if e["log_level"] == "warning"]

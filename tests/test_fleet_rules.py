@@ -205,3 +205,19 @@ def test_an_unreadable_ownership_item_belongs_to_its_holder_else_nobody_after_a_
     # and a shard no live node holds is left alone (None) until the item stood a lease
     assert owner("Orders:1", EXPIRE - 0.1) is None and owner("Orders:2", 0.0) is None
     assert owner("Orders:1", EXPIRE) == ""
+
+
+def test_a_key_left_alone_is_never_purged_and_a_key_of_no_worker_is_never_freed() -> None:
+    # given items naming this node a of a key that does not parse and of a worker the app
+    # does not have, and a busy item of an ended generation whose owner is not live
+    owners = {
+        "garbage": Owner("garbage", "a", 1),
+        "Nope:0": Owner("Nope:0", "a", 1),
+        "Orders@1:0": Owner("Orders@1:0", "c", 4),
+    }
+    # when a decides on a layout of Orders@2
+    moves = decide("a", {"Orders@2": 1}, {"a"}, owners, set(), busy={"Orders@1:0"})
+    # then it frees, loses and purges nothing of them (freeing would need the worker)
+    assert not moves.free and not moves.lost and not moves.purge
+    # and without the busy mark the ended generation's item is purged, as before
+    assert decide("a", {"Orders@2": 1}, {"a"}, owners, set()).purge == {"Orders@1:0": 4}

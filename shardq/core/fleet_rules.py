@@ -103,11 +103,13 @@ def decide(
     """This node's moves. ``shards``: generation name -> count of the live layout;
     ``serving``: keys served here; ``busy``: keys left alone (draining or refused)."""
     live = set(live) | {me}
-    holders = {}
-    for key, held in owners.items():
+    parsed = {}
+    for key in owners:
         with suppress(ValueError):  # a damaged key is ignored
-            if held.node in live:
-                holders[parse_key(key)] = held.node
+            parsed[key] = parse_key(key)
+    holders = {
+        parsed[k]: held.node for k, held in owners.items() if k in parsed and held.node in live
+    }
     goal = {shard_key(w, n): node for (w, n), node in assign(shards, sorted(live), holders).items()}
     claim: dict[str, int | None] = {}
     serve = []
@@ -117,15 +119,21 @@ def decide(
             claim[key] = None if owner is None else owner.version
         elif owner.node == me and key not in serving:
             serve.append(key)
-    mine = {k: o.version for k, o in owners.items() if o.node == me and k not in busy}
+    workers = {name.partition("@")[0] for name in shards}
+
+    def of_workers(key: str) -> bool:
+        return key.rpartition(":")[0].partition("@")[0] in workers
+
+    mine = {
+        k: o.version
+        for k, o in owners.items()
+        if o.node == me and k not in busy and k in parsed and of_workers(k)
+    }
     free = {key: version for key, version in mine.items() if goal.get(key) != me}
     lost = sorted(k for k in serving if k in owners and owners[k].node != me and k not in busy)
-    workers = {name.partition("@")[0] for name in shards}
     purge = {
         key: o.version
         for key, o in owners.items()
-        if key not in goal
-        and o.node not in live
-        and key.rpartition(":")[0].partition("@")[0] in workers
+        if key not in goal and key not in busy and o.node not in live and of_workers(key)
     }
     return Moves(claim, tuple(serve), free, tuple(lost), purge)

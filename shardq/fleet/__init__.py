@@ -155,6 +155,10 @@ class Fleet:
             current = next(
                 (i for i in self.store.query_all(key, keep_damaged=True) if i.key == key), None
             )
+            if current is not None and current.damaged and not current.version:
+                # no write can name an unreadable version; only this node writes this item
+                self.store.delete(key)
+                current = None
             if current is not None and current.value.get("gone"):
                 log.warning(
                     "fleet.declared_gone",
@@ -207,7 +211,8 @@ class Fleet:
             self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
             self._take(key, owners[key].version, now)
-        for key, claim in moves.claim.items():
+        # a node whose own heartbeat is unreadable takes nothing new until it beats
+        for key, claim in ({} if self.id in unknown else moves.claim).items():
             try:
                 item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
             except StoreError:
@@ -228,18 +233,24 @@ class Fleet:
         for i in owned:
             key = i.key[len(SHARD_PREFIX) :]
             node: str | None = str(i.value.get("owner", ""))
-            if key in damaged:
-                stood = now - self._unreadable[key][1]
+            if key in damaged:  # an item no write can name (version 0) is never taken
+                stood = now - self._unreadable[key][1] if i.version else 0.0
                 node = unreadable_owner(key, self.id, held, live, stood, self.expire_seconds)
+                if node == self.id:
+                    version = self._rewrite(key, i.version)
+                    node = node if version != i.version else None  # else kept, never freed
+                    owners[key] = Owner(key, self.id, version)
             if node is None:
                 left.add(key)
-            owners[key] = Owner(key, node or "", i.version)
-            if key in damaged and node == self.id:
-                owners[key] = Owner(key, node, self._rewrite(key, i.version))
+            owners.setdefault(key, Owner(key, node or "", i.version))
         return owners, left
 
     def _rewrite(self, key: str, version: int) -> int:
-        """Write this node's name over its shard's unreadable ownership item; the version."""
+        """Write this node's name over the unreadable ownership item of a shard it owns
+        (not one it drains: that one is freed when drained); the version after."""
+        with self._lock:
+            if key not in self._owned or not version:
+                return version
         try:
             item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=version)
         except StoreError:
@@ -247,8 +258,6 @@ class Fleet:
         with self._lock:
             if key in self._owned:
                 self._owned[key] = item.version
-            elif key in self._draining:
-                self._draining[key] = (self._draining[key][0], item.version)
         log.info("fleet.item_rewritten", item=SHARD_PREFIX + key)
         return item.version
 
@@ -279,8 +288,8 @@ class Fleet:
             for key, _ in done:
                 del self._draining[key]
         for key, version in done:
-            self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
-            log.info("fleet.freed", shard=key)
+            if self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version):
+                log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
         """Stop serving every shard: others may take them now."""
@@ -340,11 +349,13 @@ class Fleet:
         worker, gen = parse_name(name)
         return ShardRef(worker, shard, self.app.settings(worker).priority, gen)
 
-    def _write(self, call: Callable[..., object], *args: Any, version: int | None) -> None:
+    def _write(self, call: Callable[..., object], *args: Any, version: int | None) -> bool:
         """A conditional write; a conflict (a stale version) waits for the next round."""
         try:
             call(*args, version=version)
         except StoreConflict:
-            pass
+            return False
         except StoreError as exc:
             log.warning("fleet.store_failed", error=str(exc))
+            return False
+        return True

@@ -78,8 +78,8 @@ def decode(key: str, text: Any) -> Mapping[str, Any]:
 
 def item(key: str, text: Any, version: Any, *, keep_damaged: bool = False) -> Item:
     """Item ``key`` as stored; a damaged value raises DamagedItem or, ``keep_damaged``,
-    comes back empty with ``damaged`` saying why (version 0, which no write names, if
-    the version cannot be read either)."""
+    comes back empty with ``damaged`` saying why (version 0 if the version cannot be
+    read either: shardq writes no item at version 0)."""
     if isinstance(version, str) and version.isascii() and version.isdigit():
         version = int(version)  # DynamoDB's numbers come as text
     number = version if type(version) is int and version >= 1 else None
