@@ -95,7 +95,9 @@ class Performer:
                     settings.time_limit,
                 )
             else:
-                worker.perform(entity, payloads)
+                result = worker.perform(entity, payloads)
+                if inspect.isawaitable(result):  # async behind a plain decorator
+                    self.loop.run(lambda: result, settings.time_limit)
 
         if self._middleware:
             ids, metas = [j.message_id for j in jobs], [j.meta for j in jobs]
