@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -123,3 +124,26 @@ def test_helpers_work_without_the_fixture_too() -> None:
     with eager(other):
         Ping.publish("d2", {})
     assert applied == [("d1", "pong"), ("d2", "pong")]
+
+
+def test_a_drain_of_async_workers_leaves_no_event_loop_running() -> None:
+    # given an app with an async worker, and the threads running before
+    other = shardq.App(shardq.Config(broker_url="memory://"))
+
+    @other.register
+    class Fetch(shardq.Worker):
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            applied.append((entity_id, "fetched"))
+
+    use_memory_broker(other)
+    before = set(threading.enumerate())
+    # when its jobs are drained three times (as three tests would)
+    for n in range(3):
+        Fetch.publish(f"f{n}", {})
+        drain(other)
+    # then each drain's event loop thread ended with it (each one stayed, with its loop)
+    started = [t for t in threading.enumerate() if t not in before]
+    for thread in started:
+        thread.join(timeout=10)
+    assert applied == [("f0", "fetched"), ("f1", "fetched"), ("f2", "fetched")]
+    assert [t.name for t in started if t.is_alive()] == []

@@ -116,6 +116,7 @@ def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
                 )
     finally:
         _draining.active = False
+        executor.perform.loop.close()  # async workers' loop thread
         leases.close(10.0)
         limits.close()
         pool.shutdown(wait=True)

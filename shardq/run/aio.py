@@ -57,8 +57,14 @@ class EventLoop:
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                run = self._loop.run_forever
+                loop = self._loop = asyncio.new_event_loop()
+
+                def run() -> None:
+                    try:
+                        loop.run_forever()
+                    finally:
+                        loop.close()  # stopped: free its selector and pipe
+
                 self._threads.start("shardq-async", "the event loop of async workers", run)
             return self._loop
 
