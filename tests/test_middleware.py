@@ -143,3 +143,22 @@ def test_a_middleware_cannot_hide_a_jobs_failure(app: shardq.App) -> None:
 def test_only_middleware_instances_are_accepted(app: shardq.App) -> None:
     with pytest.raises(TypeError, match=r"not a shardq\.Middleware"):
         app.add_middleware(object())  # type: ignore[arg-type]
+
+
+def test_a_publish_middleware_that_returns_nothing_still_gives_the_message_ids(
+    app: shardq.App,
+) -> None:
+    # given a publish middleware that calls the publish but forgets to return its result
+    class NoReturn(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            call()
+
+    app.add_middleware(NoReturn())
+    worker = app.worker("Sync")
+    # when jobs are published (one, then two)
+    message_id = worker.publish("e1", {"n": 1})
+    report = worker.publish_many([("e2", {"n": 2}), ("e3", {"n": 3})])
+    # then publish still answers what the broker said, and each job runs once
+    assert isinstance(message_id, str) and report.sent == 2
+    run(app)
+    assert sorted(app.ran) == [("e1", 1), ("e2", 2), ("e3", 3)]  # type: ignore[attr-defined]
