@@ -410,6 +410,30 @@ def test_with_overrides_validates_the_result() -> None:
         Config().with_overrides(threads=0)
 
 
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"grace_seconds": "30"}, "grace_seconds: expected a number, got '30'"),
+        ({"idle_wait_seconds": None}, "idle_wait_seconds: expected a number, got None"),
+        ({"metrics_port": "9100"}, "metrics_port: expected an integer or null, got '9100'"),
+        ({"metrics_port": True}, "metrics_port: expected an integer or null, got True"),
+        ({"queue_prefix": 5}, "queue_prefix: expected a string, got 5"),
+        ({"broker_url": 5}, "broker_url: expected a string, got 5"),
+        ({"signing_key": b"k"}, "signing_key: expected a string or null, got b'k'"),
+        ({"store_url": 5}, "store_url: expected a string or null, got 5"),
+    ],
+)
+def test_a_config_made_in_code_refuses_a_value_of_the_wrong_type(
+    values: dict[str, Any], problem: str
+) -> None:
+    # given values of the wrong type, as code may pass them (text for numbers, bytes...)
+    # when a Config is made of them / then a ConfigError names the key, as for a file,
+    # rather than a TypeError of a comparison or a failure at the first publish
+    with pytest.raises(ConfigError) as caught:
+        Config(**values)
+    assert str(caught.value) == f"defaults: {problem}"
+
+
 def test_an_apps_own_config_is_the_base_that_file_env_and_flags_override(
     tmp_path: Path,
 ) -> None:
