@@ -289,6 +289,14 @@ def test_a_worker_setting_can_be_set_from_the_environment() -> None:
     }
 
 
+@pytest.mark.parametrize("name", ["2024", "0x10", "1e3", "null", "yes"])
+def test_a_worker_queue_name_from_the_environment_is_kept_as_written(name: str) -> None:
+    # given a queue name of digits (or other text YAML reads as a number, null or a bool)
+    # when it is set from the environment / then it stays the text it is: a queue name
+    config = load(env={"SHARDQ_WORKERS__SyncOrder__queue_name": name})
+    assert config.workers == {"SyncOrder": {"queue_name": name}}
+
+
 def test_environment_worker_settings_merge_with_the_file(tmp_path: Path) -> None:
     # given a file with overrides of two workers
     path = write(

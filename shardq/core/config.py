@@ -328,7 +328,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             if len(parts) != 2 or not all(parts):
                 raise ConfigError(f"environment: {name}: expected SHARDQ_WORKERS__<Worker>__<key>")
             worker = values.setdefault("workers", {}).setdefault(parts[0], {})
-            worker[parts[1].lower()] = _env_scalar(raw)
+            setting = parts[1].lower()  # a queue name is text, even "2024"
+            worker[setting] = raw if setting == "queue_name" else _env_scalar(raw)
         elif key.lower() in _FIELDS and key.lower() != "workers":
             if key != key.upper():
                 _unknown_env(name, ENV_PREFIX + key.upper())
