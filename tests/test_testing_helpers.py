@@ -147,3 +147,31 @@ def test_a_drain_of_async_workers_leaves_no_event_loop_running() -> None:
         thread.join(timeout=10)
     assert applied == [("f0", "fetched"), ("f1", "fetched"), ("f2", "fetched")]
     assert [t.name for t in started if t.is_alive()] == []
+
+
+def test_the_in_memory_broker_keeps_its_state_in_memory_even_with_a_store_url(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    # given an app configured for production, its state in a DynamoDB table elsewhere
+    # (an endpoint nothing answers on, standing for the real one)
+    prod = shardq.App(
+        shardq.Config(
+            broker_url="sqs://",
+            region="eu-west-1",
+            store_url="dynamodb://?endpoint_url=http://127.0.0.1:9&table=prod-state",
+        )
+    )
+
+    @prod.register
+    class Bill(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            applied.append((entity_id, "billed"))
+
+    # when a test puts it on the in-memory broker, publishes and drains
+    harness = shardq_testing(prod)
+    Bill.publish("b1", {})
+    harness.drain()
+    # then the job ran, with the layouts, leases and dead jobs in memory too (the test
+    # never reached for the production table)
+    assert applied == [("b1", "billed")]
+    assert prod.store.kind == "memory"
