@@ -162,3 +162,30 @@ def test_a_publish_middleware_that_returns_nothing_still_gives_the_message_ids(
     assert isinstance(message_id, str) and report.sent == 2
     run(app)
     assert sorted(app.ran) == [("e1", 1), ("e2", 2), ("e3", 3)]  # type: ignore[attr-defined]
+
+
+class HookStopped(BaseException):
+    """Not an Exception: as asyncio.CancelledError or a library's own stop signal."""
+
+
+def test_node_hooks_raising_a_base_exception_are_logged_and_the_node_runs_and_stops(
+    app: shardq.App,
+) -> None:
+    # given start and stop hooks that raise a BaseException that is not an Exception
+    class Stopping(shardq.Middleware):
+        def on_node_start(self, node: Node) -> None:
+            raise HookStopped("start hook")
+
+        def on_node_stop(self, node: Node) -> None:
+            raise HookStopped("stop hook")
+
+    app.add_middleware(Stopping())
+    app.worker("Sync").publish("e1", {"n": 1})
+    # when a node runs until its queues are empty
+    with capture_logs() as logs:
+        node = run(app)
+    # then the job ran, the node stopped cleanly, and both failures were logged
+    assert app.ran == [("e1", 1)]  # type: ignore[attr-defined]
+    assert node.tally().succeeded == {"Sync": 1}
+    failures = [e["hook"] for e in logs if e["event"] == "middleware.failed"]
+    assert failures == ["on_node_start", "on_node_stop"]

@@ -73,7 +73,7 @@ def notify(middlewares: Sequence[Middleware], hook: str, node: NodeInfo) -> None
     for middleware in middlewares:
         try:
             getattr(middleware, hook)(node)
-        except Exception:
+        except BaseException:  # a CancelledError or a library's own stop too: as around_*
             log.exception(
                 "middleware.failed",
                 middleware=type(middleware).__name__,
