@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
+from shardq.ops.testing import drain
 from shardq.run.node import Node
 
 
@@ -189,3 +190,36 @@ def test_node_hooks_raising_a_base_exception_are_logged_and_the_node_runs_and_st
     assert node.tally().succeeded == {"Sync": 1}
     failures = [e["hook"] for e in logs if e["event"] == "middleware.failed"]
     assert failures == ["on_node_start", "on_node_stop"]
+
+
+def test_worker_hooks_raising_a_base_exception_are_contained(app: shardq.App) -> None:
+    # given a worker whose retry_in and retries_exhausted raise a BaseException that is
+    # not an Exception, and a job that always fails
+    calls: list[str] = []
+
+    @app.register
+    class Hooked(shardq.Worker):
+        max_retries = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            calls.append("perform")
+            raise RuntimeError("job failed")
+
+        def retry_in(self, attempt: int) -> float:
+            calls.append("retry_in")
+            raise HookStopped("retry_in")
+
+        def retries_exhausted(self, entity_id: str, payloads: list[Any], error: Any) -> None:
+            calls.append("retries_exhausted")
+            raise HookStopped("retries_exhausted")
+
+    Hooked.publish("e1", {})
+    # when its jobs are run
+    with capture_logs() as logs:
+        result = drain(app)
+    # then the job was retried by the default backoff and reached the morgue, the
+    # failures logged, and nothing escaped to stop the run
+    assert calls == ["perform", "retry_in", "perform", "retries_exhausted"]
+    assert [r.outcome for r in result.runs] == ["retried", "morgued"]
+    events = [e["event"] for e in logs]
+    assert "job.retry_in_failed" in events and "hook.retries_exhausted_failed" in events
