@@ -59,6 +59,10 @@ class App:
         """Register a worker class (usable as a class decorator)."""
         if not (isinstance(cls, type) and issubclass(cls, Worker)) or cls is Worker:
             raise WorkerDefinitionError(f"{cls!r} is not a shardq.Worker subclass")
+        if cls.perform is Worker.perform:  # an abstract base
+            raise WorkerDefinitionError(
+                f"{cls.__name__} has no perform; register the concrete subclasses that define it"
+            )
         with self._lock:
             other = self._workers.get(cls.__name__)
             if other is not None and other is not cls:
