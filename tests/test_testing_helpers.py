@@ -175,3 +175,16 @@ def test_the_in_memory_broker_keeps_its_state_in_memory_even_with_a_store_url(
     # never reached for the production table)
     assert applied == [("b1", "billed")]
     assert prod.store.kind == "memory"
+
+
+def test_payloads_can_be_selected_by_the_worker_class_as_by_its_name(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    # given a drain that ran jobs of two workers
+    harness = shardq_testing(app)
+    SyncOrder.publish("o1", job(1, "paid"))
+    result = harness.drain()
+    # when its payloads are selected by the worker class (as app.settings takes one)
+    # then they are those selected by its name, not none at all
+    assert result.payloads(SyncOrder) == result.payloads("SyncOrder") == [job(1, "paid")]
+    assert result.payloads(SendReceipt, "o1") == [{"order": "o1"}]
