@@ -219,6 +219,24 @@ def test_a_perform_that_cannot_be_called_with_an_entity_and_payloads_is_refused(
         define("Odd", perform=perform)
 
 
+def _generator(self: Any, entity_id: str, payloads: list[Any]) -> Any:
+    yield from payloads
+
+
+async def _async_generator(self: Any, entity_id: str, payloads: list[Any]) -> Any:
+    for payload in payloads:
+        yield payload
+
+
+@pytest.mark.parametrize("perform", [_generator, _async_generator])
+def test_a_perform_that_yields_is_refused(perform: Any) -> None:
+    # given a perform with a yield in it (calling it runs none of its body)
+    # when the class is defined / then it is refused, rather than its jobs counted as
+    # done without running
+    with pytest.raises(WorkerDefinitionError, match=r"^Gen\.perform yields"):
+        define("Gen", perform=perform)
+
+
 def _flexible(self: Any, entity_id: str, *payloads: Any, **options: Any) -> None:
     return None
 

@@ -76,6 +76,11 @@ class Worker:
                 f"{cls.__name__}.perform must be a method perform(self, entity_id, payloads) "
                 "taking the two by position"
             ) from None
+        if inspect.isgeneratorfunction(cls.perform) or inspect.isasyncgenfunction(cls.perform):
+            raise WorkerDefinitionError(
+                f"{cls.__name__}.perform yields: calling it would run none of its body; "
+                "remove the yield (return nothing, or await in an async def perform)"
+            )
         cls.default_settings()
         errors = cls.permanent_errors
         if not isinstance(errors, tuple) or not all(
