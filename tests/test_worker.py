@@ -237,6 +237,25 @@ def test_a_perform_that_yields_is_refused(perform: Any) -> None:
         define("Gen", perform=perform)
 
 
+async def _async_exhausted(self: Any, entity_id: str, payloads: list[Any], error: Any) -> None:
+    return None
+
+
+async def _async_retry_in(self: Any, attempt: int) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("hook", "method"),
+    [("retries_exhausted", _async_exhausted), ("retry_in", _async_retry_in)],
+)
+def test_an_async_retries_exhausted_or_retry_in_is_refused(hook: str, method: Any) -> None:
+    # given an async def hook (they are called synchronously: its body would never run)
+    # when the class is defined / then it is refused, naming the hook
+    with pytest.raises(WorkerDefinitionError, match=rf"^Hooks\.{hook} must be a plain def"):
+        define("Hooks", **{hook: method})
+
+
 def _flexible(self: Any, entity_id: str, *payloads: Any, **options: Any) -> None:
     return None
 

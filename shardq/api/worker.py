@@ -81,6 +81,12 @@ class Worker:
                 f"{cls.__name__}.perform yields: calling it would run none of its body; "
                 "remove the yield (return nothing, or await in an async def perform)"
             )
+        for hook in ("retries_exhausted", "retry_in"):
+            if inspect.iscoroutinefunction(getattr(cls, hook)):
+                raise WorkerDefinitionError(
+                    f"{cls.__name__}.{hook} must be a plain def: it is called without "
+                    "awaiting, so an async def one would never run"
+                )
         cls.default_settings()
         errors = cls.permanent_errors
         if not isinstance(errors, tuple) or not all(
