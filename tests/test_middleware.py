@@ -223,3 +223,16 @@ def test_worker_hooks_raising_a_base_exception_are_contained(app: shardq.App) ->
     assert [r.outcome for r in result.runs] == ["retried", "morgued"]
     events = [e["event"] for e in logs]
     assert "job.retry_in_failed" in events and "hook.retries_exhausted_failed" in events
+
+
+@pytest.mark.parametrize("hook", ["around_perform", "around_publish", "on_node_start"])
+def test_a_middleware_with_an_async_hook_is_refused(app: shardq.App, hook: str) -> None:
+    # given a middleware whose hook is an async def (hooks are called without awaiting)
+    async def method(self: Any, *args: Any) -> None:
+        return None
+
+    middleware = type("AsyncHook", (shardq.Middleware,), {hook: method})()
+    # when it is added / then it is refused naming the hook, and nothing is added
+    with pytest.raises(TypeError, match=rf"^AsyncHook\.{hook} is async"):
+        app.add_middleware(middleware)
+    assert app.middleware == []
