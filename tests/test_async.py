@@ -222,3 +222,28 @@ def test_an_async_perform_behind_a_plain_decorator_is_awaited() -> None:
     # then the coroutine ran before the job counted as done (it was dropped unawaited)
     assert ran == [1]
     assert [r.outcome for r in result.runs] == ["succeeded"]
+
+
+@pytest.mark.parametrize("limit", [None, 30.0])
+def test_a_timeout_error_of_an_async_perform_is_its_own_not_the_time_limit(
+    limit: float | None,
+) -> None:
+    # given an async perform whose own call times out at once (no time limit, or a
+    # far one)
+    app = shardq.App(Config(broker_url="memory://"))
+    use_memory_broker(app)
+
+    @app.register
+    class Remote(shardq.Worker):
+        max_retries = 0
+        time_limit = limit
+
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            await asyncio.wait_for(asyncio.Event().wait(), 0.01)  # the remote's timeout
+
+    Remote.publish("e", 1)
+    # when its job runs
+    (run,) = drain_queued(app).runs
+    # then the attempt failed with that TimeoutError, not a time limit it never reached
+    assert run.outcome == "morgued"
+    assert type(run.error) is TimeoutError

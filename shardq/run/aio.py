@@ -30,17 +30,22 @@ class EventLoop:
         what it raised, :class:`TimeLimitExceeded` when cancelled at ``time_limit``."""
         loop = self._started()
 
+        async def own() -> BaseException | None:
+            try:
+                await make()
+            except TimeoutError as exc:  # perform's own (a call of its timed out): returned,
+                return exc  # so that only the time limit's reads as the time limit
+            return None
+
         async def call() -> BaseException | None:
             try:
                 if time_limit is None:
-                    await make()
-                else:
-                    await asyncio.wait_for(make(), time_limit)
+                    return await own()
+                return await asyncio.wait_for(own(), time_limit)
             except TimeoutError:
                 raise TimeLimitExceeded(f"perform ran longer than {time_limit} s") from None
             except (SystemExit, KeyboardInterrupt) as exc:  # they would stop the loop
                 return exc
-            return None
 
         escaped = asyncio.run_coroutine_threadsafe(call(), loop).result()
         if escaped is not None:
