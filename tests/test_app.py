@@ -138,6 +138,21 @@ def test_only_worker_subclasses_can_be_registered(broker: shardq.MemoryBroker, t
     assert app.workers == {}
 
 
+def test_an_abstract_worker_without_perform_cannot_be_registered(
+    broker: shardq.MemoryBroker,
+) -> None:
+    # given an abstract base class (no perform of its own)
+    class Base(shardq.Worker, abstract=True):
+        shards = 4
+
+    app = make_app(broker)
+    # when it is registered / then it is refused, saying to register its subclasses,
+    # and nothing is registered (its every job would fail into the morgue)
+    with pytest.raises(WorkerDefinitionError, match=r"^Base has no perform; register"):
+        app.register(Base)
+    assert app.workers == {}
+
+
 def test_an_unknown_worker_name_says_what_is_known_and_what_to_check(
     broker: shardq.MemoryBroker,
 ) -> None:

@@ -4,6 +4,7 @@ order, retry, morgue, time limit and shutdown rules as sync workers."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 import shardq
 from shardq.core.config import Config
+from shardq.ops.testing import drain as drain_queued
+from shardq.ops.testing import use_memory_broker
 from tests.conftest import make_broker
 from tests.test_slots import morgue_records
 from tests.test_slots import run_until_empty as drain
@@ -190,3 +193,57 @@ def test_a_sync_middleware_wraps_the_whole_awaited_perform(app: shardq.App) -> N
     assert drain(app.node(app.plan(threads=1), until_empty=True)) == 0
     # then the middleware ran around the whole await
     assert order == ["before e", "perform e", "after e"]
+
+
+def test_an_async_perform_behind_a_plain_decorator_is_awaited() -> None:
+    # given an async perform wrapped by a plain (sync) decorator, as logging decorators
+    # often are: calling it returns a coroutine, and the method no longer looks async
+    app = shardq.App(Config(broker_url="memory://"))
+    use_memory_broker(app)
+    ran: list[Any] = []
+
+    def logged(perform: Any) -> Any:
+        @functools.wraps(perform)
+        def wrapper(*args: Any) -> Any:
+            return perform(*args)
+
+        return wrapper
+
+    @app.register
+    class Decorated(shardq.Worker):
+        @logged
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            await asyncio.sleep(0)
+            ran.append(payloads[0])
+
+    Decorated.publish("e", 1)
+    # when its job runs
+    result = drain_queued(app)
+    # then the coroutine ran before the job counted as done (it was dropped unawaited)
+    assert ran == [1]
+    assert [r.outcome for r in result.runs] == ["succeeded"]
+
+
+@pytest.mark.parametrize("limit", [None, 30.0])
+def test_a_timeout_error_of_an_async_perform_is_its_own_not_the_time_limit(
+    limit: float | None,
+) -> None:
+    # given an async perform whose own call times out at once (no time limit, or a
+    # far one)
+    app = shardq.App(Config(broker_url="memory://"))
+    use_memory_broker(app)
+
+    @app.register
+    class Remote(shardq.Worker):
+        max_retries = 0
+        time_limit = limit
+
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            await asyncio.wait_for(asyncio.Event().wait(), 0.01)  # the remote's timeout
+
+    Remote.publish("e", 1)
+    # when its job runs
+    (run,) = drain_queued(app).runs
+    # then the attempt failed with that TimeoutError, not a time limit it never reached
+    assert run.outcome == "morgued"
+    assert type(run.error) is TimeoutError

@@ -308,6 +308,14 @@ def test_a_worker_setting_can_be_set_from_the_environment() -> None:
     }
 
 
+@pytest.mark.parametrize("name", ["2024", "0x10", "1e3", "null", "yes"])
+def test_a_worker_queue_name_from_the_environment_is_kept_as_written(name: str) -> None:
+    # given a queue name of digits (or other text YAML reads as a number, null or a bool)
+    # when it is set from the environment / then it stays the text it is: a queue name
+    config = load(env={"SHARDQ_WORKERS__SyncOrder__queue_name": name})
+    assert config.workers == {"SyncOrder": {"queue_name": name}}
+
+
 def test_environment_worker_settings_merge_with_the_file(tmp_path: Path) -> None:
     # given a file with overrides of two workers
     path = write(
@@ -427,6 +435,30 @@ def test_with_overrides_replaces_values_and_ignores_none() -> None:
 def test_with_overrides_validates_the_result() -> None:
     with pytest.raises(ConfigError, match="threads"):
         Config().with_overrides(threads=0)
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"grace_seconds": "30"}, "grace_seconds: expected a number, got '30'"),
+        ({"idle_wait_seconds": None}, "idle_wait_seconds: expected a number, got None"),
+        ({"metrics_port": "9100"}, "metrics_port: expected an integer or null, got '9100'"),
+        ({"metrics_port": True}, "metrics_port: expected an integer or null, got True"),
+        ({"queue_prefix": 5}, "queue_prefix: expected a string, got 5"),
+        ({"broker_url": 5}, "broker_url: expected a string, got 5"),
+        ({"signing_key": b"k"}, "signing_key: expected a string or null, got b'k'"),
+        ({"store_url": 5}, "store_url: expected a string or null, got 5"),
+    ],
+)
+def test_a_config_made_in_code_refuses_a_value_of_the_wrong_type(
+    values: dict[str, Any], problem: str
+) -> None:
+    # given values of the wrong type, as code may pass them (text for numbers, bytes...)
+    # when a Config is made of them / then a ConfigError names the key, as for a file,
+    # rather than a TypeError of a comparison or a failure at the first publish
+    with pytest.raises(ConfigError) as caught:
+        Config(**values)
+    assert str(caught.value) == f"defaults: {problem}"
 
 
 def test_an_apps_own_config_is_the_base_that_file_env_and_flags_override(

@@ -86,3 +86,29 @@ def test_decisions(error: BaseException, attempt: int, given: Rules, expected: D
 
 def test_backoff_doubles_and_is_capped() -> None:
     assert [backoff(a) for a in (0, 1, 2, 3, 5, 6, 100)] == [1, 2, 4, 8, 32, 60, 60]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"delay": "soon"}, "delay"),
+        ({"delay": [5]}, "delay"),
+        ({"delay": 10**400}, "delay"),
+        ({"at": "Wed, 21 Oct 2026 07:28:00 GMT"}, "at"),
+        ({"at": dt.date(2030, 1, 1)}, "at"),
+        ({"at": ""}, "at"),
+    ],
+)
+def test_a_retry_that_is_not_a_time_is_refused_where_it_is_raised(
+    kwargs: dict[str, object], named: str
+) -> None:
+    # given a delay or time that is not seconds nor a datetime (a Retry-After header's
+    # date, a date without a time) / when a Retry is made of it / then it is refused at
+    # once, naming the argument, so the attempt fails as any other instead of failing
+    # the decision (and the node) later
+    with pytest.raises(ValueError, match=rf"^Retry\({named}=.*\) takes "):
+        Retry(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_retry_given_seconds_as_text_still_waits_them() -> None:
+    assert decide(Retry(delay="30"), 1, rules(), NOW) == Decision(RETRY, delay=30.0)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ fails with SQLITE_FULL exactly as on a full disk.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -223,6 +224,23 @@ def test_a_file_that_is_not_sqlite_says_so(tmp_path: Path) -> None:
 )
 def test_unknown_url_parameters_are_refused(url: str) -> None:
     with pytest.raises(ConfigError, match="unknown parameter"):
+        broker_from_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "part"),
+    [
+        ("sqlite://host/x.db", "'host'"),
+        ("sqlite:///x.db#backup", "'#backup'"),
+        ("memory://name", "'name'"),
+        ("sqs://user:secret@sqs.eu-west-1.amazonaws.com", "'user:***@sqs.eu-west-1.amazonaws.com'"),
+    ],
+)
+def test_url_parts_that_would_be_ignored_are_refused(url: str, part: str) -> None:
+    # given a broker URL with a host (or credentials) or a fragment, which no scheme
+    # reads / when a broker is made of it / then it is refused naming the part (a
+    # password hidden), not silently dropped: sqlite://host/x.db would open x.db here
+    with pytest.raises(ConfigError, match=rf"^broker_url: {re.escape(part)} is not read"):
         broker_from_url(url)
 
 

@@ -80,6 +80,24 @@ def test_non_ascii_text_is_kept_as_is() -> None:
     assert decode(body) == original
 
 
+def sqs_allows(body: str) -> bool:
+    """True if SQS accepts every character of ``body`` (its documented set: tab, LF,
+    CR, U+0020-U+D7FF, U+E000-U+FFFD, U+10000-U+10FFFF)."""
+    return all(
+        c in "\t\n\r" or " " <= c <= "\ud7ff" or "\ue000" <= c <= "\ufffd" or c >= "\U00010000"
+        for c in body
+    )
+
+
+def test_text_with_characters_sqs_refuses_is_escaped_and_round_trips() -> None:
+    # given text with the two noncharacters SQS refuses in a body, in payload and meta
+    original = sample(payload={"name": "a\uffffb\ufffe"}, meta={"\uffff": "x"})
+    # when it is encoded / then the body carries them as JSON escapes, and they come back
+    body = encode(original)
+    assert sqs_allows(body) and "\\uffff" in body
+    assert decode(body) == original
+
+
 def test_published_at_defaults_to_now_and_keeps_microseconds() -> None:
     # given an envelope with a precise timestamp
     original = sample(published_at=1_700_000_000.123456)
@@ -322,9 +340,11 @@ def test_any_json_payload_round_trips(payload: Any, meta: dict[str, Any], signed
     original = Envelope("SyncOrder", "order-1", payload, SENT_AT, meta)
     key = KEY if signed else None
     # when it is encoded and decoded (signed or not)
-    decoded = decode(encode(original, key), key)
-    # then it is equal to the original
+    body = encode(original, key)
+    decoded = decode(body, key)
+    # then it is equal to the original, and SQS can carry the body
     assert decoded == original
+    assert sqs_allows(body)
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])

@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import shardq
+from shardq.ops.testing import drain
 from shardq.run.node import Node
 
 
@@ -143,3 +144,95 @@ def test_a_middleware_cannot_hide_a_jobs_failure(app: shardq.App) -> None:
 def test_only_middleware_instances_are_accepted(app: shardq.App) -> None:
     with pytest.raises(TypeError, match=r"not a shardq\.Middleware"):
         app.add_middleware(object())  # type: ignore[arg-type]
+
+
+def test_a_publish_middleware_that_returns_nothing_still_gives_the_message_ids(
+    app: shardq.App,
+) -> None:
+    # given a publish middleware that calls the publish but forgets to return its result
+    class NoReturn(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            call()
+
+    app.add_middleware(NoReturn())
+    worker = app.worker("Sync")
+    # when jobs are published (one, then two)
+    message_id = worker.publish("e1", {"n": 1})
+    report = worker.publish_many([("e2", {"n": 2}), ("e3", {"n": 3})])
+    # then publish still answers what the broker said, and each job runs once
+    assert isinstance(message_id, str) and report.sent == 2
+    run(app)
+    assert sorted(app.ran) == [("e1", 1), ("e2", 2), ("e3", 3)]  # type: ignore[attr-defined]
+
+
+class HookStopped(BaseException):
+    """Not an Exception: as asyncio.CancelledError or a library's own stop signal."""
+
+
+def test_node_hooks_raising_a_base_exception_are_logged_and_the_node_runs_and_stops(
+    app: shardq.App,
+) -> None:
+    # given start and stop hooks that raise a BaseException that is not an Exception
+    class Stopping(shardq.Middleware):
+        def on_node_start(self, node: Node) -> None:
+            raise HookStopped("start hook")
+
+        def on_node_stop(self, node: Node) -> None:
+            raise HookStopped("stop hook")
+
+    app.add_middleware(Stopping())
+    app.worker("Sync").publish("e1", {"n": 1})
+    # when a node runs until its queues are empty
+    with capture_logs() as logs:
+        node = run(app)
+    # then the job ran, the node stopped cleanly, and both failures were logged
+    assert app.ran == [("e1", 1)]  # type: ignore[attr-defined]
+    assert node.tally().succeeded == {"Sync": 1}
+    failures = [e["hook"] for e in logs if e["event"] == "middleware.failed"]
+    assert failures == ["on_node_start", "on_node_stop"]
+
+
+def test_worker_hooks_raising_a_base_exception_are_contained(app: shardq.App) -> None:
+    # given a worker whose retry_in and retries_exhausted raise a BaseException that is
+    # not an Exception, and a job that always fails
+    calls: list[str] = []
+
+    @app.register
+    class Hooked(shardq.Worker):
+        max_retries = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            calls.append("perform")
+            raise RuntimeError("job failed")
+
+        def retry_in(self, attempt: int) -> float:
+            calls.append("retry_in")
+            raise HookStopped("retry_in")
+
+        def retries_exhausted(self, entity_id: str, payloads: list[Any], error: Any) -> None:
+            calls.append("retries_exhausted")
+            raise HookStopped("retries_exhausted")
+
+    Hooked.publish("e1", {})
+    # when its jobs are run
+    with capture_logs() as logs:
+        result = drain(app)
+    # then the job was retried by the default backoff and reached the morgue, the
+    # failures logged, and nothing escaped to stop the run
+    assert calls == ["perform", "retry_in", "perform", "retries_exhausted"]
+    assert [r.outcome for r in result.runs] == ["retried", "morgued"]
+    events = [e["event"] for e in logs]
+    assert "job.retry_in_failed" in events and "hook.retries_exhausted_failed" in events
+
+
+@pytest.mark.parametrize("hook", ["around_perform", "around_publish", "on_node_start"])
+def test_a_middleware_with_an_async_hook_is_refused(app: shardq.App, hook: str) -> None:
+    # given a middleware whose hook is an async def (hooks are called without awaiting)
+    async def method(self: Any, *args: Any) -> None:
+        return None
+
+    middleware = type("AsyncHook", (shardq.Middleware,), {hook: method})()
+    # when it is added / then it is refused naming the hook, and nothing is added
+    with pytest.raises(TypeError, match=rf"^AsyncHook\.{hook} is async"):
+        app.add_middleware(middleware)
+    assert app.middleware == []

@@ -409,6 +409,20 @@ def test_a_deep_or_invalid_unicode_payload_is_a_payload_error_and_sends_nothing(
     assert waiting(app, worker) == 0
 
 
+@pytest.mark.parametrize("meta", [["trace", "t1"], "trace=t1", [("trace", "t1")]])
+def test_meta_that_is_not_a_mapping_is_a_payload_error_naming_the_item(
+    app: shardq.App, meta: Any
+) -> None:
+    # given meta that is not a mapping (a list, a string, pairs) / when published
+    worker = define(app)
+    with pytest.raises(PayloadError, match=r"^meta for entity 'e1' of SyncOrder must be"):
+        worker.publish("e1", 1, meta=meta)
+    with pytest.raises(PayloadError, match=r"^item 1: meta for entity 'e1'"):
+        worker.publish_many([("e1", 1), shardq.Job("e1", 2, meta=meta)])
+    # then it is refused as any bad payload is, and nothing is sent
+    assert waiting(app, worker) == 0
+
+
 @pytest.mark.parametrize("dedup_id", ["\ud800", "", 42])
 def test_a_dedup_id_that_is_not_a_valid_string_is_refused(app: shardq.App, dedup_id: Any) -> None:
     worker = define(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -123,3 +124,67 @@ def test_helpers_work_without_the_fixture_too() -> None:
     with eager(other):
         Ping.publish("d2", {})
     assert applied == [("d1", "pong"), ("d2", "pong")]
+
+
+def test_a_drain_of_async_workers_leaves_no_event_loop_running() -> None:
+    # given an app with an async worker, and the threads running before
+    other = shardq.App(shardq.Config(broker_url="memory://"))
+
+    @other.register
+    class Fetch(shardq.Worker):
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            applied.append((entity_id, "fetched"))
+
+    use_memory_broker(other)
+    before = set(threading.enumerate())
+    # when its jobs are drained three times (as three tests would)
+    for n in range(3):
+        Fetch.publish(f"f{n}", {})
+        drain(other)
+    # then each drain's event loop thread ended with it (each one stayed, with its loop)
+    started = [t for t in threading.enumerate() if t not in before]
+    for thread in started:
+        thread.join(timeout=10)
+    assert applied == [("f0", "fetched"), ("f1", "fetched"), ("f2", "fetched")]
+    assert [t.name for t in started if t.is_alive()] == []
+
+
+def test_the_in_memory_broker_keeps_its_state_in_memory_even_with_a_store_url(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    # given an app configured for production, its state in a DynamoDB table elsewhere
+    # (an endpoint nothing answers on, standing for the real one)
+    prod = shardq.App(
+        shardq.Config(
+            broker_url="sqs://",
+            region="eu-west-1",
+            store_url="dynamodb://?endpoint_url=http://127.0.0.1:9&table=prod-state",
+        )
+    )
+
+    @prod.register
+    class Bill(shardq.Worker):
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            applied.append((entity_id, "billed"))
+
+    # when a test puts it on the in-memory broker, publishes and drains
+    harness = shardq_testing(prod)
+    Bill.publish("b1", {})
+    harness.drain()
+    # then the job ran, with the layouts, leases and dead jobs in memory too (the test
+    # never reached for the production table)
+    assert applied == [("b1", "billed")]
+    assert prod.store.kind == "memory"
+
+
+def test_payloads_can_be_selected_by_the_worker_class_as_by_its_name(
+    shardq_testing: Callable[[shardq.App], Harness],
+) -> None:
+    # given a drain that ran jobs of two workers
+    harness = shardq_testing(app)
+    SyncOrder.publish("o1", job(1, "paid"))
+    result = harness.drain()
+    # when its payloads are selected by the worker class (as app.settings takes one)
+    # then they are those selected by its name, not none at all
+    assert result.payloads(SyncOrder) == result.payloads("SyncOrder") == [job(1, "paid")]
+    assert result.payloads(SendReceipt, "o1") == [{"order": "o1"}]

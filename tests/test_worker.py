@@ -200,6 +200,75 @@ def test_a_worker_without_perform_is_refused() -> None:
             shards = 2
 
 
+def _no_entity(self: Any, payloads: list[Any]) -> None:
+    return None
+
+
+def _keyword_only(self: Any, *, entity_id: str, payloads: list[Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize("perform", [_no_entity, _keyword_only, 5, staticmethod(_perform)])
+def test_a_perform_that_cannot_be_called_with_an_entity_and_payloads_is_refused(
+    perform: Any,
+) -> None:
+    # given a perform missing an argument, taking keywords only, not callable, or a
+    # static method that still expects self / when the class is defined / then it is
+    # refused at once (every job would fail and end in the morgue)
+    with pytest.raises(WorkerDefinitionError, match=r"^Odd\.perform must be a method "):
+        define("Odd", perform=perform)
+
+
+def _generator(self: Any, entity_id: str, payloads: list[Any]) -> Any:
+    yield from payloads
+
+
+async def _async_generator(self: Any, entity_id: str, payloads: list[Any]) -> Any:
+    for payload in payloads:
+        yield payload
+
+
+@pytest.mark.parametrize("perform", [_generator, _async_generator])
+def test_a_perform_that_yields_is_refused(perform: Any) -> None:
+    # given a perform with a yield in it (calling it runs none of its body)
+    # when the class is defined / then it is refused, rather than its jobs counted as
+    # done without running
+    with pytest.raises(WorkerDefinitionError, match=r"^Gen\.perform yields"):
+        define("Gen", perform=perform)
+
+
+async def _async_exhausted(self: Any, entity_id: str, payloads: list[Any], error: Any) -> None:
+    return None
+
+
+async def _async_retry_in(self: Any, attempt: int) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("hook", "method"),
+    [("retries_exhausted", _async_exhausted), ("retry_in", _async_retry_in)],
+)
+def test_an_async_retries_exhausted_or_retry_in_is_refused(hook: str, method: Any) -> None:
+    # given an async def hook (they are called synchronously: its body would never run)
+    # when the class is defined / then it is refused, naming the hook
+    with pytest.raises(WorkerDefinitionError, match=rf"^Hooks\.{hook} must be a plain def"):
+        define("Hooks", **{hook: method})
+
+
+def _flexible(self: Any, entity_id: str, *payloads: Any, **options: Any) -> None:
+    return None
+
+
+def _static(entity_id: str, payloads: list[Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize("perform", [_flexible, staticmethod(_static)])
+def test_a_perform_that_accepts_an_entity_and_payloads_is_accepted(perform: Any) -> None:
+    assert define("Fine", perform=perform).default_settings().name == "Fine"
+
+
 def test_worker_definition_error_is_also_a_type_error() -> None:
     # so callers catching TypeError for bad class definitions still catch it
     with pytest.raises(TypeError):

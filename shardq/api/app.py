@@ -5,6 +5,7 @@ defines it (``--app``).
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,10 @@ class App:
         """Register a worker class (usable as a class decorator)."""
         if not (isinstance(cls, type) and issubclass(cls, Worker)) or cls is Worker:
             raise WorkerDefinitionError(f"{cls!r} is not a shardq.Worker subclass")
+        if cls.perform is Worker.perform:  # an abstract base
+            raise WorkerDefinitionError(
+                f"{cls.__name__} has no perform; register the concrete subclasses that define it"
+            )
         with self._lock:
             other = self._workers.get(cls.__name__)
             if other is not None and other is not cls:
@@ -77,6 +82,12 @@ class App:
         """Add a middleware (outermost first); see :mod:`shardq.core.middleware`."""
         if not isinstance(middleware, Middleware):
             raise TypeError(f"{middleware!r} is not a shardq.Middleware")
+        for hook in ("around_perform", "around_publish", "on_node_start", "on_node_stop"):
+            if inspect.iscoroutinefunction(getattr(middleware, hook)):
+                raise TypeError(
+                    f"{type(middleware).__name__}.{hook} is async: middleware are called "
+                    "without awaiting (for async workers too); make it a plain def"
+                )
         self.middleware.append(middleware)
 
     @property

@@ -4,8 +4,10 @@ Defining one does no I/O; invalid attributes raise ``WorkerDefinitionError`` at 
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from shardq.core.errors import (
@@ -66,6 +68,25 @@ class Worker:
             return
         if cls.perform is Worker.perform:
             raise WorkerDefinitionError(f"{cls.__name__} must define perform(entity_id, payloads)")
+        method = isinstance(inspect.getattr_static(cls, "perform"), FunctionType)
+        try:  # called as worker.perform(entity_id, payloads)
+            inspect.signature(cls.perform).bind(*((None,) if method else ()), "", [])
+        except TypeError:
+            raise WorkerDefinitionError(
+                f"{cls.__name__}.perform must be a method perform(self, entity_id, payloads) "
+                "taking the two by position"
+            ) from None
+        if inspect.isgeneratorfunction(cls.perform) or inspect.isasyncgenfunction(cls.perform):
+            raise WorkerDefinitionError(
+                f"{cls.__name__}.perform yields: calling it would run none of its body; "
+                "remove the yield (return nothing, or await in an async def perform)"
+            )
+        for hook in ("retries_exhausted", "retry_in"):
+            if inspect.iscoroutinefunction(getattr(cls, hook)):
+                raise WorkerDefinitionError(
+                    f"{cls.__name__}.{hook} must be a plain def: it is called without "
+                    "awaiting, so an async def one would never run"
+                )
         cls.default_settings()
         errors = cls.permanent_errors
         if not isinstance(errors, tuple) or not all(

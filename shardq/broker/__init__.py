@@ -53,6 +53,14 @@ def broker_from_url(
     parts = urlsplit(url)
     if parts.scheme not in URL_PARAMETERS:
         raise ConfigError(f"broker_url {url!r} is not supported; use {URL_FORMS}")
+    if parts.netloc or parts.fragment:  # no scheme reads them: refused, not dropped
+        part = parts.netloc or f"#{parts.fragment}"
+        if parts.password:
+            part = part.replace(f":{parts.password}@", ":***@")
+        raise ConfigError(
+            f"broker_url: {part!r} is not read by {parts.scheme}:// URLs (no host, credentials "
+            f"or #fragment); use {URL_FORMS}"
+        )
     query = url_parameters("broker_url", url, URL_PARAMETERS[parts.scheme])
     if parts.scheme == "sqs":
         from shardq.broker.sqs import SqsBroker  # boto3 is imported only when used

@@ -121,6 +121,14 @@ class Config:
         def fail(key: str, problem: str) -> None:
             raise ConfigError(f"{where}: {key}: {problem}")
 
+        for key in ("connect_timeout", "read_timeout"):
+            problem = timeout_problem(getattr(self, key))
+            if problem:
+                fail(key, problem)
+        for key, kind in _TYPES.items():  # as ``load`` checks them, for a Config made in code
+            expected = _expected(kind, getattr(self, key))
+            if expected:
+                fail(key, f"expected {expected}, got {getattr(self, key)!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             fail("threads", f"expected an integer >= 1, got {self.threads!r}")
         for key, high in _INT_MAX.items():
@@ -130,10 +138,6 @@ class Config:
         for key, (low, high) in _RANGES.items():
             if not low <= getattr(self, key) <= high:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
-        for key in ("connect_timeout", "read_timeout"):
-            problem = timeout_problem(getattr(self, key))
-            if problem:
-                fail(key, problem)
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
         days = self.morgue_retention_days
@@ -329,7 +333,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             if len(parts) != 2 or not all(parts):
                 raise ConfigError(f"environment: {name}: expected SHARDQ_WORKERS__<Worker>__<key>")
             worker = values.setdefault("workers", {}).setdefault(parts[0], {})
-            worker[parts[1].lower()] = _env_scalar(raw)
+            setting = parts[1].lower()  # a queue name is text, even "2024"
+            worker[setting] = raw if setting == "queue_name" else _env_scalar(raw)
         elif key.lower() in _FIELDS and key.lower() != "workers":
             if key != key.upper():
                 _unknown_env(name, ENV_PREFIX + key.upper())
@@ -373,18 +378,25 @@ def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
                 out[key] = float(value) if kind == "float" else int(value)
             except ValueError:
                 expected = "a number" if kind == "float" else "an integer"
-        elif kind == "int | None":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                expected = "an integer or null"
-        elif kind in ("int", "float"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                expected = "a number"
-            elif kind == "float":
+        else:
+            expected = _expected(kind, value)
+            if expected is None and kind == "float":
                 out[key] = float(value)
-        elif kind == "str" and not isinstance(value, str):
-            expected = "a string"
-        elif kind == "str | None" and value is not None and not isinstance(value, str):
-            expected = "a string or null"
         if expected:
             raise ConfigError(f"{source}: {key}: expected {expected}, got {value!r}")
     return out
+
+
+def _expected(kind: str | None, value: Any) -> str | None:
+    """What a setting of type ``kind`` (as written) expects, if ``value`` is not of it."""
+    if kind == "int | None":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return "an integer or null"
+    elif kind in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "a number"
+    elif kind == "str" and not isinstance(value, str):
+        return "a string"
+    elif kind == "str | None" and value is not None and not isinstance(value, str):
+        return "a string or null"
+    return None

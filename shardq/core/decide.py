@@ -66,7 +66,7 @@ def decide(error: BaseException, attempt: int, rules: Rules, now: float) -> Deci
     if delay is None:
         try:
             delay = float(rules.retry_in(attempt))
-        except Exception:
+        except BaseException:  # a user's hook: whatever it raises, the fallback
             delay, failed = backoff(attempt), True
         if delay != delay:  # NaN from a user's retry_in
             delay, failed = backoff(attempt), True

@@ -64,6 +64,8 @@ def encode(env: Envelope, signing_key: bytes | None = None) -> str:
                 f"{exc.object[exc.start : exc.end]!r}); a lone surrogate such as '\\ud800' "
                 "usually comes from mis-decoded bytes: decode them with errors='replace'"
             ) from None
+        # the two characters JSON leaves raw that SQS refuses in a body: as escapes
+        text = text.replace("\ufffe", "\\ufffe").replace("\uffff", "\\uffff")
     if signing_key is None:
         return text
     return f"{_SIG_PREFIX}{_sign(signing_key, text)}:{text}"

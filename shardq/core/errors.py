@@ -3,6 +3,7 @@ what went wrong and what to do about it."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 
@@ -87,6 +88,16 @@ class Retry(Exception):
     def __init__(self, delay: float | None = None, at: Any = None) -> None:
         if delay is not None and at is not None:
             raise ValueError("Retry takes delay= or at=, not both")
+        for name, when in (("delay", delay), ("at", at)):
+            if when is None or isinstance(when, dt.datetime):
+                continue
+            try:  # as the retry decision reads it
+                float(when)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(
+                    f"Retry({name}={when!r}) takes seconds (a number)"
+                    + (" or a datetime" if name == "at" else "")
+                ) from None
         super().__init__(f"retry requested (delay={delay!r}, at={at!r})")
         self.delay = delay
         self.at = at

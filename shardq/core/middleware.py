@@ -73,7 +73,7 @@ def notify(middlewares: Sequence[Middleware], hook: str, node: NodeInfo) -> None
     for middleware in middlewares:
         try:
             getattr(middleware, hook)(node)
-        except Exception:
+        except BaseException:  # a CancelledError or a library's own stop too: as around_*
             log.exception(
                 "middleware.failed",
                 middleware=type(middleware).__name__,
@@ -108,7 +108,7 @@ def _guarded(
         call = _Call(inner)
         name = type(middleware).__name__
         try:
-            result: T = getattr(middleware, hook)(call, ctx)
+            getattr(middleware, hook)(call, ctx)  # the result is the call's, returned or not
         except BaseException as exc:
             if exc is call.error:
                 raise  # the job's (or publish's) own failure, passing through
@@ -122,7 +122,6 @@ def _guarded(
                 if call.called
                 else "before the call; ran without it",
             )
-            result = call.result
         else:
             if not call.called:
                 detail = "it did not call call(); running the job anyway"
@@ -131,6 +130,6 @@ def _guarded(
             return inner()  # run it without this middleware
         if call.error is not None:  # swallowed by the middleware: still a failure
             raise call.error
-        return result if hook != "around_perform" else call.result  # type: ignore[no-any-return]
+        return call.result  # type: ignore[no-any-return]
 
     return run

@@ -68,8 +68,12 @@ class DrainResult:
     def morgued(self) -> list[JobRun]:
         return self._of(MORGUED)
 
-    def payloads(self, worker: str | None = None, entity_id: str | None = None) -> list[Any]:
-        """Payloads of the jobs that succeeded, in the order they ran."""
+    def payloads(
+        self, worker: type[WorkerLike] | str | None = None, entity_id: str | None = None
+    ) -> list[Any]:
+        """Payloads of the jobs that succeeded (of a worker, by class or name), in order."""
+        if isinstance(worker, type):
+            worker = worker.__name__
         return [
             r.payload
             for r in self.succeeded
@@ -116,6 +120,7 @@ def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
                 )
     finally:
         _draining.active = False
+        executor.perform.loop.close()  # async workers' loop thread
         leases.close(10.0)
         limits.close()
         pool.shutdown(wait=True)

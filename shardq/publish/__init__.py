@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from shardq.core.clock import Clock, wall
 from shardq.core.errors import (
     BrokerError,
     DedupIdError,
+    PayloadError,
     PayloadTooLargeError,
     PublishError,
     QueueNotFoundError,
@@ -143,6 +144,11 @@ class Publisher:
     ) -> _Prepared:
         try:
             entity = check_entity_id(job.entity_id)
+            if not isinstance(job.meta or {}, Mapping):
+                raise PayloadError(
+                    f"meta for entity {entity!r} of {worker} must be a mapping (a dict of "
+                    f"names to JSON values), got {type(job.meta).__name__}"
+                )
             body = envelope.encode(
                 envelope.Envelope(worker, entity, job.payload, self._wall(), dict(job.meta or {})),
                 key,

@@ -30,17 +30,22 @@ class EventLoop:
         what it raised, :class:`TimeLimitExceeded` when cancelled at ``time_limit``."""
         loop = self._started()
 
+        async def own() -> BaseException | None:
+            try:
+                await make()
+            except TimeoutError as exc:  # perform's own (a call of its timed out): returned,
+                return exc  # so that only the time limit's reads as the time limit
+            return None
+
         async def call() -> BaseException | None:
             try:
                 if time_limit is None:
-                    await make()
-                else:
-                    await asyncio.wait_for(make(), time_limit)
+                    return await own()
+                return await asyncio.wait_for(own(), time_limit)
             except TimeoutError:
                 raise TimeLimitExceeded(f"perform ran longer than {time_limit} s") from None
             except (SystemExit, KeyboardInterrupt) as exc:  # they would stop the loop
                 return exc
-            return None
 
         escaped = asyncio.run_coroutine_threadsafe(call(), loop).result()
         if escaped is not None:
@@ -57,8 +62,14 @@ class EventLoop:
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                run = self._loop.run_forever
+                loop = self._loop = asyncio.new_event_loop()
+
+                def run() -> None:
+                    try:
+                        loop.run_forever()
+                    finally:
+                        loop.close()  # stopped: free its selector and pipe
+
                 self._threads.start("shardq-async", "the event loop of async workers", run)
             return self._loop
 
@@ -95,7 +106,9 @@ class Performer:
                     settings.time_limit,
                 )
             else:
-                worker.perform(entity, payloads)
+                result = worker.perform(entity, payloads)
+                if inspect.isawaitable(result):  # async behind a plain decorator
+                    self.loop.run(lambda: result, settings.time_limit)
 
         if self._middleware:
             ids, metas = [j.message_id for j in jobs], [j.meta for j in jobs]

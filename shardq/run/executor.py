@@ -322,7 +322,7 @@ class Executor:
         if worker is not None:
             try:
                 worker.retries_exhausted(entity, [j.payload for j in chunk], error)
-            except Exception:
+            except BaseException:  # a user's hook: whatever it raises, logged
                 log.exception("hook.retries_exhausted_failed", worker=ref.worker, entity=entity)
         self._outcome(MORGUED, ref, chunk, duration, error, reason=reason)
         self._attempts.forget(j.message for j in chunk)

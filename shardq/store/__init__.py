@@ -25,10 +25,12 @@ __all__ = [
 
 
 def store_for(config: Config, broker: Broker) -> Store:
-    """DynamoDB for ``store_url`` or ``sqs://`` (SQS's region, endpoint and timeouts by
-    default), the embedded broker's SQLite file, else memory."""
+    """Memory for the in-memory broker; DynamoDB for ``store_url`` or ``sqs://`` (SQS's
+    region, endpoint and timeouts by default); the embedded broker's SQLite file; else memory."""
     from shardq.broker.sqlite import SqliteBroker
 
+    if broker.kind == "memory":  # its queues end with the process (tests): so does their state
+        return MemoryStore()
     if config.store_url is not None or broker.kind == "sqs":
         from shardq.broker.sqs import SqsBroker  # imports boto3
         from shardq.store.dynamo import TABLE_SUFFIX, DynamoStore
