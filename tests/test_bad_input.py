@@ -134,7 +134,7 @@ def shardq_cli(
         ("run", ["--node", "0", "--nodes", "0"], "--nodes must be at least 1, got 0"),
         ("run", ["--nodes", "2"], "--nodes needs --node"),
         ("run", ["--node", "3", "--nodes", "3"], "--node must be from 0 to 2"),
-        ("run", ["--threads", "-1"], "threads: expected an integer >= 1, got -1"),
+        ("run", ["--threads", "-1"], "threads: expected an integer from 1 to 256, got -1"),
         ("run", ["--grace-seconds", "-5"], "grace_seconds: expected 0 to 3600, got -5.0"),
         ("run", ["--metrics-port", "99999"], "metrics_port: expected a port from 0 to 65535"),
         ("run", ["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),

@@ -216,9 +216,9 @@ def test_source_is_not_a_key_of_the_file(tmp_path: Path) -> None:
     ("text", "key", "problem"),
     [
         ("threads: abc\n", "threads", "expected an integer, got 'abc'"),
-        ("threads: 0\n", "threads", "expected an integer >= 1, got 0"),
-        ("threads: -2\n", "threads", "expected an integer >= 1, got -2"),
-        ("threads: 2.5\n", "threads", "expected an integer >= 1, got 2.5"),
+        ("threads: 0\n", "threads", "expected an integer from 1 to 256, got 0"),
+        ("threads: -2\n", "threads", "expected an integer from 1 to 256, got -2"),
+        ("threads: 2.5\n", "threads", "expected an integer from 1 to 256, got 2.5"),
         ("threads: true\n", "threads", "got True"),
         ("threads: [1]\n", "threads", "expected a number"),
         ("grace_seconds: soon\n", "grace_seconds", "expected a number, got 'soon'"),

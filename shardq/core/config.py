@@ -129,8 +129,6 @@ class Config:
             expected = _expected(kind, getattr(self, key))
             if expected:
                 fail(key, f"expected {expected}, got {getattr(self, key)!r}")
-        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
-            fail("threads", f"expected an integer >= 1, got {self.threads!r}")
         for key, high in _INT_MAX.items():
             problem = int_in(1, high)(getattr(self, key))
             if problem:
