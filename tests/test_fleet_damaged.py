@@ -174,3 +174,25 @@ def test_a_node_whose_heartbeat_version_cannot_be_read_replaces_it(app: App) -> 
     # then its heartbeat is readable again and it serves on, with no warning
     assert readable(app) and a.held() == sorted(ALL)
     assert not [e for e in logs if e["log_level"] == "warning"]
+
+
+def test_a_dead_nodes_heartbeat_whose_version_cannot_be_read_frees_its_shards_after_a_lease(
+    app: App,
+) -> None:
+    # given two balanced nodes; b dies and its heartbeat's version is damaged
+    clock = Clock()
+    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
+    for _ in range(4):
+        a.step(), b.step()
+        clock.now += 1.0
+    damage_version(app, "node/b", "x")
+    # when a steps on: b's shards are left alone until its heartbeat stood still a lease
+    expire = timing(LEASE)[1]
+    while clock.now < 1004.0 + expire - 1.0:
+        a.step()
+        assert len(a.held()) == 3
+        clock.now += 1.0
+    # then a takes them (it cannot mark b gone: no write names that version)
+    clock.now += 2.0
+    a.step(), a.step()
+    assert a.held() == sorted(ALL)

@@ -175,18 +175,21 @@ class Fleet:
     def _act(self, now: float, owned: list[Item], items: list[Item]) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
-        # an unreadable heartbeat reads as an empty report: live until it stands still
+        # an unreadable heartbeat reads as an empty report and expires as a still one does
         beats = {n: Beat(n, by_key[n].version, r.mode, r.gone) for n, r in reports.items()}
         self._seen = observe(self._seen, beats, now)
         if self.id in beats:  # this node is live to itself while its beats succeed
             self._seen[self.id] = (beats[self.id].counter, now)
         live = live_nodes(beats, self._seen, now, self.expire_seconds)  # decide adds this node
-        unknown = {n for n, i in by_key.items() if i.damaged}  # live or not: shown in time
+        dead = expired(beats, self._seen, now, self.expire_seconds)
+        # an unreadable heartbeat's node is not live, but its shards are left alone until
+        # it beats again or stood still for the lease (marking it gone may be impossible)
+        unknown = {n for n, i in by_key.items() if i.damaged} - set(dead)
         live -= unknown
         held = {n: set(r.held) for n, r in reports.items()} | {self.id: set(self.held())}
         owners, left = self._owners(now, owned, held, live)
         left |= {key for key, owner in owners.items() if owner.node in unknown}
-        for node in expired(beats, self._seen, now, self.expire_seconds):
+        for node in dead:
             if node != self.id:
                 self._mark_gone(by_key[node])
         for node, beat in beats.items():  # marked gone and still for an hour: delete
