@@ -15,6 +15,7 @@ from shardq.core.errors import ShardqError
 MAX_VALUE_BYTES = 350 * 1024
 #: Longest key, in UTF-8 bytes (DynamoDB's limit for a sort key).
 MAX_KEY_BYTES = 1024
+#: What the message of a DamagedItem tells to do.
 FIX = "fix or delete it in the state store"
 #: Most items one :meth:`Store.query` call returns.
 MAX_QUERY_ITEMS = 1000
