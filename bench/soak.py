@@ -33,6 +33,7 @@ from pathlib import Path
 
 from _common import ROOT, git_head, machine, table
 
+from shardq import App, Worker
 from shardq.core.config import Config
 from shardq.morgue import Morgue
 
@@ -136,9 +137,9 @@ def main() -> None:
 
 
 def run(
-    args: argparse.Namespace, pid: int, worker: type, app: object, queues: list[str], db: Path
+    args: argparse.Namespace, pid: int, worker: type[Worker], app: App, queues: list[str], db: Path
 ) -> tuple[list[list[str]], list[tuple[float, float]], int]:
-    broker = app.broker  # type: ignore[attr-defined]
+    broker = app.broker
     start = time.monotonic()
     published, next_sample = 0, 0.0
     rows: list[list[str]] = []
@@ -154,7 +155,7 @@ def run(
                     dead = args.dead_every and i % args.dead_every == 7
                     payload = {"n": i, "retry": i % 10 == 3, "dead": bool(dead)}
                     jobs.append((f"e{i // 3}", payload))
-                worker.publish_many(jobs)  # type: ignore[attr-defined]
+                worker.publish_many(jobs)
                 published += BATCH
         else:
             draining = True

@@ -189,15 +189,21 @@ def stepped(app: App, clock: Clock, name: str) -> Fleet:
     return Fleet(node, elastic=True, node_id=name, clock=clock)
 
 
+def balanced_pair(app: App, clock: Clock) -> tuple[Fleet, Fleet]:
+    """Nodes a and b stepped by hand on ``clock`` until they share the shards."""
+    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
+    for _ in range(4):
+        a.step(), b.step()
+        clock.now += 1.0
+    return a, b
+
+
 def test_a_dead_nodes_shards_are_taken_exactly_when_its_counter_stood_still_long_enough(
     app: App,
 ) -> None:
     # given two fleets stepped by hand on one clock, balanced
     clock = Clock()
-    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
-    for _ in range(4):
-        a.step(), b.step()
-        clock.now += 1.0
+    a, b = balanced_pair(app, clock)
     assert len(a.held()) == 3 and len(b.held()) == 3
     # when b stops beating (killed) and a keeps stepping
     _, expire = timing(LEASE)

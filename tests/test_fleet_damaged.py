@@ -12,7 +12,7 @@ from shardq import App
 from shardq.core.fleet_rules import timing
 from shardq.store import SqliteStore
 from shardq.store.dynamo import DynamoStore
-from tests.test_fleet import ALL, LEASE, Clock, keys, owners, stepped
+from tests.test_fleet import ALL, LEASE, Clock, balanced_pair, keys, owners, stepped
 from tests.test_fleet import app as app
 from tests.test_fleet import lease as lease
 from tests.test_fleet import ledger_path as ledger_path
@@ -96,10 +96,7 @@ def test_a_damaged_heartbeat_is_rewritten_by_its_node_or_once_it_stood_still(
 ) -> None:
     # given two balanced nodes, and b's heartbeat damaged (its version moved on or not)
     clock = Clock()
-    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
-    for _ in range(4):
-        a.step(), b.step()
-        clock.now += 1.0
+    a, b = balanced_pair(app, clock)
     damage(app, "node/b", "not json", bump)
     # when both step on for a lease (b only if it is live)
     for _ in range(int(LEASE) + 2):
@@ -181,10 +178,7 @@ def test_a_dead_nodes_heartbeat_whose_version_cannot_be_read_frees_its_shards_af
 ) -> None:
     # given two balanced nodes; b dies and its heartbeat's version is damaged
     clock = Clock()
-    a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
-    for _ in range(4):
-        a.step(), b.step()
-        clock.now += 1.0
+    a, _ = balanced_pair(app, clock)
     damage_version(app, "node/b", "x")
     # when a steps on: b's shards are left alone until its heartbeat stood still a lease
     expire = timing(LEASE)[1]
