@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shardq import reshard  # noqa: E402
 from shardq.core.config import Config  # noqa: E402
+from shardq.ops import reshard  # noqa: E402
 from shardq.ops.ensure import ensure_state_table  # noqa: E402
 from tests import emulator  # noqa: E402
 from tests.apps import ledger  # noqa: E402
