@@ -8,7 +8,7 @@ import inspect
 import random
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import FunctionType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from shardq.core.errors import (
     PermanentError,
@@ -141,10 +141,7 @@ class Worker:
     ) -> str:
         """Publish one job for ``entity_id``; returns its message id. ``dedup_id`` makes
         the publish idempotent for 5 minutes (per entity)."""
-        report = cls.bound_app().publisher.publish_many(
-            cls, [Job(entity_id, payload, dedup_id, meta)]
-        )
-        return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+        return cls.bound_app().publisher.publish(cls, Job(entity_id, payload, dedup_id, meta))
 
     @classmethod
     def publish_many(cls, items: Iterable[JobSpec]) -> PublishReport:

@@ -9,7 +9,7 @@ import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
@@ -26,7 +26,7 @@ from shardq.core.errors import (
 from shardq.core.jobs import Job, JobSpec
 from shardq.core.layout import WorkerLayout, publish_to
 from shardq.core.limits import MIN_MESSAGE_BYTES
-from shardq.core.middleware import PublishContext, run_around
+from shardq.core.middleware import Middleware, PublishContext, run_around
 from shardq.core.topology import check_entity_id, shard_for
 
 if TYPE_CHECKING:
@@ -73,6 +73,25 @@ class Publisher:
         ctx = PublishContext(cls.__name__, [_as_job(i, item) for i, item in enumerate(items)])
         return run_around(
             self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
+        )
+
+    def publish(self, worker: type[WorkerLike] | str, job: Job) -> str:
+        """Publish one job; returns its message id. Raises :class:`PublishError` if it was
+        not sent, or if an ``around_publish`` middleware dropped it (there is no id)."""
+        report = self.publish_many(worker, [job])
+        if report.message_ids:
+            return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+        hooks = [
+            m
+            for m in self._app.middleware
+            if type(m).around_publish is not Middleware.around_publish
+        ]
+        names = " or ".join(type(m).__name__ for m in hooks)
+        raise PublishError(
+            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
+            "nothing was published",
+            failed=[(0, job.entity_id, f"dropped by {names}")],
+            sent=0,
         )
 
     def check(self, worker: type[WorkerLike] | str, job: Job) -> None:
