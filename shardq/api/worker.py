@@ -10,11 +10,7 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from shardq.core.errors import (
-    PermanentError,
-    UnknownWorkerError,
-    WorkerDefinitionError,
-)
+from shardq.core.errors import PermanentError, UnknownWorkerError, WorkerDefinitionError
 from shardq.core.jobs import (
     SETTING_CHECKS,
     Job,

@@ -75,10 +75,7 @@ def notify(middlewares: Sequence[Middleware], hook: str, node: NodeInfo) -> None
             getattr(middleware, hook)(node)
         except BaseException:  # a CancelledError or a library's own stop too: as around_*
             log.exception(
-                "middleware.failed",
-                middleware=type(middleware).__name__,
-                hook=hook,
-                node=node.id,
+                "middleware.failed", middleware=type(middleware).__name__, hook=hook, node=node.id
             )
 
 
