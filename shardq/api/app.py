@@ -43,9 +43,7 @@ class App:
         #: The config given in code; ``shardq run`` applies the file, environment and
         #: flags on top of it.
         self.base_config = config
-        self._config = config
-        self._broker = broker
-        self._store = store
+        self._config, self._broker, self._store = config, broker, store
         self._workers: dict[str, type[Worker]] = {}
         self._settings: dict[str, WorkerSettings] = {}
         self._ready: set[str] = set()

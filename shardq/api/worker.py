@@ -100,8 +100,7 @@ class Worker:
         values = {key: getattr(cls, key) for key in SETTING_CHECKS}
         if values["queue_name"] is None:
             values["queue_name"] = default_queue_name(cls.__name__)
-        settings = WorkerSettings(name=cls.__name__, **values)
-        return settings.checked(cls.__name__, WorkerDefinitionError)
+        return WorkerSettings(cls.__name__, **values).checked(cls.__name__, WorkerDefinitionError)
 
     def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:
         """Process the payloads of one entity, oldest first. Raise to fail them.

@@ -111,8 +111,7 @@ class Config:
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with some values replaced (None values are ignored)."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def __post_init__(self) -> None:
         where = self.source
