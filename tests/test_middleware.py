@@ -236,3 +236,24 @@ def test_a_middleware_with_an_async_hook_is_refused(app: shardq.App, hook: str) 
     with pytest.raises(TypeError, match=rf"^AsyncHook\.{hook} is async"):
         app.add_middleware(middleware)
     assert app.middleware == []
+
+
+def test_a_publish_middleware_that_drops_every_job_publishes_nothing(app: shardq.App) -> None:
+    # given a publish middleware that removes every job
+    class DropAll(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            ctx.jobs[:] = []
+            return call()
+
+    app.add_middleware(DropAll())
+    worker = app.worker("Sync")
+    # when many jobs are published / then the report is that of no job, as publish_many([])
+    report = worker.publish_many([("e1", {"n": 1}), ("e2", {"n": 2})])
+    assert report.message_ids == [] and report.sent == 0
+    # when one job is published / then no message id exists: the error names the middleware
+    with pytest.raises(shardq.PublishError, match=r"around_publish of DropAll dropped") as err:
+        worker.publish("e3", {"n": 3})
+    assert err.value.sent == 0 and err.value.failed == [(0, "e3", "dropped by DropAll")]
+    # and nothing was sent
+    run(app)
+    assert app.ran == []  # type: ignore[attr-defined]

@@ -43,9 +43,7 @@ class App:
         #: The config given in code; ``shardq run`` applies the file, environment and
         #: flags on top of it.
         self.base_config = config
-        self._config = config
-        self._broker = broker
-        self._store = store
+        self._config, self._broker, self._store = config, broker, store
         self._workers: dict[str, type[Worker]] = {}
         self._settings: dict[str, WorkerSettings] = {}
         self._ready: set[str] = set()
@@ -108,18 +106,15 @@ class App:
     def settings(self, worker: type[Worker] | str) -> WorkerSettings:
         """A worker's settings with the config's overrides applied."""
         name = worker if isinstance(worker, str) else worker.__name__
-        settings = self._settings.get(name)
-        if settings is None:
+        if name not in self._settings:
             overrides = self.config.workers.get(name, {})
             defaults = self.worker(name).default_settings()
-            settings = defaults.with_overrides(overrides, self.config.source)
-            self._settings[name] = settings
-        return settings
+            self._settings[name] = defaults.with_overrides(overrides, self.config.source)
+        return self._settings[name]
 
     def check(self) -> None:
         """Validate the config against the workers: names, overrides, queue names."""
-        unknown = sorted(set(self.config.workers) - set(self._workers))
-        if unknown:
+        if unknown := sorted(set(self.config.workers) - set(self._workers)):
             raise ConfigError(
                 f"{self.config.source}: workers: {', '.join(unknown)} not registered "
                 f"(known: {', '.join(sorted(self._workers)) or 'none'})"
@@ -127,8 +122,7 @@ class App:
         seen: dict[str, str] = {}
         for name in self._workers:
             settings = self.settings(name)
-            problem = too_long(self.morgue_queue(name))
-            if problem:
+            if problem := too_long(self.morgue_queue(name)):
                 raise ConfigError(
                     f"{self.config.source}: queue_prefix + {name}'s queue_name give {problem}"
                 )

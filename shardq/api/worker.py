@@ -8,13 +8,9 @@ import inspect
 import random
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import FunctionType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from shardq.core.errors import (
-    PermanentError,
-    UnknownWorkerError,
-    WorkerDefinitionError,
-)
+from shardq.core.errors import PermanentError, UnknownWorkerError, WorkerDefinitionError
 from shardq.core.jobs import (
     SETTING_CHECKS,
     Job,
@@ -104,8 +100,7 @@ class Worker:
         values = {key: getattr(cls, key) for key in SETTING_CHECKS}
         if values["queue_name"] is None:
             values["queue_name"] = default_queue_name(cls.__name__)
-        settings = WorkerSettings(name=cls.__name__, **values)
-        return settings.checked(cls.__name__, WorkerDefinitionError)
+        return WorkerSettings(cls.__name__, **values).checked(cls.__name__, WorkerDefinitionError)
 
     def perform(self, entity_id: str, payloads: list[Any]) -> Awaitable[None] | None:
         """Process the payloads of one entity, oldest first. Raise to fail them.
@@ -141,10 +136,7 @@ class Worker:
     ) -> str:
         """Publish one job for ``entity_id``; returns its message id. ``dedup_id`` makes
         the publish idempotent for 5 minutes (per entity)."""
-        report = cls.bound_app().publisher.publish_many(
-            cls, [Job(entity_id, payload, dedup_id, meta)]
-        )
-        return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+        return cls.bound_app().publisher.publish(cls, Job(entity_id, payload, dedup_id, meta))
 
     @classmethod
     def publish_many(cls, items: Iterable[JobSpec]) -> PublishReport:

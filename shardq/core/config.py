@@ -95,8 +95,7 @@ class Config:
             file_path = DEFAULT_FILE
         if file_path:
             layers.append((str(file_path), _read_file(Path(file_path))))
-        env_values = _from_env(env)
-        if env_values:
+        if env_values := _from_env(env):
             layers.append(("environment", env_values))
         for key, value in (overrides or {}).items():
             if value is not None:
@@ -112,8 +111,7 @@ class Config:
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with some values replaced (None values are ignored)."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def __post_init__(self) -> None:
         where = self.source
@@ -122,16 +120,13 @@ class Config:
             raise ConfigError(f"{where}: {key}: {problem}")
 
         for key in ("connect_timeout", "read_timeout"):
-            problem = timeout_problem(getattr(self, key))
-            if problem:
+            if problem := timeout_problem(getattr(self, key)):
                 fail(key, problem)
         for key, kind in _TYPES.items():  # as ``load`` checks them, for a Config made in code
-            expected = _expected(kind, getattr(self, key))
-            if expected:
+            if expected := _expected(kind, getattr(self, key)):
                 fail(key, f"expected {expected}, got {getattr(self, key)!r}")
         for key, high in _INT_MAX.items():
-            problem = int_in(1, high)(getattr(self, key))
-            if problem:
+            if problem := int_in(1, high)(getattr(self, key)):
                 fail(key, problem)
         for key, (low, high) in _RANGES.items():
             if not low <= getattr(self, key) <= high:
@@ -209,8 +204,7 @@ def url_parameters(what: str, url: str, allowed: tuple[str, ...]) -> dict[str, s
     ``allowed`` raises ConfigError naming ``what`` (``broker_url``)."""
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = sorted(set(query) - set(allowed))
-    if unknown:
+    if unknown := sorted(set(query) - set(allowed)):
         raise ConfigError(
             f"{what} {url!r} has unknown parameter(s) {', '.join(unknown)}; "
             f"{parts.scheme}:// URLs take {', '.join(allowed)}"
@@ -229,8 +223,7 @@ def store_parameters(url: str, where: str = "config") -> dict[str, str]:
             "store_url unset for the broker's own store"
         )
     query = url_parameters(f"{where}: store_url", url, STORE_URL_PARAMETERS)
-    empty = sorted(k for k, v in query.items() if not v)
-    if empty:
+    if empty := sorted(k for k, v in query.items() if not v):
         raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")
     return query
 
@@ -249,8 +242,7 @@ def timeout_problem(value: object) -> str | None:
 def check_timeouts(owner: str, connect: float, read: float) -> None:
     """ValueError naming ``owner`` and the argument if either timeout is not valid."""
     for name, value in (("connect_timeout", connect), ("read_timeout", read)):
-        problem = timeout_problem(value)
-        if problem:
+        if problem := timeout_problem(value):
             raise ValueError(f"{owner} {name}: {problem}")
 
 
@@ -274,8 +266,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
-    unknown = sorted(set(data) - set(_FIELDS))
-    if unknown:
+    if unknown := sorted(set(data) - set(_FIELDS)):
         raise ConfigError(
             f"{path}: unknown key {', '.join(map(str, unknown))}; known keys: "
             f"{', '.join(sorted(_FIELDS))}"

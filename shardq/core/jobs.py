@@ -112,8 +112,7 @@ class WorkerSettings:
         """These settings, after raising ``error`` (its message starting ``where``) for the
         first invalid one of ``keys``, or for a time limit not below the visibility."""
         for key in keys:
-            problem = SETTING_CHECKS[key](getattr(self, key))
-            if problem:
+            if problem := SETTING_CHECKS[key](getattr(self, key)):
                 raise error(f"{where}.{key}: {problem}")
         limit, visibility = self.time_limit, self.visibility_timeout
         if limit is not None and limit >= visibility:

@@ -114,9 +114,7 @@ def hand_back(
         (m for m in held if m.receipt not in running and m.receipt not in retried),
         key=lambda m: (m.queue, m.sequence),
     )
-    for m in unstarted:
-        behind = retry_due.get((m.queue, m.group_id))
-        if behind is not None:
-            out.append(([m], max(0.0, behind - now)))
+    behind = [m for m in unstarted if (m.queue, m.group_id) in retry_due]
+    out += [([m], max(0.0, retry_due[m.queue, m.group_id] - now)) for m in behind]
     out.append(([m for m in unstarted if (m.queue, m.group_id) not in retry_due], 0.0))
     return [(messages, seconds) for messages, seconds in out if messages]

@@ -5,6 +5,7 @@ is logged and never kills a node, and a job's own exception stays its failure.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -64,7 +65,7 @@ def run_around(middlewares: Sequence[Middleware], hook: str, inner: Callable[[],
     """Run ``inner`` inside every middleware's ``hook`` (``around_perform``/``around_publish``)."""
     call = inner
     for middleware in reversed(middlewares):
-        call = _guarded(middleware, hook, call, ctx)
+        call = functools.partial(_guarded, middleware, hook, call, ctx)
     return call()
 
 
@@ -75,10 +76,7 @@ def notify(middlewares: Sequence[Middleware], hook: str, node: NodeInfo) -> None
             getattr(middleware, hook)(node)
         except BaseException:  # a CancelledError or a library's own stop too: as around_*
             log.exception(
-                "middleware.failed",
-                middleware=type(middleware).__name__,
-                hook=hook,
-                node=node.id,
+                "middleware.failed", middleware=type(middleware).__name__, hook=hook, node=node.id
             )
 
 
@@ -101,35 +99,31 @@ class _Call:
         return self.result
 
 
-def _guarded(
-    middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any
-) -> Callable[[], T]:
-    def run() -> T:
-        call = _Call(inner)
-        name = type(middleware).__name__
-        try:
-            getattr(middleware, hook)(call, ctx)  # the result is the call's, returned or not
-        except BaseException as exc:
-            if exc is call.error:
-                raise  # the job's (or publish's) own failure, passing through
-            log.exception(
-                "middleware.failed",
-                middleware=name,
-                hook=hook,
-                worker=getattr(ctx, "worker", None),
-                entity=getattr(ctx, "entity_id", None),
-                detail="after the call; its outcome stands"
-                if call.called
-                else "before the call; ran without it",
-            )
-        else:
-            if not call.called:
-                detail = "it did not call call(); running the job anyway"
-                log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
+def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any) -> T:
+    """``inner`` run inside ``middleware``'s ``hook``, which cannot keep it from running."""
+    call = _Call(inner)
+    name = type(middleware).__name__
+    try:
+        getattr(middleware, hook)(call, ctx)  # the result is the call's, returned or not
+    except BaseException as exc:
+        if exc is call.error:
+            raise  # the job's (or publish's) own failure, passing through
+        log.exception(
+            "middleware.failed",
+            middleware=name,
+            hook=hook,
+            worker=getattr(ctx, "worker", None),
+            entity=getattr(ctx, "entity_id", None),
+            detail="after the call; its outcome stands"
+            if call.called
+            else "before the call; ran without it",
+        )
+    else:
         if not call.called:
-            return inner()  # run it without this middleware
-        if call.error is not None:  # swallowed by the middleware: still a failure
-            raise call.error
-        return call.result  # type: ignore[no-any-return]
-
-    return run
+            detail = "it did not call call(); running the job anyway"
+            log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
+    if not call.called:
+        return inner()  # run it without this middleware
+    if call.error is not None:  # swallowed by the middleware: still a failure
+        raise call.error
+    return call.result  # type: ignore[no-any-return]

@@ -9,7 +9,7 @@ import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
@@ -26,7 +26,7 @@ from shardq.core.errors import (
 from shardq.core.jobs import Job, JobSpec
 from shardq.core.layout import WorkerLayout, publish_to
 from shardq.core.limits import MIN_MESSAGE_BYTES
-from shardq.core.middleware import PublishContext, run_around
+from shardq.core.middleware import Middleware, PublishContext, run_around
 from shardq.core.topology import check_entity_id, shard_for
 
 if TYPE_CHECKING:
@@ -69,21 +69,34 @@ class Publisher:
         self, worker: type[WorkerLike] | str, items: Iterable[JobSpec]
     ) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
-        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
-        ctx = PublishContext(cls.__name__, [_as_job(i, item) for i, item in enumerate(items)])
+        name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
+        ctx = PublishContext(name, [_as_job(i, item) for i, item in enumerate(items)])
         return run_around(
-            self._app.middleware, "around_publish", lambda: self._publish(cls, ctx.jobs), ctx
+            self._app.middleware, "around_publish", lambda: self._publish(name, ctx.jobs), ctx
+        )
+
+    def publish(self, worker: type[WorkerLike] | str, job: Job) -> str:
+        """Publish one job; returns its message id. Raises :class:`PublishError` if it was
+        not sent, or if an ``around_publish`` middleware dropped it (there is no id)."""
+        report = self.publish_many(worker, [job])
+        if report.message_ids:
+            return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+        hooks = {type(m).__name__: type(m).around_publish for m in self._app.middleware}
+        names = " or ".join(n for n, h in hooks.items() if h is not Middleware.around_publish)
+        raise PublishError(
+            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
+            "nothing was published",
+            failed=[(0, job.entity_id, f"dropped by {names}")],
+            sent=0,
         )
 
     def check(self, worker: type[WorkerLike] | str, job: Job) -> None:
         """Raise what :meth:`publish_many` would raise for this job (bad entity id,
         payload or dedup_id, message too large), without publishing it."""
-        cls = self._app.worker(worker if isinstance(worker, str) else worker.__name__)
-        layout = self._app.layouts.get(cls.__name__)
-        self._prepare(0, "", job, cls.__name__, layout, self._app.signing_key)
+        name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
+        self._prepare(0, "", job, name, self._app.layouts.get(name))
 
-    def _publish(self, cls: type[WorkerLike], jobs: list[Job]) -> PublishReport:
-        name = cls.__name__
+    def _publish(self, name: str, jobs: list[Job]) -> PublishReport:
         layout = self._app.layouts.get(name)  # at most layout_refresh_seconds old
         count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
@@ -100,7 +113,7 @@ class Publisher:
         if report.failed:
             first = report.failed[0]
             raise PublishError(
-                f"{len(report.failed)} of {count} {cls.__name__} jobs were not published "
+                f"{len(report.failed)} of {count} {name} jobs were not published "
                 f"(first: item {first[0]}, entity {first[1]!r}: {first[2]}); the others were. "
                 "Publish the failed ones again with the same dedup_id",
                 failed=report.failed,
@@ -119,11 +132,10 @@ class Publisher:
     ) -> dict[str, list[int]]:
         """Send the jobs at ``indexes`` by ``layout`` into ``report`` (all checked before
         any is sent); returns the indexes of those whose queue does not exist, by queue."""
-        key = self._app.signing_key
         by_queue: dict[str, list[_Prepared]] = {}
         for index in indexes:
             where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
-            prepared = self._prepare(index, where, jobs[index], worker, layout, key)
+            prepared = self._prepare(index, where, jobs[index], worker, layout)
             by_queue.setdefault(prepared.queue, []).append(prepared)
         missing: dict[str, list[int]] = {}
         for queue, queued in by_queue.items():
@@ -134,13 +146,7 @@ class Publisher:
         return missing
 
     def _prepare(
-        self,
-        index: int,
-        where: str,
-        job: Job,
-        worker: str,
-        layout: WorkerLayout,
-        key: bytes | None,
+        self, index: int, where: str, job: Job, worker: str, layout: WorkerLayout
     ) -> _Prepared:
         try:
             entity = check_entity_id(job.entity_id)
@@ -151,7 +157,7 @@ class Publisher:
                 )
             body = envelope.encode(
                 envelope.Envelope(worker, entity, job.payload, self._wall(), dict(job.meta or {})),
-                key,
+                self._app.signing_key,
             )
         except ShardqError as exc:
             if not where:
@@ -170,24 +176,17 @@ class Publisher:
                 f"queue {queue} accepts at most {limit}. Store large data elsewhere (e.g. S3) "
                 "and publish a reference"
             )
-        if job.dedup_id is None:
-            dedup = uuid.uuid4().hex
-        else:
-            dedup = hashlib.sha256(
-                f"{entity}\0{_dedup_key(where, job.dedup_id)}".encode()
-            ).hexdigest()
+        dedup = _dedup(where, entity, job.dedup_id)
         return _Prepared(index, entity, queue, SendEntry(str(index), body, entity, dedup), size)
 
     def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
         failed_entities: set[str] = set()
         for n, chunk in enumerate(batches(jobs, lambda job: job.size)):
-            sendable = []
-            for job in chunk:
-                if job.entity_id in failed_entities:
-                    reason = "not sent: an earlier job of this entity was not published"
-                    report.failed.append((job.index, job.entity_id, reason))
-                else:
-                    sendable.append(job)
+            reason = "not sent: an earlier job of this entity was not published"
+            report.failed += [
+                (j.index, j.entity_id, reason) for j in chunk if j.entity_id in failed_entities
+            ]
+            sendable = [j for j in chunk if j.entity_id not in failed_entities]
             if not sendable:
                 continue
             ids: dict[str, str] = {}
@@ -212,7 +211,9 @@ class Publisher:
                         report.gaps.append((job.index, job.entity_id))
 
 
-def _dedup_key(where: str, dedup_id: object) -> str:
+def _dedup(where: str, entity: str, dedup_id: object) -> str:
+    if dedup_id is None:
+        return uuid.uuid4().hex
     if not isinstance(dedup_id, str) or not dedup_id:
         raise DedupIdError(f"{where}dedup_id must be a non-empty string, got {dedup_id!r}")
     try:
@@ -222,7 +223,7 @@ def _dedup_key(where: str, dedup_id: object) -> str:
             f"{where}dedup_id {dedup_id!r} is not valid Unicode ({exc.reason} at position "
             f"{exc.start}); use a string of whole characters"
         ) from None
-    return dedup_id
+    return hashlib.sha256(f"{entity}\0{dedup_id}".encode()).hexdigest()
 
 
 def _as_job(index: int, item: JobSpec) -> Job:
