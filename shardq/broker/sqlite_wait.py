@@ -18,19 +18,18 @@ class Waiter:
 
     __slots__ = ("event", "queues", "woken")
 
-    def __init__(self, queues: Sequence[str]) -> None:
-        self.queues = tuple(dict.fromkeys(queues))
+    def __init__(self, queues: Sequence[str], woken: bool) -> None:
+        self.queues = frozenset(queues)
         self.event = threading.Event()
-        self.woken = False  # by wake_all (shutdown): the wait should end now
+        self.woken = woken  # by wake_all (shutdown): the wait should end now
 
 
 class Waiters:
-    """The waiting calls of one broker, by queue, and the thread that watches the file
-    for other processes' commits (``data_version``: None in memory)."""
+    """The waiting calls of one broker and the thread that watches the file for other
+    processes' commits (``data_version``: None in memory)."""
 
     def __init__(self, data_version: Callable[[], int] | None, poll_interval: float) -> None:
         self._mutex = threading.Lock()
-        self._by_queue: dict[str, set[Waiter]] = {}
         self._all: set[Waiter] = set()
         self._busy = threading.Event()  # set while anyone waits: the thread sleeps otherwise
         self._closed = threading.Event()
@@ -44,7 +43,7 @@ class Waiters:
         if version is not None and not self._closed.is_set() and not self._watching():
             seen = version()  # read before the mutex: it may wait for the file's lock
         with self._mutex:
-            if version is not None and seen is not None and not self._watching():
+            if seen is not None and not self._watching():
                 self._thread = threading.Thread(
                     target=self._watch,
                     args=(version, seen),
@@ -52,11 +51,7 @@ class Waiters:
                     daemon=True,
                 )
                 self._thread.start()
-            waiter = Waiter(queues)
-            if self._closed.is_set():
-                waiter.woken = True
-            for queue in waiter.queues:
-                self._by_queue.setdefault(queue, set()).add(waiter)
+            waiter = Waiter(queues, woken=self._closed.is_set())
             self._all.add(waiter)
             self._busy.set()
         return waiter
@@ -66,20 +61,16 @@ class Waiters:
 
     def remove(self, waiter: Waiter) -> None:
         with self._mutex:
-            for queue in waiter.queues:
-                waiting = self._by_queue.get(queue, set())
-                waiting.discard(waiter)
-                if not waiting:
-                    self._by_queue.pop(queue, None)
             self._all.discard(waiter)
             if not self._all:
                 self._busy.clear()
 
-    def notify(self, queue: str) -> None:
-        """Wake the waiters of ``queue`` (called after the write committed)."""
+    def notify(self, queue: str | None) -> None:
+        """Wake the waiters of ``queue`` (None: every waiter), after the write committed."""
         with self._mutex:
-            for waiter in self._by_queue.get(queue, ()):
-                waiter.event.set()
+            for waiter in self._all:
+                if queue is None or queue in waiter.queues:
+                    waiter.event.set()
 
     def wake_all(self, *, closing: bool = False) -> None:
         """End every wait now (``closing``: and every later one)."""
@@ -99,9 +90,7 @@ class Waiters:
                 current = data_version()
                 if current != seen:  # another process committed: every waiter looks again
                     seen = current
-                    with self._mutex:
-                        for waiter in self._all:
-                            waiter.event.set()
+                    self.notify(None)
                 self._closed.wait(self._poll_interval)
         except BrokerError:
             return  # a damaged, vanished or closed file: waits end by their timeouts
