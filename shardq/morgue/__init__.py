@@ -82,21 +82,16 @@ class Page:
     next: str | None
 
 
-def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
-    """Write the records of dead jobs in order, each job once (StoreError if refused)."""
+def bury(
+    store: Store, worker: str, records: Iterable[MorgueRecord], *, at_death: bool = False
+) -> None:
+    """Write the records of dead jobs in order, each job once (StoreError if refused);
+    ``at_death``: each at its own death time (moved from the old queue morgue)."""
     for record in records:
-        _write(store, worker, record, None)
-
-
-def keep(store: Store, worker: str, record: MorgueRecord) -> None:
-    """Write a record at its own death time (moved from the old queue morgue), once."""
-    _write(store, worker, record, record.failed_at)
-
-
-def _write(store: Store, worker: str, record: MorgueRecord, at: float | None) -> None:
-    if not buried(store, worker, record):
-        for key, value in items(worker, record, new_stamp(at)):
-            store.put(key, value, version=None)
+        if not buried(store, worker, record):
+            stamp = new_stamp(record.failed_at if at_death else None)
+            for key, value in items(worker, record, stamp):
+                store.put(key, value, version=None)
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:

@@ -10,7 +10,7 @@ from shardq.broker.base import Message, release_now
 from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
-from shardq.morgue import Morgue, keep
+from shardq.morgue import Morgue, bury
 from shardq.morgue.record import KIND, STRINGS, MorgueRecord, checked, unreadable
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def move_queue_morgue(app: Deployment, worker: str) -> int:
         written: list[str] = []
         try:
             for message in batch:
-                keep(app.store, worker, read_queue_record(message))
+                bury(app.store, worker, [read_queue_record(message)], at_death=True)
                 written.append(message.receipt)
         finally:
             if written:
