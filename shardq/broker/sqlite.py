@@ -144,7 +144,6 @@ class SqliteBroker(Broker):
         in_memory = path == ":memory:"
         self._waiters = Waiters(None if in_memory else self._file.data_version, poll_interval)
 
-    # -- queues -------------------------------------------------------------
     def ensure_queue(
         self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
     ) -> None:
@@ -176,12 +175,8 @@ class SqliteBroker(Broker):
 
     def delete_queue(self, queue: str) -> None:
         with self._file.write(f"deleting queue {queue}") as db:
-            for sql in (
-                "DELETE FROM messages WHERE queue = ?",
-                "DELETE FROM groups WHERE queue = ?",
-                "DELETE FROM queues WHERE name = ?",
-            ):
-                db.execute(sql, (queue,))
+            for table, column in (("messages", "queue"), ("groups", "queue"), ("queues", "name")):
+                db.execute(f"DELETE FROM {table} WHERE {column} = ?", (queue,))
 
     def max_message_bytes(self, queue: str) -> int:
         with self._file.read(f"reading queue {queue}") as db:
@@ -207,7 +202,6 @@ class SqliteBroker(Broker):
             return None
         return QueueSettings(True, int(visibility_timeout), max_bytes, False)
 
-    # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
         with self._file.write(f"sending to queue {queue}") as db:
@@ -234,14 +228,8 @@ class SqliteBroker(Broker):
         def take() -> tuple[list[Message], float | None]:
             with self._file.write(f"receiving from queue {queue}") as db:
                 self._settings(db, queue)
-                return fifo.take(
-                    db,
-                    queue,
-                    time.time(),
-                    max_messages,
-                    visibility_timeout,
-                    stale_visibility=self.stale_visibility,
-                )
+                stale = self.stale_visibility
+                return fifo.take(db, queue, time.time(), max_messages, visibility_timeout, stale)
 
         if wait_seconds <= 0:
             return take()[0]
@@ -271,7 +259,6 @@ class SqliteBroker(Broker):
             self._waiters.notify(queue)
         return result
 
-    # -- waiting ------------------------------------------------------------
     def _wait(
         self, queues: list[str], seconds: float, look: Callable[[], tuple[list[_T], float | None]]
     ) -> list[_T]:
@@ -313,7 +300,6 @@ class SqliteBroker(Broker):
     def wake_waiters(self) -> None:
         self._waiters.wake_all()
 
-    # -- housekeeping -------------------------------------------------------
     def maintain(self) -> None:
         """Drop expired deduplication ids, give free pages back, truncate the WAL, in
         short transactions so other calls are not held up for long."""

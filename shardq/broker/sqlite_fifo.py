@@ -76,7 +76,6 @@ def take(
     now: float,
     max_messages: int,
     visibility_timeout: float,
-    *,
     stale_visibility: bool = False,
 ) -> tuple[list[Message], float | None]:
     """Receive up to ``max_messages`` of ``queue`` and hide them ``visibility_timeout``

@@ -143,7 +143,6 @@ class SqsBroker(Broker):
             self._urls[queue] = found["QueueUrl"]
         return self._urls[queue]
 
-    # -- queues -------------------------------------------------------------
     def ensure_queue(
         self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
     ) -> None:
@@ -216,7 +215,6 @@ class SqsBroker(Broker):
         attrs = self._attributes(queue, waiting, hidden)
         return QueueCounts(int(attrs.get(waiting, 0)), int(attrs.get(hidden, 0)))
 
-    # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
         valid = valid_entries(entries, lambda: self.max_message_bytes(queue), result)
