@@ -186,11 +186,6 @@ class Morgue:
         cutoff = (wall() if now is None else now) - days * 86400
         return self.purge(Filter(until=cutoff))
 
-    def delete(self, record: MorgueRecord) -> None:
-        """Delete every item of a record (summary first: it leaves listings at once)."""
-        for key in keys_of(record.key, record.pieces):
-            self.store.delete(key)
-
     def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
@@ -215,9 +210,11 @@ class Morgue:
     def _delete(
         self, records: Iterable[MorgueRecord], progress: Progress | None, done: int = 0
     ) -> int:
-        """Delete each record, telling ``progress`` the count so far (from ``done``)."""
+        """Delete each record's items (summary first: it leaves listings at once), telling
+        ``progress`` the count so far (from ``done``)."""
         for record in records:
-            self.delete(record)
+            for key in keys_of(record.key, record.pieces):
+                self.store.delete(key)
             done += 1
             if progress is not None:
                 progress(done)
