@@ -37,14 +37,12 @@ _WATCH_CHUNK = 200
 _T = TypeVar("_T")
 
 
-class Waiter:
-    """One waiting call: its event fires when a watched queue changes or on a wake-up."""
-
-    __slots__ = ("event", "queues", "woken")
+class Waiter(threading.Event):
+    """One waiting call: set when a watched queue changes or on a wake-up."""
 
     def __init__(self, queues: Sequence[str], woken: bool) -> None:
+        super().__init__()
         self.queues = frozenset(queues)
-        self.event = threading.Event()
         self.woken = woken  # by wake_all (shutdown): the wait should end now
 
 
@@ -94,7 +92,7 @@ class Waiters:
         with self._mutex:
             for waiter in self._all:
                 if queue is None or queue in waiter.queues:
-                    waiter.event.set()
+                    waiter.set()
 
     def wake_all(self, *, closing: bool = False) -> None:
         """End every wait now (``closing``: and every later one)."""
@@ -103,7 +101,7 @@ class Waiters:
                 self._closed.set()
             for waiter in self._all:
                 waiter.woken = True
-                waiter.event.set()
+                waiter.set()
             self._busy.set()  # lets the watching thread see it is closed at once
 
     def _watch(self, data_version: Callable[[], int], seen: int) -> None:
@@ -269,14 +267,14 @@ class SqliteBroker(Broker):
         waiter = self._waiters.add(queues)
         try:
             while True:
-                waiter.event.clear()
+                waiter.clear()
                 found, next_at = look()
                 remaining = deadline - time.monotonic()
                 if found or remaining <= 0 or waiter.woken:
                     return found
                 if next_at is not None:
                     remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
-                waiter.event.wait(remaining)
+                waiter.wait(remaining)
                 if waiter.woken:
                     return []
         finally:
