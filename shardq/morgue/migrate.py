@@ -23,16 +23,13 @@ def tend(app: Deployment) -> list[str]:
     lines = []
     days = app.config.morgue_retention_days
     for name in app.workers:
-        moved = move_queue_morgue(app, name)
-        if moved:
+        if moved := move_queue_morgue(app, name):
             lines.append(f"moved {plural(moved, f'dead {name} job')} from the morgue queue")
-        if days is not None:
-            gone = Morgue(app, name).expire(days)
-            if gone:
-                lines.append(
-                    f"deleted {plural(gone, f'dead {name} job')} older than {days} days "
-                    "(morgue_retention_days)"
-                )
+        if days is not None and (gone := Morgue(app, name).expire(days)):
+            lines.append(
+                f"deleted {plural(gone, f'dead {name} job')} older than {days} days "
+                "(morgue_retention_days)"
+            )
     return lines
 
 
