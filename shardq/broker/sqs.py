@@ -83,12 +83,11 @@ class SqsBroker(Broker):
     ) -> None:
         check_timeouts("SqsBroker", connect_timeout, read_timeout)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        where = (region, endpoint_url)
         try:
-            self.client = make_client("sqs", *where, connect=connect_timeout, read=read_timeout)
             # Long polls wait up to 20 s for an answer by design: a client of their own.
-            self._poll_client = make_client(
-                "sqs", *where, connect=connect_timeout, read=POLL_READ_TIMEOUT
+            self.client, self._poll_client = (
+                make_client("sqs", region, endpoint_url, connect=connect_timeout, read=read)
+                for read in (read_timeout, POLL_READ_TIMEOUT)
             )
         except botocore.exceptions.NoRegionError as exc:
             raise BrokerError(
