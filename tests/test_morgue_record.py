@@ -117,8 +117,8 @@ def test_a_job_buried_again_is_recorded_once_and_another_job_of_its_entity_is_no
     again = morgue.record_for(message("x"), morgue.REASON_MAX_RETRIES, failure(), 4)
     morgue.bury(store, "W", [again])
     other = dataclasses.replace(first, message_id="m-2")
-    morgue.keep(store, "W", other)
-    morgue.keep(store, "W", other)
+    morgue.bury(store, "W", [other], at_death=True)
+    morgue.bury(store, "W", [other], at_death=True)
     # then each job has one record, listed once
     listed = [summary(i).message_id for i in store.query_all("morgue/W/t/")]
     assert sorted(listed) == ["m-1", "m-2"]

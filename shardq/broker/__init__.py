@@ -4,31 +4,17 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from shardq.broker.base import (
-    BatchResult,
-    Broker,
-    Message,
-    QueueCounts,
-    QueueSettings,
-    SendEntry,
-    SendResult,
-)
-from shardq.broker.sqlite import MemoryBroker, SqliteBroker
+from shardq.broker.base import BatchResult as BatchResult
+from shardq.broker.base import Broker as Broker
+from shardq.broker.base import Message as Message
+from shardq.broker.base import QueueCounts as QueueCounts
+from shardq.broker.base import QueueSettings as QueueSettings
+from shardq.broker.base import SendEntry as SendEntry
+from shardq.broker.base import SendResult as SendResult
+from shardq.broker.sqlite import MemoryBroker as MemoryBroker
+from shardq.broker.sqlite import SqliteBroker as SqliteBroker
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, url_parameters
 from shardq.core.errors import ConfigError
-
-__all__ = [
-    "BatchResult",
-    "Broker",
-    "MemoryBroker",
-    "Message",
-    "QueueCounts",
-    "QueueSettings",
-    "SendEntry",
-    "SendResult",
-    "SqliteBroker",
-    "broker_from_url",
-]
 
 URL_FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db, memory:// or sqs://"
 #: The query parameters each URL scheme accepts (``test_*``: shardq's own tests only,

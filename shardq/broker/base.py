@@ -21,27 +21,13 @@ from shardq.core.limits import (
     MAX_VISIBILITY_SECONDS,
     MIN_MESSAGE_BYTES,
 )
-from shardq.core.messages import (
-    BatchResult,
-    Message,
-    QueueCounts,
-    QueueSettings,
-    SendEntry,
-    SendResult,
-    batches,
-)
-
-__all__ = [
-    "BatchResult",
-    "Broker",
-    "Message",
-    "QueueCounts",
-    "QueueSettings",
-    "SendEntry",
-    "SendResult",
-    "batches",
-    "release_now",
-]
+from shardq.core.messages import BatchResult as BatchResult
+from shardq.core.messages import Message as Message
+from shardq.core.messages import QueueCounts as QueueCounts
+from shardq.core.messages import QueueSettings as QueueSettings
+from shardq.core.messages import SendEntry as SendEntry
+from shardq.core.messages import SendResult as SendResult
+from shardq.core.messages import batches as batches
 
 log = structlog.get_logger("shardq.broker")
 

@@ -1,11 +1,13 @@
 """The embedded broker: SQS FIFO semantics on a local SQLite file, durable across
 ``kill -9`` and shared by node processes on one machine (docs/design/broker.md);
-:class:`MemoryBroker` is the same engine in memory, for unit tests."""
+:class:`MemoryBroker` is the same engine in memory, for unit tests. A wait ends on a
+write to its queues or another connection's commit (wake-ups: docs/design/broker.md)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -25,7 +27,6 @@ from shardq.broker.base import (
 )
 from shardq.broker.sqlite_dedup import DedupIds
 from shardq.broker.sqlite_store import BrokerFile, checkpoint, compact, error, give_back_pages
-from shardq.broker.sqlite_wait import Waiters
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 
@@ -34,6 +35,87 @@ __all__ = ["MemoryBroker", "SqliteBroker", "compact"]
 #: Queues checked per hold of the broker's lock by :meth:`SqliteBroker.watch`.
 _WATCH_CHUNK = 200
 _T = TypeVar("_T")
+
+
+class Waiter(threading.Event):
+    """One waiting call: set when a watched queue changes or on a wake-up."""
+
+    def __init__(self, queues: Sequence[str], woken: bool) -> None:
+        super().__init__()
+        self.queues = frozenset(queues)
+        self.woken = woken  # by wake_all (shutdown): the wait should end now
+
+
+class Waiters:
+    """The waiting calls of one broker and the thread that watches the file for other
+    processes' commits (``data_version``: None in memory)."""
+
+    def __init__(self, data_version: Callable[[], int] | None, poll_interval: float) -> None:
+        self._mutex = threading.Lock()
+        self._all: set[Waiter] = set()
+        self._busy = threading.Event()  # set while anyone waits: the thread sleeps otherwise
+        self._closed = threading.Event()
+        self._data_version, self._poll_interval = data_version, poll_interval
+        self._thread: threading.Thread | None = None
+
+    def add(self, queues: Sequence[str]) -> Waiter:
+        """Register a waiting call (before its first look, so no write is missed), and
+        start the watching thread unless it runs, from the file's version now."""
+        version, seen = self._data_version, None
+        if version is not None and not self._closed.is_set() and not self._watching():
+            seen = version()  # read before the mutex: it may wait for the file's lock
+        with self._mutex:
+            if seen is not None and not self._watching():
+                self._thread = threading.Thread(
+                    target=self._watch,
+                    args=(version, seen),
+                    name="shardq-sqlite-watch",
+                    daemon=True,
+                )
+                self._thread.start()
+            waiter = Waiter(queues, woken=self._closed.is_set())
+            self._all.add(waiter)
+            self._busy.set()
+        return waiter
+
+    def _watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def remove(self, waiter: Waiter) -> None:
+        with self._mutex:
+            self._all.discard(waiter)
+            if not self._all:
+                self._busy.clear()
+
+    def notify(self, queue: str | None) -> None:
+        """Wake the waiters of ``queue`` (None: every waiter), after the write committed."""
+        with self._mutex:
+            for waiter in self._all:
+                if queue is None or queue in waiter.queues:
+                    waiter.set()
+
+    def wake_all(self, *, closing: bool = False) -> None:
+        """End every wait now (``closing``: and every later one)."""
+        with self._mutex:
+            if closing:
+                self._closed.set()
+            for waiter in self._all:
+                waiter.woken = True
+                waiter.set()
+            self._busy.set()  # lets the watching thread see it is closed at once
+
+    def _watch(self, data_version: Callable[[], int], seen: int) -> None:
+        try:
+            while not self._closed.is_set():
+                if not self._busy.wait(1.0):
+                    continue
+                current = data_version()
+                if current != seen:  # another process committed: every waiter looks again
+                    seen = current
+                    self.notify(None)
+                self._closed.wait(self._poll_interval)
+        except BrokerError:
+            return  # a damaged, vanished or closed file: waits end by their timeouts
 
 
 class SqliteBroker(Broker):
@@ -60,7 +142,6 @@ class SqliteBroker(Broker):
         in_memory = path == ":memory:"
         self._waiters = Waiters(None if in_memory else self._file.data_version, poll_interval)
 
-    # -- queues -------------------------------------------------------------
     def ensure_queue(
         self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
     ) -> None:
@@ -92,12 +173,8 @@ class SqliteBroker(Broker):
 
     def delete_queue(self, queue: str) -> None:
         with self._file.write(f"deleting queue {queue}") as db:
-            for sql in (
-                "DELETE FROM messages WHERE queue = ?",
-                "DELETE FROM groups WHERE queue = ?",
-                "DELETE FROM queues WHERE name = ?",
-            ):
-                db.execute(sql, (queue,))
+            for table, column in (("messages", "queue"), ("groups", "queue"), ("queues", "name")):
+                db.execute(f"DELETE FROM {table} WHERE {column} = ?", (queue,))
 
     def max_message_bytes(self, queue: str) -> int:
         with self._file.read(f"reading queue {queue}") as db:
@@ -123,7 +200,6 @@ class SqliteBroker(Broker):
             return None
         return QueueSettings(True, int(visibility_timeout), max_bytes, False)
 
-    # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
         with self._file.write(f"sending to queue {queue}") as db:
@@ -150,14 +226,8 @@ class SqliteBroker(Broker):
         def take() -> tuple[list[Message], float | None]:
             with self._file.write(f"receiving from queue {queue}") as db:
                 self._settings(db, queue)
-                return fifo.take(
-                    db,
-                    queue,
-                    time.time(),
-                    max_messages,
-                    visibility_timeout,
-                    stale_visibility=self.stale_visibility,
-                )
+                stale = self.stale_visibility
+                return fifo.take(db, queue, time.time(), max_messages, visibility_timeout, stale)
 
         if wait_seconds <= 0:
             return take()[0]
@@ -187,7 +257,6 @@ class SqliteBroker(Broker):
             self._waiters.notify(queue)
         return result
 
-    # -- waiting ------------------------------------------------------------
     def _wait(
         self, queues: list[str], seconds: float, look: Callable[[], tuple[list[_T], float | None]]
     ) -> list[_T]:
@@ -198,14 +267,14 @@ class SqliteBroker(Broker):
         waiter = self._waiters.add(queues)
         try:
             while True:
-                waiter.event.clear()
+                waiter.clear()
                 found, next_at = look()
                 remaining = deadline - time.monotonic()
                 if found or remaining <= 0 or waiter.woken:
                     return found
                 if next_at is not None:
                     remaining = min(remaining, max(0.0, next_at - time.time()) + 0.001)
-                waiter.event.wait(remaining)
+                waiter.wait(remaining)
                 if waiter.woken:
                     return []
         finally:
@@ -229,7 +298,6 @@ class SqliteBroker(Broker):
     def wake_waiters(self) -> None:
         self._waiters.wake_all()
 
-    # -- housekeeping -------------------------------------------------------
     def maintain(self) -> None:
         """Drop expired deduplication ids, give free pages back, truncate the WAL, in
         short transactions so other calls are not held up for long."""

@@ -76,7 +76,6 @@ def take(
     now: float,
     max_messages: int,
     visibility_timeout: float,
-    *,
     stale_visibility: bool = False,
 ) -> tuple[list[Message], float | None]:
     """Receive up to ``max_messages`` of ``queue`` and hide them ``visibility_timeout``
@@ -164,8 +163,7 @@ def delete(
     groups: dict[str, None] = {}
     for receipt in receipts:
         # one row per statement: SQLite deletes a list of rowids far slower
-        found = _in_flight(db, _DELETE, receipt, queue, now)
-        if found:
+        if found := _in_flight(db, _DELETE, receipt, queue, now):
             groups[found[1][0]] = None
         else:
             result.failed[receipt] = _STALE

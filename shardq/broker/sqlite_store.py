@@ -124,10 +124,9 @@ class BrokerFile:
         return self._db
 
     def close(self) -> None:
-        with self.lock:
-            if not self.closed:
-                self.closed = True
-                self._db.close()
+        with self.lock:  # closing a closed connection does nothing
+            self.closed = True
+            self._db.close()
 
 
 def connect(path: str) -> sqlite3.Connection:

@@ -83,12 +83,11 @@ class SqsBroker(Broker):
     ) -> None:
         check_timeouts("SqsBroker", connect_timeout, read_timeout)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        where = (region, endpoint_url)
         try:
-            self.client = make_client("sqs", *where, connect=connect_timeout, read=read_timeout)
             # Long polls wait up to 20 s for an answer by design: a client of their own.
-            self._poll_client = make_client(
-                "sqs", *where, connect=connect_timeout, read=POLL_READ_TIMEOUT
+            self.client, self._poll_client = (
+                make_client("sqs", region, endpoint_url, connect=connect_timeout, read=read)
+                for read in (read_timeout, POLL_READ_TIMEOUT)
             )
         except botocore.exceptions.NoRegionError as exc:
             raise BrokerError(
@@ -143,7 +142,6 @@ class SqsBroker(Broker):
             self._urls[queue] = found["QueueUrl"]
         return self._urls[queue]
 
-    # -- queues -------------------------------------------------------------
     def ensure_queue(
         self, name: str, *, visibility_timeout: int = 30, max_message_bytes: int | None = None
     ) -> None:
@@ -216,7 +214,6 @@ class SqsBroker(Broker):
         attrs = self._attributes(queue, waiting, hidden)
         return QueueCounts(int(attrs.get(waiting, 0)), int(attrs.get(hidden, 0)))
 
-    # -- messages -------------------------------------------------------------
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
         result = SendResult()
         valid = valid_entries(entries, lambda: self.max_message_bytes(queue), result)

@@ -82,21 +82,16 @@ class Page:
     next: str | None
 
 
-def bury(store: Store, worker: str, records: Iterable[MorgueRecord]) -> None:
-    """Write the records of dead jobs in order, each job once (StoreError if refused)."""
+def bury(
+    store: Store, worker: str, records: Iterable[MorgueRecord], *, at_death: bool = False
+) -> None:
+    """Write the records of dead jobs in order, each job once (StoreError if refused);
+    ``at_death``: each at its own death time (moved from the old queue morgue)."""
     for record in records:
-        _write(store, worker, record, None)
-
-
-def keep(store: Store, worker: str, record: MorgueRecord) -> None:
-    """Write a record at its own death time (moved from the old queue morgue), once."""
-    _write(store, worker, record, record.failed_at)
-
-
-def _write(store: Store, worker: str, record: MorgueRecord, at: float | None) -> None:
-    if not buried(store, worker, record):
-        for key, value in items(worker, record, new_stamp(at)):
-            store.put(key, value, version=None)
+        if not buried(store, worker, record):
+            stamp = new_stamp(record.failed_at if at_death else None)
+            for key, value in items(worker, record, stamp):
+                store.put(key, value, version=None)
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
@@ -191,11 +186,6 @@ class Morgue:
         cutoff = (wall() if now is None else now) - days * 86400
         return self.purge(Filter(until=cutoff))
 
-    def delete(self, record: MorgueRecord) -> None:
-        """Delete every item of a record (summary first: it leaves listings at once)."""
-        for key in keys_of(record.key, record.pieces):
-            self.store.delete(key)
-
     def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
@@ -220,9 +210,11 @@ class Morgue:
     def _delete(
         self, records: Iterable[MorgueRecord], progress: Progress | None, done: int = 0
     ) -> int:
-        """Delete each record, telling ``progress`` the count so far (from ``done``)."""
+        """Delete each record's items (summary first: it leaves listings at once), telling
+        ``progress`` the count so far (from ``done``)."""
         for record in records:
-            self.delete(record)
+            for key in keys_of(record.key, record.pieces):
+                self.store.delete(key)
             done += 1
             if progress is not None:
                 progress(done)

@@ -10,7 +10,7 @@ from shardq.broker.base import Message, release_now
 from shardq.core.envelope import NestedTooDeeply, parse_json
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.terminal import plural
-from shardq.morgue import Morgue, keep
+from shardq.morgue import Morgue, bury
 from shardq.morgue.record import KIND, STRINGS, MorgueRecord, checked, unreadable
 
 if TYPE_CHECKING:
@@ -23,16 +23,13 @@ def tend(app: Deployment) -> list[str]:
     lines = []
     days = app.config.morgue_retention_days
     for name in app.workers:
-        moved = move_queue_morgue(app, name)
-        if moved:
+        if moved := move_queue_morgue(app, name):
             lines.append(f"moved {plural(moved, f'dead {name} job')} from the morgue queue")
-        if days is not None:
-            gone = Morgue(app, name).expire(days)
-            if gone:
-                lines.append(
-                    f"deleted {plural(gone, f'dead {name} job')} older than {days} days "
-                    "(morgue_retention_days)"
-                )
+        if days is not None and (gone := Morgue(app, name).expire(days)):
+            lines.append(
+                f"deleted {plural(gone, f'dead {name} job')} older than {days} days "
+                "(morgue_retention_days)"
+            )
     return lines
 
 
@@ -49,7 +46,7 @@ def move_queue_morgue(app: Deployment, worker: str) -> int:
         written: list[str] = []
         try:
             for message in batch:
-                keep(app.store, worker, read_queue_record(message))
+                bury(app.store, worker, [read_queue_record(message)], at_death=True)
                 written.append(message.receipt)
         finally:
             if written:

@@ -153,7 +153,7 @@ def summary(item: Item) -> MorgueRecord:
     """A record from its summary or record item, without traceback, meta or body."""
     key = keys_of(item.key, 1)[1]
     try:
-        v = checked(item.value, _SUMMARY, body=False)
+        v = checked(item.value, _SUMMARY)
         return MorgueRecord(
             **{k: v[k] for k in STRINGS[:4]},
             error_message=str(v.get("error_message", ""))[:SUMMARY_MESSAGE_CHARS],
@@ -169,7 +169,8 @@ def summary(item: Item) -> MorgueRecord:
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:
     """A record from its record item and the rest of its body's pieces."""
     try:
-        v = checked(item.value, (*_SUMMARY, *STRINGS[4:], "first_sent_at"), body=True)
+        body_fields = ("first_sent_at", "body", "body_bytes", "body_sha256")
+        v = checked(item.value, (*_SUMMARY, *STRINGS[4:], *body_fields))
         body = "".join([v["body"], *pieces])
         raw = body.encode("utf-8", "surrogatepass")
         if len(raw) != v["body_bytes"] or hashlib.sha256(raw).hexdigest() != v["body_sha256"]:
@@ -215,11 +216,9 @@ def requeue_problem(record: MorgueRecord) -> str | None:
     return None
 
 
-def checked(
-    value: Mapping[str, Any], fields: tuple[str, ...], *, body: bool = False
-) -> Mapping[str, Any]:
-    """``value``, once its ``fields`` (and body fields) have their types; else ValueError."""
-    for key in (*fields, "body", "body_bytes", "body_sha256") if body else fields:
+def checked(value: Mapping[str, Any], fields: tuple[str, ...]) -> Mapping[str, Any]:
+    """``value``, once its ``fields`` have their types; else ValueError."""
+    for key in fields:
         valid, kind = _KINDS.get(key, (lambda v: isinstance(v, str), "a string"))
         if not valid(value.get(key)):
             raise ValueError(f"field {key} is not {kind}")
