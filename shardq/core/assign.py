@@ -136,8 +136,7 @@ def _place(
     quota: dict[str, int],
     held: dict[str | None, list[int]],
 ) -> dict[ShardKey, str]:
-    """Every shard of ``worker`` to a node, within ``quota``: holders keep their lowest
-    shard numbers up to their quota; the rest goes by rendezvous hashing."""
+    """Within ``quota``: holders keep their lowest shards; the rest by rendezvous hashing."""
     targets = {(worker, shard): n for n in live for shard in held.get(n, [])[: quota[n]]}
     free = [s for n, mine in held.items() for s in (mine if n is None else mine[quota[n] :])]
     room = {n: max(0, quota[n] - len(held.get(n, ()))) for n in live}

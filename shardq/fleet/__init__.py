@@ -248,8 +248,7 @@ class Fleet:
         return owners, left
 
     def _rewrite(self, key: str, version: int) -> int:
-        """Write this node's name over the unreadable ownership item of a shard it owns
-        (not one it drains: that one is freed when drained); the version after."""
+        """Rewrite the unreadable item of a shard owned (not drained: freed then); new version."""
         with self._lock:
             if key not in self._owned or not version:
                 return version
