@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,24 @@ def test_an_abbreviated_flag_is_refused_not_guessed(tmp_path: Path) -> None:
     # then nothing is purged: the command exits 2 naming what it did not know
     assert result.returncode == 2, result.stderr
     assert "unrecognized arguments: --al --ye" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "not json", '{"gen": 1}'])
+def test_a_node_refuses_a_damaged_layout_naming_the_item_the_worker_and_the_repair(
+    tmp_path: Path, value: str
+) -> None:
+    # given an embedded app whose worker was resharded, and its layout item then damaged
+    # by a hand edit
+    env = embedded(tmp_path)
+    resharded = shardq_cli("reshard", "Ledgered", "--shards", "4", "--no-wait", env=env)
+    assert resharded.returncode == 0, resharded.stderr
+    with sqlite3.connect(tmp_path / "b.db") as db:
+        db.execute("UPDATE shardq_state SET value = ? WHERE key = 'layout/Ledgered'", (value,))
+    # when a node starts
+    result = shardq_cli("run", env=env)
+    # then it guesses no layout: it exits non-zero, naming the item, the worker and what
+    # to do (write the value back; deleting is only for a worker never resharded)
+    assert result.returncode != 0, result.stderr
+    assert "layout/Ledgered" in result.stderr and "layout of Ledgered" in result.stderr
+    assert "write back" in result.stderr and "never resharded" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -30,9 +30,8 @@ def assign(
     extras = _extras(counts, live, held)
     targets: dict[ShardKey, str] = {}
     for worker, count in counts:
-        quota = {node: count // len(live) for node in live}
-        for node in extras.get(worker, ()):
-            quota[node] += 1
+        extra = extras.get(worker, ())
+        quota = {node: count // len(live) + (node in extra) for node in live}
         targets.update(_place(worker, count, live, quota, held[worker]))
     return targets
 
@@ -137,18 +136,10 @@ def _place(
     quota: dict[str, int],
     held: dict[str | None, list[int]],
 ) -> dict[ShardKey, str]:
-    """Every shard of ``worker`` to a node, within ``quota``: holders keep their lowest
-    shard numbers up to their quota; the rest goes by rendezvous hashing."""
-    targets: dict[ShardKey, str] = {}
-    free = list(held[None])
-    room = dict(quota)
-    for node in live:
-        mine = held.get(node, [])
-        keep = mine[: room[node]]
-        for shard in keep:
-            targets[(worker, shard)] = node
-        free.extend(mine[len(keep) :])
-        room[node] -= len(keep)
+    """Within ``quota``: holders keep their lowest shards; the rest by rendezvous hashing."""
+    targets = {(worker, shard): n for n in live for shard in held.get(n, [])[: quota[n]]}
+    free = [s for n, mine in held.items() for s in (mine if n is None else mine[quota[n] :])]
+    room = {n: max(0, quota[n] - len(held.get(n, ()))) for n in live}
     ids = [node for node in live if room[node] > 0]
     keys = [node.encode("utf-8") for node in ids]
     crc32 = zlib.crc32

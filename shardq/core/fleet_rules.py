@@ -120,20 +120,14 @@ def decide(
         elif owner.node == me and key not in serving:
             serve.append(key)
     workers = {name.partition("@")[0] for name in shards}
-
-    def of_workers(key: str) -> bool:
-        return key.rpartition(":")[0].partition("@")[0] in workers
-
-    mine = {
-        k: o.version
-        for k, o in owners.items()
-        if o.node == me and k not in busy and k in parsed and of_workers(k)
+    ours = [
+        k for k in owners if k not in busy and k.rpartition(":")[0].partition("@")[0] in workers
+    ]
+    free = {
+        k: owners[k].version
+        for k in ours
+        if owners[k].node == me and k in parsed and goal.get(k) != me
     }
-    free = {key: version for key, version in mine.items() if goal.get(key) != me}
     lost = sorted(k for k in serving if k in owners and owners[k].node != me and k not in busy)
-    purge = {
-        key: o.version
-        for key, o in owners.items()
-        if key not in goal and key not in busy and o.node not in live and of_workers(key)
-    }
+    purge = {k: owners[k].version for k in ours if k not in goal and owners[k].node not in live}
     return Moves(claim, tuple(serve), free, tuple(lost), purge)

@@ -54,8 +54,8 @@ class Heartbeat:
         raw = v["lags"] if isinstance(v.get("lags"), dict) else {}
         held = v["held"] if isinstance(v.get("held"), list) else []
         numbers: dict[str, Any] = {k: _opt_int(v.get(k)) or 0 for k in ("pid", "threads", *COUNTS)}
-        numbers.update((k, _float(v.get(k))) for k in ("started", "at", "jobs_per_second"))
-        numbers.update((k, _float(v.get(k))) for k in ("expire", "gone_at"))
+        floats = ("started", "at", "jobs_per_second", "expire", "gone_at")
+        numbers.update((k, _float(v.get(k))) for k in floats)
         numbers.update((k, _opt_int(v.get(k))) for k in ("concurrency", "slots_in_use"))
         return cls(
             node=node,

@@ -88,10 +88,19 @@ class WorkerLayout:
             return cls(_count(value["gen"], 0), _count(value["shards"]), float(trust),
                        moving, retired)  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise LayoutError(
-                f"the stored layout of {name} is damaged ({type(exc).__name__}: {exc}); "
-                f"fix or delete the item layout/{name} in the state store"
-            ) from None
+            why = f"{type(exc).__name__}: {exc}"
+            damaged = f"the stored layout of {name} is damaged ({why})"
+            raise LayoutError(f"{damaged}; {repair(name)}") from None
+
+
+def repair(worker: str) -> str:
+    """What to do about a damaged ``layout/<worker>`` item: no layout is ever guessed."""
+    return (
+        f"shardq does not guess the layout of {worker}: write back the value the item "
+        f"layout/{worker} had in the state store (a JSON object: gen, shards, trust, moving, "
+        f"retired; gen is the highest @<gen> in the names of the queues of {worker}), or delete "
+        f"it only if {worker} was never resharded (the code's shards are then recorded)"
+    )
 
 
 def _count(value: Any, low: int = 1) -> int:

@@ -27,7 +27,7 @@ from shardq.core.fleet_rules import (
     timing,
     unreadable_owner,
 )
-from shardq.core.heartbeat import Heartbeat, marked_gone
+from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
@@ -131,8 +131,7 @@ class Fleet:
         self._act(now, owned, items)
 
     def _report_damaged(self, items: list[Item]) -> None:
-        """Log each damaged item once (again if it changes): it never stops the fleet,
-        and nodes rewrite it (see ``_act``)."""
+        """Log each damaged item once (again if it changes): nodes rewrite it (``_act``)."""
         damaged = {i.key: i.version for i in items if i.damaged}
         for item in items:
             if item.damaged and self._damaged.get(item.key) != item.version:
@@ -249,8 +248,7 @@ class Fleet:
         return owners, left
 
     def _rewrite(self, key: str, version: int) -> int:
-        """Write this node's name over the unreadable ownership item of a shard it owns
-        (not one it drains: that one is freed when drained); the version after."""
+        """Rewrite the unreadable item of a shard owned (not drained: freed then); new version."""
         with self._lock:
             if key not in self._owned or not version:
                 return version
@@ -319,6 +317,7 @@ class Fleet:
             self._done_before, self._rate_at = done, now
         lags = {shard_key(w, s): round(lag, 3) for w, s, lag in node.lags()}
         held = self.held() if self.elastic else sorted(lags)
+        counts = dict(zip(COUNTS, (done, tally.retried, tally.morgued), strict=True))
         return Heartbeat(
             node=self.id,
             host=socket.gethostname(),
@@ -334,12 +333,7 @@ class Fleet:
             retried=sum(tally.retried.values()),
             failed=sum(tally.morgued.values()),
             by_worker={
-                w: {
-                    "done": done.get(w, 0),
-                    "retried": tally.retried.get(w, 0),
-                    "failed": tally.morgued.get(w, 0),
-                }
-                for w in sorted({*done, *tally.retried})
+                w: {k: c.get(w, 0) for k, c in counts.items()} for w in {*done, *tally.retried}
             },
             version=__version__,
             expire=self.expire_seconds,

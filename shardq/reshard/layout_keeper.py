@@ -4,6 +4,7 @@ switch when due, close the old shards served here once empty, sweep retired queu
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import reduce
 from typing import TYPE_CHECKING
 
 import structlog
@@ -173,13 +174,10 @@ class LayoutKeeper:
             return False
 
     def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
-        def change(layout: rules.WorkerLayout) -> rules.WorkerLayout:
-            for gen, shard in shards:
-                layout = step(layout, gen, shard)
-            return layout
-
         try:
-            after = self.app.layouts.update(worker, change)
+            after = self.app.layouts.update(
+                worker, lambda w: reduce(lambda x, s: step(x, *s), shards, w)
+            )
         except ShardqError as exc:
             log.warning(f"layout.{what}_failed", worker=worker, error=str(exc))
             return

@@ -91,8 +91,7 @@ class Ownership:
             shard.dropped = True
             if not self._started:
                 lane.set_shards([s for s in lane.shards if s is not shard])
-                done.set()
-            elif self._finished:
+            if not self._started or self._finished:
                 done.set()
             else:
                 self._drops.add(done)

@@ -185,8 +185,7 @@ def _key(key: str) -> dict[str, Any]:
 
 
 def _own_write(exc: botocore.exceptions.ClientError, record: Mapping[str, Any]) -> bool:
-    """Whether a put failed its condition only because its own earlier attempt (whose
-    answer was lost) wrote ``record``."""
+    """Whether a put failed only because its own earlier, unanswered attempt wrote ``record``."""
     retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
     found: Any = exc.response.get("Item")
     return retried and found is not None and all(found.get(k) == v for k, v in record.items())

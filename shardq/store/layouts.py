@@ -13,8 +13,8 @@ from shardq.core.clock import Clock, monotonic
 from shardq.core.config import Config
 from shardq.core.errors import LayoutError, ShardqError
 from shardq.core.jobs import WorkerSettings
-from shardq.core.layout import WorkerLayout, may_switch, switch
-from shardq.store.base import Item, Store, StoreConflict
+from shardq.core.layout import WorkerLayout, may_switch, repair, switch
+from shardq.store.base import FIX, DamagedItem, Item, Store, StoreConflict
 
 
 class Registry(Protocol):
@@ -71,7 +71,11 @@ class Layouts:
 
     def read(self, worker: str) -> WorkerLayout:
         """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
-        layout = self._load(worker, self._app.store.get(PREFIX + worker))
+        try:
+            item = self._app.store.get(PREFIX + worker)
+        except DamagedItem as exc:
+            raise DamagedItem(str(exc).replace(FIX, repair(worker))) from None
+        layout = self._load(worker, item)
         self.check(worker, layout)
         return layout
 
@@ -90,7 +94,9 @@ class Layouts:
 
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
-        items = {i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX)}
+        items = {
+            i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX, keep_damaged=True)
+        }
         found = {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
         for worker, layout in found.items():  # every copy is kept before one is refused
             self.check(worker, layout)
@@ -147,6 +153,8 @@ class Layouts:
         return self._keep(worker, item)
 
     def _keep(self, worker: str, item: Item) -> WorkerLayout:
+        if item.damaged:
+            raise DamagedItem(item.damaged.replace(FIX, repair(worker)))
         layout, version = WorkerLayout.from_value(worker, item.value), item.version
         now = self.clock()
         with self._lock:

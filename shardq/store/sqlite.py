@@ -114,8 +114,7 @@ class MemoryStore(SqliteStore):
 
 
 def _version(db: sqlite3.Connection, key: str) -> Any:
-    """The item's version: an int, unless a hand edit wrote something else (no write
-    names that, so it conflicts); None if there is no item."""
+    """The item's version (None: no item); a hand edit's non-int conflicts with every write."""
     row = db.execute(f"SELECT version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]
 
