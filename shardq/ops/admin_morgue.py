@@ -152,6 +152,10 @@ def _change(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
+    # an --id that names no dead job must not pass for done: find those before acting
+    ids = where.message_ids or frozenset()
+    found = morgue.page(where, MAX_LIST).records if ids else []
+    missing = sorted(ids - {r.message_id for r in found})
     refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress, _sigterm_interrupts():
@@ -190,7 +194,14 @@ def _change(app: App, args: argparse.Namespace) -> int:
             f"`shardq morgue purge {worker} --id {record.message_id} --yes`",
             file=sys.stderr,
         )
-    return EXIT_USAGE if refused else EXIT_OK
+    if missing:
+        them = "them" if len(missing) > 1 else "it"
+        print(
+            f"no dead {worker} job has id {', '.join(missing)}: nothing to {action} for {them}; "
+            f"see the dead jobs with `shardq morgue list {worker}`",
+            file=sys.stderr,
+        )
+    return EXIT_USAGE if refused or missing else EXIT_OK
 
 
 class Terminated(KeyboardInterrupt):
