@@ -392,3 +392,25 @@ def test_dead_jobs_of_a_worker_no_longer_registered_can_be_listed_and_purged_not
     # and a name with no dead jobs is still an unknown worker
     with pytest.raises(shardq.UnknownWorkerError, match="no worker named 'Nobody'"):
         Morgue(gone, "Nobody")
+
+
+@pytest.mark.parametrize("action", ["requeue", "purge"])
+def test_an_id_that_matches_no_dead_job_is_named_and_fails_the_command_after_the_others_act(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], action: str
+) -> None:
+    # given dead jobs of e1 and e2, and one id of them next to two that name no dead job
+    target = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e2")
+    yes = ["--yes"] if action == "purge" else []
+    ids = ["--id", "typo-1", "--id", target.message_id, "--id", "typo-2"]
+    # when they are requeued or purged
+    code, _, err = cli(app, capsys, action, "Ledgered", *ids, *yes)
+    # then the matching job is acted on and said so, the others are named, and it exits 2
+    done = {"requeue": "requeued", "purge": "purged"}[action]
+    assert f"{done} 1 dead Ledgered job with ids" in err
+    assert f"no dead Ledgered job has id typo-1, typo-2: nothing to {action} for them" in err
+    assert code == 2
+    assert Morgue(app, "Ledgered").size() == 4
+    # and an id matching nothing alone changes nothing and fails too
+    code, _, err = cli(app, capsys, action, "Ledgered", "--id", "typo-3", *yes)
+    assert code == 2 and "no dead Ledgered job has id typo-3: nothing to" in err
+    assert Morgue(app, "Ledgered").size() == 4

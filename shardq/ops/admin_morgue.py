@@ -41,6 +41,28 @@ HELP = {
     "requeue": "send dead jobs back to the tail of their entity's jobs, oldest first",
     "purge": "delete dead jobs for good",
 }
+#: The filters after ``--entity`` and ``--id``: flag, metavar, help.
+FILTERS = (
+    ("--error-type", "T", "only jobs that died of this exception type"),
+    ("--since", "TIME", f"only jobs that died at or after: {TIME_FORMS}"),
+    ("--until", "TIME", "only jobs that died at or before TIME"),
+)
+
+
+class Once(argparse.Action):
+    """An option that takes one value: given twice, it is a usage error (which value, or
+    both, is meant is unknown), not the last value silently."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice: it takes one value")
+        setattr(namespace, self.dest, values)
 
 
 def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -58,21 +80,8 @@ def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -
             metavar="MESSAGE_ID",
             help="only this job (repeatable)",
         )
-        p.add_argument(
-            "--error-type",
-            action=Once,
-            metavar="T",
-            help="only jobs that died of this exception type",
-        )
-        p.add_argument(
-            "--since",
-            action=Once,
-            metavar="TIME",
-            help=f"only jobs that died at or after: {TIME_FORMS}",
-        )
-        p.add_argument(
-            "--until", action=Once, metavar="TIME", help="only jobs that died at or before TIME"
-        )
+        for flag, metavar, text in FILTERS:
+            p.add_argument(flag, action=Once, metavar=metavar, help=text)
         if name == "list":
             p.add_argument("--limit", type=int, default=100, help="most jobs to show (100)")
             p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
@@ -86,22 +95,6 @@ def add_morgue(commands: Any, command: Callable[..., argparse.ArgumentParser]) -
             )
         if name == "purge":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-
-
-class Once(argparse.Action):
-    """An option that takes one value: given twice, it is a usage error (which value, or
-    both, is meant is unknown), not the last value silently."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        if getattr(namespace, self.dest, None) is not None:
-            parser.error(f"{option_string} is given twice: it takes one value")
-        setattr(namespace, self.dest, values)
 
 
 def _list(app: App, args: argparse.Namespace) -> int:
@@ -152,6 +145,10 @@ def _change(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
+    # an --id that names no dead job must not pass for done: find those before acting
+    ids = where.message_ids or frozenset()
+    found = morgue.page(where, MAX_LIST).records if ids else []
+    missing = sorted(ids - {r.message_id for r in found})
     refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress, _sigterm_interrupts():
@@ -190,7 +187,14 @@ def _change(app: App, args: argparse.Namespace) -> int:
             f"`shardq morgue purge {worker} --id {record.message_id} --yes`",
             file=sys.stderr,
         )
-    return EXIT_USAGE if refused else EXIT_OK
+    if missing:
+        them = "them" if len(missing) > 1 else "it"
+        print(
+            f"no dead {worker} job has id {', '.join(missing)}: nothing to {action} for {them}; "
+            f"see the dead jobs with `shardq morgue list {worker}`",
+            file=sys.stderr,
+        )
+    return EXIT_USAGE if refused or missing else EXIT_OK
 
 
 class Terminated(KeyboardInterrupt):

@@ -120,11 +120,12 @@ class Sampler:
             self._ready.set()
             return
         now, names = stats.time, [w.name for w in stats.workers]
+        source: str | None = None
         rates, total, excludes = None, None, []
         if stats.broker in KNOWS_AGES or any(
             s.done is not None for w in stats.workers for s in w.shards
         ):
-            source: str | None = "broker"  # a queue not created yet has done None
+            source = "broker"  # a queue not created yet has done None
             counts = {w.name: float(sum(s.done or 0 for s in w.shards)) for w in stats.workers}
             rates = self._rates(now, {"broker": counts}, names)
         elif self.scrape:
@@ -136,8 +137,6 @@ class Sampler:
         elif stats.fleet.reported:
             source, total = "reports", stats.fleet.jobs_per_second * 60.0
             excludes = stats.fleet.excludes(now - WINDOW)
-        else:
-            source = None
         if rates is not None:
             total = sum(rates.values())
         with self._lock:

@@ -197,17 +197,12 @@ def _shard_stats(
     app: App, name: str, gen: int, shard: int, fleet: FleetView, now: float
 ) -> ShardStats:
     queue = app.shard_queue(name, shard, gen)
-    counts = _counts(app, queue)
-    if app.broker.kind not in KNOWS_AGES:
-        lag = fleet.lag(name, shard, gen)
-    elif counts.oldest_sent_at is None:
-        lag = None
-    else:
-        lag = max(0.0, now - counts.oldest_sent_at)
+    c = _counts(app, queue)
+    lag = fleet.lag(name, shard, gen)
+    if app.broker.kind in KNOWS_AGES:
+        lag = None if c.oldest_sent_at is None else max(0.0, now - c.oldest_sent_at)
     owner = fleet.owner(name, shard, gen)
-    return ShardStats(
-        shard, queue, counts.waiting, counts.in_flight, lag, counts.deleted_total, owner, gen
-    )
+    return ShardStats(shard, queue, c.waiting, c.in_flight, lag, c.deleted_total, owner, gen)
 
 
 def current_fleet(app: App, now: float) -> FleetView:

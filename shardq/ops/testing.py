@@ -82,10 +82,8 @@ class DrainResult:
         ]
 
     def job_outcome(self, outcome: Outcome) -> None:
-        for payload in outcome.payloads:
-            self.runs.append(
-                JobRun(outcome.worker, outcome.entity, payload, outcome.kind, outcome.error)
-            )
+        o = outcome
+        self.runs += [JobRun(o.worker, o.entity, p, o.kind, o.error) for p in o.payloads]
 
     def broker_error(self, operation: str) -> None:
         """Broker errors surface as exceptions in tests; nothing to record."""
