@@ -414,3 +414,36 @@ def test_an_id_that_matches_no_dead_job_is_named_and_fails_the_command_after_the
     code, _, err = cli(app, capsys, action, "Ledgered", "--id", "typo-3", *yes)
     assert code == 2 and "no dead Ledgered job has id typo-3: nothing to" in err
     assert Morgue(app, "Ledgered").size() == 4
+
+
+class RefusesFirstEntry(MemoryBroker):
+    """A memory broker that refuses the first entry of every batch and sends the rest, as
+    SQS may refuse one entry of a SendMessageBatch and accept the others."""
+
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        result = super().send_batch(queue, entries[1:])
+        result.failed[entries[0].id] = "InternalError: try again"
+        return result
+
+
+def test_a_requeue_that_sqs_accepts_in_part_never_sends_a_dead_job_twice() -> None:
+    # given 3 dead jobs of one entity, and SQS refusing the first entry of a batch
+    broker = RefusesFirstEntry()
+    ledger.app.configure(Config(queue_prefix="part-"), broker=broker)
+    bury(ledger.app, [("p", 0), ("p", 1), ("p", 2)])
+    dead = Morgue(ledger.app, "Ledgered")
+    # when they are requeued
+    refused: list[tuple[int, str]] = []
+    note = lambda r, why: refused.append((envelope.decode(r.body).payload["n"], why))  # noqa: E731
+    done = dead.requeue(Filter(entity="p"), refused=note)
+    # then the refused job stays in the morgue and is named with SQS's reason, and each job
+    # SQS did accept left the morgue: requeueing again cannot send it a second time
+    queue = ledger.app.shard_queue("Ledgered", shard_for("p", 3))
+    sent = [
+        envelope.decode(m.body).payload["n"]
+        for m in broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30)
+    ]
+    assert sent == [1, 2] and done == 2
+    assert [n for _, n in numbers(dead.list_jobs())] == [0]
+    assert refused and refused[0][0] == 0 and "InternalError: try again" in refused[0][1]
+    broker.close()

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
 from shardq.core.clock import wall
@@ -31,6 +33,8 @@ from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
+
+log = structlog.get_logger("shardq.morgue")
 
 ROUND = 100  # dead jobs a requeue sends (and deletes) per round
 
@@ -174,7 +178,7 @@ class Morgue:
                 stopped.add(record.entity_id)
                 if refused is not None:
                     refused(record, problem)
-            done = self._delete(self._resend(sendable, stopped), progress, done)
+            done = self._delete(self._resend(sendable, stopped, refused), progress, done)
         return done
 
     def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
@@ -220,10 +224,13 @@ class Morgue:
                 progress(done)
         return done
 
-    def _resend(self, records: list[MorgueRecord], stopped: set[str]) -> Iterator[MorgueRecord]:
+    def _resend(
+        self, records: list[MorgueRecord], stopped: set[str], refused: Refused | None
+    ) -> Iterator[MorgueRecord]:
         """Send to the live layout's shards; yields what was sent, one batch at a time, so
-        each batch's records are deleted before the next is sent (an entity whose send
-        failed is stopped: its later dead jobs stay)."""
+        each batch's records are deleted before the next is sent. A job not sent stays and
+        stops its entity (its later dead jobs stay too); one SQS accepted is always yielded,
+        even after a refused one of its batch: keeping its record would send it twice."""
         by_queue: dict[str, list[MorgueRecord]] = {}
         gen, shards = publish_to(self.app.layouts.get(self.worker))
         for record in records:
@@ -238,14 +245,26 @@ class Morgue:
                     for i, r in enumerate(chunk)
                 ]
                 try:
-                    accepted = set(self.app.broker.send_batch(queue, entries).message_ids)
-                except BrokerError:
-                    accepted = set()  # nothing of this batch was sent: it stays
+                    result = self.app.broker.send_batch(queue, entries)
+                    accepted, failed = set(result.message_ids), result.failed
+                except BrokerError as exc:
+                    accepted, failed = set(), {e.id: str(exc) for e in entries}
                 for record, entry in zip(chunk, entries, strict=True):
-                    if entry.id in accepted and record.entity_id not in stopped:
+                    if entry.id in accepted:
+                        if record.entity_id in stopped:
+                            log.warning(
+                                "morgue.requeued_out_of_order",
+                                worker=self.worker,
+                                entity=record.entity_id,
+                                message_id=record.message_id,
+                                detail="sent although an earlier job of its entity was not",
+                            )
                         yield record
-                    else:
-                        stopped.add(record.entity_id)
+                        continue
+                    stopped.add(record.entity_id)
+                    if refused is not None:
+                        why = failed.get(entry.id, "the broker did not accept it")
+                        refused(record, f"not sent: {why}")
 
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
