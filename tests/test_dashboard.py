@@ -563,6 +563,34 @@ def test_morgue_list_requeue_and_purge(server: DashboardServer) -> None:
     assert shard_length(filled, "SyncOrder", "o1") == before + 2
 
 
+def test_a_requeue_or_purge_names_the_ids_that_match_nothing_and_the_jobs_it_left(
+    server: DashboardServer,
+) -> None:
+    # given o1's first dead job damaged (its body altered), and an id no dead job has
+    filled = server.app
+    jobs = call(server, "GET", "/api/v1/morgue/SyncOrder?entity=o1")[1]["jobs"]
+    first, second = (j["message_id"] for j in jobs)
+    record = next(r for r in Morgue(filled, "SyncOrder").list_jobs() if r.message_id == first)
+    item = filled.store.get(record.key)
+    assert item is not None
+    filled.store.put(record.key, {**item.value, "body": "{}"}, version=item.version)
+    # when both of o1's and the unknown id are requeued
+    body = {"message_ids": [first, second, "no-such-id"]}
+    status, doc = call(server, "POST", "/api/v1/morgue/SyncOrder/requeue", body)
+    # then the answer says none was requeued, which stayed and why, and the unknown id
+    assert status == 200 and doc["requeued"] == 0 and doc["missing"] == ["no-such-id"]
+    left = {j["message_id"]: j for j in doc["not_requeued"]}
+    assert set(left) == {first, second} and left[first]["entity_id"] == "o1"
+    assert "earlier dead job of its entity" in left[second]["why"]
+    assert Morgue(filled, "SyncOrder").size() == 3
+    # and a purge of an unknown id says it purged nothing and names it
+    unknown = {"message_ids": ["no-such-id"]}
+    assert call(server, "POST", "/api/v1/morgue/SyncOrder/purge", unknown) == (
+        200,
+        {"purged": 0, "missing": ["no-such-id"]},
+    )
+
+
 # On DynamoDB (the SQS apps' store) the morgue's pages, searches and bulk actions are
 # test_morgue_ops' (cursor pages, filters, requeue and purge by filter, [sqs]); the
 # dashboard serves them the same way on any store, as test_morgue_list_requeue_and_purge

@@ -19,10 +19,7 @@ from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
 from shardq.morgue import NOT_REGISTERED, Filter, Morgue, MorgueRecord, payload_of
 from shardq.ops import selection
-from shardq.ops.selection import DONE, TIME_FORMS, act, parse_range
-
-#: Most dead jobs one ``list`` prints.
-MAX_LIST = 100_000
+from shardq.ops.selection import DONE, MAX_LIST, TIME_FORMS, act, parse_range, unmatched
 
 EXAMPLES = {
     "list": "  shardq morgue list SyncOrder\n"
@@ -146,9 +143,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
     # an --id that names no dead job must not pass for done: find those before acting
-    ids = where.message_ids or frozenset()
-    found = morgue.page(where, MAX_LIST).records if ids else []
-    missing = sorted(ids - {r.message_id for r in found})
+    missing = unmatched(morgue, where)
     refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress, _sigterm_interrupts():

@@ -241,17 +241,26 @@ def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str,
 
 def morgue_act(
     app: App, worker: str, action: str, body: Callable[[], Any], lock: threading.Lock
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """Requeue or purge what the body (read once the worker is known) selects, one
-    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``."""
+    action at a time under ``lock``: ``{"requeued": N}`` or ``{"purged": N}``, with
+    ``not_requeued`` (each job left, and why) and ``missing`` (ids naming no dead job)
+    when there are any."""
     morgue = Morgue(app, worker)
     where = selection.from_body(body())
+    left: list[dict[str, str]] = []
+
+    def refused(record: MorgueRecord, why: str) -> None:
+        left.append({"message_id": record.message_id, "entity_id": record.entity_id, "why": why})
+
     with lock:
-        n = act(app, morgue.worker, action, where)
+        missing = selection.unmatched(morgue, where)
+        n = act(app, morgue.worker, action, where, refused=refused)
     log.info(
         f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
     )
-    return {DONE[action]: n}
+    extra = {"not_requeued": left, "missing": missing}
+    return {DONE[action]: n, **{key: value for key, value in extra.items() if value}}
 
 
 def _api_record(record: MorgueRecord, key: bytes | None) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from shardq.core.errors import ShardqError
 from shardq.morgue import Filter, Morgue, Progress, Refused
 from shardq.morgue.record import STAMP_DIGITS
 
+#: The most dead jobs one listing shows.
+MAX_LIST = 100_000
+
 BODY_FORMS = (
     '{"message_ids": [...]}, {"entity": "..."}, {"error_type": "..."}, {"since": TIME, '
     '"until": TIME}, several of them, or {"all": true}'
@@ -143,6 +146,14 @@ def _checked(forms: str, prefix: str, everything: bool, given: dict[str, Any]) -
         raise SelectionError(f"say which dead jobs: {forms}; nothing was changed")
     ids = None if ids is None else frozenset(ids)
     return Filter(given["entity"], given["error_type"], since, until, ids)
+
+
+def unmatched(morgue: Morgue, where: Filter) -> list[str]:
+    """The ids given in ``where`` that name no dead job it selects (none if no ids): a
+    requeue or purge must not pass them for done."""
+    ids = where.message_ids or frozenset()
+    found = morgue.page(where, MAX_LIST).records if ids else []
+    return sorted(ids - {r.message_id for r in found})
 
 
 def scope(where: Filter) -> str:
