@@ -116,22 +116,15 @@ class Slots:
             self._threads.fail(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._lock:
-                if end is not None and end.kind == DONE:
-                    self._timed(shard, end.performed, len(chain.running))
                 if end is None:  # not run: the node is failing
-                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
-                    chain.pending, chain.running = [*end.messages, *chain.pending], []
-                    chain.state = PARKED
-                elif end.kind == DONE and not (chain.again or chain.pending):
-                    chain.running, chain.state = [], GONE  # done, nothing joined it
-                    self._chains.pop(chain.key, None)
-                else:
-                    if chain.again:
-                        end = self._settle_again(chain, end)
-                    chain.running = []
-                    if self._after(chain, end):  # a job joined it meanwhile
-                        chain.state = READY
-                        self._queue(chain)
+                    end = EntityEnd(STOPPED, chain.running)
+                elif end.kind == DONE:
+                    self._timed(shard, end.performed, len(chain.running))
+                end = self._settle_again(chain, end)
+                chain.running = []
+                if self._after(chain, end):  # a job joined it meanwhile
+                    chain.state = READY
+                    self._queue(chain)
                 self._free(shard)
             self._start_threads()
 
