@@ -216,13 +216,12 @@ class Node:
                     self.app.broker.maintain()
                 except BrokerError as exc:
                     self.broker_trouble("maintain", None, exc)
-            if self.until_empty:
-                quiet = quiet + 1 if self._idle() else 0
-                if quiet >= 2 and self._drained():  # asks the broker once idle a while
+            quiet = quiet + 1 if self.until_empty and self._idle() else 0
+            if quiet >= 2:  # asks the broker once idle a while
+                quiet = 0
+                if self._drained():
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
-                elif quiet >= 2:
-                    quiet = 0
 
     def _start(self) -> None:
         self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
@@ -253,13 +252,10 @@ class Node:
             self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
         if self.stopping.is_set():
             return
-        if self.config.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(
-                self.config.metrics_port, self.config.metrics_host
-            )
-            log.info(
-                "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
-            )
+        if (port := self.config.metrics_port) is not None:
+            host = self.config.metrics_host
+            self.metrics_port = self.metrics.serve(port, host)
+            log.info("node.metrics", url=f"http://{host}:{self.metrics_port}/metrics")
         self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
         self.leases.start()
@@ -379,11 +375,8 @@ class Node:
 
     # -- the node's own thread ---------------------------------------------------------
     def _idle(self) -> bool:
-        return (
-            not self.leases.count()
-            and self.slots.idle()
-            and all(lane.idle() for lane in self.lanes)
-        )
+        lanes_idle = all(lane.idle() for lane in self.lanes)
+        return lanes_idle and not self.leases.count() and self.slots.idle()
 
     def _drained(self) -> bool:
         broker = self.app.broker
@@ -409,14 +402,13 @@ class Node:
 
 
 def _lane_count(plan: Plan, threads: int | None) -> int:
-    if threads is None:
-        return max(1, len(plan.threads))
-    if threads < max(1, len(plan.threads)):
+    least = max(1, len(plan.threads))
+    if threads is not None and threads < least:
         raise ConfigError(
             f"threads={threads}: a node needs at least one lane, and one per thread of its "
             f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
         )
-    return threads
+    return least if threads is None else threads
 
 
 def make_node_id() -> str:
