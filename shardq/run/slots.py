@@ -1,5 +1,6 @@
 """Execution slots: a node runs up to ``concurrency`` entities' jobs at once, each
-entity's in one slot at a time (:mod:`shardq.run.chain`). See docs/design/run.md.
+entity's in one slot at a time (:mod:`shardq.run.chain`); what a lane may start there
+(another batch; an entity's jobs in its own thread, inline). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -8,12 +9,11 @@ import heapq
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from shardq.broker.base import Message
 from shardq.core.lease import hand_back
 from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
-from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
 from shardq.run.threads import Threads
@@ -21,6 +21,41 @@ from shardq.run.waits import Deadline, wait_until
 
 if TYPE_CHECKING:
     from shardq.run.shard import Shard
+
+#: A worker whose mean ``perform`` takes less than this runs in its lane, not a slot.
+INLINE_BELOW_SECONDS = 0.0005
+#: Weight of the newest duration in a worker's mean.
+ALPHA = 0.1
+#: A worker's mean counts once this many of its jobs were measured.
+KNOWN_AFTER_JOBS = 100
+
+
+class Timing(NamedTuple):
+    """A worker's mean time per job, and how many of its jobs were measured."""
+
+    mean: float
+    jobs: int
+
+
+def may_take(waiting_jobs: int, concurrency: int) -> bool:
+    """May a lane start another batch? While fewer jobs than slots wait for one."""
+    return waiting_jobs < concurrency
+
+
+def run_inline(timing: Timing | None, busy: int, concurrency: int) -> bool:
+    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
+    hand-over costs more than its jobs), while a slot is free. A worker not measured
+    enough yet runs in slots: its first jobs may wait long, or on each other."""
+    if timing is None or timing.jobs < KNOWN_AFTER_JOBS:
+        return False
+    return timing.mean < INLINE_BELOW_SECONDS and busy < concurrency
+
+
+def timing_after(timing: Timing | None, each: float, jobs: int) -> Timing:
+    """A worker's timing after a run of ``jobs`` jobs that took ``each`` on average."""
+    if timing is None:
+        return Timing(each, jobs)
+    return Timing(timing.mean + ALPHA * (each - timing.mean), timing.jobs + jobs)
 
 
 class Slots:
