@@ -49,13 +49,10 @@ class Lane:
         self._threads = threads or Threads()
         self.thread: threading.Thread | None = None
         self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
-        self.wall = wall_clock
-        self.index = index
-        self.shards = shards
+        self.wall, self.index, self.shards = wall_clock, index, shards
         self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
         self._scheduler = Scheduler(rng)
-        self._picks = 0
-        self._in_flight = 0
+        self._picks = self._in_flight = 0
         self._in_hand = 0  # received batches not started, over all the lane's shards
 
     def start(self) -> None:

@@ -98,18 +98,15 @@ class Slots:
         when :func:`run_inline` says so, those without a chain run here, in one slot."""
         timing, queue, chains = self._timings.get(shard.ref.worker), shard.queue, self._chains
         here: list[list[Message]] = []
-        rest = groups
         if run_inline(timing, 0, self.concurrency):  # no lock: only this lane makes its chains
-            here, rest = [], []
-            for messages in groups:
-                (rest if (queue, messages[0].group_id) in chains else here).append(messages)
+            here = [ms for ms in groups if (queue, ms[0].group_id) not in chains]
         with self._lock:
             if here and run_inline(timing, self._busy, self.concurrency):
                 self._took()
                 self._here[threading.get_ident()] = here  # for running()
-            elif here:
-                here, rest = [], groups
-            for messages in rest:
+            else:
+                here = []
+            for messages in [ms for ms in groups if not any(ms is h for h in here)]:
                 self._submit(shard, messages)
         self._start_threads()
         if here:
