@@ -14,8 +14,7 @@ from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
-    from shardq.run.lane import Lane
-    from shardq.run.shard import Shard
+    from shardq.run.shard import Inbox, Shard
 
 
 class Pollers:
@@ -30,14 +29,14 @@ class Pollers:
     def start(self) -> None:
         """Nothing to start: a poller starts with its shard's first watch."""
 
-    def watch(self, shard: Shard, lane: Lane) -> None:
+    def watch(self, shard: Shard, inbox: Inbox) -> None:
         shard.watched = True
         with self._lock:
             wake = self._pollers.get(id(shard))
             if wake is None:
                 wake = self._pollers[id(shard)] = threading.Event()
                 name, what = f"shardq-poll-{shard.ref}", f"the poller of {shard.ref}"
-                self._threads.start(name, what, partial(self._poll, shard, lane, wake))
+                self._threads.start(name, what, partial(self._poll, shard, inbox, wake))
         wake.set()
 
     def wake(self) -> None:
@@ -55,7 +54,7 @@ class Pollers:
         if wake is not None:
             wake.set()
 
-    def _poll(self, shard: Shard, lane: Lane, wake: threading.Event) -> None:
+    def _poll(self, shard: Shard, inbox: Inbox, wake: threading.Event) -> None:
         intake, backoff = self.intake, 0.5
         while not intake.stopping.is_set() and not shard.dropped:
             if not wake.wait(0.5) or shard.dropped:
@@ -71,7 +70,7 @@ class Pollers:
                 return
             if messages:
                 wake.clear()
-                lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+                inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
 
 
 class Watcher:
@@ -85,14 +84,14 @@ class Watcher:
     def __init__(self, intake: Intake, threads: Threads) -> None:
         self.intake, self._threads = intake, threads
         self._lock = threading.Lock()
-        self._watched: dict[Shard, Lane] = {}  # a shard and a newer one of its queue may meet
+        self._watched: dict[Shard, Inbox] = {}  # a shard and a newer one of its queue may meet
         self._joined = threading.Event()
         self._long_round = False
 
-    def watch(self, shard: Shard, lane: Lane) -> None:
+    def watch(self, shard: Shard, inbox: Inbox) -> None:
         shard.watched = True
         with self._lock:
-            self._watched[shard] = lane
+            self._watched[shard] = inbox
             wake, self._long_round = self._long_round, False
         self._joined.set()
         if wake:
@@ -133,8 +132,8 @@ class Watcher:
             backoff = 0.5
             arrived = set(ready or ())
             with self._lock:
-                found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
+                found = [(s, inbox) for s, inbox in self._watched.items() if s.queue in arrived]
                 for shard, _ in found:
                     del self._watched[shard]
-            for shard, lane in found:
-                lane.inbox.put((shard, None, False))
+            for shard, inbox in found:
+                inbox.put((shard, None, False))
