@@ -19,18 +19,18 @@ from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.outcome import DONE, HIDDEN, LATER, EntityEnd
 from shardq.core.plan import ShardRef
-from shardq.run.admit import (
+from shardq.run.chain import RUNNING, Chain, join, settle_again
+from shardq.run.node import Node
+from shardq.run.shard import Shard
+from shardq.run.slots import (
     INLINE_BELOW_SECONDS,
     KNOWN_AFTER_JOBS,
+    Slots,
     Timing,
     may_take,
     run_inline,
     timing_after,
 )
-from shardq.run.chain import RUNNING, Chain, join, settle_again
-from shardq.run.node import Node
-from shardq.run.shard import Shard
-from shardq.run.slots import Slots
 from shardq.run.threads import Threads
 from tests.clocks import ends_within
 from tests.conftest import make_broker

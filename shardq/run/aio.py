@@ -80,7 +80,6 @@ class Performer:
     def __init__(self, limits: TimeLimits, middleware: Sequence[Middleware], clock: Clock) -> None:
         self._limits, self._clock = limits, clock
         self._middleware = middleware  # the app's list: middleware added later counts
-        self._async: dict[type[WorkerLike], bool] = {}
         #: The event loop of async workers (started on first use).
         self.loop = EventLoop(limits.threads)
 
@@ -94,10 +93,8 @@ class Performer:
     ) -> tuple[BaseException | None, float]:
         """``worker.perform(entity, payloads)``: (the error or None, seconds it took)."""
         worker.jobs, worker.attempt = jobs, jobs[0].attempt
-        kind = type(worker)
-        if kind not in self._async:
-            self._async[kind] = inspect.iscoroutinefunction(kind.perform)
-        is_coroutine = self._async[kind]  # on the node's loop, limited by cancellation there
+        # on the node's loop, limited by cancellation there
+        is_coroutine = inspect.iscoroutinefunction(type(worker).perform)
 
         def call() -> None:
             if is_coroutine:

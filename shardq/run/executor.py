@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -86,9 +87,7 @@ class Executor:
     ) -> None:
         self._app = app
         self._router = router or (
-            lambda ref, entity: layouts.route(
-                app.layouts.cached(ref.worker), ref.gen, ref.shard, entity
-            )
+            lambda ref, e: layouts.route(app.layouts.cached(ref.worker), ref.gen, ref.shard, e)
         )
         self._leases, self._stopping = leases, stopping
         self.clock, self._wall = clock, wall_clock
@@ -193,12 +192,8 @@ class Executor:
                 i += len(chunk)
                 continue
             attempt = self.attempt(chunk[0].message)
-            rules = Rules(
-                settings.max_retries,
-                type(worker).permanent_errors,
-                worker.retry_in,
-                self._max_delay,
-            )
+            errors = type(worker).permanent_errors
+            rules = Rules(settings.max_retries, errors, worker.retry_in, self._max_delay)
             decision = decide(error, attempt, rules, self._wall())
             if decision.action == MORGUE and len(chunk) > 1:
                 isolate_until = i + len(chunk)  # run them again one at a time
@@ -232,13 +227,9 @@ class Executor:
     @staticmethod
     def _chunk(jobs: list[_Job], start: int, size: int) -> list[_Job]:
         """Up to ``size`` jobs from ``start`` for one call; an invalid message alone."""
-        chunk = [jobs[start]]
-        if chunk[0].invalid is None:
-            for job in jobs[start + 1 : start + size]:
-                if job.invalid is not None:
-                    break
-                chunk.append(job)
-        return chunk
+        if jobs[start].invalid is not None:
+            return [jobs[start]]
+        return list(takewhile(lambda job: job.invalid is None, jobs[start : start + size]))
 
     def _succeeded(
         self, ref: ShardRef, chunk: list[_Job], duration: float, done: list[Message] | None

@@ -5,6 +5,7 @@ go back to their lane's inbox (:class:`Pollers` on SQS, a :class:`Watcher` embed
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import TYPE_CHECKING
 
 from shardq.core.errors import BrokerError
@@ -13,8 +14,7 @@ from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
     from shardq.run.intake import Intake
-    from shardq.run.lane import Lane
-    from shardq.run.shard import Shard
+    from shardq.run.shard import Inbox, Shard
 
 
 class Pollers:
@@ -24,52 +24,40 @@ class Pollers:
     def __init__(self, intake: Intake, wait_seconds: float, threads: Threads) -> None:
         self.intake, self._wait, self._threads = intake, wait_seconds, threads
         self._lock = threading.Lock()  # lanes add and remove pollers
-        self._pollers: dict[int, _Poller] = {}  # by shard
-        self._started: list[_Poller] = []  # every poller not known to have ended
+        self._pollers: dict[int, threading.Event] = {}  # by shard: wakes its poller
 
     def start(self) -> None:
         """Nothing to start: a poller starts with its shard's first watch."""
 
-    def watch(self, shard: Shard, lane: Lane) -> None:
+    def watch(self, shard: Shard, inbox: Inbox) -> None:
         shard.watched = True
         with self._lock:
-            poller = self._pollers.get(id(shard))
-            if poller is None:
-                poller = self._pollers[id(shard)] = _Poller(self.intake, shard, lane, self._wait)
-                self._started = [p for p in self._started if p.running()]
-                self._started.append(poller)
+            wake = self._pollers.get(id(shard))
+            if wake is None:
+                wake = self._pollers[id(shard)] = threading.Event()
                 name, what = f"shardq-poll-{shard.ref}", f"the poller of {shard.ref}"
-                poller.thread = self._threads.start(name, what, poller.run)
-        poller.wake.set()
+                self._threads.start(name, what, partial(self._poll, shard, inbox, wake))
+        wake.set()
 
     def wake(self) -> None:
-        """A stopping node: a poller not in a long poll ends at once."""
+        """A stopping node: a poller not in a long poll ends at once (a dropped shard's
+        poller ends by itself)."""
         with self._lock:
-            pollers = list(self._started)
-        for poller in pollers:
-            poller.wake.set()
+            wakes = list(self._pollers.values())
+        for wake in wakes:
+            wake.set()
 
     def unwatch(self, shard: Shard) -> None:
         """``shard`` was dropped: its poller exits (after its long poll, if in one)."""
         with self._lock:
-            poller = self._pollers.pop(id(shard), None)
-        if poller is not None:
-            poller.wake.set()
+            wake = self._pollers.pop(id(shard), None)
+        if wake is not None:
+            wake.set()
 
-
-class _Poller:
-    def __init__(self, intake: Intake, shard: Shard, lane: Lane, wait_seconds: float) -> None:
-        self.intake, self.shard, self.lane, self._wait = intake, shard, lane, wait_seconds
-        self.wake = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def running(self) -> bool:
-        return self.thread is None or self.thread.is_alive()
-
-    def run(self) -> None:
-        intake, shard, backoff = self.intake, self.shard, 0.5
+    def _poll(self, shard: Shard, inbox: Inbox, wake: threading.Event) -> None:
+        intake, backoff = self.intake, 0.5
         while not intake.stopping.is_set() and not shard.dropped:
-            if not self.wake.wait(0.5) or shard.dropped:
+            if not wake.wait(0.5) or shard.dropped:
                 continue
             messages = intake.receive(shard, wait_seconds=self._wait)
             if messages is None:  # the broker failed (logged; back off), or the node stops
@@ -81,8 +69,8 @@ class _Poller:
                 intake.release_straggler(messages)
                 return
             if messages:
-                self.wake.clear()
-                self.lane.inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
+                wake.clear()
+                inbox.put((shard, messages, len(messages) == MAX_BATCH_ENTRIES))
 
 
 class Watcher:
@@ -96,14 +84,14 @@ class Watcher:
     def __init__(self, intake: Intake, threads: Threads) -> None:
         self.intake, self._threads = intake, threads
         self._lock = threading.Lock()
-        self._watched: dict[Shard, Lane] = {}  # a shard and a newer one of its queue may meet
+        self._watched: dict[Shard, Inbox] = {}  # a shard and a newer one of its queue may meet
         self._joined = threading.Event()
         self._long_round = False
 
-    def watch(self, shard: Shard, lane: Lane) -> None:
+    def watch(self, shard: Shard, inbox: Inbox) -> None:
         shard.watched = True
         with self._lock:
-            self._watched[shard] = lane
+            self._watched[shard] = inbox
             wake, self._long_round = self._long_round, False
         self._joined.set()
         if wake:
@@ -144,8 +132,8 @@ class Watcher:
             backoff = 0.5
             arrived = set(ready or ())
             with self._lock:
-                found = [(s, lane) for s, lane in self._watched.items() if s.queue in arrived]
+                found = [(s, inbox) for s, inbox in self._watched.items() if s.queue in arrived]
                 for shard, _ in found:
                     del self._watched[shard]
-            for shard, lane in found:
-                lane.inbox.put((shard, None, False))
+            for shard, inbox in found:
+                inbox.put((shard, None, False))

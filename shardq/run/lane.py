@@ -7,25 +7,19 @@ from __future__ import annotations
 import queue
 import random
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
 from shardq.core.clock import Clock, wall
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.scheduler import Scheduler, ShardView
-from shardq.run.shard import WAKE, Found, Join, Leave, Shard, Swept, by_entity
+from shardq.run.shard import WAKE, Inbox, Join, Leave, Shard, Swept, by_entity
 from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
+    from shardq.run.idle import Pollers, Watcher
     from shardq.run.intake import Intake
     from shardq.run.slots import Slots
-
-
-class Watch(Protocol):
-    """The idle watch (:mod:`shardq.run.idle`): a shard that looks empty waits there."""
-
-    def watch(self, shard: Shard, lane: Lane) -> None: ...
-    def unwatch(self, shard: Shard) -> None: ...
 
 
 class Lane:
@@ -36,7 +30,7 @@ class Lane:
         self,
         intake: Intake,
         slots: Slots,
-        watch: Watch,
+        watch: Pollers | Watcher,
         index: int,
         shards: list[Shard],
         rng: random.Random,
@@ -49,13 +43,10 @@ class Lane:
         self._threads = threads or Threads()
         self.thread: threading.Thread | None = None
         self.intake, self.slots, self.watch, self.prefetch = intake, slots, watch, prefetch
-        self.wall = wall_clock
-        self.index = index
-        self.shards = shards
-        self.inbox: queue.SimpleQueue[Found | Join | Leave | Swept | str] = queue.SimpleQueue()
+        self.wall, self.index, self.shards = wall_clock, index, shards
+        self.inbox: Inbox = queue.SimpleQueue()
         self._scheduler = Scheduler(rng)
-        self._picks = 0
-        self._in_flight = 0
+        self._picks = self._in_flight = 0
         self._in_hand = 0  # received batches not started, over all the lane's shards
 
     def start(self) -> None:
@@ -67,7 +58,7 @@ class Lane:
 
     def _serve(self) -> None:
         for s in self.shards:  # the idle watch finds out which shards have work
-            self.watch.watch(s, self)
+            self.watch.watch(s, self.inbox)
         stopping, room = self.intake.stopping, self.slots.room
         while not stopping.is_set():
             can = bool(self._ready()) and room(self._wake)
@@ -168,7 +159,7 @@ class Lane:
                     case Join(shard):
                         self.set_shards([*self.shards, shard])
                         if not shard.dropped:
-                            self.watch.watch(shard, self)
+                            self.watch.watch(shard, self.inbox)
                     case Leave():
                         self._leave(item)
                     case (shard, messages, full):
@@ -202,7 +193,7 @@ class Lane:
         """A shard with nothing in hand, in flight or known to wait goes to the idle watch."""
         idle = not (shard.more or shard.fetching or shard.batches or shard.watched)
         if idle and not shard.dropped and not self.intake.stopping.is_set():
-            self.watch.watch(shard, self)
+            self.watch.watch(shard, self.inbox)
 
     # -- choosing -------------------------------------------------------------------
     def pick(self, shards: list[Shard]) -> Shard | None:

@@ -26,9 +26,8 @@ log = structlog.get_logger("shardq.leases")
 class _Request:
     queue: str
     kind: str  # DELETE or CHANGE (settle changes and extensions)
-    leases: list[Lease] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    extends: list[bool] = field(default_factory=list)  # per entry: an extension, not a settle
+    #: Per entry: its lease, its seconds, whether it is an extension (not a settle).
+    entries: list[tuple[Lease, float, bool]] = field(default_factory=list)
     urgent: bool = False  # holds an extension: send at once
 
 
@@ -146,13 +145,9 @@ class Leases:
         """Groups of ``queue`` where this node hid a job for a retry not received again
         since, and how many such jobs are still hidden."""
         now = self._wall()
-        groups, hidden = set(), 0
         with self._cond:
-            for q, group, until in self._hidden.values():
-                if q == queue:
-                    groups.add(group)
-                    hidden += until > now
-        return groups, hidden
+            mine = [(group, until) for q, group, until in self._hidden.values() if q == queue]
+        return {group for group, _ in mine}, sum(until > now for _, until in mine)
 
     def held(self, state: str | None = None) -> list[Message]:
         """Messages held (in one ``state``: held, delete or change)."""
@@ -228,7 +223,7 @@ class Leases:
                     groups[key] = None  # later changes of the group wait for this one
                     continue
                 into = groups.get(key)
-                if into is not None and len(into.leases) >= MAX_BATCH_ENTRIES:
+                if into is not None and len(into.entries) >= MAX_BATCH_ENTRIES:
                     continue
                 groups[key] = self._add(requests, lease, CHANGE, lease.seconds, False, into)
             elif not waiting:
@@ -241,13 +236,13 @@ class Leases:
         wait = min(wait, self._extend_at - now)
         for items in requests.values():
             for request in items:
-                oldest = min(x.asked for x in request.leases)
+                oldest = min(lease.asked for lease, _, _ in request.entries)
                 young = now - oldest < self._linger
-                filling = not request.urgent and len(request.leases) < MAX_BATCH_ENTRIES
+                filling = not request.urgent and len(request.entries) < MAX_BATCH_ENTRIES
                 if young and filling and not (self._closed or self._flushing):
                     wait = min(wait, self._linger - (now - oldest))
                     continue  # let it fill up a little
-                for lease in request.leases:
+                for lease, _, _ in request.entries:
                     lease.busy = True
                 self._pool.submit(self._send, request, self._clock())
         return max(0.001, wait)
@@ -284,28 +279,22 @@ class Leases:
     ) -> _Request:
         if into is None:
             bucket = requests.setdefault((lease.message.queue, kind), [])
-            if not bucket or len(bucket[-1].leases) >= MAX_BATCH_ENTRIES:
+            if not bucket or len(bucket[-1].entries) >= MAX_BATCH_ENTRIES:
                 bucket.append(_Request(lease.message.queue, kind))
             into = bucket[-1]
-        into.leases.append(lease)
-        into.seconds.append(seconds)
-        into.extends.append(extend)
+        into.entries.append((lease, seconds, extend))
         return into
 
     # -- one request, in a pool thread ------------------------------------------------
     def _send(self, request: _Request, sent: float) -> None:
-        receipts = [lease.message.receipt for lease in request.leases]
+        entries = [(lease.message.receipt, seconds) for lease, seconds, _ in request.entries]
         try:
             if request.kind == DELETE:
-                result = self._broker.delete_batch(request.queue, receipts)
+                result = self._broker.delete_batch(request.queue, [r for r, _ in entries])
             else:
-                result = self._broker.change_visibility_batch(
-                    request.queue, list(zip(receipts, request.seconds, strict=True))
-                )
+                result = self._broker.change_visibility_batch(request.queue, entries)
             error: BaseException | None = None
-        except BrokerError as exc:
-            result, error = BatchResult(), exc
-        except Exception as exc:  # a bug, not an outage: the node stops
+        except Exception as exc:  # a BrokerError; any other is a bug, not an outage: the node stops
             result, error = BatchResult(), exc
         try:  # (before the answer: a flush that ends then finds the node failed)
             if error is not None and not isinstance(error, BrokerError):
@@ -328,11 +317,10 @@ class Leases:
                 "lease.request_failed",
                 queue=request.queue,
                 operation=request.kind,
-                messages=len(request.leases),
+                messages=len(request.entries),
                 error=str(error) if isinstance(error, BrokerError) else describe(error),
             )
-        entries = zip(request.leases, request.seconds, request.extends, strict=True)
-        for lease, seconds, extension in entries:
+        for lease, seconds, extension in request.entries:
             refused = result.failed.get(lease.message.receipt)
             if not lease.answered(seconds, extension, sent, now, error, refused):
                 continue

@@ -18,6 +18,8 @@ import structlog
 
 from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
+from shardq.core.exits import EXIT_ERROR, EXIT_GRACE_EXPIRED, EXIT_OK
+from shardq.core.lease import HELD, hand_back
 from shardq.core.middleware import notify
 from shardq.core.outcome import Observer, Tally
 from shardq.core.plan import Plan, ShardRef, format_plan
@@ -32,10 +34,10 @@ from shardq.run.metrics import NodeMetrics
 from shardq.run.ownership import Ownership
 from shardq.run.parts import Keeper, Membership
 from shardq.run.shard import Shard
-from shardq.run.shutdown import shut_down
 from shardq.run.slots import Slots
 from shardq.run.threads import Threads, describe
 from shardq.run.timelimit import TimeLimits
+from shardq.run.waits import Deadline
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
@@ -44,6 +46,12 @@ log = structlog.get_logger("shardq.node")
 
 #: Seconds between calls of the broker's housekeeping (``Broker.maintain``).
 MAINTAIN_EVERY_SECONDS = 30.0
+#: Longest wait for pending deletes and releases at shutdown.
+FLUSH_SECONDS = 5.0
+#: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
+STRAGGLER_SECONDS = 1.0
+#: Longest wait for the node's threads to end (those not in a long poll or a job end at once).
+THREADS_SECONDS = 0.2
 
 
 class Node:
@@ -194,7 +202,7 @@ class Node:
             self._watch()
         except Exception as exc:  # a bug here must still stop the lanes and release jobs
             self.fail("the node's own thread", exc)
-        return shut_down(self)
+        return self._shut_down()
 
     def _watch(self) -> None:
         """The node's own loop: progress, housekeeping, until-empty (a part that fails
@@ -208,13 +216,12 @@ class Node:
                     self.app.broker.maintain()
                 except BrokerError as exc:
                     self.broker_trouble("maintain", None, exc)
-            if self.until_empty:
-                quiet = quiet + 1 if self._idle() else 0
-                if quiet >= 2 and self._drained():  # asks the broker once idle a while
+            quiet = quiet + 1 if self.until_empty and self._idle() else 0
+            if quiet >= 2:  # asks the broker once idle a while
+                quiet = 0
+                if self._drained():
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
-                elif quiet >= 2:
-                    quiet = 0
 
     def _start(self) -> None:
         self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
@@ -245,13 +252,10 @@ class Node:
             self.app.ensure_queue(self.app.shard_queue(ref.worker, ref.shard, ref.gen), ref.worker)
         if self.stopping.is_set():
             return
-        if self.config.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(
-                self.config.metrics_port, self.config.metrics_host
-            )
-            log.info(
-                "node.metrics", url=f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
-            )
+        if (port := self.config.metrics_port) is not None:
+            host = self.config.metrics_host
+            self.metrics_port = self.metrics.serve(port, host)
+            log.info("node.metrics", url=f"http://{host}:{self.metrics_port}/metrics")
         self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
         self.leases.start()
@@ -259,6 +263,76 @@ class Node:
         if self.fleet is not None and not self.stopping.is_set():
             self.fleet.join()
         self.layout.start()
+
+    def _shut_down(self) -> int:
+        """Graceful stop (first SIGTERM/SIGINT/SIGHUP, or :meth:`stop`; a second signal
+        exits at once) of every part of the node; returns its exit code."""
+        if self.signals.name:
+            log.info(
+                "node.signal",
+                signal=self.signals.name,
+                detail="finishing running jobs; send it again to exit at once",
+            )
+        self.app.broker.wake_waiters()
+        log.info("node.stopping", grace_seconds=self.config.grace_seconds)
+        grace = Deadline(self.clock, self.config.grace_seconds)
+        for lane in self.lanes:
+            lane.join(grace.left())
+        self.slots.close()
+        self.slots.join(grace.left())
+        self.executor.perform.loop.close()
+        # receives in flight are not waited for: what they bring is released (Lane._fetch)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        # A job still running keeps its entity's later jobs (they reappear after it).
+        running = {m.receipt for m in self.slots.running()}
+        held = self.leases.held(HELD)
+        for messages, seconds in hand_back(held, running, self.slots.retries(), self.clock()):
+            self.leases.hide(messages, seconds)
+        flushed = self.leases.close(FLUSH_SECONDS)
+        released = [m for m in held if m.receipt not in running]
+        # a long poll in flight may take what was just released: let it hand that back
+        self.intake.quiet({m.queue for m in released}, STRAGGLER_SECONDS)
+        if self.fleet is not None:
+            self.fleet.leave()  # after every job message is settled: hand the shards back
+        self.lease_pool.shutdown(wait=False)
+        self.limits.close()
+        self.metrics.close()
+        notify(self.app.middleware, "on_node_stop", self)
+        self.ownership.finish()
+        self.idle.wake()
+        left = self.threads.left(THREADS_SECONDS)
+        if left:
+            log.info(
+                "node.threads_left",
+                threads=left,
+                detail="still in a receive (a long poll cannot be cut short), a job, a "
+                "store call or a handover; what a receive brings is released while the process "
+                "lives, and reappears after its visibility timeout if the process exits first",
+            )
+        tally = self.tally()
+        log.info(
+            "node.stopped",
+            succeeded=sum(tally.succeeded.values()),
+            retried=sum(tally.retried.values()),
+            morgued=sum(tally.morgued.values()),
+            released=len(released),
+            abandoned_running=len(running),
+        )
+        if not flushed:
+            log.warning(
+                "node.unsettled",
+                messages=self.leases.count(),
+                detail="the broker did not confirm every delete or release in time; those "
+                "jobs reappear after their visibility timeout",
+            )
+        if running:
+            log.warning(
+                "node.grace_expired",
+                running_jobs=len(running),
+                detail="their messages reappear after their visibility timeout",
+            )
+            return EXIT_GRACE_EXPIRED
+        return EXIT_ERROR if self.failed else EXIT_OK
 
     def stop(self) -> None:
         """Begin a graceful shutdown (idempotent, callable from any thread)."""
@@ -301,11 +375,8 @@ class Node:
 
     # -- the node's own thread ---------------------------------------------------------
     def _idle(self) -> bool:
-        return (
-            not self.leases.count()
-            and self.slots.idle()
-            and all(lane.idle() for lane in self.lanes)
-        )
+        lanes_idle = all(lane.idle() for lane in self.lanes)
+        return lanes_idle and not self.leases.count() and self.slots.idle()
 
     def _drained(self) -> bool:
         broker = self.app.broker
@@ -331,14 +402,13 @@ class Node:
 
 
 def _lane_count(plan: Plan, threads: int | None) -> int:
-    if threads is None:
-        return max(1, len(plan.threads))
-    if threads < max(1, len(plan.threads)):
+    least = max(1, len(plan.threads))
+    if threads is not None and threads < least:
         raise ConfigError(
             f"threads={threads}: a node needs at least one lane, and one per thread of its "
             f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
         )
-    return threads
+    return least if threads is None else threads
 
 
 def make_node_id() -> str:

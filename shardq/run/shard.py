@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ class Swept:
     """The slots handed back every job of a dropped shard."""
 
     shard: Shard
+
+
+#: A lane's inbox (the idle watch and the receives in flight put what they found there).
+Inbox = queue.SimpleQueue[Found | Join | Leave | Swept | str]
 
 
 def by_entity(messages: list[Message]) -> list[list[Message]]:

@@ -1,5 +1,6 @@
 """Execution slots: a node runs up to ``concurrency`` entities' jobs at once, each
-entity's in one slot at a time (:mod:`shardq.run.chain`). See docs/design/run.md.
+entity's in one slot at a time (:mod:`shardq.run.chain`); what a lane may start there
+(another batch; an entity's jobs in its own thread, inline). See docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -8,12 +9,11 @@ import heapq
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from shardq.broker.base import Message
 from shardq.core.lease import hand_back
 from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
-from shardq.run.admit import Timing, may_take, run_inline, timing_after
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
 from shardq.run.threads import Threads
@@ -21,6 +21,41 @@ from shardq.run.waits import Deadline, wait_until
 
 if TYPE_CHECKING:
     from shardq.run.shard import Shard
+
+#: A worker whose mean ``perform`` takes less than this runs in its lane, not a slot.
+INLINE_BELOW_SECONDS = 0.0005
+#: Weight of the newest duration in a worker's mean.
+ALPHA = 0.1
+#: A worker's mean counts once this many of its jobs were measured.
+KNOWN_AFTER_JOBS = 100
+
+
+class Timing(NamedTuple):
+    """A worker's mean time per job, and how many of its jobs were measured."""
+
+    mean: float
+    jobs: int
+
+
+def may_take(waiting_jobs: int, concurrency: int) -> bool:
+    """May a lane start another batch? While fewer jobs than slots wait for one."""
+    return waiting_jobs < concurrency
+
+
+def run_inline(timing: Timing | None, busy: int, concurrency: int) -> bool:
+    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
+    hand-over costs more than its jobs), while a slot is free. A worker not measured
+    enough yet runs in slots: its first jobs may wait long, or on each other."""
+    if timing is None or timing.jobs < KNOWN_AFTER_JOBS:
+        return False
+    return timing.mean < INLINE_BELOW_SECONDS and busy < concurrency
+
+
+def timing_after(timing: Timing | None, each: float, jobs: int) -> Timing:
+    """A worker's timing after a run of ``jobs`` jobs that took ``each`` on average."""
+    if timing is None:
+        return Timing(each, jobs)
+    return Timing(timing.mean + ALPHA * (each - timing.mean), timing.jobs + jobs)
 
 
 class Slots:
@@ -63,18 +98,15 @@ class Slots:
         when :func:`run_inline` says so, those without a chain run here, in one slot."""
         timing, queue, chains = self._timings.get(shard.ref.worker), shard.queue, self._chains
         here: list[list[Message]] = []
-        rest = groups
         if run_inline(timing, 0, self.concurrency):  # no lock: only this lane makes its chains
-            here, rest = [], []
-            for messages in groups:
-                (rest if (queue, messages[0].group_id) in chains else here).append(messages)
+            here = [ms for ms in groups if (queue, ms[0].group_id) not in chains]
         with self._lock:
             if here and run_inline(timing, self._busy, self.concurrency):
                 self._took()
                 self._here[threading.get_ident()] = here  # for running()
-            elif here:
-                here, rest = [], groups
-            for messages in rest:
+            else:
+                here = []
+            for messages in [ms for ms in groups if not any(ms is h for h in here)]:
                 self._submit(shard, messages)
         self._start_threads()
         if here:
@@ -116,22 +148,15 @@ class Slots:
             self._threads.fail(f"a run of jobs of {shard.ref}", exc)
         finally:
             with self._lock:
-                if end is not None and end.kind == DONE:
-                    self._timed(shard, end.performed, len(chain.running))
                 if end is None:  # not run: the node is failing
-                    end = self._settle_again(chain, EntityEnd(STOPPED, chain.running))
-                    chain.pending, chain.running = [*end.messages, *chain.pending], []
-                    chain.state = PARKED
-                elif end.kind == DONE and not (chain.again or chain.pending):
-                    chain.running, chain.state = [], GONE  # done, nothing joined it
-                    self._chains.pop(chain.key, None)
-                else:
-                    if chain.again:
-                        end = self._settle_again(chain, end)
-                    chain.running = []
-                    if self._after(chain, end):  # a job joined it meanwhile
-                        chain.state = READY
-                        self._queue(chain)
+                    end = EntityEnd(STOPPED, chain.running)
+                elif end.kind == DONE:
+                    self._timed(shard, end.performed, len(chain.running))
+                end = self._settle_again(chain, end)
+                chain.running = []
+                if self._after(chain, end):  # a job joined it meanwhile
+                    chain.state = READY
+                    self._queue(chain)
                 self._free(shard)
             self._start_threads()
 
