@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from shardq.broker.base import Message
 from shardq.core.clock import Clock, wall
+from shardq.core.errors import ConfigError
 from shardq.core.limits import MAX_BATCH_ENTRIES
+from shardq.core.plan import Plan
 from shardq.core.scheduler import Scheduler, ShardView
 from shardq.run.shard import WAKE, Inbox, Join, Leave, Shard, Swept, by_entity
 from shardq.run.threads import Threads
@@ -219,3 +221,14 @@ def shard_views(shards: list[Shard], now: float) -> list[ShardView[Shard]]:
         )
         for s in shards
     ]
+
+
+def lane_count(plan: Plan, threads: int | None) -> int:
+    """How many lanes a node runs: ``threads``, at least one per thread of its plan."""
+    least = max(1, len(plan.threads))
+    if threads is not None and threads < least:
+        raise ConfigError(
+            f"threads={threads}: a node needs at least one lane, and one per thread of its "
+            f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
+        )
+    return least if threads is None else threads

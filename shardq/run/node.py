@@ -5,11 +5,8 @@ its own thread logs progress, does housekeeping and notices when it is drained
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -17,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.core.errors import BrokerError, ConfigError, QueueNotFoundError
+from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.exits import EXIT_ERROR, EXIT_GRACE_EXPIRED, EXIT_OK
 from shardq.core.lease import HELD, hand_back
 from shardq.core.middleware import notify
@@ -28,11 +25,11 @@ from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
 from shardq.run.idle import Pollers, Watcher
 from shardq.run.intake import Intake, OldJobs
-from shardq.run.lane import Lane
+from shardq.run.lane import Lane, lane_count
 from shardq.run.leases import Leases, extend_interval
 from shardq.run.metrics import NodeMetrics
 from shardq.run.ownership import Ownership
-from shardq.run.parts import Keeper, Membership
+from shardq.run.parts import Keeper, Membership, make_node_id
 from shardq.run.shard import Shard
 from shardq.run.slots import Slots
 from shardq.run.threads import Threads, describe
@@ -82,7 +79,7 @@ class Node:
         self.elastic = threads is not None
         self.failed = False  # fail() sets it, from any thread
         self.threads = Threads(self.fail)
-        threads = _lane_count(plan, threads)
+        threads = lane_count(plan, threads)
         # Requests to SQS overlap; a local broker (one that can watch queues) runs one at a time.
         local = app.broker.watch([], 0) is not None
         self.pool = ThreadPoolExecutor(2 if local else threads * self.config.prefetch, "shardq-io")
@@ -399,19 +396,3 @@ class Node:
             if counts.waiting or counts.in_flight:
                 return False
         return True
-
-
-def _lane_count(plan: Plan, threads: int | None) -> int:
-    least = max(1, len(plan.threads))
-    if threads is not None and threads < least:
-        raise ConfigError(
-            f"threads={threads}: a node needs at least one lane, and one per thread of its "
-            f"plan ({len(plan.threads)}); pass more threads, or None for the plan's"
-        )
-    return least if threads is None else threads
-
-
-def make_node_id() -> str:
-    """``host-pid-xxxx``: unique in a fleet, readable in logs."""
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
-    return f"{host[:60] or 'node'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"

@@ -1,8 +1,12 @@
 """The parts a node is given from above (:meth:`shardq.App.node` wires them): its
-membership in a fleet and its share of a reshard. The run layer knows only these."""
+membership in a fleet (and its id there) and its share of a reshard. The run layer
+knows only these."""
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from typing import Protocol
 
 from shardq.core.plan import ShardRef
@@ -24,3 +28,9 @@ class Keeper(Protocol):
 
     def route(self, ref: ShardRef, entity: str) -> str: ...
     def start(self) -> None: ...
+
+
+def make_node_id() -> str:
+    """``host-pid-xxxx``: unique in a fleet, readable in logs."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())
+    return f"{host[:60] or 'node'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
