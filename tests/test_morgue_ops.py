@@ -447,3 +447,36 @@ def test_a_requeue_that_sqs_accepts_in_part_never_sends_a_dead_job_twice() -> No
     assert [n for _, n in numbers(dead.list_jobs())] == [0]
     assert refused and refused[0][0] == 0 and "InternalError: try again" in refused[0][1]
     broker.close()
+
+
+class RefusesFirstEntryOnce(MemoryBroker):
+    """A memory broker that refuses the first entry of its first batch only."""
+
+    refused = False
+
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        if self.refused:
+            return super().send_batch(queue, entries)
+        self.refused = True
+        result = super().send_batch(queue, entries[1:])
+        result.failed[entries[0].id] = "InternalError: try again"
+        return result
+
+
+def test_a_requeue_names_every_dead_job_it_leaves_behind_one_sqs_refused() -> None:
+    # given 12 dead jobs of one entity (two batches), and SQS refusing the first entry once
+    broker = RefusesFirstEntryOnce()
+    ledger.app.configure(Config(queue_prefix="once-"), broker=broker)
+    bury(ledger.app, [("q", n) for n in range(12)])
+    dead = Morgue(ledger.app, "Ledgered")
+    # when they are requeued
+    refused: list[tuple[int, str]] = []
+    note = lambda r, why: refused.append((envelope.decode(r.body).payload["n"], why))  # noqa: E731
+    done = dead.requeue(Filter(entity="q"), refused=note)
+    # then the jobs of the second batch are not sent after the refused one, and every job
+    # left in the morgue is named with why
+    assert done == 9
+    assert [n for _, n in numbers(dead.list_jobs())] == [0, 10, 11]
+    assert [n for n, _ in refused] == [0, 10, 11]
+    assert "earlier dead job of its entity" in refused[2][1]
+    broker.close()

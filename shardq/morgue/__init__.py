@@ -239,6 +239,9 @@ class Morgue:
         for queue, queued in by_queue.items():
             self.app.ensure_queue(queue, self.worker)
             for chunk in batches(queued, lambda record: record.body_bytes):
+                if refused is not None:
+                    for record in (r for r in chunk if r.entity_id in stopped):
+                        refused(record, "an earlier dead job of its entity was not requeued")
                 chunk = [r for r in chunk if r.entity_id not in stopped]
                 entries = [
                     SendEntry(str(i), r.body, r.entity_id, uuid.uuid4().hex)
