@@ -188,3 +188,26 @@ def test_payloads_can_be_selected_by_the_worker_class_as_by_its_name(
     # then they are those selected by its name, not none at all
     assert result.payloads(SyncOrder) == result.payloads("SyncOrder") == [job(1, "paid")]
     assert result.payloads(SendReceipt, "o1") == [{"order": "o1"}]
+
+
+def test_drain_runs_the_jobs_of_a_resharded_worker_in_its_live_generation() -> None:
+    # given a worker resharded from 4 to 6 shards (its layout at generation 1), on memory
+    from shardq.core.layout import WorkerLayout
+
+    moved = shardq.App(shardq.Config(broker_url="memory://"))
+    seen: list[tuple[str, int]] = []
+
+    @moved.register
+    class Moved(shardq.Worker):
+        shards = 4
+
+        def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+            seen.extend((entity_id, p["n"]) for p in payloads)
+
+    moved.layouts.update("Moved", lambda now: WorkerLayout(1, 6))
+    # when jobs are published (into generation 1's queues) and drained
+    Moved.publish_many([(f"e{n % 3}", {"n": n}) for n in range(9)])
+    result = drain(moved)
+    # then every job ran, in order per entity
+    assert len(result.runs) == 9 and all(r.outcome == "succeeded" for r in result.runs)
+    assert [n for e, n in seen if e == "e1"] == [1, 4, 7] and len(seen) == 9

@@ -17,6 +17,7 @@ from shardq.core.errors import ShardqError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.outcome import MORGUED, RETRIED, SUCCEEDED
 from shardq.core.plan import ShardRef
+from shardq.core.topology import parse_name
 from shardq.publish import Publisher, PublishReport
 from shardq.run.executor import Executor, Outcome
 from shardq.run.leases import Leases
@@ -129,24 +130,33 @@ def _drain_round(app: Deployment, executor: Executor, leases: Leases) -> bool:
     """Receive once from every shard queue; True if anything ran."""
     progressed = False
     for name in app.workers:
-        settings = app.settings(name)
-        for shard in range(settings.shards):
-            queue = app.shard_queue(name, shard)
-            app.ensure_queue(queue, name)
-            messages = app.broker.receive(
-                queue,
-                max_messages=MAX_BATCH_ENTRIES,
-                wait_seconds=0,
-                visibility_timeout=settings.visibility_timeout,
-            )
-            if not messages:
-                continue
-            leases.hold(messages, settings.visibility_timeout)
-            retries = executor.run_batch(ShardRef(name, shard, settings.priority), messages)
-            while retries:  # drain retries at once (their delay is capped to 0)
-                retries = [r for d in retries for r in executor.run_batch(d.ref, d.messages)]
-            leases.flush(10.0)
-            progressed = True
+        for gen_name, count in app.live_shards(name).items():  # a resharded worker's too
+            progressed |= _drain_gen(app, executor, leases, gen_name, count)
+    return progressed
+
+
+def _drain_gen(app: Deployment, executor: Executor, leases: Leases, name: str, count: int) -> bool:
+    """Receive once from every shard of one generation (``Orders@2``); True if anything ran."""
+    worker, gen = parse_name(name)
+    settings = app.settings(worker)
+    progressed = False
+    for shard in range(count):
+        queue = app.shard_queue(worker, shard, gen)
+        app.ensure_queue(queue, worker)
+        messages = app.broker.receive(
+            queue,
+            max_messages=MAX_BATCH_ENTRIES,
+            wait_seconds=0,
+            visibility_timeout=settings.visibility_timeout,
+        )
+        if not messages:
+            continue
+        leases.hold(messages, settings.visibility_timeout)
+        retries = executor.run_batch(ShardRef(worker, shard, settings.priority, gen), messages)
+        while retries:  # drain retries at once (their delay is capped to 0)
+            retries = [r for d in retries for r in executor.run_batch(d.ref, d.messages)]
+        leases.flush(10.0)
+        progressed = True
     return progressed
 
 
