@@ -308,6 +308,19 @@ def test_a_worker_setting_can_be_set_from_the_environment() -> None:
     }
 
 
+@pytest.mark.parametrize(("raw", "value"), [("1e3", 1000.0), ("2.5E1", 25.0), ("1_000", 1000)])
+def test_a_worker_number_from_the_environment_reads_as_a_top_level_one_does(
+    raw: str, value: float
+) -> None:
+    # given a worker's number and a top-level number written alike (YAML alone reads
+    # "1e3" as text)
+    env = {"SHARDQ_WORKERS__SyncOrder__time_limit": raw, "SHARDQ_GRACE_SECONDS": raw}
+    # when the config is loaded
+    config = load(env=env)
+    # then both are that number
+    assert config.workers["SyncOrder"]["time_limit"] == value == config.grace_seconds
+
+
 @pytest.mark.parametrize("name", ["2024", "0x10", "1e3", "null", "yes"])
 def test_a_worker_queue_name_from_the_environment_is_kept_as_written(name: str) -> None:
     # given a queue name of digits (or other text YAML reads as a number, null or a bool)

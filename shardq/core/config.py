@@ -5,6 +5,7 @@ never read from here: boto3's default chain provides them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -347,12 +348,17 @@ def _unknown_env(name: str, hint: str | None) -> NoReturn:
 
 
 def _env_scalar(raw: str) -> Any:
-    """Environment values are strings; read numbers and null as YAML would."""
+    """Environment values are strings; read null and numbers as YAML would, and as the
+    top-level keys are read (``1e3`` too, which YAML leaves as text)."""
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
-        return raw
-    return value if isinstance(value, (int, float)) or value is None else raw
+        value = raw
+    if isinstance(value, (int, float)) or value is None:
+        return value
+    with contextlib.suppress(ValueError):
+        return float(raw)
+    return raw
 
 
 def _coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
