@@ -417,10 +417,18 @@ def test_an_id_that_matches_no_dead_job_is_named_and_fails_the_command_after_the
 
 
 class RefusesFirstEntry(MemoryBroker):
-    """A memory broker that refuses the first entry of every batch and sends the rest, as
-    SQS may refuse one entry of a SendMessageBatch and accept the others."""
+    """A memory broker that refuses the first entry of its first ``times`` batches and
+    sends the rest, as SQS may refuse one entry of a SendMessageBatch and accept the
+    others."""
+
+    def __init__(self, times: float = float("inf")) -> None:
+        super().__init__()
+        self.times = times
 
     def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        if self.times <= 0:
+            return super().send_batch(queue, entries)
+        self.times -= 1
         result = super().send_batch(queue, entries[1:])
         result.failed[entries[0].id] = "InternalError: try again"
         return result
@@ -449,23 +457,9 @@ def test_a_requeue_that_sqs_accepts_in_part_never_sends_a_dead_job_twice() -> No
     broker.close()
 
 
-class RefusesFirstEntryOnce(MemoryBroker):
-    """A memory broker that refuses the first entry of its first batch only."""
-
-    refused = False
-
-    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
-        if self.refused:
-            return super().send_batch(queue, entries)
-        self.refused = True
-        result = super().send_batch(queue, entries[1:])
-        result.failed[entries[0].id] = "InternalError: try again"
-        return result
-
-
 def test_a_requeue_names_every_dead_job_it_leaves_behind_one_sqs_refused() -> None:
     # given 12 dead jobs of one entity (two batches), and SQS refusing the first entry once
-    broker = RefusesFirstEntryOnce()
+    broker = RefusesFirstEntry(times=1)
     ledger.app.configure(Config(queue_prefix="once-"), broker=broker)
     bury(ledger.app, [("q", n) for n in range(12)])
     dead = Morgue(ledger.app, "Ledgered")
