@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,35 @@ def test_a_refused_job_stops_the_publish_and_the_error_names_every_line_not_publ
     assert waiting(app) == 1200 - len(error.lines)
     assert f"published {1200 - len(error.lines)} of 1200 jobs" in str(error)
     assert "lines (700, 705, 710" in str(error) and "simulated refusal" in str(error)
+
+
+def test_lines_not_published_are_named_when_a_middleware_drops_or_reorders_jobs(
+    app: shardq.App,
+) -> None:
+    # given a publish middleware that drops the jobs whose payload is "drop" and reverses
+    class DropAndReverse(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            ctx.jobs[:] = [j.with_meta(t=1) for j in reversed(ctx.jobs) if j.payload != "drop"]
+            return call()
+
+    app.add_middleware(DropAndReverse())
+    # and a file whose line 3 is refused by the broker, and line 1 of its entity accepted after
+    # it in the same batch
+    text = lines(
+        '{"entity": "a", "payload": 1}',
+        '{"entity": "b", "payload": "drop"}',
+        '{"entity": "a", "payload": "poison"}',
+        '{"entity": "c", "payload": 4}',
+    )
+    jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    # when it is published, then the error names line 3 as not published, line 1 as out of
+    # order, and neither the dropped line 2 nor line 4
+    with pytest.raises(bulk.BulkPublishError) as raised:
+        bulk.publish_lines(app, "Job", jobs)
+    assert raised.value.lines == [3]
+    assert "published 2 of 4 jobs; not published: 1 line (3)" in str(raised.value)
+    assert "lines 1 were published although an earlier job" in str(raised.value)
+    assert waiting(app) == 2
 
 
 def test_plural_counts() -> None:

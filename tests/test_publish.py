@@ -694,6 +694,68 @@ def test_publish_raises_publish_error_when_its_job_is_refused(inner_broker: Brok
     assert caught.value.sent == 0
 
 
+class KeepOnlyReversed(shardq.Middleware):
+    """Drops the jobs whose payload is "drop", reverses the rest and adds metadata; adds
+    ``extra`` (jobs it makes itself) at the end."""
+
+    def __init__(self, extra: Sequence[shardq.Job] = ()) -> None:
+        self.extra = list(extra)
+
+    def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+        kept = [j.with_meta(seen=True) for j in reversed(ctx.jobs) if j.payload != "drop"]
+        ctx.jobs[:] = kept + self.extra
+        return call()
+
+
+def test_a_report_names_the_callers_items_when_a_middleware_drops_or_reorders_jobs(
+    inner_broker: Broker,
+) -> None:
+    # given a publish middleware that drops some jobs and reverses the others
+    app = make_app(RefusingBroker(inner_broker, poison="poison"))
+    app.add_middleware(KeepOnlyReversed())
+    worker = define(app)
+    # when jobs are all accepted, then each item's message id is in its own slot
+    report = worker.publish_many([("A", "a0"), ("B", "drop"), ("C", "c0")])
+    assert report.message_ids[1] is None and report.sent == 2
+    assert all(isinstance(report.message_ids[i], str) for i in (0, 2))
+    by_entity = {j.entity: j.payload for j in drain_all(app, worker)}
+    assert by_entity == {"A": "a0", "C": "c0"}
+    # when the broker refuses item 3 and accepts A's item 0, sent after it in the same batch
+    items = [("A", "a1"), ("B", "drop"), ("C", "c1"), ("A", "poison"), ("D", "d1")]
+    with pytest.raises(PublishError) as caught:
+        worker.publish_many(items)
+    # then the error names item 3 as refused and item 0 as the gap, as the caller numbered them
+    assert [(i, e) for i, e, _ in caught.value.failed] == [(3, "A")]
+    assert caught.value.gaps == [(0, "A")] and caught.value.sent == 3
+    assert "(first: item 3, entity 'A'" in str(caught.value)
+
+
+def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
+    inner_broker: Broker,
+) -> None:
+    # given a middleware that adds a job it made (refused by the broker) and one copied
+    # from an item of an earlier publish_many
+    app = make_app(RefusingBroker(inner_broker, poison="poison"))
+    worker = define(app)
+    seen: list[shardq.Job] = []
+
+    class Stash(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            seen.extend(ctx.jobs)
+            return call()
+
+    app.add_middleware(Stash())
+    worker.publish_many([("E", "e0"), ("F", "f0")])
+    app.add_middleware(KeepOnlyReversed([shardq.Job("Z", "poison"), seen[1].with_meta(x=1)]))
+    # when two jobs are published, then neither made job takes a slot or an item's index
+    with pytest.raises(PublishError) as caught:
+        worker.publish_many([("G", "g0"), ("H", "h0")])
+    assert caught.value.failed == [(None, "Z", RefusingBroker.REASON)]
+    assert "(first: a job added by a middleware, entity 'Z'" in str(caught.value)
+    assert caught.value.sent == 2  # the caller's two items
+    assert sorted(j.payload for j in drain_all(app, worker)) == ["e0", "f0", "f0", "g0", "h0"]
+
+
 # -- unknown workers -----------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 from shardq.core.errors import ConfigError
@@ -132,6 +132,9 @@ class Job:
     payload: Any
     dedup_id: str | None = None
     meta: Mapping[str, Any] | None = None
+    #: ``(call, index)``: the item of a ``publish_many`` call this job is (or is a copy of,
+    #: by :meth:`with_meta` or ``dataclasses.replace``), so a report names the caller's item.
+    _item: tuple[int, int] | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def with_meta(self, **meta: Any) -> Job:
         """A copy with these metadata keys added (for publish middleware)."""

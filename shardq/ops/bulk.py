@@ -124,8 +124,8 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
                 try:
                     report = app.publisher.publish_many(worker, [line.job for line in chunk])
                 except PublishError as exc:
-                    failed = sorted({chunk[i].number for i, _, _ in exc.failed})
-                    gaps = sorted(chunk[i].number for i, _ in exc.gaps)
+                    failed = sorted({chunk[i].number for i, _, _ in exc.failed if i is not None})
+                    gaps = sorted(chunk[i].number for i, _ in exc.gaps if i is not None)
                     reason = exc.failed[0][2] if exc.failed else str(exc)
                     raise _not_published(
                         lines, done + exc.sent, failed, start + len(chunk), reason, gaps

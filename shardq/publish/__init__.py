@@ -1,15 +1,18 @@
 """Publishing: validate every job first (nothing is sent if one is invalid), then send in
 batches of up to 10 per shard queue. After a refused job, later jobs of its entity are not
-sent; a later entry of the same batch SQS accepted anyway is listed in ``gaps``.
+sent; a later entry of the same batch SQS accepted anyway is listed in ``gaps``. Indexes are
+the caller's items, whatever an ``around_publish`` did to the list; a job it made itself has
+no index (None) and no slot in ``message_ids``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from shardq.broker.base import SendEntry, batches
 from shardq.core import envelope
@@ -39,9 +42,9 @@ class PublishReport:
     """``message_ids[i]`` is the message id of item ``i``, None if it was not published."""
 
     message_ids: list[str | None] = field(default_factory=list)
-    failed: list[tuple[int, str, str]] = field(default_factory=list)
+    failed: list[tuple[int | None, str, str]] = field(default_factory=list)
     #: ``(index, entity_id)`` of jobs published after a refused job of their entity.
-    gaps: list[tuple[int, str]] = field(default_factory=list)
+    gaps: list[tuple[int | None, str]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -51,6 +54,7 @@ class PublishReport:
 @dataclass
 class _Prepared:
     index: int
+    item: int | None  # the caller's index
     entity_id: str
     queue: str
     entry: SendEntry
@@ -70,22 +74,27 @@ class Publisher:
     ) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
-        ctx = PublishContext(name, [_as_job(i, item) for i, item in enumerate(items)])
+        call = next(_CALLS)  # marks this call's items, through with_meta and replace
+        jobs = [replace(_as_job(i, item), _item=(call, i)) for i, item in enumerate(items)]
+        ctx, count = PublishContext(name, jobs), len(jobs)
         return run_around(
-            self._app.middleware, "around_publish", lambda: self._publish(name, ctx.jobs), ctx
+            self._app.middleware,
+            "around_publish",
+            lambda: self._publish(name, ctx.jobs, [_item_of(j, call) for j in ctx.jobs], count),
+            ctx,
         )
 
     def publish(self, worker: type[WorkerLike] | str, job: Job) -> str:
         """Publish one job; returns its message id. Raises :class:`PublishError` if it was
         not sent, or if an ``around_publish`` middleware dropped it (there is no id)."""
-        report = self.publish_many(worker, [job])
-        if report.message_ids:
-            return cast(str, report.message_ids[0])  # publish_many raised if it was not sent
+        message_id = self.publish_many(worker, [job]).message_ids[0]
+        if message_id is not None:  # publish_many raised if it was refused
+            return message_id
         hooks = {type(m).__name__: type(m).around_publish for m in self._app.middleware}
         names = " or ".join(n for n, h in hooks.items() if h is not Middleware.around_publish)
         raise PublishError(
             f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
-            "nothing was published",
+            "it was not published",
             failed=[(0, job.entity_id, f"dropped by {names}")],
             sent=0,
         )
@@ -94,27 +103,29 @@ class Publisher:
         """Raise what :meth:`publish_many` would raise for this job (bad entity id,
         payload or dedup_id, message too large), without publishing it."""
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
-        self._prepare(0, "", job, name, self._app.layouts.get(name))
+        self._prepare(0, 0, "", job, name, self._app.layouts.get(name))
 
-    def _publish(self, name: str, jobs: list[Job]) -> PublishReport:
+    def _publish(
+        self, name: str, jobs: list[Job], items: list[int | None], count: int
+    ) -> PublishReport:
+        """Publish ``jobs`` (``items``: the caller's index of each) of ``count`` items."""
         layout = self._app.layouts.get(name)  # at most layout_refresh_seconds old
-        count = len(jobs)
         report = PublishReport(message_ids=[None] * count)
-        missing = self._send(name, jobs, range(count), layout, report)
+        missing = self._send(name, jobs, items, range(len(jobs)), layout, report)
         while missing:  # a retired queue deleted after a reshard: publish with a fresh layout
             indexes = sorted(i for queued in missing.values() for i in queued)
             fresh = self._app.layouts.read(name)
             if publish_to(fresh)[0] == publish_to(layout)[0]:
                 reason = f"its queue does not exist ({', '.join(missing)})"
-                report.failed += [(i, jobs[i].entity_id, reason) for i in indexes]
+                report.failed += [(items[i], jobs[i].entity_id, reason) for i in indexes]
                 break
             layout = fresh
-            missing = self._send(name, jobs, indexes, layout, report)
+            missing = self._send(name, jobs, items, indexes, layout, report)
         if report.failed:
             first = report.failed[0]
             raise PublishError(
-                f"{len(report.failed)} of {count} {name} jobs were not published "
-                f"(first: item {first[0]}, entity {first[1]!r}: {first[2]}); the others were. "
+                f"{len(report.failed)} of {len(jobs)} {name} jobs were not published "
+                f"(first: {_named(first[0])}, entity {first[1]!r}: {first[2]}); the others were. "
                 "Publish the failed ones again with the same dedup_id",
                 failed=report.failed,
                 sent=report.sent,
@@ -126,6 +137,7 @@ class Publisher:
         self,
         worker: str,
         jobs: list[Job],
+        items: list[int | None],
         indexes: Iterable[int],
         layout: WorkerLayout,
         report: PublishReport,
@@ -134,8 +146,9 @@ class Publisher:
         any is sent); returns the indexes of those whose queue does not exist, by queue."""
         by_queue: dict[str, list[_Prepared]] = {}
         for index in indexes:
-            where = f"item {index}: " if len(jobs) > 1 else ""  # name the item in a batch
-            prepared = self._prepare(index, where, jobs[index], worker, layout)
+            item = items[index]  # name the item in a batch, or a job a middleware made
+            where = f"{_named(item)}: " if len(report.message_ids) > 1 or item is None else ""
+            prepared = self._prepare(index, item, where, jobs[index], worker, layout)
             by_queue.setdefault(prepared.queue, []).append(prepared)
         missing: dict[str, list[int]] = {}
         for queue, queued in by_queue.items():
@@ -146,7 +159,7 @@ class Publisher:
         return missing
 
     def _prepare(
-        self, index: int, where: str, job: Job, worker: str, layout: WorkerLayout
+        self, index: int, item: int | None, where: str, job: Job, worker: str, layout: WorkerLayout
     ) -> _Prepared:
         try:
             entity = check_entity_id(job.entity_id)
@@ -177,14 +190,15 @@ class Publisher:
                 "and publish a reference"
             )
         dedup = _dedup(where, entity, job.dedup_id)
-        return _Prepared(index, entity, queue, SendEntry(str(index), body, entity, dedup), size)
+        entry = SendEntry(str(index), body, entity, dedup)
+        return _Prepared(index, item, entity, queue, entry, size)
 
     def _send_queue(self, queue: str, jobs: list[_Prepared], report: PublishReport) -> None:
         failed_entities: set[str] = set()
         for n, chunk in enumerate(batches(jobs, lambda job: job.size)):
             reason = "not sent: an earlier job of this entity was not published"
             report.failed += [
-                (j.index, j.entity_id, reason) for j in chunk if j.entity_id in failed_entities
+                (j.item, j.entity_id, reason) for j in chunk if j.entity_id in failed_entities
             ]
             sendable = [j for j in chunk if j.entity_id not in failed_entities]
             if not sendable:
@@ -204,11 +218,12 @@ class Publisher:
                 if message_id is None:
                     failed_entities.add(job.entity_id)
                     reason = reasons.get(job.entry.id, "not accepted by the broker")
-                    report.failed.append((job.index, job.entity_id, reason))
-                else:
-                    report.message_ids[job.index] = message_id
-                    if job.entity_id in failed_entities:  # refused earlier in this batch
-                        report.gaps.append((job.index, job.entity_id))
+                    report.failed.append((job.item, job.entity_id, reason))
+                    continue
+                if job.item is not None:
+                    report.message_ids[job.item] = message_id
+                if job.entity_id in failed_entities:  # refused earlier in this batch
+                    report.gaps.append((job.item, job.entity_id))
 
 
 def _dedup(where: str, entity: str, dedup_id: object) -> str:
@@ -224,6 +239,19 @@ def _dedup(where: str, entity: str, dedup_id: object) -> str:
             f"{exc.start}); use a string of whole characters"
         ) from None
     return hashlib.sha256(f"{entity}\0{dedup_id}".encode()).hexdigest()
+
+
+_CALLS = itertools.count()
+
+
+def _item_of(job: Job, call: int) -> int | None:
+    """The caller's index of ``job`` in ``publish_many`` call ``call``; None for a job a
+    middleware made itself (or took from another call)."""
+    return job._item[1] if job._item is not None and job._item[0] == call else None
+
+
+def _named(item: int | None) -> str:
+    return "a job added by a middleware" if item is None else f"item {item}"
 
 
 def _as_job(index: int, item: JobSpec) -> Job:
