@@ -8,6 +8,7 @@ import pytest
 
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
+from shardq.core.jobs import WorkerSettings
 from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS
 from tests.test_bad_input import shardq_cli
 
@@ -77,3 +78,54 @@ def test_plan_with_no_nodes_is_a_usage_error(tmp_path: Path, nodes: str) -> None
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"--nodes must be at least 1, got {nodes}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "threads: 2\nworkers: {SyncOrder: {shards: 4, shards: 16}}\n",
+        "{threads: 2, threads: 8}\n",
+        "{&t threads: 2, *t : 8}\n",
+    ],
+)
+def test_a_duplicate_key_on_one_line_is_refused(tmp_path: Path, text: str) -> None:
+    # given a flow mapping naming a key twice on one line
+    path = tmp_path / "shardq.yaml"
+    path.write_text(text)
+    # when it is loaded, then it is refused, as a duplicate on two lines is
+    with pytest.raises(ConfigError, match=r"duplicate key '(shards|threads)'"):
+        Config.load(path, env={})
+
+
+def test_a_number_too_long_to_read_is_refused_naming_the_file_or_variable(tmp_path: Path) -> None:
+    # given a config file and a worker variable with an integer of 5,000 digits
+    digits = "1" + "0" * 4999
+    path = tmp_path / "shardq.yaml"
+    path.write_text(f"threads: {digits}\n")
+    # when they are loaded, then each is a ConfigError naming where it is, not a ValueError
+    with pytest.raises(ConfigError, match=rf"^{path}"):
+        Config.load(path, env={})
+    config = Config.load(env={"SHARDQ_WORKERS__SyncOrder__shards": digits})
+    settings = WorkerSettings("SyncOrder", "sync-order", 1, 1, 1, 5, 60, None)
+    with pytest.raises(ConfigError, match=r"^environment: workers\.SyncOrder\.shards"):
+        settings.with_overrides(config.workers["SyncOrder"], config.source)
+
+
+@pytest.mark.parametrize("text", ["workers:\n  1: {shards: 2}\n", "workers:\n  null: {}\n"])
+def test_a_worker_name_that_is_not_text_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "shardq.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"workers: expected a mapping of worker name"):
+        Config.load(path, env={})
+
+
+def test_an_empty_signing_key_is_refused_not_taken_for_no_signing(tmp_path: Path) -> None:
+    # given a signing key in the file and an empty one from the environment (a secret
+    # that did not load): signing and checking would silently be off
+    path = tmp_path / "shardq.yaml"
+    path.write_text("signing_key: s3cret\n")
+    # when it is loaded, then it is refused naming the key
+    with pytest.raises(ConfigError, match=r"\+ environment: signing_key: expected a non-empty"):
+        Config.load(path, env={"SHARDQ_SIGNING_KEY": ""})
+    with pytest.raises(ConfigError, match=r"signing_key: expected a non-empty"):
+        Config(signing_key="")

@@ -134,6 +134,8 @@ class Config:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
+        if self.signing_key == "":  # a secret that did not load: signing would be off
+            fail("signing_key", "expected a non-empty string (the shared secret) or null")
         days = self.morgue_retention_days
         if days is not None and (type(days) is not int or not 1 <= days <= 36500):
             fail("morgue_retention_days", f"expected whole days from 1 to 36500, got {days!r}")
@@ -177,7 +179,7 @@ class Config:
                 f"expected 0 (off) to 1, got {self.retention_warning_share!r}",
             )
         if not isinstance(self.workers, Mapping) or not all(
-            isinstance(v, Mapping) for v in self.workers.values()
+            isinstance(k, str) and isinstance(v, Mapping) for k, v in self.workers.items()
         ):
             fail("workers", "expected a mapping of worker name to a mapping of settings")
 
@@ -261,7 +263,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 4,300+ digits
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
@@ -296,14 +298,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, line)
+                if key in seen:  # also on one line ({a: 1, a: 2}) or by an alias
+                    raise _DuplicateKey(
+                        f"duplicate key {key!r} on line {line} (first on line {seen[key]}); "
+                        "keep one of them"
+                    )
             except TypeError:  # an unhashable key: PyYAML reports it below
                 continue
-            if first != line:
-                raise _DuplicateKey(
-                    f"duplicate key {key!r} on line {line} (first on line {first}); "
-                    "keep one of them"
-                )
+            seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
@@ -352,7 +354,7 @@ def _env_scalar(raw: str) -> Any:
     top-level keys are read (``1e3`` too, which YAML leaves as text)."""
     try:
         value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: an integer of 4,300+ digits
         value = raw
     if isinstance(value, (int, float)) or value is None:
         return value
