@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -100,6 +101,14 @@ def test_bad_lines_are_named_by_number_and_nothing_is_published(app: shardq.App)
     assert waiting(app) == 0
 
 
+def test_a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_is_read(app: shardq.App) -> None:
+    # given a file as Windows tools save it: a UTF-8 BOM, CRLF line ends, a blank line
+    text = ['\ufeff{"entity": "a", "payload": 1}\r\n', "\r\n", '{"entity": "b", "payload": 2}\r\n']
+    # when it is read, then both jobs are taken, numbered by their lines
+    jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    assert [(line.number, line.job.entity_id) for line in jobs] == [(1, "a"), (3, "b")]
+
+
 def test_good_lines_are_published_in_order_with_their_dedup_ids(app: shardq.App) -> None:
     text = lines(
         *[f'{{"entity": "e{n % 3}", "payload": {n}}}' for n in range(1200)],
@@ -159,6 +168,34 @@ def test_lines_not_published_are_named_when_a_middleware_drops_or_reorders_jobs(
     assert "published 2 of 4 jobs; not published: 1 line (3)" in str(raised.value)
     assert "lines 1 were published although an earlier job" in str(raised.value)
     assert waiting(app) == 2
+
+
+def test_an_interrupted_publish_names_the_lines_left_after_a_middleware_dropped_some(
+    app: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a publish middleware that drops line 2, and Ctrl-C during the second batch
+    calls = []
+
+    class DropAndInterrupt(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            ctx.jobs[:] = [j for j in ctx.jobs if j.payload != "drop"]
+            calls.append(len(ctx.jobs))
+            if len(calls) == 2:
+                signal.raise_signal(signal.SIGINT)
+            return call()
+
+    app.add_middleware(DropAndInterrupt())
+    monkeypatch.setattr(bulk, "BATCH", 2)
+    text = lines(*[f'{{"entity": "e{n}", "payload": {n}}}' for n in range(1, 6)])
+    text[1] = '{"entity": "e2", "payload": "drop"}\n'
+    jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    # when it is published, then it stops after lines 3 and 4 and names line 5 alone
+    with pytest.raises(bulk.PublishInterrupted) as raised:
+        bulk.publish_lines(app, "Job", jobs)
+    assert raised.value.lines == [5] and waiting(app) == 3
+    assert "published 3 of 5 jobs, the last on line 4; not published: 1 line (5)" in str(
+        raised.value
+    )
 
 
 def test_plural_counts() -> None:
