@@ -257,3 +257,24 @@ def test_a_publish_middleware_that_drops_every_job_publishes_nothing(app: shardq
     # and nothing was sent
     run(app)
     assert app.ran == []  # type: ignore[attr-defined]
+
+
+def test_a_middleware_that_calls_twice_runs_and_publishes_each_job_once(app: shardq.App) -> None:
+    # given a middleware that calls through twice (as a naive retry would)
+    class Twice(shardq.Middleware):
+        def around_perform(self, call: Callable[[], None], ctx: shardq.PerformContext) -> None:
+            call()
+            call()
+
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            call()
+            return call()
+
+    app.add_middleware(Twice())
+    worker = app.worker("Sync")
+    # when jobs are published and run
+    report = worker.publish_many([("e1", {"n": 1}), ("e1", {"n": 2})])
+    # then each job was published once, in order, and ran once
+    assert report.sent == 2
+    run(app)
+    assert app.ran == [("e1", 1), ("e1", 2)]  # type: ignore[attr-defined]

@@ -1,6 +1,7 @@
 """Middleware: code around ``perform`` and ``publish``, and node start/stop hooks (usage:
 docs/operations.md, "Middleware and hooks"). The first added is outermost; one that raises
-is logged and never kills a node, and a job's own exception stays its failure.
+is logged and never kills a node, a job's own exception stays its failure, and a second
+``call()`` returns (or raises) what the first did without running anything again.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class _Call:
     error: BaseException | None = None
 
     def __call__(self) -> Any:
+        if self.called:  # a second call: the first's outcome, never a second run or publish
+            if self.error is not None:
+                raise self.error
+            return self.result
         self.called = True
         try:
             self.result = self.inner()
@@ -100,7 +105,8 @@ class _Call:
 
 
 def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any) -> T:
-    """``inner`` run inside ``middleware``'s ``hook``, which cannot keep it from running."""
+    """``inner`` run inside ``middleware``'s ``hook``, which cannot keep it from running
+    nor run it twice."""
     call = _Call(inner)
     name = type(middleware).__name__
     try:
