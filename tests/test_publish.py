@@ -822,3 +822,24 @@ def test_jobs_whose_queue_was_retired_meanwhile_go_to_the_new_layout_naming_the_
         with contextlib.suppress(QueueNotFoundError):  # no entity of this shard
             published += drain(app, app.shard_queue(worker, shard, 1))
     assert sorted(e.payload["n"] for e in published) == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_a_relay_of_large_jobs_keeps_each_batch_within_one_mib(inner_broker: Broker) -> None:
+    # given ten jobs of 200 KB each received from a shard (as from a retired shard)
+    from shardq.publish.relay import relay
+
+    broker = WrappingBroker(inner_broker)
+    app = make_app(broker)
+    worker = define(app)
+    worker.publish_many([("A", "x" * 200_000) for _ in range(10)])
+    queue = app.shard_queue(worker, 0)
+    messages = broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60)
+    assert len(messages) == 10
+    broker.batches.clear()
+    # when they are relayed to the current layout, then every one is sent, in order,
+    # in batches of at most 1 MiB
+    relay(app, "SyncOrder", messages)
+    assert [e.body for _, entries in broker.batches for e in entries] == [m.body for m in messages]
+    assert all(
+        sum(len(e.body) for e in entries) <= MAX_BATCH_BYTES for _, entries in broker.batches
+    )

@@ -29,7 +29,7 @@ def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
         by_queue.setdefault(queue, []).append(m)
     for queue, queued in by_queue.items():
         app.ensure_queue(queue, worker)
-        for chunk in batches(queued):
+        for chunk in batches(queued, lambda m: len(m.body.encode("utf-8"))):  # <= 1 MiB
             entries = [
                 SendEntry(str(i), m.body, m.group_id, f"relay-{m.message_id}"[:128])
                 for i, m in enumerate(chunk)
