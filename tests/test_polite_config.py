@@ -129,3 +129,11 @@ def test_an_empty_signing_key_is_refused_not_taken_for_no_signing(tmp_path: Path
         Config.load(path, env={"SHARDQ_SIGNING_KEY": ""})
     with pytest.raises(ConfigError, match=r"signing_key: expected a non-empty"):
         Config(signing_key="")
+
+
+def test_a_signing_key_that_is_not_text_is_refused_when_loaded() -> None:
+    # given a key from an environment variable holding a byte that is not UTF-8 (Python
+    # gives it as a lone surrogate), when it is loaded, then it is refused naming the key
+    # rather than failing with a UnicodeEncodeError at the first publish
+    with pytest.raises(ConfigError, match=r"^environment: signing_key: expected"):
+        Config.load(env={"SHARDQ_SIGNING_KEY": "k\udcff"})

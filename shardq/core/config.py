@@ -134,7 +134,8 @@ class Config:
                 fail(key, f"expected {low:g} to {high:g}, got {getattr(self, key)!r}")
         if not 0 < self.idle_wait_seconds <= MAX_WAIT_SECONDS:
             fail("idle_wait_seconds", f"expected more than 0 and at most {MAX_WAIT_SECONDS}")
-        if self.signing_key == "":  # a secret that did not load: signing would be off
+        secret = self.signing_key  # "": a secret that did not load (signing would be off)
+        if secret is not None and (not secret or any("\ud800" <= c <= "\udfff" for c in secret)):
             fail("signing_key", "expected a non-empty string (the shared secret) or null")
         days = self.morgue_retention_days
         if days is not None and (type(days) is not int or not 1 <= days <= 36500):
