@@ -754,6 +754,17 @@ def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
     assert "(first: a job added by a middleware, entity 'Z'" in str(caught.value)
     assert caught.value.sent == 2  # the caller's two items
     assert sorted(j.payload for j in drain_all(app, worker)) == ["e0", "f0", "f0", "g0", "h0"]
+    # and publish, whose one job is replaced by one made anew, has no message id to return
+    app.middleware[1:] = []
+
+    class Anew(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            ctx.jobs[:] = [shardq.Job(j.entity_id, j.payload, j.dedup_id, {}) for j in ctx.jobs]
+            return call()
+
+    app.add_middleware(Anew())
+    with pytest.raises(PublishError, match=r"replaced it by a job it made anew"):
+        worker.publish("I", "i0")
 
 
 # -- unknown workers -----------------------------------------------------------------------------

@@ -93,8 +93,9 @@ class Publisher:
         hooks = {type(m).__name__: type(m).around_publish for m in self._app.middleware}
         names = " or ".join(n for n, h in hooks.items() if h is not Middleware.around_publish)
         raise PublishError(
-            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
-            "it was not published",
+            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}, or "
+            "replaced it by a job it made anew (make it with job.with_meta or "
+            "dataclasses.replace to keep it the caller's): there is no message id to return",
             failed=[(0, job.entity_id, f"dropped by {names}")],
             sent=0,
         )
