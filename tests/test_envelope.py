@@ -180,6 +180,15 @@ def test_the_signature_is_an_hmac_sha256_of_the_json() -> None:
     assert text == encode(sample())
 
 
+def test_a_signature_in_upper_case_hex_is_accepted() -> None:
+    # given a body a producer signed with upper-case hex (Java's and .NET's hex helpers)
+    _, signature, text = encode(sample(), KEY).split(":", 2)
+    # when a node decodes it, then the signature matches
+    assert decode(f"sig1:{signature.upper()}:{text}", KEY) == decode(
+        f"sig1:{signature}:{text}", KEY
+    )
+
+
 def test_a_tampered_payload_is_refused() -> None:
     # given a signed body whose JSON was changed after signing
     body = encode(sample(payload={"amount": 10}), KEY)

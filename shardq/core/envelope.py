@@ -78,7 +78,7 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
             raise EnvelopeError("message is not signed but a signing key is configured")
         sig, sep, body = body[len(_SIG_PREFIX) :].partition(":")
         expected = _sign(signing_key, body).encode("ascii")
-        if not sep or not hmac.compare_digest(sig.encode("utf-8"), expected):
+        if not sep or not hmac.compare_digest(sig.lower().encode("utf-8"), expected):
             raise EnvelopeError("message signature does not match the signing key")
     elif body.startswith(_SIG_PREFIX):
         raise EnvelopeError("message is signed but no signing key is configured")
