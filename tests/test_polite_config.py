@@ -137,3 +137,18 @@ def test_a_signing_key_that_is_not_text_is_refused_when_loaded() -> None:
     # rather than failing with a UnicodeEncodeError at the first publish
     with pytest.raises(ConfigError, match=r"^environment: signing_key: expected"):
         Config.load(env={"SHARDQ_SIGNING_KEY": "k\udcff"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "threads: !!python/object/apply:os.getpid []\n",
+        "app: !!python/name:os.system\n",
+        "workers: !!python/object:collections.OrderedDict {}\n",
+    ],
+)
+def test_yaml_tags_that_build_python_objects_are_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "shardq.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{path} is not valid YAML: could not determine"):
+        Config.load(path, env={})
