@@ -854,3 +854,24 @@ def test_a_relay_of_large_jobs_keeps_each_batch_within_one_mib(inner_broker: Bro
     assert all(
         sum(len(e.body) for e in entries) <= MAX_BATCH_BYTES for _, entries in broker.batches
     )
+
+
+def test_a_relay_sends_no_job_after_a_refused_one_of_its_entity(inner_broker: Broker) -> None:
+    # given three jobs of entity A and one of B received from a shard, A's second of which
+    # the broker refuses when it is relayed
+    from shardq.publish.relay import relay
+
+    app = make_app(inner_broker)
+    worker = define(app)
+    worker.publish_many([("A", "a1"), ("A", "poison"), ("A", "a3"), ("B", "b1")])
+    queue = app.shard_queue(worker, 0)
+    messages = inner_broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60)
+    assert len(messages) == 4
+    app.configure(broker=RefusingBroker(inner_broker, poison="poison"))
+    # when they are relayed, then the relay fails
+    with pytest.raises(BrokerError, match="relaying 1 jobs"):
+        relay(app, "SyncOrder", messages)
+    # and A's job after the refused one was not sent (a relay done again would find it
+    # deduplicated and put the refused job after it, out of order)
+    sent = [envelope.decode(e.body).payload for _, entries in app.broker.batches for e in entries]
+    assert sent[:2] == ["a1", "poison"] and "a3" not in sent

@@ -3,7 +3,7 @@ unchanged; deduplicated by message id, so a relay done again is not sent twice."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
         by_queue.setdefault(queue, []).append(m)
     for queue, queued in by_queue.items():
         app.ensure_queue(queue, worker)
-        for chunk in batches(queued, lambda m: len(m.body.encode("utf-8"))):  # <= 1 MiB
+        for chunk in (c for r in _rounds(queued) for c in batches(r, _size)):
             entries = [
                 SendEntry(str(i), m.body, m.group_id, f"relay-{m.message_id}"[:128])
                 for i, m in enumerate(chunk)
@@ -38,6 +38,23 @@ def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
             if result.failed:
                 raise BrokerError(f"relaying {len(result.failed)} jobs to {queue} failed")
     log.info("layout.relayed", worker=worker, jobs=len(messages), to_gen=layout.gen)
+
+
+def _size(message: Message) -> int:
+    return len(message.body.encode("utf-8"))  # a batch takes at most 1 MiB
+
+
+def _rounds(messages: Sequence[Message]) -> Iterator[list[Message]]:
+    """Consecutive runs holding at most one job of an entity: SQS may accept an entity's
+    later job of a batch after refusing an earlier one, and the relay stops at a refusal."""
+    run: list[Message] = []
+    for m in messages:
+        if any(m.group_id == other.group_id for other in run):
+            yield run
+            run = []
+        run.append(m)
+    if run:
+        yield run
 
 
 def holding(broker: Broker, queue: str) -> str:
