@@ -754,7 +754,7 @@ def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
     assert "(first: a job added by a middleware, entity 'Z'" in str(caught.value)
     assert caught.value.sent == 2  # the caller's two items
     assert sorted(j.payload for j in drain_all(app, worker)) == ["e0", "f0", "f0", "g0", "h0"]
-    # and publish, whose one job is replaced by one made anew, has no message id to return
+    # and when a middleware makes every job anew, one for each item in the caller's order
     app.middleware[1:] = []
 
     class Anew(shardq.Middleware):
@@ -763,8 +763,11 @@ def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
             return call()
 
     app.add_middleware(Anew())
-    with pytest.raises(PublishError, match=r"replaced it by a job it made anew"):
-        worker.publish("I", "i0")
+    # then each is its item: publish returns the id of the job it sent
+    assert isinstance(worker.publish("I", "i0"), str)
+    report = worker.publish_many([("J", "j0"), ("K", "k0")])
+    assert report.sent == 2 and None not in report.message_ids
+    assert sorted(j.payload for j in drain_all(app, worker)) == ["i0", "j0", "k0"]
 
 
 # -- unknown workers -----------------------------------------------------------------------------

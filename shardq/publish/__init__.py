@@ -8,7 +8,6 @@ no index (None) and no slot in ``message_ids``.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -74,13 +73,13 @@ class Publisher:
     ) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
-        call = next(_CALLS)  # marks this call's items, through with_meta and replace
+        call = object()  # marks this call's items, through with_meta and replace
         jobs = [replace(_as_job(i, item), _item=(call, i)) for i, item in enumerate(items)]
-        ctx, count = PublishContext(name, jobs), len(jobs)
+        ctx, count = PublishContext(name, jobs), len(jobs)  # ctx.jobs may change in place
         return run_around(
             self._app.middleware,
             "around_publish",
-            lambda: self._publish(name, ctx.jobs, [_item_of(j, call) for j in ctx.jobs], count),
+            lambda: self._publish(name, ctx.jobs, _items(ctx.jobs, call, count), count),
             ctx,
         )
 
@@ -93,9 +92,8 @@ class Publisher:
         hooks = {type(m).__name__: type(m).around_publish for m in self._app.middleware}
         names = " or ".join(n for n, h in hooks.items() if h is not Middleware.around_publish)
         raise PublishError(
-            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}, or "
-            "replaced it by a job it made anew (make it with job.with_meta or "
-            "dataclasses.replace to keep it the caller's): there is no message id to return",
+            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
+            "nothing was published",
             failed=[(0, job.entity_id, f"dropped by {names}")],
             sent=0,
         )
@@ -242,13 +240,14 @@ def _dedup(where: str, entity: str, dedup_id: object) -> str:
     return hashlib.sha256(f"{entity}\0{dedup_id}".encode()).hexdigest()
 
 
-_CALLS = itertools.count()
-
-
-def _item_of(job: Job, call: int) -> int | None:
-    """The caller's index of ``job`` in ``publish_many`` call ``call``; None for a job a
-    middleware made itself (or took from another call)."""
-    return job._item[1] if job._item is not None and job._item[0] == call else None
+def _items(jobs: list[Job], call: object, count: int) -> list[int | None]:
+    """The caller's index of each job of ``publish_many`` call ``call`` (of ``count`` items),
+    None for a job a middleware made itself; a middleware that made every job anew, one for
+    each item, kept the caller's order."""
+    items = [j._item[1] if j._item is not None and j._item[0] is call else None for j in jobs]
+    if len(jobs) == count and not any(i is not None for i in items):
+        return list(range(count))
+    return items
 
 
 def _named(item: int | None) -> str:
