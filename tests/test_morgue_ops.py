@@ -474,3 +474,30 @@ def test_a_requeue_names_every_dead_job_it_leaves_behind_one_sqs_refused() -> No
     assert [n for n, _ in refused] == [0, 10, 11]
     assert "earlier dead job of its entity" in refused[2][1]
     broker.close()
+
+
+@pytest.mark.parametrize("action", ["requeue", "purge"])
+def test_an_id_without_an_entity_reads_the_morgue_once(
+    app: shardq.App,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+) -> None:
+    # given dead jobs of e1 and e2, and a store that counts the reads of the death order
+    target = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e2")
+    reads: list[str] = []
+    query = app.store.query
+
+    def counting(prefix: str, **options: object) -> list[shardq.store.Item]:
+        reads.append(prefix)
+        return query(prefix, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app.store, "query", counting)
+    yes = ["--yes"] if action == "purge" else []
+    # when one of them and an id naming nothing are requeued or purged, without --entity
+    ids = ["--id", target.message_id, "--id", "x"]
+    code, _, err = cli(app, capsys, action, "Ledgered", *ids, *yes)
+    # then the worker's dead jobs are read once, and the id matching nothing is still named
+    assert reads.count("morgue/Ledgered/t/") == 1
+    assert code == 2 and "no dead Ledgered job has id x: nothing to" in err
+    assert Morgue(app, "Ledgered").size() == 4

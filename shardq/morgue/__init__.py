@@ -158,14 +158,16 @@ class Morgue:
         where: Filter = Filter(),
         progress: Progress | None = None,
         refused: Refused | None = None,
+        seen: set[str] | None = None,
     ) -> int:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
-        to ``refused``, as are its entity's later matches (they must not overtake it)."""
+        to ``refused``, as are its entity's later matches (they must not overtake it).
+        ``seen`` gets the message id of every match."""
         if not self.registered:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
-        scan = (record for _, record in self._scan(where))
+        scan = (record for _, record in self._scan(where, seen=seen))
         while batch := list(islice(scan, ROUND)):
             sendable = []
             for record in map(self.load, batch):
@@ -181,17 +183,25 @@ class Morgue:
             done = self._delete(self._resend(sendable, stopped, refused), progress, done)
         return done
 
-    def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
-        """Delete matching dead jobs for good; how many."""
-        return self._delete((record for _, record in self._scan(where)), progress)
+    def purge(
+        self,
+        where: Filter = Filter(),
+        progress: Progress | None = None,
+        seen: set[str] | None = None,
+    ) -> int:
+        """Delete matching dead jobs for good; how many. ``seen`` as for :meth:`requeue`."""
+        return self._delete((record for _, record in self._scan(where, seen=seen)), progress)
 
     def expire(self, days: float, now: float | None = None) -> int:
         """Delete the dead jobs that died more than ``days`` ago."""
         cutoff = (wall() if now is None else now) - days * 86400
         return self.purge(Filter(until=cutoff))
 
-    def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
-        """(cursor, summary) of every match in death order, read page by page."""
+    def _scan(
+        self, where: Filter, after: str | None = None, seen: set[str] | None = None
+    ) -> Iterator[tuple[str, MorgueRecord]]:
+        """(cursor, summary) of every match in death order, read page by page; ``seen``
+        gets each match's message id."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
@@ -206,6 +216,8 @@ class Morgue:
                     return
                 record = summary(item)
                 if where.matches(record):
+                    if seen is not None:
+                        seen.add(record.message_id)
                     yield at, record
             if len(got) < MAX_QUERY_ITEMS:
                 return

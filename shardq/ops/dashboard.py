@@ -253,9 +253,10 @@ def morgue_act(
     def refused(record: MorgueRecord, why: str) -> None:
         left.append({"message_id": record.message_id, "entity_id": record.entity_id, "why": why})
 
+    seen: set[str] = set()
     with lock:
-        missing = selection.unmatched(morgue, where)
-        n = act(app, morgue.worker, action, where, refused=refused)
+        n = act(app, morgue.worker, action, where, refused=refused, seen=seen)
+    missing = selection.unmatched(where, seen)
     log.info(
         f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
     )
