@@ -310,3 +310,27 @@ def test_an_app_that_names_no_module_is_a_config_error(spec: str) -> None:
     # then it is refused naming it and the form (not a ValueError or TypeError traceback)
     with pytest.raises(ConfigError, match=r"is not MODULE\[:ATTR\]"):
         load_app(spec)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("import no_such_dependency_xyz\n", "ModuleNotFoundError: No module named"),
+        ('raise RuntimeError("no DATABASE_URL")\n', "RuntimeError: no DATABASE_URL"),
+        ("def broken(:\n", "SyntaxError: invalid syntax"),
+    ],
+)
+def test_an_app_module_that_fails_to_import_exits_2_naming_the_error_and_the_line(
+    tmp_path: Path, source: str, message: str
+) -> None:
+    # given an app module that cannot be imported: a missing dependency, an error at
+    # import time, a syntax error
+    (tmp_path / "brokenapp.py").write_text(source)
+    path = os.pathsep.join([str(ROOT), str(tmp_path)])
+    # when a command loads it
+    result = shardq_cli("stats", env={"SHARDQ_APP": "brokenapp", "PYTHONPATH": path})
+    # then it says which module failed, why and where, without a traceback, and exits 2
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "app module 'brokenapp' failed to import" in result.stderr
+    assert message in result.stderr and "brokenapp.py" in result.stderr
