@@ -227,6 +227,26 @@ def test_a_damaged_record_lists_as_unreadable_and_requeue_refuses_it_and_its_ent
     assert queued(app, "f") == [] and dead.size() == 7
 
 
+def test_a_requeue_sends_an_entitys_dead_jobs_before_one_it_cannot_read(
+    app: shardq.App,
+) -> None:
+    # given three dead jobs of one entity, the body of the second altered
+    bury(app, [("f", 0), ("f", 1), ("f", 2)])
+    dead = Morgue(app, "Ledgered")
+    second = dead.list_jobs(entity="f")[1]
+    item = app.store.get(second.key)
+    assert item is not None
+    app.store.put(second.key, {**item.value, "body": "{}"}, version=item.version)
+    # when the entity is requeued
+    refused: list[tuple[str, str]] = []
+    n = dead.requeue(Filter(entity="f"), refused=lambda r, why: refused.append((r.message_id, why)))
+    # then the first is sent (nothing of its entity comes before it) and the other two stay
+    assert n == 1 and queued(app, "f") == [0]
+    assert [m for m, _ in refused] == ["id-f-1", "id-f-2"]
+    assert "SHA-256" in refused[0][1] and "earlier dead job of its entity" in refused[1][1]
+    assert [r.message_id for r in dead.list_jobs(entity="f")] == ["id-f-1", "id-f-2"]
+
+
 def test_retention_deletes_only_older_dead_jobs(app: shardq.App) -> None:
     dead = Morgue(app, "Ledgered")
     assert dead.expire(1) == 0

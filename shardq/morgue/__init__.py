@@ -180,7 +180,9 @@ class Morgue:
                 stopped.add(record.entity_id)
                 if refused is not None:
                     refused(record, problem)
-            done = self._delete(self._resend(sendable, stopped, refused), progress, done)
+            failed = set[str]()  # not the entities stopped after their sendable records
+            done = self._delete(self._resend(sendable, failed, refused), progress, done)
+            stopped |= failed
         return done
 
     def purge(
