@@ -24,11 +24,14 @@ from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
 from shardq.morgue import Filter, Morgue
+from shardq.morgue.record import keys_of
 from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
+from shardq.store import SqliteStore
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
+from tests.test_fleet_damaged import damage
 
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -521,3 +524,30 @@ def test_an_id_without_an_entity_reads_the_morgue_once(
     assert reads.count("morgue/Ledgered/t/") == 1
     assert code == 2 and "no dead Ledgered job has id x: nothing to" in err
     assert Morgue(app, "Ledgered").size() == 4
+
+
+def test_a_dead_job_whose_store_items_are_damaged_is_listed_unreadable_and_purged_by_its_id(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of e1 and e2, the summary of e1's first and the record of its
+    # second not JSON (a damaged file, a hand edit)
+    first, second, _ = [r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e1"]
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    damage(app, second.key, "garbage")
+    # when the morgue is counted and listed
+    size = Morgue(app, "Ledgered").size()
+    code, out, err = cli(app, capsys, "list", "Ledgered", "--json")
+    listed = [json.loads(line) for line in out.splitlines()]
+    # then all five are counted and listed, the one whose record is damaged unreadable
+    assert (size, code) == (5, 0) and len(listed) == 5
+    damaged = [j for j in listed if j["reason"] == "unreadable_record"]
+    assert len(damaged) == 1 and "is damaged" in damaged[0]["error_message"]
+    # and a requeue of e1 sends its first (its record is whole) and no later one
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "e1")
+    assert code == 2 and "requeued 1 dead Ledgered job" in err and queued(app, "e1") == [0]
+    # and the damaged one is purged by the id it is listed with
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", damaged[0]["message_id"], "--yes")
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert Morgue(app, "Ledgered").size() == 3

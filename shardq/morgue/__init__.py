@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +25,19 @@ from shardq.core.layout import publish_to
 from shardq.core.tables import utc
 from shardq.core.topology import shard_for
 from shardq.morgue.record import MorgueRecord as MorgueRecord
-from shardq.morgue.record import entity_key, items, keys_of, new_stamp, stamp_for, summary, whole
+from shardq.morgue.record import (
+    entity_key,
+    items,
+    keys_of,
+    new_stamp,
+    stamp_for,
+    summary,
+    unreadable,
+    whole,
+)
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
-from shardq.store.base import MAX_QUERY_ITEMS, Store
+from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Store
 from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
@@ -129,8 +138,8 @@ class Morgue:
             self.worker, self.registered = worker, False
 
     def size(self) -> int:
-        """How many dead jobs the worker has."""
-        return len(self.store.query_all(f"morgue/{self.worker}/t/"))
+        """How many dead jobs the worker has (damaged ones too)."""
+        return len(self.store.query_all(f"morgue/{self.worker}/t/", keep_damaged=True))
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
@@ -144,14 +153,19 @@ class Morgue:
         return self.page(Filter(entity=entity), limit).records
 
     def load(self, record: MorgueRecord) -> MorgueRecord:
-        """The whole record (traceback, meta, body) of a listed one."""
-        item = self.store.get(record.key)
-        if item is None:
-            return record  # purged meanwhile, or only its summary is left
-        first = whole(item, [])
-        parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        """The whole record (traceback, meta, body) of a listed one, with the id it is listed
+        (and selected) by; one with an item that cannot be read is unreadable."""
+        try:
+            item = self.store.get(record.key)
+            if item is None:
+                return record  # purged meanwhile, or only its summary is left
+            first = whole(item, [])
+            parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        except DamagedItem as exc:
+            return unreadable(str(exc), record.entity_id, record.message_id, key=record.key)
         bodies = [None if p is None else p.value.get("body") for p in parts]
-        return whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
+        found = whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
+        return replace(found, message_id=record.message_id)  # a damaged summary's: its key
 
     def requeue(
         self,
@@ -211,7 +225,7 @@ class Morgue:
             start = max(start or "", base + stamp_for(where.since))
         end = None if where.until is None else stamp_for(where.until + 1e-9)
         while True:
-            got = self.store.query(base, start_after=start)
+            got = self.store.query(base, start_after=start, keep_damaged=True)
             for item in got:
                 at = item.key[len(base) :]
                 if end is not None and at[: len(end)] >= end:
