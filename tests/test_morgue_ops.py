@@ -551,3 +551,21 @@ def test_a_dead_job_whose_store_items_are_damaged_is_listed_unreadable_and_purge
     code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", damaged[0]["message_id"], "--yes")
     assert code == 0 and "purged 1 dead Ledgered job" in err
     assert Morgue(app, "Ledgered").size() == 3
+
+
+def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_entity(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of e2, the record of its first not JSON
+    first = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e2")
+    damage(app, first.key, "garbage")
+    # when e2 is requeued, and the purge it names for the damaged one is run as named
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "e2")
+    named = err.split("delete it with `")[1].split("`")[0].split()
+    assert code == 2 and named[:3] == ["shardq", "morgue", "purge"]
+    code, _, err = cli(app, capsys, *named[2:])
+    # then that one dead job is purged
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert Morgue(app, "Ledgered").size() == 4

@@ -67,7 +67,7 @@ class Filter:
             and (self.error_type is None or record.error_type == self.error_type)
             and (self.since is None or record.failed_at >= self.since)
             and (self.until is None or record.failed_at <= self.until)
-            and (self.message_ids is None or record.message_id in self.message_ids)
+            and (self.message_ids is None or not self.message_ids.isdisjoint(_ids(record)))
         )
 
     def describe(self) -> str:
@@ -233,7 +233,7 @@ class Morgue:
                 record = summary(item)
                 if where.matches(record):
                     if seen is not None:
-                        seen.add(record.message_id)
+                        seen.update(_ids(record))
                     yield at, record
             if len(got) < MAX_QUERY_ITEMS:
                 return
@@ -296,6 +296,12 @@ class Morgue:
                     if refused is not None:
                         why = failed.get(entry.id, "the broker did not accept it")
                         refused(record, f"not sent: {why}")
+
+
+def _ids(record: MorgueRecord) -> tuple[str, str]:
+    """The ids a dead job is selected by: its message id, and its record's key (the id a
+    damaged record is listed with, whichever of its items is read)."""
+    return record.message_id, record.key
 
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
