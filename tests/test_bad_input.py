@@ -334,3 +334,23 @@ def test_an_app_module_that_fails_to_import_exits_2_naming_the_error_and_the_lin
     assert "Traceback" not in result.stderr
     assert "app module 'brokenapp' failed to import" in result.stderr
     assert message in result.stderr and "brokenapp.py" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--until-empty"], ["stats"], ["nodes"], ["queues", "ensure"], ["dashboard"]]
+)
+def test_an_app_without_workers_is_refused_as_plan_refuses_it(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # given --app naming a module whose App has no worker (the workers live elsewhere)
+    (tmp_path / "bareapp.py").write_text("import shardq\n\napp = shardq.App()\n")
+    env = {
+        "SHARDQ_APP": "bareapp",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "SHARDQ_BROKER_URL": f"sqlite:///{tmp_path / 'b.db'}",
+    }
+    # when a command loads it
+    result = shardq_cli(*command, env=env)
+    # then it is refused, naming --app, as `shardq plan` does
+    assert result.returncode == 2, result.stderr
+    assert "no workers are registered; check --app" in result.stderr

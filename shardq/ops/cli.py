@@ -171,6 +171,8 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
         config = Config.load(args.config, overrides=overrides, base=app.base_config)
     app.configure(config)
     app.check()
+    if not app.workers and getattr(args, "command", None) != "morgue":  # removed ones' dead jobs
+        raise ConfigError("no workers are registered; check --app (default: the workers module)")
     return app, config
 
 
