@@ -316,6 +316,7 @@ def test_an_app_that_names_no_module_is_a_config_error(spec: str) -> None:
     ("source", "message"),
     [
         ("import no_such_dependency_xyz\n", "ModuleNotFoundError: No module named"),
+        ("import broken\n", "ModuleNotFoundError: No module named 'broken'"),
         ('raise RuntimeError("no DATABASE_URL")\n', "RuntimeError: no DATABASE_URL"),
         ("def broken(:\n", "SyntaxError: invalid syntax"),
     ],

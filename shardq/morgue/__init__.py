@@ -177,7 +177,7 @@ class Morgue:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
         to ``refused``, as are its entity's later matches (they must not overtake it).
-        ``seen`` gets the message id of every match."""
+        ``seen`` gets the ids (message id, record key) of every match."""
         if not self.registered:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
@@ -217,7 +217,7 @@ class Morgue:
         self, where: Filter, after: str | None = None, seen: set[str] | None = None
     ) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page; ``seen``
-        gets each match's message id."""
+        gets each match's ids."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after

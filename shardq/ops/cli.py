@@ -199,7 +199,8 @@ def load_app(spec: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # its own error, a missing dependency, a syntax error
-        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and f"{module_name}.".startswith(f"{missing}."):  # not one it imports
             raise ConfigError(
                 f"app module {module_name!r} not found; run from the directory that holds it "
                 "or pass --app package.module"

@@ -171,7 +171,7 @@ def act(
 ) -> int:
     """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
     ``refused`` hears of each dead job that cannot be requeued (it stays); ``seen`` gets
-    the message id of each one selected."""
+    the ids of each one selected."""
     if where.message_ids == frozenset():  # an empty list of ids names no job
         return 0
     morgue = Morgue(app, worker)
