@@ -569,3 +569,18 @@ def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_
     # then that one dead job is purged
     assert code == 0 and "purged 1 dead Ledgered job" in err
     assert Morgue(app, "Ledgered").size() == 4
+
+
+def test_a_removed_workers_dead_jobs_are_listed_when_its_first_record_is_damaged(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given the dead Ledgered jobs, the summary of the first not JSON, seen by an app that
+    # no longer registers Ledgered
+    first = Morgue(app, "Ledgered").list_jobs()[0]
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    gone = shardq.App(app.config, broker=app.broker, store=app.store)
+    # when they are listed, then all 5 are shown
+    code, out, err = cli(gone, capsys, "list", "Ledgered", "--json")
+    assert code == 0 and len(out.splitlines()) == 5, err

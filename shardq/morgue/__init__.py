@@ -133,7 +133,8 @@ class Morgue:
         try:
             self.worker = app.worker(worker).__name__
         except UnknownWorkerError:  # a worker removed from the code keeps its dead jobs
-            if not worker.isidentifier() or not self.store.query(f"morgue/{worker}/t/", limit=1):
+            dead = f"morgue/{worker}/t/"
+            if not worker.isidentifier() or not self.store.query(dead, limit=1, keep_damaged=True):
                 raise
             self.worker, self.registered = worker, False
 
