@@ -20,10 +20,10 @@ Parts (``--parts a,b,c,d,e`` picks some; each prints a table):
   ``d<batch>-<i>`` instead, as this part did before), after ``maintain()`` right
   after the drain (a node's next maintenance, at most 30 s later; the ids are still
   in their 5-minute window: kept, as SQS would) and after ``maintain()`` once that
-  window has passed (simulated instead of waiting 5 minutes: by moving the broker's
-  deduplication clock on, or on versions before deduplication buckets by
-  ``UPDATE dedup SET expires_at = 0``). The largest tables after the drain are
-  listed from SQLite's ``dbstat``.
+  window has passed (simulated instead of waiting 5 minutes: by dropping the expired
+  ids on a clock 7 minutes ahead, as that maintenance would, or on versions before
+  deduplication buckets by ``UPDATE dedup SET expires_at = 0``). The largest tables
+  after the drain are listed from SQLite's ``dbstat``.
 * ``d`` node drain: a worker with 1,000 shards vs 8 shards, one node with 8 threads,
   2,000 blank jobs over 2,000 entities, ``Node(app, plan, until_empty=True).run()``.
 * ``e`` disk under a running node: ``publish_many`` of 100,000 blank jobs
@@ -232,13 +232,25 @@ def largest_tables(broker: SqliteBroker) -> str:
 
 
 def expire_dedup_ids(broker: SqliteBroker) -> None:
-    """Let the 5-minute window of every deduplication id sent so far pass."""
-    dedup = getattr(broker, "_dedup", None)
-    if dedup is not None:
-        dedup.clock = lambda: time.time() + 7 * 60
-    else:
-        with broker._lock:
-            broker._db.execute("UPDATE dedup SET expires_at = 0")
+    """Let the 5-minute window of every deduplication id sent so far pass: drop the ids
+    as the broker's maintenance would 7 minutes from now (:class:`DedupIds` on a clock
+    of its own), through a connection of its own; the broker's ``maintain()`` then gives
+    their pages back."""
+    db = sqlite3.connect(broker.path, isolation_level=None)
+    try:
+        try:
+            from shardq.broker.sqlite_dedup import DedupIds
+        except ImportError:  # versions before deduplication buckets: one dedup table
+            db.execute("UPDATE dedup SET expires_at = 0")
+            return
+        later = DedupIds(clock=lambda: time.time() + 7 * 60)
+        while True:
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                if not later.drop_expired(db):
+                    break
+    finally:
+        db.close()
 
 
 def part_c(jobs: int, short_ids: bool) -> None:

@@ -13,9 +13,10 @@ dollars per million units (us-east-1 on-demand list prices by default).
     python bench/fleet_cost.py --nodes 3 --workers 1 --shards 64 --seconds 60
 
 **Times** (``--scenario times``): ``--runs`` times, 3 nodes over 6 shards with
-``--lease-seconds`` (default 10): one node's membership is frozen as by kill -9
-(no more heartbeats, nothing released) and the time until the others own all its
-shards is measured; then one node stops gracefully and the same is measured. On
+``--lease-seconds`` (default 10): one node (an app of its own over the same store) is
+cut off from the state store as by kill -9 (no more heartbeats, nothing released:
+every store call of it fails) and the time until the others own all its shards is
+measured; then one node stops gracefully and the same is measured. On
 ``--broker sqlite`` (a file in a temporary directory) or ``--broker sqs`` (a
 ministack process started here on 127.0.0.1, stopped by its pid).
 """
@@ -44,7 +45,7 @@ from shardq.core.config import Config  # noqa: E402
 from shardq.core.fleet_rules import ELASTIC  # noqa: E402
 from shardq.core.plan import Plan  # noqa: E402
 from shardq.run.node import Node  # noqa: E402
-from shardq.store import Item, MemoryStore, Store  # noqa: E402
+from shardq.store import Item, MemoryStore, Store, StoreError  # noqa: E402
 from shardq.store.base import encode  # noqa: E402
 
 
@@ -104,13 +105,59 @@ class CountingStore(Store):
             return Counter(self.calls), self.read_units, self.write_units
 
 
+class Severable(Store):
+    """A store that fails every call once :meth:`sever` was called: the node using it
+    writes nothing more, as if it had been killed with kill -9."""
+
+    kind = "severable"
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.severed = threading.Event()
+
+    def sever(self) -> None:
+        self.severed.set()
+
+    def _check(self) -> None:
+        if self.severed.is_set():
+            raise StoreError("severed: this node is gone")
+
+    def get(self, key: str) -> Item | None:
+        self._check()
+        return self.inner.get(key)
+
+    def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
+        self._check()
+        return self.inner.put(key, value, version=version)
+
+    def delete(self, key: str, *, version: int | None = None) -> bool:
+        self._check()
+        return self.inner.delete(key, version=version)
+
+    def query(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        keep_damaged: bool = False,
+    ) -> list[Item]:
+        self._check()
+        return self.inner.query(
+            prefix, start_after=start_after, limit=limit, keep_damaged=keep_damaged
+        )
+
+
 def _units(item: Item | None, per: int) -> int:
     return 1 if item is None else max(1, math.ceil((len(encode(item.value)) + 16) / per))
 
 
-def make_app(workers: int, shards: int, lease: float, broker: Broker, store: Store) -> App:
+def make_app(
+    workers: int, shards: int, lease: float, broker: Broker, store: Store, prefix: str = ""
+) -> App:
+    prefix = prefix or f"fc{time.monotonic_ns() % 10**8}-"
     app = App(
-        Config(queue_prefix=f"fc{time.monotonic_ns() % 10**8}-", lease_seconds=lease),
+        Config(queue_prefix=prefix, lease_seconds=lease),
         broker=broker,
         store=store,
     )
@@ -119,15 +166,16 @@ def make_app(workers: int, shards: int, lease: float, broker: Broker, store: Sto
     return app
 
 
-def _noop(self: Worker, payload: Any) -> None:
+def _noop(self: Worker, entity_id: str, payloads: list[Any]) -> None:
     return None
 
 
 @contextmanager
-def fleet(app: App, nodes: int) -> Iterator[list[tuple[Node, threading.Thread]]]:
+def fleet(apps: list[App]) -> Iterator[list[tuple[Node, threading.Thread]]]:
+    """A node of each app in ``apps``, each in a thread of its own."""
     running: list[tuple[Node, threading.Thread]] = []
     try:
-        for _ in range(nodes):
+        for app in apps:
             node = app.node(Plan(0, 0, ()), threads=2, membership=ELASTIC)
             thread = threading.Thread(target=node.run, daemon=True)
             thread.start()
@@ -170,7 +218,7 @@ def cost(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         broker = SqliteBroker(str(Path(tmp) / "b.db"))
         app = make_app(args.workers, args.shards, args.lease_seconds, broker, store)
-        with fleet(app, args.nodes) as nodes:
+        with fleet([app] * args.nodes) as nodes:
             ids = {n.id for n, _ in nodes}
             wait(lambda: balanced(store.inner, ids, total), 120)
             time.sleep(args.lease_seconds)
@@ -248,12 +296,14 @@ def one_run(args: argparse.Namespace, emulator: Any) -> tuple[float, float]:
 
             broker = SqsBroker(region="us-east-1", endpoint_url=emulator.endpoint_url)
         app = make_app(1, 6, args.lease_seconds, broker, store)
-        with fleet(app, 3) as nodes:
+        severable = Severable(store)
+        prefix = app.config.queue_prefix
+        cut_off = make_app(1, 6, args.lease_seconds, broker, severable, prefix)
+        with fleet([cut_off, app, app]) as nodes:
             ids = {n.id for n, _ in nodes}
             wait(lambda: balanced(store, ids, 6), 120)
             victim = nodes[0][0]
-            assert victim.fleet is not None
-            victim.fleet._stop.set()  # as kill -9: no beat, no release
+            severable.sever()  # as kill -9: no beat, no release
             kill = wait(lambda: balanced(store, ids - {victim.id}, 6), 120)
             leaver = nodes[1][0]
             start = time.monotonic()

@@ -310,3 +310,48 @@ def test_an_app_that_names_no_module_is_a_config_error(spec: str) -> None:
     # then it is refused naming it and the form (not a ValueError or TypeError traceback)
     with pytest.raises(ConfigError, match=r"is not MODULE\[:ATTR\]"):
         load_app(spec)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("import no_such_dependency_xyz\n", "ModuleNotFoundError: No module named"),
+        ("import broken\n", "ModuleNotFoundError: No module named 'broken'"),
+        ('raise RuntimeError("no DATABASE_URL")\n', "RuntimeError: no DATABASE_URL"),
+        ("def broken(:\n", "SyntaxError: invalid syntax"),
+    ],
+)
+def test_an_app_module_that_fails_to_import_exits_2_naming_the_error_and_the_line(
+    tmp_path: Path, source: str, message: str
+) -> None:
+    # given an app module that cannot be imported: a missing dependency, an error at
+    # import time, a syntax error
+    (tmp_path / "brokenapp.py").write_text(source)
+    path = os.pathsep.join([str(ROOT), str(tmp_path)])
+    # when a command loads it
+    result = shardq_cli("stats", env={"SHARDQ_APP": "brokenapp", "PYTHONPATH": path})
+    # then it says which module failed, why and where, without a traceback, and exits 2
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "app module 'brokenapp' failed to import" in result.stderr
+    assert message in result.stderr and "brokenapp.py" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--until-empty"], ["stats"], ["nodes"], ["queues", "ensure"], ["dashboard"]]
+)
+def test_an_app_without_workers_is_refused_as_plan_refuses_it(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # given --app naming a module whose App has no worker (the workers live elsewhere)
+    (tmp_path / "bareapp.py").write_text("import shardq\n\napp = shardq.App()\n")
+    env = {
+        "SHARDQ_APP": "bareapp",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "SHARDQ_BROKER_URL": f"sqlite:///{tmp_path / 'b.db'}",
+    }
+    # when a command loads it
+    result = shardq_cli(*command, env=env)
+    # then it is refused, naming --app, as `shardq plan` does
+    assert result.returncode == 2, result.stderr
+    assert "no workers are registered; check --app" in result.stderr

@@ -17,6 +17,7 @@ from tests.apps import ledger
 from tests.children import ROOT, Env
 from tests.conftest import needs_shared_store
 from tests.fleet_items import heartbeat
+from tests.test_fleet_damaged import damage
 
 pytestmark = pytest.mark.slow
 
@@ -329,3 +330,24 @@ def test_stats_show_each_shard_owner_and_lag_from_the_reports(env: Env) -> None:
     # and on SQS, which counts no jobs done, the live node's reported counts
     counted = "since they started: 40 done, 0 retried, 0 failed" in table.stderr
     assert counted == (env.vars["SHARDQ_BROKER_URL"] == "sqs://"), table.stderr
+
+
+def test_nodes_and_stats_show_the_fleet_around_a_damaged_item_and_name_it(env: Env) -> None:
+    # given a live node, and a heartbeat and an ownership item that are not JSON
+    needs_shared_store(ledger.app)
+    store = ledger.app.store
+    heartbeat(store, "n-live", time.time() - 3, ("Ledgered:0", "Ledgered:2"))
+    heartbeat(store, "n-bad", time.time() - 3, ("Ledgered:1",))
+    damage(ledger.app, "node/n-bad", "{not json")
+    damage(ledger.app, "shard/Ledgered:2", "garbage")
+    env.cli("publish", "Ledgered", "e", '{"n": 0}')
+    # when the nodes and the stats are listed
+    table, listed, stats = env.cli("nodes"), env.cli("nodes", "--json"), env.cli("stats")
+    # then the live node shows and each damaged item is named, exit 0
+    for result in (table, listed, stats):
+        assert result.returncode == 0, result.stderr
+        assert "store item 'node/n-bad' is damaged" in result.stderr
+        assert "store item 'shard/Ledgered:2' is damaged" in result.stderr
+    assert table.stdout.splitlines()[1].split()[0] == "n-live"
+    assert [n["node"] for n in json.loads(listed.stdout)["nodes"]] == ["n-live"]
+    assert "1 node live" in stats.stderr

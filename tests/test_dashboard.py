@@ -216,6 +216,24 @@ def test_throughput_is_the_change_of_done_between_samples(filled: shardq.App) ->
     assert snapshot["throughput"]["IndexProduct"] == [[t, 0.0]]
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_a_queue_leaving_the_count_is_no_burst_of_throughput(filled: shardq.App) -> None:
+    # given samples before and after 7 jobs were done
+    sampler = Sampler(filled, refresh=5)
+    sampler.sample()
+    run_until_empty()
+    sampler.sample()
+    # when a shard queue that did jobs leaves the count (as a retired generation's do
+    # once a reshard ends) and nothing else is done
+    queues = [filled.shard_queue("SyncOrder", n) for n in range(4)]
+    busiest = max(queues, key=lambda q: filled.broker.counts(q).deleted_total or 0)
+    filled.broker.delete_queue(busiest)
+    sampler.sample()
+    # then no job is counted done since the last sample
+    assert sampler.points["SyncOrder"][-1][1] == 0.0
+    assert sampler.total[-1][1] == 0.0
+
+
 def test_an_embedded_broker_counts_throughput_before_its_queues_exist() -> None:
     app.configure(Config(queue_prefix="fresh-"), broker=MemoryBroker())
     sampler = Sampler(app, refresh=5)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import struct
+import time
 from collections.abc import Iterator
 
 import pytest
+from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import MemoryBroker
@@ -77,3 +81,26 @@ def test_an_unknown_path_under_get_is_still_a_json_404(server: DashboardServer, 
     status, kind, _, body = request(server, "GET", path)
     assert (status, kind) == (404, "application/json")
     assert "no such page or endpoint" in json.loads(body)["error"]
+
+
+def test_a_client_that_hangs_up_mid_request_leaves_no_traceback(
+    server: DashboardServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # given clients that send a request and reset the connection at once
+    with capture_logs() as logs:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", server.server_port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            sock.close()  # a reset, not a graceful close
+        # when the dashboard has answered them, and then a client that stays
+        deadline = time.monotonic() + 10
+        while len([e for e in logs if e["event"] == "dashboard.client_gone"]) < 5:
+            assert time.monotonic() < deadline, capfd.readouterr().err[-2000:]
+            time.sleep(0.05)
+        status, *_ = request(server, "GET", "/api/v1/nodes")
+    # then nothing went to stderr: each went to the log at debug, one line each
+    assert status == 200
+    assert "Traceback" not in capfd.readouterr().err
+    gone = [e for e in logs if e["event"] == "dashboard.client_gone"]
+    assert all(e["log_level"] == "debug" for e in gone)

@@ -24,11 +24,14 @@ from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
 from shardq.morgue import Filter, Morgue
+from shardq.morgue.record import keys_of
 from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
+from shardq.store import SqliteStore
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
+from tests.test_fleet_damaged import damage
 
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -225,6 +228,26 @@ def test_a_damaged_record_lists_as_unreadable_and_requeue_refuses_it_and_its_ent
     assert n == 0 and [m for m, _ in refused] == ["id-f-0", "id-f-1"]
     assert "earlier dead job of its entity" in refused[1][1]
     assert queued(app, "f") == [] and dead.size() == 7
+
+
+def test_a_requeue_sends_an_entitys_dead_jobs_before_one_it_cannot_read(
+    app: shardq.App,
+) -> None:
+    # given three dead jobs of one entity, the body of the second altered
+    bury(app, [("f", 0), ("f", 1), ("f", 2)])
+    dead = Morgue(app, "Ledgered")
+    second = dead.list_jobs(entity="f")[1]
+    item = app.store.get(second.key)
+    assert item is not None
+    app.store.put(second.key, {**item.value, "body": "{}"}, version=item.version)
+    # when the entity is requeued
+    refused: list[tuple[str, str]] = []
+    n = dead.requeue(Filter(entity="f"), refused=lambda r, why: refused.append((r.message_id, why)))
+    # then the first is sent (nothing of its entity comes before it) and the other two stay
+    assert n == 1 and queued(app, "f") == [0]
+    assert [m for m, _ in refused] == ["id-f-1", "id-f-2"]
+    assert "SHA-256" in refused[0][1] and "earlier dead job of its entity" in refused[1][1]
+    assert [r.message_id for r in dead.list_jobs(entity="f")] == ["id-f-1", "id-f-2"]
 
 
 def test_retention_deletes_only_older_dead_jobs(app: shardq.App) -> None:
@@ -474,3 +497,90 @@ def test_a_requeue_names_every_dead_job_it_leaves_behind_one_sqs_refused() -> No
     assert [n for n, _ in refused] == [0, 10, 11]
     assert "earlier dead job of its entity" in refused[2][1]
     broker.close()
+
+
+@pytest.mark.parametrize("action", ["requeue", "purge"])
+def test_an_id_without_an_entity_reads_the_morgue_once(
+    app: shardq.App,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+) -> None:
+    # given dead jobs of e1 and e2, and a store that counts the reads of the death order
+    target = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e2")
+    reads: list[str] = []
+    query = app.store.query
+
+    def counting(prefix: str, **options: object) -> list[shardq.store.Item]:
+        reads.append(prefix)
+        return query(prefix, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app.store, "query", counting)
+    yes = ["--yes"] if action == "purge" else []
+    # when one of them and an id naming nothing are requeued or purged, without --entity
+    ids = ["--id", target.message_id, "--id", "x"]
+    code, _, err = cli(app, capsys, action, "Ledgered", *ids, *yes)
+    # then the worker's dead jobs are read once, and the id matching nothing is still named
+    assert reads.count("morgue/Ledgered/t/") == 1
+    assert code == 2 and "no dead Ledgered job has id x: nothing to" in err
+    assert Morgue(app, "Ledgered").size() == 4
+
+
+def test_a_dead_job_whose_store_items_are_damaged_is_listed_unreadable_and_purged_by_its_id(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of e1 and e2, the summary of e1's first and the record of its
+    # second not JSON (a damaged file, a hand edit)
+    first, second, _ = [r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e1"]
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    damage(app, second.key, "garbage")
+    # when the morgue is counted and listed
+    size = Morgue(app, "Ledgered").size()
+    code, out, err = cli(app, capsys, "list", "Ledgered", "--json")
+    listed = [json.loads(line) for line in out.splitlines()]
+    # then all five are counted and listed, the one whose record is damaged unreadable
+    assert (size, code) == (5, 0) and len(listed) == 5
+    damaged = [j for j in listed if j["reason"] == "unreadable_record"]
+    assert len(damaged) == 1 and "is damaged" in damaged[0]["error_message"]
+    # and a requeue of e1 sends its first (its record is whole) and no later one
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "e1")
+    assert code == 2 and "requeued 1 dead Ledgered job" in err and queued(app, "e1") == [0]
+    # and the damaged one is purged by the id it is listed with
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", damaged[0]["message_id"], "--yes")
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert Morgue(app, "Ledgered").size() == 3
+
+
+def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_entity(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of e2, the record of its first not JSON
+    first = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e2")
+    damage(app, first.key, "garbage")
+    # when e2 is requeued, and the purge it names for the damaged one is run as named
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "e2")
+    named = err.split("delete it with `")[1].split("`")[0].split()
+    assert code == 2 and named[:3] == ["shardq", "morgue", "purge"]
+    code, _, err = cli(app, capsys, *named[2:])
+    # then that one dead job is purged
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert Morgue(app, "Ledgered").size() == 4
+
+
+def test_a_removed_workers_dead_jobs_are_listed_when_its_first_record_is_damaged(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given the dead Ledgered jobs, the summary of the first not JSON, seen by an app that
+    # no longer registers Ledgered
+    first = Morgue(app, "Ledgered").list_jobs()[0]
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    gone = shardq.App(app.config, broker=app.broker, store=app.store)
+    # when they are listed, then all 5 are shown
+    code, out, err = cli(gone, capsys, "list", "Ledgered", "--json")
+    assert code == 0 and len(out.splitlines()) == 5, err

@@ -211,3 +211,25 @@ def test_drain_runs_the_jobs_of_a_resharded_worker_in_its_live_generation() -> N
     # then every job ran, in order per entity
     assert len(result.runs) == 9 and all(r.outcome == "succeeded" for r in result.runs)
     assert [n for e, n in seen if e == "e1"] == [1, 4, 7] and len(seen) == 9
+
+
+def test_drain_stops_at_max_runs_even_while_one_job_retries() -> None:
+    # given a job that fails every time, of a worker with a large max_retries
+    other = shardq.App(shardq.Config(broker_url="memory://"))
+    runs = [0]
+
+    @other.register
+    class Stubborn(shardq.Worker):
+        max_retries = 5000
+
+        def perform(self, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+            runs[0] += 1
+            raise RuntimeError("no")
+
+    use_memory_broker(other)
+    Stubborn.publish("o1", {})
+    # when the queues are drained with max_runs 20
+    with pytest.raises(shardq.ShardqError, match="drain stopped after"):
+        drain(other, max_runs=20)
+    # then it stopped there, not after the job's 5,000 retries
+    assert runs[0] <= 21

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +25,19 @@ from shardq.core.layout import publish_to
 from shardq.core.tables import utc
 from shardq.core.topology import shard_for
 from shardq.morgue.record import MorgueRecord as MorgueRecord
-from shardq.morgue.record import entity_key, items, keys_of, new_stamp, stamp_for, summary, whole
+from shardq.morgue.record import (
+    entity_key,
+    items,
+    keys_of,
+    new_stamp,
+    stamp_for,
+    summary,
+    unreadable,
+    whole,
+)
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
-from shardq.store.base import MAX_QUERY_ITEMS, Store
+from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Store
 from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
@@ -58,7 +67,7 @@ class Filter:
             and (self.error_type is None or record.error_type == self.error_type)
             and (self.since is None or record.failed_at >= self.since)
             and (self.until is None or record.failed_at <= self.until)
-            and (self.message_ids is None or record.message_id in self.message_ids)
+            and (self.message_ids is None or not self.message_ids.isdisjoint(_ids(record)))
         )
 
     def describe(self) -> str:
@@ -124,13 +133,14 @@ class Morgue:
         try:
             self.worker = app.worker(worker).__name__
         except UnknownWorkerError:  # a worker removed from the code keeps its dead jobs
-            if not worker.isidentifier() or not self.store.query(f"morgue/{worker}/t/", limit=1):
+            dead = f"morgue/{worker}/t/"
+            if not worker.isidentifier() or not self.store.query(dead, limit=1, keep_damaged=True):
                 raise
             self.worker, self.registered = worker, False
 
     def size(self) -> int:
-        """How many dead jobs the worker has."""
-        return len(self.store.query_all(f"morgue/{self.worker}/t/"))
+        """How many dead jobs the worker has (damaged ones too)."""
+        return len(self.store.query_all(f"morgue/{self.worker}/t/", keep_damaged=True))
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
@@ -144,28 +154,35 @@ class Morgue:
         return self.page(Filter(entity=entity), limit).records
 
     def load(self, record: MorgueRecord) -> MorgueRecord:
-        """The whole record (traceback, meta, body) of a listed one."""
-        item = self.store.get(record.key)
-        if item is None:
-            return record  # purged meanwhile, or only its summary is left
-        first = whole(item, [])
-        parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        """The whole record (traceback, meta, body) of a listed one, with the id it is listed
+        (and selected) by; one with an item that cannot be read is unreadable."""
+        try:
+            item = self.store.get(record.key)
+            if item is None:
+                return record  # purged meanwhile, or only its summary is left
+            first = whole(item, [])
+            parts = [self.store.get(key) for key in keys_of(record.key, first.pieces)[2:]]
+        except DamagedItem as exc:
+            return unreadable(str(exc), record.entity_id, record.message_id, key=record.key)
         bodies = [None if p is None else p.value.get("body") for p in parts]
-        return whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
+        found = whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
+        return replace(found, message_id=record.message_id)  # a damaged summary's: its key
 
     def requeue(
         self,
         where: Filter = Filter(),
         progress: Progress | None = None,
         refused: Refused | None = None,
+        seen: set[str] | None = None,
     ) -> int:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
-        to ``refused``, as are its entity's later matches (they must not overtake it)."""
+        to ``refused``, as are its entity's later matches (they must not overtake it).
+        ``seen`` gets the ids (message id, record key) of every match."""
         if not self.registered:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
-        scan = (record for _, record in self._scan(where))
+        scan = (record for _, record in self._scan(where, seen=seen))
         while batch := list(islice(scan, ROUND)):
             sendable = []
             for record in map(self.load, batch):
@@ -178,20 +195,30 @@ class Morgue:
                 stopped.add(record.entity_id)
                 if refused is not None:
                     refused(record, problem)
-            done = self._delete(self._resend(sendable, stopped, refused), progress, done)
+            failed = set[str]()  # not the entities stopped after their sendable records
+            done = self._delete(self._resend(sendable, failed, refused), progress, done)
+            stopped |= failed
         return done
 
-    def purge(self, where: Filter = Filter(), progress: Progress | None = None) -> int:
-        """Delete matching dead jobs for good; how many."""
-        return self._delete((record for _, record in self._scan(where)), progress)
+    def purge(
+        self,
+        where: Filter = Filter(),
+        progress: Progress | None = None,
+        seen: set[str] | None = None,
+    ) -> int:
+        """Delete matching dead jobs for good; how many. ``seen`` as for :meth:`requeue`."""
+        return self._delete((record for _, record in self._scan(where, seen=seen)), progress)
 
     def expire(self, days: float, now: float | None = None) -> int:
         """Delete the dead jobs that died more than ``days`` ago."""
         cutoff = (wall() if now is None else now) - days * 86400
         return self.purge(Filter(until=cutoff))
 
-    def _scan(self, where: Filter, after: str | None = None) -> Iterator[tuple[str, MorgueRecord]]:
-        """(cursor, summary) of every match in death order, read page by page."""
+    def _scan(
+        self, where: Filter, after: str | None = None, seen: set[str] | None = None
+    ) -> Iterator[tuple[str, MorgueRecord]]:
+        """(cursor, summary) of every match in death order, read page by page; ``seen``
+        gets each match's ids."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
@@ -199,13 +226,15 @@ class Morgue:
             start = max(start or "", base + stamp_for(where.since))
         end = None if where.until is None else stamp_for(where.until + 1e-9)
         while True:
-            got = self.store.query(base, start_after=start)
+            got = self.store.query(base, start_after=start, keep_damaged=True)
             for item in got:
                 at = item.key[len(base) :]
                 if end is not None and at[: len(end)] >= end:
                     return
                 record = summary(item)
                 if where.matches(record):
+                    if seen is not None:
+                        seen.update(_ids(record))
                     yield at, record
             if len(got) < MAX_QUERY_ITEMS:
                 return
@@ -268,6 +297,12 @@ class Morgue:
                     if refused is not None:
                         why = failed.get(entry.id, "the broker did not accept it")
                         refused(record, f"not sent: {why}")
+
+
+def _ids(record: MorgueRecord) -> tuple[str, str]:
+    """The ids a dead job is selected by: its message id, and its record's key (the id a
+    damaged record is listed with, whichever of its items is read)."""
+    return record.message_id, record.key
 
 
 def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:

@@ -163,7 +163,7 @@ def summary(item: Item) -> MorgueRecord:
             key=key,
         )
     except ValueError as exc:
-        return _unreadable_item(key, item.value, str(exc))
+        return _unreadable_item(key, item.value, item.damaged or str(exc))
 
 
 def whole(item: Item, pieces: list[str]) -> MorgueRecord:

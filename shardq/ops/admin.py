@@ -21,7 +21,7 @@ from shardq.core.terminal import plural
 from shardq.ops import bulk, logs
 from shardq.ops.admin_morgue import add_morgue
 from shardq.ops.ensure import PRUNE_HELP, ensure
-from shardq.ops.fleet_view import fleet_lines, nodes_text
+from shardq.ops.fleet_view import damaged_lines, fleet_lines, nodes_text
 from shardq.ops.layout_view import layout_lines, reshards
 from shardq.ops.reshard import EXAMPLES as RESHARD_EXAMPLES
 from shardq.ops.reshard import reshard_command
@@ -257,6 +257,8 @@ def _nodes(app: App, args: argparse.Namespace) -> int:
             print(("\n" if view.reported else "") + "\n".join(m.text() for m in moves))
     if not view.reported:
         print(NO_REPORT, file=sys.stderr)
+    for line in damaged_lines(view):
+        print(line, file=sys.stderr)
     return EXIT_OK
 
 

@@ -142,8 +142,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing purged", file=sys.stderr)
             return EXIT_OK
-    # an --id that names no dead job must not pass for done: find those before acting
-    missing = unmatched(morgue, where)
+    seen: set[str] = set()  # an --id that names no dead job must not pass for done
     refused: list[tuple[MorgueRecord, str]] = []
     done = [0]
     with Progress(DONE[action]) as progress, _sigterm_interrupts():
@@ -153,7 +152,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
             progress(n)
 
         try:
-            act(app, worker, action, where, tell, lambda *dead: refused.append(dead))
+            act(app, worker, action, where, tell, lambda *dead: refused.append(dead), seen)
         except (KeyboardInterrupt, ShardqError) as exc:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
             last = (
@@ -182,7 +181,7 @@ def _change(app: App, args: argparse.Namespace) -> int:
             f"`shardq morgue purge {worker} --id {record.message_id} --yes`",
             file=sys.stderr,
         )
-    if missing:
+    if missing := unmatched(where, seen):
         them = "them" if len(missing) > 1 else "it"
         print(
             f"no dead {worker} job has id {', '.join(missing)}: nothing to {action} for {them}; "

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
@@ -170,6 +171,8 @@ def load(args: argparse.Namespace) -> tuple[App, Config]:
         config = Config.load(args.config, overrides=overrides, base=app.base_config)
     app.configure(config)
     app.check()
+    if not app.workers and getattr(args, "command", None) != "morgue":  # removed ones' dead jobs
+        raise ConfigError("no workers are registered; check --app (default: the workers module)")
     return app, config
 
 
@@ -195,13 +198,14 @@ def load_app(spec: str) -> App:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+    except Exception as exc:  # its own error, a missing dependency, a syntax error
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and f"{module_name}.".startswith(f"{missing}."):  # not one it imports
             raise ConfigError(
                 f"app module {module_name!r} not found; run from the directory that holds it "
                 "or pass --app package.module"
             ) from exc
-        raise
+        raise ConfigError(_import_failed(module_name, exc)) from None
     if attr:
         found = getattr(module, attr, None)
         if not isinstance(found, App):
@@ -214,6 +218,18 @@ def load_app(spec: str) -> App:
             f"name one with --app {module_name}:ATTR"
         )
     return next(iter(apps.values()))
+
+
+def _import_failed(module: str, exc: Exception) -> str:
+    """Why the app module could not be imported, and where (the deepest line of it)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename[:1] != "<"]
+    where = ""  # a SyntaxError names its file and line itself
+    if frames and not isinstance(exc, SyntaxError):
+        where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
+    return (
+        f"app module {module!r} failed to import: {type(exc).__name__}: {exc}{where}; "
+        f"`python -c 'import {module}'` shows the whole traceback"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

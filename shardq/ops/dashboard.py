@@ -11,6 +11,7 @@ import math
 import signal
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -70,6 +71,15 @@ class DashboardServer(ThreadingHTTPServer):
     def server_bind(self) -> None:  # HTTPServer's would look up the host's FQDN
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.host, int(self.socket.getsockname()[1])
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up is logged at debug, one line; anything else with its
+        traceback in the log (socketserver would print it to stderr)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("dashboard.client_gone", client=client_address[0], error=str(exc))
+        else:
+            log.exception("dashboard.request_failed", client=client_address[0])
 
     @property
     def url(self) -> str:
@@ -253,9 +263,10 @@ def morgue_act(
     def refused(record: MorgueRecord, why: str) -> None:
         left.append({"message_id": record.message_id, "entity_id": record.entity_id, "why": why})
 
+    seen: set[str] = set()
     with lock:
-        missing = selection.unmatched(morgue, where)
-        n = act(app, morgue.worker, action, where, refused=refused)
+        n = act(app, morgue.worker, action, where, refused=refused, seen=seen)
+    missing = selection.unmatched(where, seen)
     log.info(
         f"dashboard.morgue_{action}", worker=morgue.worker, scope=selection.scope(where), count=n
     )

@@ -60,6 +60,7 @@ class FleetView:
     unserved: tuple[str, ...] = ()  # the live layout's shards no live node serves
     #: Shard key -> the node, not live now, that held it last (of the unserved ones).
     last_held: Mapping[str, str] = field(default_factory=dict)
+    damaged: tuple[str, ...] = ()  # why each fleet item that cannot be read is left out
 
     @property
     def jobs_per_second(self) -> float:
@@ -125,15 +126,16 @@ class FleetItems:
 
 
 def read_fleet(store: Store) -> FleetItems:
-    """The ownership items, then the heartbeats (two prefix queries)."""
-    owners = store.query_all("shard/")
-    return FleetItems(tuple(store.query_all("node/")), tuple(owners))
+    """The ownership items, then the heartbeats (two prefix queries), damaged ones too."""
+    owners = store.query_all("shard/", keep_damaged=True)
+    return FleetItems(tuple(store.query_all("node/", keep_damaged=True)), tuple(owners))
 
 
 def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None = None) -> FleetView:
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
     layout) adds the shards no live node serves."""
-    reports = [Heartbeat.from_value(i.key.partition("/")[2], i.value) for i in items.nodes]
+    nodes = [i for i in items.nodes if not i.damaged]
+    reports = [Heartbeat.from_value(i.key.partition("/")[2], i.value) for i in nodes]
     judged = any(  # a live elastic node marks the others gone: trust its marks
         r.mode == ELASTIC and not r.gone and now - r.at <= stale_after(r) for r in reports
     )
@@ -167,6 +169,7 @@ def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None =
         lags=lags,
         unserved=_sorted(k for k in shard_keys(shards or {}) if k not in owners),
         last_held=last_held,
+        damaged=tuple(i.damaged for i in (*items.nodes, *items.owners) if i.damaged),
     )
 
 
@@ -270,7 +273,12 @@ def fleet_lines(
     lines += [
         f"  excludes {g.report.node}: {g.reason} since {utc(g.gone_at)} UTC" for g in view.gone
     ]
-    return lines + unserved_lines(view, backlog or {})
+    return lines + unserved_lines(view, backlog or {}) + damaged_lines(view)
+
+
+def damaged_lines(view: FleetView) -> list[str]:
+    """The fleet items left out because they cannot be read."""
+    return [f"left out of the fleet: {why}" for why in view.damaged]
 
 
 def _counts_text(c: Mapping[str, int]) -> str:

@@ -126,8 +126,13 @@ class Sampler:
             s.done is not None for w in stats.workers for s in w.shards
         ):
             source = "broker"  # a queue not created yet has done None
-            counts = {w.name: float(sum(s.done or 0 for s in w.shards)) for w in stats.workers}
-            rates = self._rates(now, {"broker": counts}, names)
+            counts = {  # per queue: one that leaves the count (retired, deleted) is no drop
+                f"queue {s.queue}": {w.name: float(s.done)}
+                for w in stats.workers
+                for s in w.shards
+                if s.done is not None
+            }
+            rates = self._rates(now, {"broker": dict.fromkeys(names, 0.0), **counts}, names)
         elif self.scrape:
             source, rates = "scrape", self._rates(now, self._scrape_all(now), names)
             excludes = [

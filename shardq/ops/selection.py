@@ -148,12 +148,11 @@ def _checked(forms: str, prefix: str, everything: bool, given: dict[str, Any]) -
     return Filter(given["entity"], given["error_type"], since, until, ids)
 
 
-def unmatched(morgue: Morgue, where: Filter) -> list[str]:
-    """The ids given in ``where`` that name no dead job it selects (none if no ids): a
-    requeue or purge must not pass them for done."""
-    ids = where.message_ids or frozenset()
-    found = morgue.page(where, MAX_LIST).records if ids else []
-    return sorted(ids - {r.message_id for r in found})
+def unmatched(where: Filter, seen: set[str]) -> list[str]:
+    """The ids given in ``where`` that name no dead job it selected (none if no ids),
+    ``seen`` holding those :func:`act` found: a requeue or purge must not pass them for
+    done."""
+    return sorted((where.message_ids or frozenset()) - seen)
 
 
 def scope(where: Filter) -> str:
@@ -168,12 +167,14 @@ def act(
     where: Filter,
     progress: Progress | None = None,
     refused: Refused | None = None,
+    seen: set[str] | None = None,
 ) -> int:
     """Requeue or purge (``action``) the selected dead jobs of ``worker``; how many.
-    ``refused`` hears of each dead job that cannot be requeued (it stays)."""
+    ``refused`` hears of each dead job that cannot be requeued (it stays); ``seen`` gets
+    the ids of each one selected."""
     if where.message_ids == frozenset():  # an empty list of ids names no job
         return 0
     morgue = Morgue(app, worker)
     if action == "requeue":
-        return morgue.requeue(where, progress, refused)
-    return morgue.purge(where, progress)
+        return morgue.requeue(where, progress, refused, seen)
+    return morgue.purge(where, progress, seen)

@@ -6,7 +6,7 @@ queued job in this thread with the node's own executor, not waiting out retry de
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -110,13 +110,18 @@ def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
     limits = TimeLimits()
     executor = Executor(app, leases, limits, threading.Event(), [result], max_retry_delay=0.0)
     _draining.active = True
+
+    def check() -> None:
+        if len(result.runs) > max_runs:
+            raise ShardqError(
+                f"drain stopped after {len(result.runs)} job runs (max_runs {max_runs}); a "
+                "job keeps failing and retrying (check max_retries) or perform publishes "
+                "without end"
+            )
+
     try:
-        while _drain_round(app, executor, leases):
-            if len(result.runs) > max_runs:
-                raise ShardqError(
-                    f"drain stopped after {max_runs} job runs; a job keeps failing and "
-                    "retrying (check max_retries) or perform publishes without end"
-                )
+        while _drain_round(app, executor, leases, check):
+            check()
     finally:
         _draining.active = False
         executor.perform.loop.close()  # async workers' loop thread
@@ -126,16 +131,26 @@ def drain(app: Deployment, *, max_runs: int = 100_000) -> DrainResult:
     return result
 
 
-def _drain_round(app: Deployment, executor: Executor, leases: Leases) -> bool:
-    """Receive once from every shard queue; True if anything ran."""
+def _drain_round(
+    app: Deployment, executor: Executor, leases: Leases, check: Callable[[], None]
+) -> bool:
+    """Receive once from every shard queue; True if anything ran. ``check`` raises once
+    too many jobs ran."""
     progressed = False
     for name in app.workers:
         for gen_name, count in app.live_shards(name).items():  # a resharded worker's too
-            progressed |= _drain_gen(app, executor, leases, gen_name, count)
+            progressed |= _drain_gen(app, executor, leases, gen_name, count, check)
     return progressed
 
 
-def _drain_gen(app: Deployment, executor: Executor, leases: Leases, name: str, count: int) -> bool:
+def _drain_gen(
+    app: Deployment,
+    executor: Executor,
+    leases: Leases,
+    name: str,
+    count: int,
+    check: Callable[[], None],
+) -> bool:
     """Receive once from every shard of one generation (``Orders@2``); True if anything ran."""
     worker, gen = parse_name(name)
     settings = app.settings(worker)
@@ -154,6 +169,7 @@ def _drain_gen(app: Deployment, executor: Executor, leases: Leases, name: str, c
         leases.hold(messages, settings.visibility_timeout)
         retries = executor.run_batch(ShardRef(worker, shard, settings.priority, gen), messages)
         while retries:  # drain retries at once (their delay is capped to 0)
+            check()
             retries = [r for d in retries for r in executor.run_batch(d.ref, d.messages)]
         leases.flush(10.0)
         progressed = True
