@@ -9,11 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client import start_http_server
 from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import SendEntry
 from shardq.core.config import Config
+from shardq.run import metrics
 from shardq.run.leases import Leases
 from shardq.run.threads import Threads, describe
 
@@ -166,3 +168,39 @@ def test_a_part_of_a_node_that_raises_stops_the_node_with_exit_1(part: str) -> N
     failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
     error = "Unprintable" if part == "lane 0" else "RuntimeError: bug in a part"
     assert failed == [(part, error)]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_metrics_server_whose_thread_dies_stops_the_node_with_exit_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a node serving metrics whose server thread raises once it serves
+    def failing_server(*args: Any, **kwargs: Any) -> Any:
+        server, thread = start_http_server(*args, **kwargs)
+        server.service_actions = lambda: _raise(RuntimeError("bug in the metrics server"))
+        return server, thread
+
+    monkeypatch.setattr(metrics, "start_http_server", failing_server)
+    app.configure(Config(grace_seconds=2, metrics_port=0), broker=shardq.MemoryBroker())
+    node = app.node(app.plan(threads=1), membership="static")
+    # when the node runs (it would run until stopped)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        runner.join(30)
+    # then it stopped by itself with exit code 1, naming the metrics server
+    assert not runner.is_alive()
+    assert result == [1]
+    failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
+    assert failed == [
+        (
+            "the metrics server",
+            f"MetricsServerError: the metrics server on 127.0.0.1:{node.metrics_port} stopped "
+            "serving /metrics (its thread ended; its error, if any, is printed above)",
+        )
+    ]
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc

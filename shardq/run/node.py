@@ -251,7 +251,7 @@ class Node:
             return
         if (port := self.config.metrics_port) is not None:
             host = self.config.metrics_host
-            self.metrics_port = self.metrics.serve(port, host)
+            self.metrics_port = self.metrics.serve(port, host, self.threads)
             log.info("node.metrics", url=f"http://{host}:{self.metrics_port}/metrics")
         self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
