@@ -281,7 +281,8 @@ class Node:
         # receives in flight are not waited for: what they bring is released (Lane._fetch)
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A job still running keeps its entity's later jobs (they reappear after it).
-        running = {m.receipt for m in self.slots.running()}
+        still = self.slots.running()
+        running = {m.receipt for m in still}
         held = self.leases.held(HELD)
         for messages, seconds in hand_back(held, running, self.slots.retries(), self.clock()):
             self.leases.hide(messages, seconds)
@@ -326,6 +327,7 @@ class Node:
             log.warning(
                 "node.grace_expired",
                 running_jobs=len(running),
+                entities=sorted({m.group_id for m in still})[:20],  # the first 20
                 detail="their messages reappear after their visibility timeout",
             )
             return EXIT_GRACE_EXPIRED
