@@ -366,7 +366,8 @@ class Node:
             (
                 s.ref.name,
                 s.ref.shard,
-                0.0 if s.watched or s.head_sent_at is None else max(0.0, now - s.head_sent_at),
+                # read once: its lane may empty the shard meanwhile
+                0.0 if s.watched or (sent := s.head_sent_at) is None else max(0.0, now - sent),
             )
             for lane in self.lanes
             for s in lane.shards
