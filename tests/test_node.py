@@ -15,6 +15,7 @@ import shardq
 from shardq import morgue
 from shardq.broker import Message, SendEntry
 from shardq.core.config import Config
+from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
 from shardq.run.node import Node
 from tests.apps import ledger
@@ -445,3 +446,41 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
     (record,) = morgue_records(ledger.app)
     assert record.reason == "invalid_message"
     broker.close()
+
+
+class _CountingCounts(shardq.MemoryBroker):
+    """Counts the calls of ``counts`` (one GetQueueAttributes each on SQS)."""
+
+    calls = 0
+
+    def counts(self, queue: str) -> Any:
+        self.calls += 1
+        return super().counts(queue)
+
+
+def test_an_until_empty_node_waiting_for_one_busy_shard_asks_about_it_not_every_shard() -> None:
+    # given 200 shards, the last one holding a job another consumer holds for 3 s
+    broker = _CountingCounts()
+    app = shardq.App(Config(queue_prefix="ue-", idle_wait_seconds=1), broker=broker)
+
+    @app.register
+    class Many(shardq.Worker):
+        shards = 200
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            return None
+
+    node = app.node(app.plan(threads=2), until_empty=True)
+    Many.publish(next(e for e in map(str, range(10_000)) if shard_for(e, 200) == 199), {})
+    broker.receive(
+        app.shard_queue("Many", 199), max_messages=1, wait_seconds=0, visibility_timeout=3
+    )
+    # when the node runs until every shard is empty
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    runner.join(30)
+    # then it ran the job once it was visible again, and while it waited it asked about
+    # the busy shard, not all 200 shards again every half second
+    assert not runner.is_alive()
+    assert sum(node.tally().succeeded.values()) == 1
+    assert broker.calls < 3 * 200, broker.calls

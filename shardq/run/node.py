@@ -76,6 +76,7 @@ class Node:
         self.app, self.plan, self.clock, self.wall = app, plan, clock, wall_clock
         self.config = app.config
         self.until_empty = until_empty
+        self._busy_queue = ""  # the queue that kept an until-empty node running last time
         self.elastic = threads is not None
         self.failed = False  # fail() sets it, from any thread
         self.threads = Threads(self.fail)
@@ -389,7 +390,8 @@ class Node:
             ]
         else:
             queues = [shard.queue for lane in self.lanes for shard in lane.shards]
-        for queue in queues:
+        # the queue that had work last time first: one request a look while it still has
+        for queue in sorted(queues, key=lambda q: q != self._busy_queue):
             try:
                 counts = broker.counts(queue)
             except QueueNotFoundError:
@@ -397,5 +399,6 @@ class Node:
             except BrokerError:
                 return False
             if counts.waiting or counts.in_flight:
+                self._busy_queue = queue
                 return False
         return True
