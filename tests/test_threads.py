@@ -204,3 +204,37 @@ def test_a_metrics_server_whose_thread_dies_stops_the_node_with_exit_1(
 
 def _raise(exc: BaseException) -> None:
     raise exc
+
+
+class _Fatal(BaseException):
+    """Not an Exception (as SystemExit or asyncio.CancelledError are not)."""
+
+
+class _FatalDeletes(shardq.MemoryBroker):
+    def delete_batch(self, queue: str, receipts: Any) -> Any:
+        raise _Fatal("delete interrupted")
+
+
+def test_a_request_that_raises_a_base_exception_in_the_pool_is_reported() -> None:
+    # given leases on a broker whose deletes raise a BaseException that is no Exception
+    broker = _FatalDeletes()
+    broker.ensure_queue("q.fifo")
+    broker.send_batch("q.fifo", [SendEntry("0", "body", "g", "d0")])
+    messages = broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=30)
+    failures: list[tuple[str, str]] = []
+    reported = threading.Event()
+
+    def failed(what: str, exc: BaseException) -> None:
+        failures.append((what, describe(exc)))
+        reported.set()
+
+    leases = Leases(broker, ThreadPoolExecutor(1), threads=Threads(failed))
+    leases.hold(messages, 30)
+    leases.start()
+    # when its job is deleted
+    with capture_logs():
+        leases.delete(messages)
+        # then the failure is reported (the node stops), not left in the pool's future
+        assert reported.wait(5)
+        leases.close(0.0)
+    assert failures[0] == ("a request to q.fifo", "_Fatal: delete interrupted")
