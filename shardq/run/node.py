@@ -47,6 +47,8 @@ MAINTAIN_EVERY_SECONDS = 30.0
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
+#: Seconds an until-empty node waits to count its queues again after the broker failed to.
+COUNTS_RETRY_SECONDS = 10.0
 #: Longest wait for the node's threads to end (those not in a long poll or a job end at once).
 THREADS_SECONDS = 0.2
 
@@ -205,7 +207,7 @@ class Node:
     def _watch(self) -> None:
         """The node's own loop: progress, housekeeping, until-empty (a part that fails
         stops the node by itself: :mod:`shardq.run.threads`)."""
-        quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
+        quiet, next_maintain, next_count = 0, self.clock() + MAINTAIN_EVERY_SECONDS, 0.0
         while not self.stopping.wait(0.25):
             self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
@@ -215,11 +217,14 @@ class Node:
                 except BrokerError as exc:
                     self.broker_trouble("maintain", None, exc)
             quiet = quiet + 1 if self.until_empty and self._idle() else 0
-            if quiet >= 2:  # asks the broker once idle a while
+            if quiet >= 2 and now >= next_count:  # asks the broker once idle a while
                 quiet = 0
-                if self._drained():
+                drained = self._drained()
+                if drained:
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
+                elif drained is None:  # the broker failed (logged): ask again later
+                    next_count = now + COUNTS_RETRY_SECONDS
 
     def _start(self) -> None:
         self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
@@ -379,7 +384,8 @@ class Node:
         lanes_idle = all(lane.idle() for lane in self.lanes)
         return lanes_idle and not self.leases.count() and self.slots.idle()
 
-    def _drained(self) -> bool:
+    def _drained(self) -> bool | None:
+        """Is every queue empty? None if the broker could not say (logged)."""
         broker = self.app.broker
         if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
             queues = [
@@ -396,8 +402,9 @@ class Node:
                 counts = broker.counts(queue)
             except QueueNotFoundError:
                 continue  # nobody created it: nothing was ever published there
-            except BrokerError:
-                return False
+            except BrokerError as exc:
+                self.broker_trouble("counts", queue, exc)
+                return None
             if counts.waiting or counts.in_flight:
                 self._busy_queue = queue
                 return False
