@@ -32,8 +32,8 @@ class Running:
     deadline: float
     fired: bool = False
     done: bool = False
-    #: What the call is, for ``job.stuck``; False: only watched (an async call's
-    #: limit is its cancellation on the event loop).
+    #: What the call is (for ``job.stuck``), and whether the watch interrupts it (not an
+    #: async call: its limit is a cancellation on the event loop).
     about: dict[str, Any] = field(default_factory=dict)
     interrupt: bool = True
     warned: bool = False
@@ -68,9 +68,9 @@ class TimeLimits:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
-            deadline = self._clock() + time_limit
+            deadline, about = self._clock() + time_limit, dict(about or {})
             self._running[token] = Running(
-                threading.get_ident(), deadline, about=dict(about or {}), interrupt=interrupt
+                threading.get_ident(), deadline, about=about, interrupt=interrupt
             )
             if self._thread is None or not self._thread.is_alive():
                 what = "the time-limit watch"
