@@ -514,8 +514,14 @@ def test_an_until_empty_node_says_why_it_cannot_tell_it_is_empty_and_asks_again_
     result: list[int] = []
     runner = threading.Thread(target=lambda: result.append(node.run()))
     with capture_logs() as logs:
-        # when an until-empty node runs a second while the clock stands still
+        # when an until-empty node runs, and a second more once it asked, while the clock
+        # stands still
         runner.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            e["event"] == "node.counts_failed" for e in logs
+        ):
+            time.sleep(0.02)
         runner.join(1.0)
         alive = runner.is_alive()
         failed = [e for e in logs if e["event"] == "node.counts_failed"]

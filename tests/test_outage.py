@@ -207,7 +207,11 @@ def test_receives_an_embedded_broker_refuses_back_off_and_recover() -> None:
     runner = threading.Thread(target=node.run)
     with capture_logs() as logs:
         runner.start()
-        # when the node runs a second while the clock stands still
+        # when the node runs, and a second more once a receive failed, while the clock
+        # stands still
+        deadline = time.monotonic() + 10
+        while not broker.failed and time.monotonic() < deadline:
+            time.sleep(0.02)
         busy = broker.busy.wait(1.0)
         failed = broker.failed
         # and the file is writable again, and the clock moves past the backoff
