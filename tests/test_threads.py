@@ -5,6 +5,7 @@ still running are named."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -200,6 +201,26 @@ def test_a_metrics_server_whose_thread_dies_stops_the_node_with_exit_1(
             "serving /metrics (its thread ended; its error, if any, is printed above)",
         )
     ]
+
+
+@pytest.mark.parametrize("attempt", range(5))  # its server thread ends as it is closed
+def test_a_node_serving_metrics_that_is_stopped_exits_0_without_a_failure(attempt: int) -> None:
+    # given a node serving metrics
+    app.configure(Config(grace_seconds=1, metrics_port=0), broker=shardq.MemoryBroker())
+    node = app.node(app.plan(threads=1), membership="static")
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        deadline = time.monotonic() + 10
+        while node.metrics_port is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # when it is stopped
+        node.stop()
+        runner.join(30)
+    # then it exits 0 and reports no part failed (closing its server is no failure)
+    assert result == [0]
+    assert [e for e in logs if e["event"] == "node.part_failed"] == []
 
 
 def _raise(exc: BaseException) -> None:

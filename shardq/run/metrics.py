@@ -136,10 +136,10 @@ class NodeMetrics(Collector):
 
     def close(self) -> None:
         with self._lock:
-            if self._server is not None:
-                self._server.shutdown()
-                self._server.server_close()
-                self._server = None
+            server, self._server = self._server, None  # first: its watch sees it closed
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def collect(self) -> Iterable[Any]:
         """The job counts and the gauges, read now (called by the registry when scraped)."""
