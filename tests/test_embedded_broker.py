@@ -312,6 +312,27 @@ def test_maintain_gives_the_space_of_a_drained_backlog_back(tmp_path: Path) -> N
     broker.close()
 
 
+def test_maintain_checkpoints_the_wal_even_when_its_writes_fail(tmp_path: Path) -> None:
+    # given a file whose WAL holds a drained backlog's pages (maintain would give them back)
+    path = tmp_path / "b.db"
+    broker = SqliteBroker(str(path))
+    broker.ensure_queue(QUEUE)
+    for n in range(50):
+        broker.send_batch(QUEUE, entries(f"m{n}", size=400))
+    assert len(drain(broker)) == 500
+    assert os.path.getsize(f"{path}-wal") > 0
+    # and a connection that can write no more (on a full disk the WAL cannot grow: only a
+    # checkpoint, which needs no new room, lets writes go on)
+    with broker._file.read("refusing writes") as db:
+        db.execute("PRAGMA query_only = ON")
+    # when the broker is maintained
+    with pytest.raises(BrokerError):
+        broker.maintain()
+    # then its writes failed, and the WAL was still checkpointed and truncated
+    assert os.path.getsize(f"{path}-wal") == 0
+    broker.close()
+
+
 def test_maintain_keeps_deduplication_ids_still_in_their_window(broker: SqliteBroker) -> None:
     result = broker.send_batch(QUEUE, [SendEntry("0", "once", "g", "same")])
     drain(broker)

@@ -18,6 +18,7 @@ from shardq.core.config import Config
 from shardq.core.errors import MetricsServerError
 from shardq.run.executor import Outcome
 from shardq.run.metrics import NodeMetrics
+from shardq.run.shard import Shard
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 
@@ -158,3 +159,32 @@ def test_the_jobs_counter_shows_the_tally_the_node_reports_from() -> None:
     assert jobs(samples, "succeeded") == 2 and jobs(samples, "morgued") == 1
     created = [v for (name, _), v in samples.items() if name == "shardq_jobs_created"]
     assert len(created) == 2 and all(v > 0 for v in created)
+
+
+class _Racing(Shard):
+    """A shard whose lane starts its last batch between two reads of its head's time."""
+
+    reads = 0
+
+    @property  # type: ignore[override]
+    def head_sent_at(self) -> float | None:
+        self.reads += 1
+        return 100.0 if self.reads % 2 else None
+
+    @head_sent_at.setter
+    def head_sent_at(self, value: float | None) -> None:
+        pass
+
+
+def test_lags_read_while_a_lane_empties_a_shard_never_raise() -> None:
+    # given a node whose one shard loses its head time while the lags are read
+    app = shardq.App(Config(queue_prefix="lag-"), broker=shardq.MemoryBroker())
+    app.register(type("Laggy", (shardq.Worker,), {"perform": lambda self, e, p: None}))
+    node = app.node(app.plan(threads=1), wall_clock=lambda: 130.0)
+    lane = node.lanes[0]
+    racing = _Racing(lane.shards[0].ref, lane.shards[0].queue, 30)
+    lane.set_shards([racing])
+    # when the lags are read (a scrape, node.progress, the heartbeat)
+    lags = node.lags()
+    # then the shard's lag is the one read, not a TypeError that stops the node
+    assert lags == [("Laggy", 0, 30.0)]

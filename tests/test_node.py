@@ -14,9 +14,11 @@ from structlog.testing import capture_logs
 import shardq
 from shardq import morgue
 from shardq.broker import Message, SendEntry
+from shardq.core.clock import ManualClock
 from shardq.core.config import Config
+from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
-from shardq.run.node import Node
+from shardq.run.node import COUNTS_RETRY_SECONDS, Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -445,3 +447,92 @@ def test_an_invalid_message_keeps_its_place_even_when_the_morgue_is_unreachable(
     (record,) = morgue_records(ledger.app)
     assert record.reason == "invalid_message"
     broker.close()
+
+
+class _CountingCounts(shardq.MemoryBroker):
+    """Counts the calls of ``counts`` (one GetQueueAttributes each on SQS)."""
+
+    calls = 0
+
+    def counts(self, queue: str) -> Any:
+        self.calls += 1
+        return super().counts(queue)
+
+
+def test_an_until_empty_node_waiting_for_one_busy_shard_asks_about_it_not_every_shard() -> None:
+    # given 200 shards, the last one holding a job another consumer holds for 3 s
+    broker = _CountingCounts()
+    app = shardq.App(Config(queue_prefix="ue-", idle_wait_seconds=1), broker=broker)
+
+    @app.register
+    class Many(shardq.Worker):
+        shards = 200
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            return None
+
+    node = app.node(app.plan(threads=2), until_empty=True)
+    Many.publish(next(e for e in map(str, range(10_000)) if shard_for(e, 200) == 199), {})
+    broker.receive(
+        app.shard_queue("Many", 199), max_messages=1, wait_seconds=0, visibility_timeout=3
+    )
+    # when the node runs until every shard is empty
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    runner.join(30)
+    # then it ran the job once it was visible again, and while it waited it asked about
+    # the busy shard, not all 200 shards again every half second
+    assert not runner.is_alive()
+    assert sum(node.tally().succeeded.values()) == 1
+    assert broker.calls < 3 * 200, broker.calls
+
+
+class _Uncountable(shardq.MemoryBroker):
+    """Cannot count its queues while ``broken`` (GetQueueAttributes denied, say)."""
+
+    broken = True
+
+    def counts(self, queue: str) -> Any:
+        if self.broken:
+            raise shardq.BrokerError(f"access denied counting {queue}")
+        return super().counts(queue)
+
+
+def test_an_until_empty_node_says_why_it_cannot_tell_it_is_empty_and_asks_again_later() -> None:
+    # given an empty shard on a broker that cannot count it, and a clock the test moves
+    clock, broker = ManualClock(), _Uncountable()
+    app = shardq.App(Config(queue_prefix="uc-"), broker=broker)
+
+    @app.register
+    class Idle(shardq.Worker):
+        shards = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            return None
+
+    node = app.node(app.plan(threads=1), until_empty=True, clock=clock)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        # when an until-empty node runs, and a second more once it asked, while the clock
+        # stands still
+        runner.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            e["event"] == "node.counts_failed" for e in logs
+        ):
+            time.sleep(0.02)
+        runner.join(1.0)
+        alive = runner.is_alive()
+        failed = [e for e in logs if e["event"] == "node.counts_failed"]
+        # and the broker can count again, and the clock passes the wait
+        broker.broken = False
+        clock.advance(COUNTS_RETRY_SECONDS)
+        runner.join(10)
+    # then it said why it could not stop, once (not every half second), and stopped later
+    assert alive
+    assert [(e["queue"], e["error"]) for e in failed] == [
+        ("uc-idle-0.fifo", "access denied counting uc-idle-0.fifo")
+    ]
+    assert not runner.is_alive() and result == [0]
+    assert [e["event"] for e in logs].count("node.drained") == 1

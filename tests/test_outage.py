@@ -15,11 +15,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 import shardq
+from shardq.core.clock import ManualClock
 from shardq.core.config import Config
 from shardq.core.plan import ShardRef
 from shardq.core.topology import shard_for
@@ -164,3 +166,64 @@ def test_nodes_ride_out_a_broker_outage_and_lose_nothing(
     # the outage (its delete did not reach the broker); every node stopped cleanly
     assert report.ok, report.summary() + "\n" + report.details()
     assert report.morgued == report.permanent
+
+
+# -- an embedded broker that can read but not write -------------------------------------
+class _ReadOnly(shardq.MemoryBroker):
+    """Watches queues, but its receives fail (a read-only or full file) while ``broken``;
+    ``busy`` is set at the 6th failed receive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken, self.busy = threading.Event(), threading.Event()
+        self.failed = 0
+
+    def receive(self, queue: str, **kwargs: Any) -> list[shardq.broker.Message]:
+        if self.broken.is_set():
+            self.failed += 1
+            if self.failed >= 6:
+                self.busy.set()
+            raise shardq.BrokerError("the embedded broker file b.db is read-only")
+        return super().receive(queue, **kwargs)
+
+
+def test_receives_an_embedded_broker_refuses_back_off_and_recover() -> None:
+    # given a node on a clock the test moves, one job waiting, and a broker whose file
+    # can be read (the idle watch sees the job) but not written (receives fail)
+    clock, broker = ManualClock(), _ReadOnly()
+    app = shardq.App(Config(queue_prefix="ro-", grace_seconds=1), broker=broker)
+    done: list[str] = []
+
+    @app.register
+    class Writes(shardq.Worker):
+        shards = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            done.append(entity_id)
+
+    broker.broken.set()
+    Writes.publish("e", {})
+    node = app.node(app.plan(threads=1), clock=clock)
+    runner = threading.Thread(target=node.run)
+    with capture_logs() as logs:
+        runner.start()
+        # when the node runs, and a second more once a receive failed, while the clock
+        # stands still
+        deadline = time.monotonic() + 10
+        while not broker.failed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = broker.busy.wait(1.0)
+        failed = broker.failed
+        # and the file is writable again, and the clock moves past the backoff
+        broker.broken.clear()
+        clock.advance(1.0)
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.02)
+        node.stop()
+        runner.join(30)
+    # then it tried again only after its backoff, not in a busy loop, and then ran the job
+    assert not busy, f"{failed} receives failed within a second"
+    assert 1 <= failed <= 2
+    assert done == ["e"]
+    assert sum(e["event"] == "node.receive_failed" for e in logs) == failed

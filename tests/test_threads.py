@@ -5,15 +5,18 @@ still running are named."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client import start_http_server
 from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import SendEntry
 from shardq.core.config import Config
+from shardq.run import metrics
 from shardq.run.leases import Leases
 from shardq.run.threads import Threads, describe
 
@@ -166,3 +169,93 @@ def test_a_part_of_a_node_that_raises_stops_the_node_with_exit_1(part: str) -> N
     failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
     error = "Unprintable" if part == "lane 0" else "RuntimeError: bug in a part"
     assert failed == [(part, error)]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_metrics_server_whose_thread_dies_stops_the_node_with_exit_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a node serving metrics whose server thread raises once it serves
+    def failing_server(*args: Any, **kwargs: Any) -> Any:
+        server, thread = start_http_server(*args, **kwargs)
+        server.service_actions = lambda: _raise(RuntimeError("bug in the metrics server"))
+        return server, thread
+
+    monkeypatch.setattr(metrics, "start_http_server", failing_server)
+    app.configure(Config(grace_seconds=2, metrics_port=0), broker=shardq.MemoryBroker())
+    node = app.node(app.plan(threads=1), membership="static")
+    # when the node runs (it would run until stopped)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        runner.join(30)
+    # then it stopped by itself with exit code 1, naming the metrics server
+    assert not runner.is_alive()
+    assert result == [1]
+    failed = [(e["part"], e["error"]) for e in logs if e["event"] == "node.part_failed"]
+    assert failed == [
+        (
+            "the metrics server",
+            f"MetricsServerError: the metrics server on 127.0.0.1:{node.metrics_port} stopped "
+            "serving /metrics (its thread ended; its error, if any, is printed above)",
+        )
+    ]
+
+
+@pytest.mark.parametrize("attempt", range(5))  # its server thread ends as it is closed
+def test_a_node_serving_metrics_that_is_stopped_exits_0_without_a_failure(attempt: int) -> None:
+    # given a node serving metrics
+    app.configure(Config(grace_seconds=1, metrics_port=0), broker=shardq.MemoryBroker())
+    node = app.node(app.plan(threads=1), membership="static")
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        deadline = time.monotonic() + 10
+        while node.metrics_port is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # when it is stopped
+        node.stop()
+        runner.join(30)
+    # then it exits 0 and reports no part failed (closing its server is no failure)
+    assert result == [0]
+    assert [e for e in logs if e["event"] == "node.part_failed"] == []
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+class _Fatal(BaseException):
+    """Not an Exception (as SystemExit or asyncio.CancelledError are not)."""
+
+
+class _FatalDeletes(shardq.MemoryBroker):
+    def delete_batch(self, queue: str, receipts: Any) -> Any:
+        raise _Fatal("delete interrupted")
+
+
+def test_a_request_that_raises_a_base_exception_in_the_pool_is_reported() -> None:
+    # given leases on a broker whose deletes raise a BaseException that is no Exception
+    broker = _FatalDeletes()
+    broker.ensure_queue("q.fifo")
+    broker.send_batch("q.fifo", [SendEntry("0", "body", "g", "d0")])
+    messages = broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=30)
+    failures: list[tuple[str, str]] = []
+    reported = threading.Event()
+
+    def failed(what: str, exc: BaseException) -> None:
+        failures.append((what, describe(exc)))
+        reported.set()
+
+    leases = Leases(broker, ThreadPoolExecutor(1), threads=Threads(failed))
+    leases.hold(messages, 30)
+    leases.start()
+    # when its job is deleted
+    with capture_logs():
+        leases.delete(messages)
+        # then the failure is reported (the node stops), not left in the pool's future
+        assert reported.wait(5)
+        leases.close(0.0)
+    assert failures[0] == ("a request to q.fifo", "_Fatal: delete interrupted")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+import shardq
 from shardq.core.clock import ManualClock
-from shardq.run.timelimit import Running, TimeLimitExceeded, TimeLimits, overdue
+from shardq.core.config import Config
+from shardq.run.timelimit import STUCK_SECONDS, Running, TimeLimitExceeded, TimeLimits, overdue
 
 
 # -- the decision, on plain data ----------------------------------------------------------
@@ -110,3 +115,72 @@ def test_a_long_limit_is_enforced_soon_after_the_clock_jumps_past_it() -> None:
 def test_a_call_without_a_limit_runs_unwatched() -> None:
     limits = TimeLimits(ManualClock())
     assert limits.run(lambda: 7, None) == (7, False)
+
+
+# -- a job the limit cannot interrupt, in a node ---------------------------------------------
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_entities(
+    kind: str,
+) -> None:
+    # given a node on a clock the test moves, and a worker with a 1 s limit whose job for
+    # entity "stuck" waits in a call the limit cannot interrupt (a sync perform ends when
+    # the call does; an async one that never yields holds the event loop)
+    clock, started, release = ManualClock(), threading.Event(), threading.Event()
+    done: list[str] = []
+    app = shardq.App(Config(queue_prefix="tl-", grace_seconds=1), broker=shardq.MemoryBroker())
+
+    def block(entity_id: str) -> None:
+        started.set()
+        release.wait(30)
+
+    class Blocking(shardq.Worker):
+        shards = 1
+        time_limit = 1
+
+        if kind == "sync":
+
+            def perform(self, entity_id: str, payloads: list[Any]) -> None:
+                block(entity_id)
+
+        else:
+
+            async def perform(self, entity_id: str, payloads: list[Any]) -> None:  # type: ignore[override]
+                block(entity_id)
+
+    @app.register
+    class Plain(shardq.Worker):
+        shards = 1
+
+        def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            done.append(entity_id)
+
+    app.register(Blocking)
+    Blocking.publish("stuck", {})
+    node = app.node(app.plan(threads=1), clock=clock)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(node.run()))
+    with capture_logs() as logs:
+        runner.start()
+        assert started.wait(10)
+        # when the clock passes its limit and STUCK_SECONDS more, and another entity's job comes
+        clock.advance(1 + STUCK_SECONDS)
+        Plain.publish("other", {})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            done and any(e["event"] == "job.stuck" for e in logs)
+        ):
+            time.sleep(0.02)
+        # and when the node is stopped while it still runs
+        node.stop()
+        runner.join(30)
+        release.set()
+    # then the other entity's job ran, and the stuck one was named once, with its limit
+    assert done == ["other"]
+    stuck = [e for e in logs if e["event"] == "job.stuck"]
+    assert [(e["worker"], e["entity"], e["time_limit"], e["log_level"]) for e in stuck] == [
+        ("Blocking", "stuck", 1, "warning")
+    ]
+    # and the node exited 3 after its grace period, naming the entity still running
+    assert result == [3]
+    expired = [e for e in logs if e["event"] == "node.grace_expired"]
+    assert [(e["running_jobs"], e["entities"]) for e in expired] == [(1, ["stuck"])]

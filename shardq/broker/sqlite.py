@@ -301,20 +301,21 @@ class SqliteBroker(Broker):
     def maintain(self) -> None:
         """Drop expired deduplication ids, give free pages back, truncate the WAL, in
         short transactions so other calls are not held up for long."""
-        while True:
-            with self._file.write("dropping expired deduplication ids") as db:
-                if not self._dedup.drop_expired(db):
-                    break
-        if self.path == ":memory:":
-            return
-        while True:
-            with self._file.write("giving free pages back to the disk") as db:
-                if not give_back_pages(db):
-                    break
         try:
-            checkpoint(self.path)
-        except sqlite3.Error as exc:
-            raise error(self.path, exc, "checkpointing its WAL") from exc
+            while True:
+                with self._file.write("dropping expired deduplication ids") as db:
+                    if not self._dedup.drop_expired(db):
+                        break
+            while self.path != ":memory:":
+                with self._file.write("giving free pages back to the disk") as db:
+                    if not give_back_pages(db):
+                        break
+        finally:  # also when they failed: on a full disk only a checkpoint frees the WAL
+            if self.path != ":memory:":
+                try:
+                    checkpoint(self.path)
+                except sqlite3.Error as exc:
+                    raise error(self.path, exc, "checkpointing its WAL") from exc
 
     def close(self) -> None:
         self._waiters.wake_all(closing=True)

@@ -115,9 +115,18 @@ class Performer:
             def call() -> None:
                 run_around(self._middleware, "around_perform", inner, ctx)
 
+        limit, about = settings.time_limit, None
+        if limit is not None:  # what job.stuck names
+            ids = [j.message_id for j in jobs]
+            about = {
+                "worker": settings.name,
+                "entity": entity,
+                "time_limit": limit,
+                "message_ids": ids,
+            }
         started = self._clock()  # the node's: the slots decide by durations (run_inline)
         try:
-            _, overran = self._limits.run(call, None if is_coroutine else settings.time_limit)
+            _, overran = self._limits.run(call, limit, about, interrupt=not is_coroutine)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
             return exc, self._clock() - started
         duration = self._clock() - started

@@ -116,7 +116,8 @@ class Watcher:
             busy = self._joined.is_set()
             self._joined.clear()
             with self._lock:
-                queues = list(dict.fromkeys(s.queue for s in self._watched))
+                watched = dict.fromkeys(s.queue for s in self._watched)
+                queues = [q for q in watched if not intake.backing_off(q)]
                 self._long_round = not busy
             if not queues:
                 self._joined.wait(0.5)

@@ -105,6 +105,7 @@ class Intake:
         self.fail = fail
         self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
+        self._backoff: dict[str, tuple[float, float]] = {}  # queue -> (seconds, until)
         self._received = threading.Condition()
 
     def stop(self) -> None:
@@ -128,6 +129,7 @@ class Intake:
                 wait_seconds=wait_seconds,
                 visibility_timeout=shard.visibility_timeout,
             )
+            self._backoff.pop(queue, None)
             if messages:
                 self.leases.hold(messages, shard.visibility_timeout)
                 self.old_jobs.check(messages)
@@ -137,11 +139,18 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
+            seconds = min(30.0, 2 * self._backoff.get(queue, (0.25, 0.0))[0])
+            self._backoff[queue] = (seconds, self._clock() + seconds)
             return None
         finally:
             with self._received:
                 self._receiving[queue] -= 1
                 self._received.notify_all()
+
+    def backing_off(self, queue: str) -> bool:
+        """A receive of ``queue`` failed lately: the next waits (0.5 s, doubling to 30 s)."""
+        backoff = self._backoff.get(queue)
+        return backoff is not None and self._clock() < backoff[1]
 
     def quiet(self, queues: set[str], timeout: float) -> bool:
         """Wait up to ``timeout`` (:mod:`shardq.run.waits`) until no receive of ``queues``

@@ -294,7 +294,9 @@ class Leases:
             else:
                 result = self._broker.change_visibility_batch(request.queue, entries)
             error: BaseException | None = None
-        except Exception as exc:  # a BrokerError; any other is a bug, not an outage: the node stops
+        # a BrokerError; any other is a bug, not an outage: the node stops (a BaseException
+        # too: left unread in the pool's future, it would keep the lease busy for ever)
+        except BaseException as exc:
             result, error = BatchResult(), exc
         try:  # (before the answer: a flush that ends then finds the node failed)
             if error is not None and not isinstance(error, BrokerError):

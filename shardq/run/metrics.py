@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -18,6 +19,7 @@ from shardq.core.clock import Clock, monotonic, wall
 from shardq.core.errors import MetricsServerError
 from shardq.core.outcome import KINDS, Tally
 from shardq.run.executor import Outcome
+from shardq.run.threads import Threads
 
 log = structlog.get_logger("shardq.node")
 
@@ -101,11 +103,12 @@ class NodeMetrics(Collector):
         )
         self._last, self._done = now, done
 
-    def serve(self, port: int, host: str) -> int:
-        """Serve ``/metrics``; returns the port (useful with port 0)."""
+    def serve(self, port: int, host: str, threads: Threads | None = None) -> int:
+        """Serve ``/metrics``; returns the port (useful with port 0). A server thread that
+        ends before :meth:`close` fails in ``threads`` (the node's: it stops)."""
         with self._lock:
             try:
-                server, _ = start_http_server(port, addr=host, registry=self.registry)
+                server, thread = start_http_server(port, addr=host, registry=self.registry)
             except OSError as exc:
                 raise MetricsServerError(
                     f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
@@ -118,14 +121,25 @@ class NodeMetrics(Collector):
                     )
                 ) from exc
             self._server = server
-            return int(server.server_address[1])
+            port = int(server.server_address[1])
+        watch = partial(self._watch, server, thread, f"{host}:{port}")
+        (threads or Threads()).start("shardq-metrics-watch", "the metrics server", watch)
+        return port
+
+    def _watch(self, server: Any, thread: threading.Thread, address: str) -> None:
+        thread.join()
+        if self._server is server:  # not closed: it stopped serving by itself
+            raise MetricsServerError(
+                f"the metrics server on {address} stopped serving /metrics (its thread ended; "
+                "its error, if any, is printed above)"
+            )
 
     def close(self) -> None:
         with self._lock:
-            if self._server is not None:
-                self._server.shutdown()
-                self._server.server_close()
-                self._server = None
+            server, self._server = self._server, None  # first: its watch sees it closed
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def collect(self) -> Iterable[Any]:
         """The job counts and the gauges, read now (called by the registry when scraped)."""

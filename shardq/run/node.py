@@ -47,6 +47,8 @@ MAINTAIN_EVERY_SECONDS = 30.0
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
+#: Seconds an until-empty node waits to count its queues again after the broker failed to.
+COUNTS_RETRY_SECONDS = 10.0
 #: Longest wait for the node's threads to end (those not in a long poll or a job end at once).
 THREADS_SECONDS = 0.2
 
@@ -76,6 +78,7 @@ class Node:
         self.app, self.plan, self.clock, self.wall = app, plan, clock, wall_clock
         self.config = app.config
         self.until_empty = until_empty
+        self._busy_queue = ""  # the queue that kept an until-empty node running last time
         self.elastic = threads is not None
         self.failed = False  # fail() sets it, from any thread
         self.threads = Threads(self.fail)
@@ -204,7 +207,7 @@ class Node:
     def _watch(self) -> None:
         """The node's own loop: progress, housekeeping, until-empty (a part that fails
         stops the node by itself: :mod:`shardq.run.threads`)."""
-        quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
+        quiet, next_maintain, next_count = 0, self.clock() + MAINTAIN_EVERY_SECONDS, 0.0
         while not self.stopping.wait(0.25):
             self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
@@ -214,11 +217,14 @@ class Node:
                 except BrokerError as exc:
                     self.broker_trouble("maintain", None, exc)
             quiet = quiet + 1 if self.until_empty and self._idle() else 0
-            if quiet >= 2:  # asks the broker once idle a while
+            if quiet >= 2 and now >= next_count:  # asks the broker once idle a while
                 quiet = 0
-                if self._drained():
+                drained = self._drained()
+                if drained:
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
+                elif drained is None:  # the broker failed (logged): ask again later
+                    next_count = now + COUNTS_RETRY_SECONDS
 
     def _start(self) -> None:
         self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
@@ -251,7 +257,7 @@ class Node:
             return
         if (port := self.config.metrics_port) is not None:
             host = self.config.metrics_host
-            self.metrics_port = self.metrics.serve(port, host)
+            self.metrics_port = self.metrics.serve(port, host, self.threads)
             log.info("node.metrics", url=f"http://{host}:{self.metrics_port}/metrics")
         self.idle.start()
         notify(self.app.middleware, "on_node_start", self)
@@ -281,7 +287,8 @@ class Node:
         # receives in flight are not waited for: what they bring is released (Lane._fetch)
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A job still running keeps its entity's later jobs (they reappear after it).
-        running = {m.receipt for m in self.slots.running()}
+        still = self.slots.running()
+        running = {m.receipt for m in still}
         held = self.leases.held(HELD)
         for messages, seconds in hand_back(held, running, self.slots.retries(), self.clock()):
             self.leases.hide(messages, seconds)
@@ -326,6 +333,7 @@ class Node:
             log.warning(
                 "node.grace_expired",
                 running_jobs=len(running),
+                entities=sorted({m.group_id for m in still})[:20],  # the first 20
                 detail="their messages reappear after their visibility timeout",
             )
             return EXIT_GRACE_EXPIRED
@@ -364,7 +372,8 @@ class Node:
             (
                 s.ref.name,
                 s.ref.shard,
-                0.0 if s.watched or s.head_sent_at is None else max(0.0, now - s.head_sent_at),
+                # read once: its lane may empty the shard meanwhile
+                0.0 if s.watched or (sent := s.head_sent_at) is None else max(0.0, now - sent),
             )
             for lane in self.lanes
             for s in lane.shards
@@ -375,7 +384,8 @@ class Node:
         lanes_idle = all(lane.idle() for lane in self.lanes)
         return lanes_idle and not self.leases.count() and self.slots.idle()
 
-    def _drained(self) -> bool:
+    def _drained(self) -> bool | None:
+        """Is every queue empty? None if the broker could not say (logged)."""
         broker = self.app.broker
         if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
             queues = [
@@ -386,13 +396,16 @@ class Node:
             ]
         else:
             queues = [shard.queue for lane in self.lanes for shard in lane.shards]
-        for queue in queues:
+        # the queue that had work last time first: one request a look while it still has
+        for queue in sorted(queues, key=lambda q: q != self._busy_queue):
             try:
                 counts = broker.counts(queue)
             except QueueNotFoundError:
                 continue  # nobody created it: nothing was ever published there
-            except BrokerError:
-                return False
+            except BrokerError as exc:
+                self.broker_trouble("counts", queue, exc)
+                return None
             if counts.waiting or counts.in_flight:
+                self._busy_queue = queue
                 return False
         return True

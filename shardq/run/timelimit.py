@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
@@ -17,6 +17,8 @@ from shardq.run.threads import Threads
 from shardq.run.waits import until_next_look
 
 T = TypeVar("T")
+#: A call still running this long past its limit is logged (``job.stuck``), once.
+STUCK_SECONDS = 5.0
 log = structlog.get_logger("shardq.timelimit")
 
 
@@ -30,6 +32,11 @@ class Running:
     deadline: float
     fired: bool = False
     done: bool = False
+    #: What the call is (for ``job.stuck``), and whether the watch interrupts it (not an
+    #: async call: its limit is a cancellation on the event loop).
+    about: dict[str, Any] = field(default_factory=dict)
+    interrupt: bool = True
+    warned: bool = False
 
 
 class TimeLimits:
@@ -45,14 +52,26 @@ class TimeLimits:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def run(self, fn: Callable[[], T], time_limit: float | None) -> tuple[T | None, bool]:
+    def run(
+        self,
+        fn: Callable[[], T],
+        time_limit: float | None,
+        about: dict[str, Any] | None = None,
+        *,
+        interrupt: bool = True,
+    ) -> tuple[T | None, bool]:
         """Run ``fn`` in this thread; returns (result, overran): whether the limit passed,
-        even if ``fn`` swallowed the :class:`TimeLimitExceeded` raised in it."""
+        even if ``fn`` swallowed the :class:`TimeLimitExceeded` raised in it. ``about``
+        (worker, entity...) names it if still running :data:`STUCK_SECONDS` past its limit;
+        ``interrupt=False``: never interrupted (nor overran), only named."""
         if time_limit is None:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
-            self._running[token] = Running(threading.get_ident(), self._clock() + time_limit)
+            deadline, about = self._clock() + time_limit, dict(about or {})
+            self._running[token] = Running(
+                threading.get_ident(), deadline, about=about, interrupt=interrupt
+            )
             if self._thread is None or not self._thread.is_alive():
                 what = "the time-limit watch"
                 self._thread = self.threads.start("shardq-timelimits", what, self._watch)
@@ -85,10 +104,22 @@ class TimeLimits:
     def _watch(self) -> None:
         with self._cond:
             while not self._closed:
-                due, wait = overdue(self._running.values(), self._clock())
+                due, wait = overdue(self._running.values(), now := self._clock())
                 for job in due:
                     job.fired = True
                     _async_raise(job.thread_id, TimeLimitExceeded)
+                late, later = stuck(self._running.values(), now)
+                for job in late:
+                    job.warned = True
+                    log.warning(
+                        "job.stuck",
+                        **job.about,
+                        detail=f"still running {STUCK_SECONDS:g} s past its time limit: a "
+                        "sync perform blocked in a call the limit cannot interrupt, or an async "
+                        "one that does not yield (every async job of the node waits for it); its "
+                        "entity's later jobs wait, other entities run",
+                    )
+                wait = min(wait, later)
                 # while calls run, a clock that may jump (a test's) is read every step
                 self._cond.wait(until_next_look(self._clock, wait) if self._running else wait)
 
@@ -96,9 +127,17 @@ class TimeLimits:
 def overdue(running: Iterable[Running], now: float) -> tuple[list[Running], float]:
     """The calls past their deadline at ``now`` (not fired, not done), and how long to
     wait: until the next deadline (at least 5 ms), else 1 s."""
-    pending = [j for j in running if not j.fired and not j.done]
+    pending = [j for j in running if j.interrupt and not j.fired and not j.done]
     waits = [j.deadline - now for j in pending if now < j.deadline]
     return [j for j in pending if now >= j.deadline], max(0.005, min(waits)) if waits else 1.0
+
+
+def stuck(running: Iterable[Running], now: float) -> tuple[list[Running], float]:
+    """The calls still running :data:`STUCK_SECONDS` past their deadline at ``now``, not
+    named yet, and how long until the next one would be (1 s if none)."""
+    live = [(j, j.deadline + STUCK_SECONDS - now) for j in running if not (j.done or j.warned)]
+    waits = [left for _, left in live if left > 0]
+    return [j for j, left in live if left <= 0], max(0.005, min(waits)) if waits else 1.0
 
 
 def _async_raise(thread_id: int, exc: Any) -> None:
