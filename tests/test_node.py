@@ -18,7 +18,8 @@ from shardq.core.clock import ManualClock
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
-from shardq.run.node import COUNTS_RETRY_SECONDS, Node
+from shardq.run.idle import COUNTS_RETRY_SECONDS
+from shardq.run.node import Node
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker

@@ -8,11 +8,15 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING
 
-from shardq.core.errors import BrokerError
+from shardq.core.clock import Clock
+from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.run.threads import Threads
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from shardq.broker.base import Broker
     from shardq.run.intake import Intake
     from shardq.run.shard import Inbox, Shard
 
@@ -138,3 +142,39 @@ class Watcher:
                     del self._watched[shard]
             for shard, inbox in found:
                 inbox.put((shard, None, False))
+
+
+#: Seconds an until-empty node waits to count its queues again after the broker failed to.
+COUNTS_RETRY_SECONDS = 10.0
+
+
+class EmptyCheck:
+    """An until-empty node's question, once its lanes are idle: is every queue empty?"""
+
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Callable[[], list[str]],
+        trouble: Callable[[str, str | None, BaseException], None],
+        clock: Clock,
+    ) -> None:
+        self._broker, self._queues, self._trouble, self._clock = broker, queues, trouble, clock
+        self._busy = ""  # the queue that held jobs last time: asked first
+        self._next = 0.0  # after a failed count, when to ask again
+
+    def drained(self) -> bool:
+        if self._clock() < self._next:
+            return False
+        for queue in sorted(self._queues(), key=lambda q: q != self._busy):
+            try:
+                counts = self._broker.counts(queue)
+            except QueueNotFoundError:
+                continue  # nobody created it: nothing was ever published there
+            except BrokerError as exc:  # logged; asked again later
+                self._trouble("counts", queue, exc)
+                self._next = self._clock() + COUNTS_RETRY_SECONDS
+                return False
+            if counts.waiting or counts.in_flight:
+                self._busy = queue
+                return False
+        return True

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.errors import BrokerError
 from shardq.core.exits import EXIT_ERROR, EXIT_GRACE_EXPIRED, EXIT_OK
 from shardq.core.lease import HELD, hand_back
 from shardq.core.middleware import notify
@@ -23,7 +23,7 @@ from shardq.core.plan import Plan, ShardRef, format_plan
 from shardq.core.signals import StopSignals
 from shardq.core.topology import parse_name
 from shardq.run.executor import Executor
-from shardq.run.idle import Pollers, Watcher
+from shardq.run.idle import EmptyCheck, Pollers, Watcher
 from shardq.run.intake import Intake, OldJobs
 from shardq.run.lane import Lane, lane_count
 from shardq.run.leases import Leases, extend_interval
@@ -47,8 +47,6 @@ MAINTAIN_EVERY_SECONDS = 30.0
 FLUSH_SECONDS = 5.0
 #: Longest wait for a receive in flight on a queue where jobs were released at shutdown.
 STRAGGLER_SECONDS = 1.0
-#: Seconds an until-empty node waits to count its queues again after the broker failed to.
-COUNTS_RETRY_SECONDS = 10.0
 #: Longest wait for the node's threads to end (those not in a long poll or a job end at once).
 THREADS_SECONDS = 0.2
 
@@ -78,7 +76,6 @@ class Node:
         self.app, self.plan, self.clock, self.wall = app, plan, clock, wall_clock
         self.config = app.config
         self.until_empty = until_empty
-        self._busy_queue = ""  # the queue that kept an until-empty node running last time
         self.elastic = threads is not None
         self.failed = False  # fail() sets it, from any thread
         self.threads = Threads(self.fail)
@@ -159,6 +156,7 @@ class Node:
         self.ownership = Ownership(app, self.intake, self.lanes, self.make_shard, self.threads)
         self.layout = keeper(self)
         self.signals = StopSignals(self.stopping)
+        self.empty = EmptyCheck(app.broker, self._queues, self.broker_trouble, clock)
 
     def make_shard(self, ref: ShardRef) -> Shard:
         settings = self.app.settings(ref.worker)
@@ -207,7 +205,7 @@ class Node:
     def _watch(self) -> None:
         """The node's own loop: progress, housekeeping, until-empty (a part that fails
         stops the node by itself: :mod:`shardq.run.threads`)."""
-        quiet, next_maintain, next_count = 0, self.clock() + MAINTAIN_EVERY_SECONDS, 0.0
+        quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
         while not self.stopping.wait(0.25):
             self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
@@ -217,14 +215,11 @@ class Node:
                 except BrokerError as exc:
                     self.broker_trouble("maintain", None, exc)
             quiet = quiet + 1 if self.until_empty and self._idle() else 0
-            if quiet >= 2 and now >= next_count:  # asks the broker once idle a while
+            if quiet >= 2:  # asks the broker once idle a while
                 quiet = 0
-                drained = self._drained()
-                if drained:
+                if self.empty.drained():
                     log.info("node.drained", detail="every shard is empty; stopping")
                     self.stop()
-                elif drained is None:  # the broker failed (logged): ask again later
-                    next_count = now + COUNTS_RETRY_SECONDS
 
     def _start(self) -> None:
         self.app.layouts.refresh()  # before any shard is taken (a shardq reshard moved them?)
@@ -384,28 +379,13 @@ class Node:
         lanes_idle = all(lane.idle() for lane in self.lanes)
         return lanes_idle and not self.leases.count() and self.slots.idle()
 
-    def _drained(self) -> bool | None:
-        """Is every queue empty? None if the broker could not say (logged)."""
-        broker = self.app.broker
+    def _queues(self) -> list[str]:
+        """The queues an until-empty node waits to see empty."""
         if self.fleet is not None and self.fleet.elastic:  # every shard, held or not
-            queues = [
+            return [
                 self.app.shard_queue(worker, n, parse_name(name)[1])
                 for worker in self.app.workers
                 for name, count in self.app.live_shards(worker).items()
                 for n in range(count)
             ]
-        else:
-            queues = [shard.queue for lane in self.lanes for shard in lane.shards]
-        # the queue that had work last time first: one request a look while it still has
-        for queue in sorted(queues, key=lambda q: q != self._busy_queue):
-            try:
-                counts = broker.counts(queue)
-            except QueueNotFoundError:
-                continue  # nobody created it: nothing was ever published there
-            except BrokerError as exc:
-                self.broker_trouble("counts", queue, exc)
-                return None
-            if counts.waiting or counts.in_flight:
-                self._busy_queue = queue
-                return False
-        return True
+        return [shard.queue for lane in self.lanes for shard in lane.shards]
