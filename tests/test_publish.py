@@ -747,12 +747,12 @@ def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
     app.add_middleware(Stash())
     worker.publish_many([("E", "e0"), ("F", "f0")])
     app.add_middleware(KeepOnlyReversed([shardq.Job("Z", "poison"), seen[1].with_meta(x=1)]))
-    # when two jobs are published, then neither made job takes a slot or an item's index
+    # when two jobs are published, then both made jobs follow the caller's two items
     with pytest.raises(PublishError) as caught:
         worker.publish_many([("G", "g0"), ("H", "h0")])
-    assert caught.value.failed == [(None, "Z", RefusingBroker.REASON)]
+    assert caught.value.failed == [(2, "Z", RefusingBroker.REASON)]
     assert "(first: a job added by a middleware, entity 'Z'" in str(caught.value)
-    assert caught.value.sent == 2  # the caller's two items
+    assert caught.value.sent == 3  # the caller's two items and the copy of f0
     assert sorted(j.payload for j in drain_all(app, worker)) == ["e0", "f0", "f0", "g0", "h0"]
     # and when a middleware makes every job anew, one for each item in the caller's order
     app.middleware[1:] = []
@@ -768,6 +768,15 @@ def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
     report = worker.publish_many([("J", "j0"), ("K", "k0")])
     assert report.sent == 2 and None not in report.message_ids
     assert sorted(j.payload for j in drain_all(app, worker)) == ["i0", "j0", "k0"]
+    # and when it makes two jobs in place of one, then publish says both were published
+    two = [shardq.Job("audit", "x"), shardq.Job("audit", "y")]
+    app.middleware[1:] = [KeepOnlyReversed(two)]
+    with pytest.raises(PublishError, match=r"replaced it by 2 jobs it made itself, published"):
+        worker.publish("L", "drop")
+    # and when it only drops it, then publish says nothing was published
+    app.middleware[1:] = [KeepOnlyReversed()]
+    with pytest.raises(PublishError, match=r"dropped the job for entity 'M': nothing was"):
+        worker.publish("M", "drop")
 
 
 # -- unknown workers -----------------------------------------------------------------------------

@@ -62,16 +62,16 @@ class LayoutError(ShardqError):
 
 class PublishError(ShardqError):
     """Some jobs of a publish were not accepted by the broker: ``failed`` lists
-    ``(index, entity_id, reason)`` of each (every other job was published); the index is
-    None for a job an ``around_publish`` middleware made itself. Publish them again with
-    the same ``dedup_id`` to stay idempotent."""
+    ``(index, entity_id, reason)`` of each (every other job was published; an index past
+    the caller's items is a job an ``around_publish`` middleware made itself). Publish them
+    again with the same ``dedup_id`` to stay idempotent."""
 
     def __init__(
         self,
         message: str,
-        failed: list[tuple[int | None, str, str]],
+        failed: list[tuple[int, str, str]],
         sent: int,
-        gaps: list[tuple[int | None, str]] | None = None,
+        gaps: list[tuple[int, str]] | None = None,
     ) -> None:
         super().__init__(message)
         self.failed = failed

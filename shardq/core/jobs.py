@@ -134,7 +134,7 @@ class Job:
     meta: Mapping[str, Any] | None = None
     #: ``(call, index)``: the item of a ``publish_many`` call this job is (or is a copy of,
     #: by :meth:`with_meta` or ``dataclasses.replace``), so a report names the caller's item.
-    _item: tuple[object, int] | None = field(default=None, repr=False, compare=False, kw_only=True)
+    _item: tuple[int, int] | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def with_meta(self, **meta: Any) -> Job:
         """A copy with these metadata keys added (for publish middleware)."""

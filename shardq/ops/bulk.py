@@ -125,9 +125,12 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
                 try:
                     report = app.publisher.publish_many(worker, [line.job for line in chunk])
                 except PublishError as exc:
-                    failed = sorted({chunk[i].number for i, _, _ in exc.failed if i is not None})
-                    gaps = sorted(chunk[i].number for i, _ in exc.gaps if i is not None)
+                    failed = sorted({chunk[i].number for i, _, _ in exc.failed if i < len(chunk)})
+                    gaps = sorted(chunk[i].number for i, _ in exc.gaps if i < len(chunk))
                     reason = exc.failed[0][2] if exc.failed else str(exc)
+                    if any(i >= len(chunk) for i, _, _ in exc.failed):  # a job on no line
+                        failed = [line.number for line in chunk]  # any of them may be missing
+                        reason = f"a job a middleware made itself in their place: {reason}"
                     raise _not_published(
                         lines, done + exc.sent, failed, start + len(chunk), reason, gaps
                     ) from exc

@@ -1,13 +1,14 @@
 """Publishing: validate every job first (nothing is sent if one is invalid), then send in
 batches of up to 10 per shard queue. After a refused job, later jobs of its entity are not
 sent; a later entry of the same batch SQS accepted anyway is listed in ``gaps``. Indexes are
-the caller's items, whatever an ``around_publish`` did to the list; a job it made itself has
-no index (None) and no slot in ``message_ids``.
+the caller's items, whatever an ``around_publish`` did to the list; the jobs it made itself
+follow them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,12 +39,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class PublishReport:
-    """``message_ids[i]`` is the message id of item ``i``, None if it was not published."""
+    """``message_ids[i]`` is the message id of item ``i``, None if it was not published;
+    past the caller's ``items``, those of jobs an ``around_publish`` middleware made itself."""
 
     message_ids: list[str | None] = field(default_factory=list)
-    failed: list[tuple[int | None, str, str]] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
     #: ``(index, entity_id)`` of jobs published after a refused job of their entity.
-    gaps: list[tuple[int | None, str]] = field(default_factory=list)
+    gaps: list[tuple[int, str]] = field(default_factory=list)
+    items: int = 0  #: how many items the caller gave
 
     @property
     def sent(self) -> int:
@@ -53,7 +56,7 @@ class PublishReport:
 @dataclass
 class _Prepared:
     index: int
-    item: int | None  # the caller's index
+    item: int  # the caller's index (past the caller's items: a job a middleware made)
     entity_id: str
     queue: str
     entry: SendEntry
@@ -67,13 +70,14 @@ class Publisher:
         """``wall_clock``: Unix time, the sent time each job carries."""
         self._app, self._wall = app, wall_clock
         self._max_bytes: dict[str, int] = {}
+        self._calls = itertools.count()  # marks a call's items, through with_meta and replace
 
     def publish_many(
         self, worker: type[WorkerLike] | str, items: Iterable[JobSpec]
     ) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
-        call = object()  # marks this call's items, through with_meta and replace
+        call = next(self._calls)
         jobs = [replace(_as_job(i, item), _item=(call, i)) for i, item in enumerate(items)]
         ctx, count = PublishContext(name, jobs), len(jobs)  # ctx.jobs may change in place
         return run_around(
@@ -86,16 +90,18 @@ class Publisher:
     def publish(self, worker: type[WorkerLike] | str, job: Job) -> str:
         """Publish one job; returns its message id. Raises :class:`PublishError` if it was
         not sent, or if an ``around_publish`` middleware dropped it (there is no id)."""
-        message_id = self.publish_many(worker, [job]).message_ids[0]
-        if message_id is not None:  # publish_many raised if it was refused
-            return message_id
+        report = self.publish_many(worker, [job])
+        if report.message_ids[0] is not None:  # publish_many raised if it was refused
+            return report.message_ids[0]
         hooks = {type(m).__name__: type(m).around_publish for m in self._app.middleware}
         names = " or ".join(n for n, h in hooks.items() if h is not Middleware.around_publish)
+        made = f"replaced it by {report.sent} jobs it made itself, published" if report.sent else ""
         raise PublishError(
-            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}: "
-            "nothing was published",
+            f"the around_publish of {names} dropped the job for entity {job.entity_id!r}"
+            f"{' and ' + made if made else ': nothing was published'}: there is no message "
+            "id to return (make jobs from the caller's with job.with_meta or dataclasses.replace)",
             failed=[(0, job.entity_id, f"dropped by {names}")],
-            sent=0,
+            sent=report.sent,
         )
 
     def check(self, worker: type[WorkerLike] | str, job: Job) -> None:
@@ -104,12 +110,10 @@ class Publisher:
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
         self._prepare(0, 0, "", job, name, self._app.layouts.get(name))
 
-    def _publish(
-        self, name: str, jobs: list[Job], items: list[int | None], count: int
-    ) -> PublishReport:
+    def _publish(self, name: str, jobs: list[Job], items: list[int], count: int) -> PublishReport:
         """Publish ``jobs`` (``items``: the caller's index of each) of ``count`` items."""
         layout = self._app.layouts.get(name)  # at most layout_refresh_seconds old
-        report = PublishReport(message_ids=[None] * count)
+        report = PublishReport([None] * max([count, *[i + 1 for i in items]]), items=count)
         missing = self._send(name, jobs, items, range(len(jobs)), layout, report)
         while missing:  # a retired queue deleted after a reshard: publish with a fresh layout
             indexes = sorted(i for queued in missing.values() for i in queued)
@@ -124,8 +128,8 @@ class Publisher:
             first = report.failed[0]
             raise PublishError(
                 f"{len(report.failed)} of {len(jobs)} {name} jobs were not published "
-                f"(first: {_named(first[0])}, entity {first[1]!r}: {first[2]}); the others were. "
-                "Publish the failed ones again with the same dedup_id",
+                f"(first: {_named(first[0], count)}, entity {first[1]!r}: {first[2]}); the "
+                "others were. Publish the failed ones again with the same dedup_id",
                 failed=report.failed,
                 sent=report.sent,
                 gaps=report.gaps,
@@ -136,7 +140,7 @@ class Publisher:
         self,
         worker: str,
         jobs: list[Job],
-        items: list[int | None],
+        items: list[int],
         indexes: Iterable[int],
         layout: WorkerLayout,
         report: PublishReport,
@@ -146,7 +150,7 @@ class Publisher:
         by_queue: dict[str, list[_Prepared]] = {}
         for index in indexes:
             item = items[index]  # name the item in a batch, or a job a middleware made
-            where = f"{_named(item)}: " if len(report.message_ids) > 1 or item is None else ""
+            where = f"{_named(item, report.items)}: " if len(report.message_ids) > 1 else ""
             prepared = self._prepare(index, item, where, jobs[index], worker, layout)
             by_queue.setdefault(prepared.queue, []).append(prepared)
         missing: dict[str, list[int]] = {}
@@ -158,7 +162,7 @@ class Publisher:
         return missing
 
     def _prepare(
-        self, index: int, item: int | None, where: str, job: Job, worker: str, layout: WorkerLayout
+        self, index: int, item: int, where: str, job: Job, worker: str, layout: WorkerLayout
     ) -> _Prepared:
         try:
             entity = check_entity_id(job.entity_id)
@@ -219,8 +223,7 @@ class Publisher:
                     reason = reasons.get(job.entry.id, "not accepted by the broker")
                     report.failed.append((job.item, job.entity_id, reason))
                     continue
-                if job.item is not None:
-                    report.message_ids[job.item] = message_id
+                report.message_ids[job.item] = message_id
                 if job.entity_id in failed_entities:  # refused earlier in this batch
                     report.gaps.append((job.item, job.entity_id))
 
@@ -240,18 +243,19 @@ def _dedup(where: str, entity: str, dedup_id: object) -> str:
     return hashlib.sha256(f"{entity}\0{dedup_id}".encode()).hexdigest()
 
 
-def _items(jobs: list[Job], call: object, count: int) -> list[int | None]:
-    """The caller's index of each job of ``publish_many`` call ``call`` (of ``count`` items),
-    None for a job a middleware made itself; a middleware that made every job anew, one for
-    each item, kept the caller's order."""
-    items = [j._item[1] if j._item is not None and j._item[0] is call else None for j in jobs]
-    if len(jobs) == count and not any(i is not None for i in items):
+def _items(jobs: list[Job], call: int, count: int) -> list[int]:
+    """The caller's index of each job of ``publish_many`` call ``call`` (of ``count`` items);
+    the jobs a middleware made itself follow them, unless it made every job anew, one for
+    each item: those are taken to be the caller's, in the caller's order."""
+    mine = [j._item[1] if j._item is not None and j._item[0] == call else None for j in jobs]
+    if len(jobs) == count and all(i is None for i in mine):
         return list(range(count))
-    return items
+    made = itertools.count(count)
+    return [next(made) if i is None else i for i in mine]
 
 
-def _named(item: int | None) -> str:
-    return "a job added by a middleware" if item is None else f"item {item}"
+def _named(item: int, items: int) -> str:
+    return f"item {item}" if item < items else "a job added by a middleware"
 
 
 def _as_job(index: int, item: JobSpec) -> Job:
