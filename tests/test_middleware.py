@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -278,3 +279,61 @@ def test_a_middleware_that_calls_twice_runs_and_publishes_each_job_once(app: sha
     assert report.sent == 2
     run(app)
     assert app.ran == [("e1", 1), ("e1", 2)]  # type: ignore[attr-defined]
+
+
+def test_a_call_kept_by_a_middleware_that_did_not_call_it_never_runs_again(
+    app: shardq.App,
+) -> None:
+    # given a middleware that keeps its calls to call them later, and returns without calling
+    kept: list[Callable[[], Any]] = []
+
+    class Deferred(shardq.Middleware):
+        def around_perform(self, call: Callable[[], None], ctx: shardq.PerformContext) -> None:
+            kept.append(call)
+
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            kept.append(call)
+
+    app.add_middleware(Deferred())
+    # when jobs are published and run (each without the middleware), then it calls them all
+    report = app.worker("Sync").publish_many([("e1", {"n": 1}), ("e1", {"n": 2})])
+    run(app)
+    outcomes = [call() for call in kept]
+    assert outcomes == [report, None, None]  # the publish's report, then each job's perform
+    # then each job was published once and ran once
+    run(app)
+    assert app.ran == [("e1", 1), ("e1", 2)]  # type: ignore[attr-defined]
+
+
+def test_a_second_call_from_another_thread_waits_for_the_first_outcome(
+    app: shardq.App,
+) -> None:
+    # given a publish whose broker holds the send until released, and a middleware that
+    # calls through on a thread of its own, then (while that send is held) again itself
+    entered, release = threading.Event(), threading.Event()
+    send_batch = app.broker.send_batch
+
+    def held(queue: str, entries: list[Any]) -> Any:
+        entered.set()
+        assert release.wait(10)
+        return send_batch(queue, entries)
+
+    app.broker.send_batch = held  # type: ignore[method-assign]
+    seconds: list[Any] = []
+
+    class Background(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            first = threading.Thread(target=call)
+            first.start()
+            assert entered.wait(10)
+            threading.Timer(0.2, release.set).start()  # the second call is made before that
+            seconds.append(call())
+            first.join()
+
+    app.add_middleware(Background())
+    # when one job is published
+    report = app.worker("Sync").publish_many([("e1", {"n": 1})])
+    # then the second call returned the first's report once it was in, not None meanwhile
+    assert seconds == [report] and report.sent == 1
+    run(app)
+    assert app.ran == [("e1", 1)]  # type: ignore[attr-defined]

@@ -1,12 +1,14 @@
 """Middleware: code around ``perform`` and ``publish``, and node start/stop hooks (usage:
 docs/operations.md, "Middleware and hooks"). The first added is outermost; one that raises
 is logged and never kills a node, a job's own exception stays its failure, and a second
-``call()`` returns (or raises) what the first did without running anything again.
+``call()`` (later, or on another thread meanwhile: once it is in) returns (or raises) what the
+first did without running anything again.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -89,18 +91,18 @@ class _Call:
     called: bool = False
     result: Any = None
     error: BaseException | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)  # a second call waits
 
     def __call__(self) -> Any:
-        if self.called:  # a second call: the first's outcome, never a second run or publish
-            if self.error is not None:
-                raise self.error
-            return self.result
-        self.called = True
-        try:
-            self.result = self.inner()
-        except BaseException as exc:
-            self.error = exc
-            raise
+        with self.lock:  # a second call: the first's outcome, never a second run or publish
+            if not self.called:
+                self.called = True
+                try:
+                    self.result = self.inner()
+                except BaseException as exc:
+                    self.error = exc
+        if self.error is not None:
+            raise self.error
         return self.result
 
 
@@ -128,8 +130,6 @@ def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any
         if not call.called:
             detail = "it did not call call(); running the job anyway"
             log.warning("middleware.skipped_call", middleware=name, hook=hook, detail=detail)
-    if not call.called:
-        return inner()  # run it without this middleware
-    if call.error is not None:  # swallowed by the middleware: still a failure
-        raise call.error
-    return call.result  # type: ignore[no-any-return]
+    # run without this middleware if it did not call, through ``call`` so that a later call
+    # does not run it again; else its outcome (once in), even if the middleware swallowed it
+    return call()  # type: ignore[no-any-return]
