@@ -848,13 +848,14 @@ def test_jobs_whose_queue_was_retired_meanwhile_go_to_the_new_layout_naming_the_
 
 
 def test_a_relay_of_large_jobs_keeps_each_batch_within_one_mib(inner_broker: Broker) -> None:
-    # given ten jobs of 200 KB each received from a shard (as from a retired shard)
+    # given ten jobs of 200 KB each, of ten entities (a batch holds one job of an entity),
+    # received from a shard (as from a retired shard)
     from shardq.publish.relay import relay
 
     broker = WrappingBroker(inner_broker)
     app = make_app(broker)
     worker = define(app)
-    worker.publish_many([("A", "x" * 200_000) for _ in range(10)])
+    worker.publish_many([(f"e{i}", "x" * 200_000) for i in range(10)])
     queue = app.shard_queue(worker, 0)
     messages = broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=60)
     assert len(messages) == 10
@@ -866,6 +867,7 @@ def test_a_relay_of_large_jobs_keeps_each_batch_within_one_mib(inner_broker: Bro
     assert all(
         sum(len(e.body) for e in entries) <= MAX_BATCH_BYTES for _, entries in broker.batches
     )
+    assert max(len(entries) for _, entries in broker.batches) > 1  # not one job a batch
 
 
 def test_a_relay_sends_no_job_after_a_refused_one_of_its_entity(inner_broker: Broker) -> None:
