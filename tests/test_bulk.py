@@ -170,6 +170,34 @@ def test_lines_not_published_are_named_when_a_middleware_drops_or_reorders_jobs(
     assert waiting(app) == 2
 
 
+def test_every_line_of_a_batch_is_named_when_a_job_a_middleware_made_itself_is_refused(
+    app: shardq.App,
+) -> None:
+    # given a publish middleware that replaces line 2's job by two jobs it makes itself, the
+    # second of which the broker refuses
+    class Split(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            parts = [shardq.Job("b", "part"), shardq.Job("b", "poison")]
+            ctx.jobs[:] = [p for j in ctx.jobs for p in (parts if j.payload == "split" else [j])]
+            return call()
+
+    app.add_middleware(Split())
+    text = lines(
+        '{"entity": "a", "payload": 1}',
+        '{"entity": "b", "payload": "split"}',
+        '{"entity": "c", "payload": 3}',
+    )
+    jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
+    # when it is published, then the refused job stands for no line of its own: the error
+    # names every line of its batch as possibly not published, saying why
+    with pytest.raises(bulk.BulkPublishError) as raised:
+        bulk.publish_lines(app, "Job", jobs)
+    assert raised.value.lines == [1, 2, 3] and waiting(app) == 3
+    assert "not published: 3 lines (1-3), first because: a job a middleware made itself" in str(
+        raised.value
+    )
+
+
 def test_an_interrupted_publish_names_the_lines_left_after_a_middleware_dropped_some(
     app: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
