@@ -198,10 +198,11 @@ def test_every_line_of_a_batch_is_named_when_a_job_a_middleware_made_itself_is_r
     )
 
 
+@pytest.mark.parametrize(("dropped", "last"), [(2, 4), (4, 3)])
 def test_an_interrupted_publish_names_the_lines_left_after_a_middleware_dropped_some(
-    app: shardq.App, monkeypatch: pytest.MonkeyPatch
+    app: shardq.App, monkeypatch: pytest.MonkeyPatch, dropped: int, last: int
 ) -> None:
-    # given a publish middleware that drops line 2, and Ctrl-C during the second batch
+    # given a publish middleware that drops line 2 (or 4), and Ctrl-C during the second batch
     calls = []
 
     class DropAndInterrupt(shardq.Middleware):
@@ -215,13 +216,14 @@ def test_an_interrupted_publish_names_the_lines_left_after_a_middleware_dropped_
     app.add_middleware(DropAndInterrupt())
     monkeypatch.setattr(bulk, "BATCH", 2)
     text = lines(*[f'{{"entity": "e{n}", "payload": {n}}}' for n in range(1, 6)])
-    text[1] = '{"entity": "e2", "payload": "drop"}\n'
+    text[dropped - 1] = f'{{"entity": "e{dropped}", "payload": "drop"}}\n'
     jobs = bulk.read_jobs(app, "Job", text, "jobs.jsonl")
-    # when it is published, then it stops after lines 3 and 4 and names line 5 alone
+    # when it is published, then it stops after lines 3 and 4 and names line 5 alone, and
+    # the last line published (not the dropped one)
     with pytest.raises(bulk.PublishInterrupted) as raised:
         bulk.publish_lines(app, "Job", jobs)
     assert raised.value.lines == [5] and waiting(app) == 3
-    assert "published 3 of 5 jobs, the last on line 4; not published: 1 line (5)" in str(
+    assert f"published 3 of 5 jobs, the last on line {last}; not published: 1 line (5)" in str(
         raised.value
     )
 

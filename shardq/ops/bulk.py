@@ -111,7 +111,8 @@ def parse_line(text: str) -> Job:
 def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
     """Publish the jobs in order; returns how many. Raises :class:`BulkPublishError`
     naming the lines not published if the broker refused some."""
-    done = at = sending = 0  # jobs published; lines handled (some a middleware dropped)
+    # jobs published; lines handled (some a middleware dropped); the last line published
+    done = at = sending = last = 0
     try:
         # Ctrl-C or SIGTERM: publishing stops after the batch being sent (main thread only)
         stops = (signal.SIGINT, signal.SIGTERM)
@@ -119,7 +120,7 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
         with ctrl_c.installed(), Progress("published", len(lines)) as progress:
             for start in range(0, len(lines), BATCH):
                 if ctrl_c.stopping.is_set():
-                    raise _interrupted(lines, done, at, 0, ctrl_c.name)
+                    raise _interrupted(lines, done, last, at, 0, ctrl_c.name)
                 chunk = lines[start : start + BATCH]
                 sending = len(chunk)
                 try:
@@ -136,10 +137,12 @@ def publish_lines(app: App, worker: str, lines: Sequence[Line]) -> int:
                     ) from exc
                 except ShardqError as exc:  # refused before sending (e.g. a middleware's)
                     raise _not_published(lines, done, [], start, str(exc), []) from exc
+                sent = [chunk[i].number for i, m in enumerate(report.message_ids[:sending]) if m]
+                last = max(sent, default=last)
                 done, at, sending = done + report.sent, start + len(chunk), 0
                 progress(done)
     except KeyboardInterrupt:  # a second Ctrl-C: the batch being sent is in doubt
-        raise _interrupted(lines, done, at, sending) from None
+        raise _interrupted(lines, done, last, at, sending) from None
     return done
 
 
@@ -161,11 +164,17 @@ def _not_published(
 
 
 def _interrupted(
-    lines: Sequence[Line], done: int, at: int, in_doubt: int, signal_name: str | None = None
+    lines: Sequence[Line],
+    done: int,
+    last_line: int,
+    at: int,
+    in_doubt: int,
+    signal_name: str | None = None,
 ) -> PublishInterrupted:
     """Ctrl-C (or ``signal_name``) after ``done`` jobs of the first ``at`` lines were
-    published; the ``in_doubt`` lines after them were being sent when a second Ctrl-C came."""
-    last = f", the last on line {lines[at - 1].number}" if done else ""
+    published, the last of ``last_line`` (0: none); the ``in_doubt`` lines after them were
+    being sent when a second Ctrl-C came."""
+    last = f", the last on line {last_line}" if last_line else ""
     doubt = [line.number for line in lines[at : at + in_doubt]]
     missing = [line.number for line in lines[at + in_doubt :]]
     text = f"interrupted: published {done} of {plural(len(lines), 'job')}{last}"
