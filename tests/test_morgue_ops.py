@@ -571,6 +571,24 @@ def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_
     assert Morgue(app, "Ledgered").size() == 4
 
 
+def test_a_node_buries_a_job_of_an_entity_that_has_a_damaged_dead_job_and_runs_on(
+    app: shardq.App,
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given e1's first dead job with its record not JSON
+    first = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e1")
+    damage(app, first.key, "garbage")
+    # when another job of e1 dies on a node
+    Ledgered.publish_many([("e1", {"n": 9, "permanent": True})])
+    code = app.node(app.plan(threads=1), until_empty=True).run()
+    # then the node buries it and ends as usual, and the damaged one is still listed
+    assert code == 0
+    listed = Morgue(app, "Ledgered").list_jobs(entity="e1")
+    assert len(listed) == 4 and listed[0].reason == "unreadable_record"
+    assert numbers(listed[-1:]) == [("e1", 9)]
+
+
 def test_a_removed_workers_dead_jobs_are_listed_when_its_first_record_is_damaged(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:

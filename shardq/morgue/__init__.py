@@ -108,13 +108,22 @@ def bury(
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written?"""
+    """Is the record's job (its message id) in the morgue with its summary written? Its
+    entity's damaged records are passed over: they must not stop the burial."""
+    entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
     summaries = [
         keys_of(item.key, 1)[0]
-        for item in store.query_all(f"morgue/{worker}/e/{entity_key(record.entity_id)}/")
+        for item in store.query_all(entity, keep_damaged=True)
         if item.value.get("message_id") == record.message_id
     ]
-    return any(store.get(key) is not None for key in summaries)  # the summary is written last
+    return any(_written(store, key) for key in summaries)  # the summary is written last
+
+
+def _written(store: Store, key: str) -> bool:
+    try:
+        return store.get(key) is not None
+    except DamagedItem:  # written, then damaged
+        return True
 
 
 NOT_REGISTERED = (
