@@ -571,6 +571,30 @@ def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_
     assert Morgue(app, "Ledgered").size() == 4
 
 
+@pytest.mark.parametrize("by", ["error type", "time"])
+def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_entitys_later_ones(
+    app: shardq.App, by: str
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given three dead jobs of f that died of KeyError, both items of the first not JSON
+    since = time.time() - 1
+    bury(app, [("f", 0), ("f", 1), ("f", 2)], KeyError("k"))
+    dead = Morgue(app, "Ledgered")
+    first = dead.list_jobs(entity="f")[0]
+    for key in keys_of(first.key, 1):
+        damage(app, key, "[1, 2")
+    where = Filter(error_type="KeyError") if by == "error type" else Filter(since=since)
+    # when the dead jobs of that error type, or that died since then, are listed and requeued
+    listed = [r.key for r in dead.page(where).records if r.entity_id == "f"]
+    refused: list[tuple[str, str]] = []
+    dead.requeue(where, refused=lambda r, why: refused.append((r.key, why)))
+    # then the unreadable first is listed and refused, and no later job of f overtakes it
+    assert listed[0] == first.key and len(listed) == 3
+    assert queued(app, "f") == [] and [k for k, _ in refused][:1] == [first.key]
+    assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
+
+
 def test_a_node_buries_a_job_of_an_entity_that_has_a_damaged_dead_job_and_runs_on(
     app: shardq.App,
 ) -> None:

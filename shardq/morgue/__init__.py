@@ -62,11 +62,14 @@ class Filter:
     message_ids: frozenset[str] | None = None
 
     def matches(self, record: MorgueRecord) -> bool:
+        """Does the record match? One shardq cannot read matches every error type and
+        time (its key's stamp is in range): what it died of, and when, is not known."""
+        known = record.reason != REASON_UNREADABLE
         return (
             (self.entity is None or record.entity_id == self.entity)
-            and (self.error_type is None or record.error_type == self.error_type)
-            and (self.since is None or record.failed_at >= self.since)
-            and (self.until is None or record.failed_at <= self.until)
+            and (self.error_type is None or not known or record.error_type == self.error_type)
+            and (self.since is None or not known or record.failed_at >= self.since)
+            and (self.until is None or not known or record.failed_at <= self.until)
             and (self.message_ids is None or not self.message_ids.isdisjoint(_ids(record)))
         )
 
