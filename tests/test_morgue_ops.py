@@ -595,6 +595,27 @@ def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_ent
     assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
 
 
+def test_a_purge_of_an_unreadable_dead_job_deletes_every_piece_of_its_body(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given a dead job whose body takes 3 items more, its summary and record not JSON
+    message = Message("shard.fifo", "big-1", "", "x" * 700_000, "g", 1, 0.0, "0")
+    record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+    morgue.bury(app.store, "Ledgered", [record])
+    key = Morgue(app, "Ledgered").list_jobs(entity="g")[0].key
+    assert len(app.store.query_all("morgue/Ledgered/p/")) == 3
+    for item in keys_of(key, 1):
+        damage(app, item, "garbage")
+    # when it is purged by the id it is listed with
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", key, "--yes")
+    # then none of its items is left
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert app.store.query_all("morgue/Ledgered/p/") == []
+    assert Morgue(app, "Ledgered").size() == 5
+
+
 def test_a_node_buries_a_job_of_an_entity_that_has_a_damaged_dead_job_and_runs_on(
     app: shardq.App,
 ) -> None:

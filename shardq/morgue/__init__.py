@@ -258,7 +258,11 @@ class Morgue:
         """Delete each record's items (summary first: it leaves listings at once), telling
         ``progress`` the count so far (from ``done``)."""
         for record in records:
-            for key in keys_of(record.key, record.pieces):
+            keys = keys_of(record.key, record.pieces)
+            if record.reason == REASON_UNREADABLE:  # how many pieces its body has is not known
+                pieces = keys_of(record.key, 2)[2].removesuffix("001")
+                keys += [i.key for i in self.store.query_all(pieces, keep_damaged=True)]
+            for key in dict.fromkeys(keys):
                 self.store.delete(key)
             done += 1
             if progress is not None:
