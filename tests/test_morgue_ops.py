@@ -595,6 +595,34 @@ def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_ent
     assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
 
 
+def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of f, the summary of the first and the record of the second not JSON
+    bury(app, [("f", 0), ("f", 1), ("f", 2)], KeyError("k"))
+    first, second, _ = Morgue(app, "Ledgered").list_jobs(entity="f")
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    damage(app, second.key, "garbage")
+    # when they are listed, with --entity and without
+    for entity in (["--entity", "f"], []):
+        code, out, _ = cli(app, capsys, "list", "Ledgered", *entity, "--json")
+        listed = [json.loads(line) for line in out.splitlines()]
+        ids = [j["message_id"] for j in listed if j["entity_id"] == "f"]
+        # then each is listed by its message id, the first whole, the second unreadable
+        assert code == 0 and ids == ["id-f-0", "id-f-1", "id-f-2"]
+        reasons = [j["reason"] for j in listed if j["entity_id"] == "f"]
+        assert reasons == ["max_retries", "unreadable_record", "max_retries"]
+    # and a requeue by error type sends the first (its record is whole) and stops at the second
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--error-type", "KeyError")
+    assert code == 2 and queued(app, "f") == [0] and "dead job id-f-1 of entity f" in err
+    # and the second is purged by its message id
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", "id-f-1", "--yes")
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert [r.message_id for r in Morgue(app, "Ledgered").list_jobs(entity="f")] == ["id-f-2"]
+
+
 def test_a_purge_of_an_unreadable_dead_job_deletes_every_piece_of_its_body(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -178,7 +178,7 @@ class Morgue:
             return unreadable(str(exc), record.entity_id, record.message_id, key=record.key)
         bodies = [None if p is None else p.value.get("body") for p in parts]
         found = whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
-        return replace(found, message_id=record.message_id)  # a damaged summary's: its key
+        return replace(found, message_id=record.message_id)
 
     def requeue(
         self,
@@ -244,6 +244,8 @@ class Morgue:
                 if end is not None and at[: len(end)] >= end:
                     return
                 record = summary(item)
+                if record.reason == REASON_UNREADABLE:
+                    record = self._other(item.key, record)
                 if where.matches(record):
                     if seen is not None:
                         seen.update(_ids(record))
@@ -251,6 +253,17 @@ class Morgue:
             if len(got) < MAX_QUERY_ITEMS:
                 return
             start = got[-1].key
+
+    def _other(self, key: str, record: MorgueRecord) -> MorgueRecord:
+        """The summary of a record whose item at ``key`` cannot be read, from its other
+        item (its record for a summary, its summary for a record) if that one can be."""
+        t, e = keys_of(key, 1)
+        try:
+            other = self.store.get(e if key == t else t)
+        except DamagedItem:
+            return record
+        found = record if other is None else summary(other)
+        return record if found.reason == REASON_UNREADABLE else found
 
     def _delete(
         self, records: Iterable[MorgueRecord], progress: Progress | None, done: int = 0
@@ -316,8 +329,8 @@ class Morgue:
 
 
 def _ids(record: MorgueRecord) -> tuple[str, str]:
-    """The ids a dead job is selected by: its message id, and its record's key (the id a
-    damaged record is listed with, whichever of its items is read)."""
+    """The ids a dead job is selected by: its message id, and its record's key (the id
+    one is listed with when neither of its items can be read)."""
     return record.message_id, record.key
 
 
