@@ -370,7 +370,7 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         srv.sampler.sample()
         status, nodes = call(srv, "GET", "/api/v1/nodes")
         assert status == 200
-        assert set(nodes) == {"time", "nodes", "gone", "unserved", "no_live_node"}
+        assert set(nodes) == {"time", "nodes", "gone", "unserved", "no_live_node", "damaged"}
         assert {"SyncOrder:2", "SyncOrder:3"} <= set(nodes["unserved"])
         assert not {"SyncOrder:0", "SyncOrder:1"} & set(nodes["unserved"])
         assert nodes["time"] == call(srv, "GET", "/api/v1/stats")[1]["time"]
