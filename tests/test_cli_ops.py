@@ -275,7 +275,7 @@ def test_nodes_lists_the_live_nodes_those_gone_and_the_shards_nobody_serves(env:
     # when listed as JSON, then the same in the documented shape
     listed = env.cli("nodes", "--json")
     doc = json.loads(listed.stdout)
-    assert set(doc) == {"time", "nodes", "gone", "unserved", "no_live_node"}
+    assert set(doc) == {"time", "nodes", "gone", "unserved", "no_live_node", "damaged"}
     (node,) = doc["nodes"]
     assert node["node"] == "n-live" and node["held"] == ["Ledgered:0", "Ledgered:1"]
     assert (node["shards"], node["jobs_per_second"], node["max_lag"]) == (2, 12.5, 2.0)
@@ -351,3 +351,27 @@ def test_nodes_and_stats_show_the_fleet_around_a_damaged_item_and_name_it(env: E
     assert table.stdout.splitlines()[1].split()[0] == "n-live"
     assert [n["node"] for n in json.loads(listed.stdout)["nodes"]] == ["n-live"]
     assert "1 node live" in stats.stderr
+
+
+def test_when_every_fleet_item_is_damaged_no_node_has_reported_and_each_is_named(
+    env: Env,
+) -> None:
+    # given a heartbeat and an ownership item, both not JSON, and nothing else of the fleet
+    needs_shared_store(ledger.app)
+    heartbeat(ledger.app.store, "n-bad", time.time() - 3, ("Ledgered:1",))
+    damage(ledger.app, "node/n-bad", "{not json")
+    damage(ledger.app, "shard/Ledgered:1", "garbage")
+    env.cli("publish", "Ledgered", "e", '{"n": 0}')
+    # when the nodes and the stats are listed, as tables and as JSON
+    table, listed = env.cli("nodes"), env.cli("nodes", "--json")
+    stats_table, stats_json = env.cli("stats"), env.cli("stats", "--json")
+    # then no node has reported, and each damaged item is named on stderr and in the JSON
+    for result in (table, listed, stats_table, stats_json):
+        assert result.returncode == 0, result.stderr
+        assert "store item 'node/n-bad' is damaged" in result.stderr
+        assert "store item 'shard/Ledgered:1' is damaged" in result.stderr
+    assert table.stdout == "" and "no node has reported yet" in table.stderr
+    assert "no node has reported yet" in stats_table.stderr
+    for damaged in (json.loads(listed.stdout)["damaged"], stats(env)["fleet_damaged"]):
+        assert len(damaged) == 2 and all("is damaged" in why for why in damaged)
+    assert stats(env)["fleet"] is None

@@ -245,6 +245,25 @@ def test_an_embedded_broker_counts_throughput_before_its_queues_exist() -> None:
     app.broker.close()
 
 
+def test_jobs_done_in_a_queue_made_between_two_samples_are_counted() -> None:
+    # given a sampler that sampled the embedded broker before any queue was made
+    app.configure(Config(queue_prefix="made-", idle_wait_seconds=1), broker=MemoryBroker())
+    sampler = Sampler(app, refresh=5)
+    sampler.sample()
+    before = sampler.snapshot()["time"]
+    # when 7 SyncOrder jobs are published (making their queues) and done, then it samples
+    SyncOrder.publish_many([("o1", {"n": n}) for n in range(7)])
+    run_until_empty()
+    sampler.sample()
+    snapshot = sampler.snapshot()
+    # then the 7 jobs are counted from 0 at the first sample: a point for every worker
+    per_minute = 7 * 60 / (snapshot["time"] - before)
+    assert snapshot["throughput"]["SyncOrder"][-1][1] == pytest.approx(per_minute, rel=0.01)
+    assert snapshot["throughput"]["SendReceipt"][-1][1] == 0.0
+    assert snapshot["throughput_total"][-1][1] == pytest.approx(per_minute, rel=0.01)
+    app.broker.close()
+
+
 def test_parse_metrics_sums_finished_jobs_per_worker() -> None:
     text = (
         "# TYPE shardq_jobs counter\n"
@@ -351,7 +370,7 @@ def test_nodes_api_answers_from_the_background_sample(filled: shardq.App) -> Non
         srv.sampler.sample()
         status, nodes = call(srv, "GET", "/api/v1/nodes")
         assert status == 200
-        assert set(nodes) == {"time", "nodes", "gone", "unserved", "no_live_node"}
+        assert set(nodes) == {"time", "nodes", "gone", "unserved", "no_live_node", "damaged"}
         assert {"SyncOrder:2", "SyncOrder:3"} <= set(nodes["unserved"])
         assert not {"SyncOrder:0", "SyncOrder:1"} & set(nodes["unserved"])
         assert nodes["time"] == call(srv, "GET", "/api/v1/stats")[1]["time"]

@@ -571,6 +571,97 @@ def test_the_purge_a_refused_requeue_names_deletes_a_damaged_record_without_its_
     assert Morgue(app, "Ledgered").size() == 4
 
 
+@pytest.mark.parametrize("by", ["error type", "time"])
+def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_entitys_later_ones(
+    app: shardq.App, by: str
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given three dead jobs of f that died of KeyError, both items of the first not JSON
+    since = time.time() - 1
+    bury(app, [("f", 0), ("f", 1), ("f", 2)], KeyError("k"))
+    dead = Morgue(app, "Ledgered")
+    first = dead.list_jobs(entity="f")[0]
+    for key in keys_of(first.key, 1):
+        damage(app, key, "[1, 2")
+    where = Filter(error_type="KeyError") if by == "error type" else Filter(since=since)
+    # when the dead jobs of that error type, or that died since then, are listed and requeued
+    listed = [r.key for r in dead.page(where).records if r.entity_id == "f"]
+    refused: list[tuple[str, str]] = []
+    dead.requeue(where, refused=lambda r, why: refused.append((r.key, why)))
+    # then the unreadable first is listed and refused, and no later job of f overtakes it
+    assert listed[0] == first.key and len(listed) == 3
+    assert queued(app, "f") == [] and [k for k, _ in refused][:1] == [first.key]
+    assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
+
+
+def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given dead jobs of f, the summary of the first and the record of the second not JSON
+    bury(app, [("f", 0), ("f", 1), ("f", 2)], KeyError("k"))
+    first, second, _ = Morgue(app, "Ledgered").list_jobs(entity="f")
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    damage(app, second.key, "garbage")
+    # when they are listed, with --entity and without
+    for entity in (["--entity", "f"], []):
+        code, out, _ = cli(app, capsys, "list", "Ledgered", *entity, "--json")
+        listed = [json.loads(line) for line in out.splitlines()]
+        ids = [j["message_id"] for j in listed if j["entity_id"] == "f"]
+        # then each is listed by its message id, the first whole, the second unreadable
+        assert code == 0 and ids == ["id-f-0", "id-f-1", "id-f-2"]
+        reasons = [j["reason"] for j in listed if j["entity_id"] == "f"]
+        assert reasons == ["max_retries", "unreadable_record", "max_retries"]
+    # and a requeue by error type sends the first (its record is whole) and stops at the second
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--error-type", "KeyError")
+    assert code == 2 and queued(app, "f") == [0] and "dead job id-f-1 of entity f" in err
+    # and the second is purged by its message id
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", "id-f-1", "--yes")
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert [r.message_id for r in Morgue(app, "Ledgered").list_jobs(entity="f")] == ["id-f-2"]
+
+
+def test_a_purge_of_an_unreadable_dead_job_deletes_every_piece_of_its_body(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given a dead job whose body takes 3 items more, its summary and record not JSON
+    message = Message("shard.fifo", "big-1", "", "x" * 700_000, "g", 1, 0.0, "0")
+    record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+    morgue.bury(app.store, "Ledgered", [record])
+    key = Morgue(app, "Ledgered").list_jobs(entity="g")[0].key
+    assert len(app.store.query_all("morgue/Ledgered/p/")) == 3
+    for item in keys_of(key, 1):
+        damage(app, item, "garbage")
+    # when it is purged by the id it is listed with
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--id", key, "--yes")
+    # then none of its items is left
+    assert code == 0 and "purged 1 dead Ledgered job" in err
+    assert app.store.query_all("morgue/Ledgered/p/") == []
+    assert Morgue(app, "Ledgered").size() == 5
+
+
+def test_a_node_buries_a_job_of_an_entity_that_has_a_damaged_dead_job_and_runs_on(
+    app: shardq.App,
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given e1's first dead job with its record not JSON
+    first = next(r for r in Morgue(app, "Ledgered").list_jobs() if r.entity_id == "e1")
+    damage(app, first.key, "garbage")
+    # when another job of e1 dies on a node
+    Ledgered.publish_many([("e1", {"n": 9, "permanent": True})])
+    code = app.node(app.plan(threads=1), until_empty=True).run()
+    # then the node buries it and ends as usual, and the damaged one is still listed
+    assert code == 0
+    listed = Morgue(app, "Ledgered").list_jobs(entity="e1")
+    assert len(listed) == 4 and listed[0].reason == "unreadable_record"
+    assert numbers(listed[-1:]) == [("e1", 9)]
+
+
 def test_a_removed_workers_dead_jobs_are_listed_when_its_first_record_is_damaged(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -389,7 +389,7 @@ def test_without_a_reshard_nodes_json_keeps_its_shape(
     app.ensure_queues()
     assert _nodes(app, args(json=True)) == 0
     # then `shardq nodes --json` has no "reshards" key, like the dashboard's sample
-    shape = {"time", "nodes", "gone", "unserved", "no_live_node"}
+    shape = {"time", "nodes", "gone", "unserved", "no_live_node", "damaged"}
     assert set(json.loads(capsys.readouterr().out)) == shape
 
 

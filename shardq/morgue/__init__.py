@@ -62,11 +62,14 @@ class Filter:
     message_ids: frozenset[str] | None = None
 
     def matches(self, record: MorgueRecord) -> bool:
+        """Does the record match? One shardq cannot read matches every error type and
+        time (its key's stamp is in range): what it died of, and when, is not known."""
+        known = record.reason != REASON_UNREADABLE
         return (
             (self.entity is None or record.entity_id == self.entity)
-            and (self.error_type is None or record.error_type == self.error_type)
-            and (self.since is None or record.failed_at >= self.since)
-            and (self.until is None or record.failed_at <= self.until)
+            and (self.error_type is None or not known or record.error_type == self.error_type)
+            and (self.since is None or not known or record.failed_at >= self.since)
+            and (self.until is None or not known or record.failed_at <= self.until)
             and (self.message_ids is None or not self.message_ids.isdisjoint(_ids(record)))
         )
 
@@ -108,13 +111,22 @@ def bury(
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written?"""
+    """Is the record's job (its message id) in the morgue with its summary written? Its
+    entity's damaged records are passed over: they must not stop the burial."""
+    entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
     summaries = [
         keys_of(item.key, 1)[0]
-        for item in store.query_all(f"morgue/{worker}/e/{entity_key(record.entity_id)}/")
+        for item in store.query_all(entity, keep_damaged=True)
         if item.value.get("message_id") == record.message_id
     ]
-    return any(store.get(key) is not None for key in summaries)  # the summary is written last
+    return any(_written(store, key) for key in summaries)  # the summary is written last
+
+
+def _written(store: Store, key: str) -> bool:
+    try:
+        return store.get(key) is not None
+    except DamagedItem:  # written, then damaged
+        return True
 
 
 NOT_REGISTERED = (
@@ -166,7 +178,7 @@ class Morgue:
             return unreadable(str(exc), record.entity_id, record.message_id, key=record.key)
         bodies = [None if p is None else p.value.get("body") for p in parts]
         found = whole(item, [b if isinstance(b, str) else "" for b in bodies]) if parts else first
-        return replace(found, message_id=record.message_id)  # a damaged summary's: its key
+        return replace(found, message_id=record.message_id)
 
     def requeue(
         self,
@@ -232,6 +244,8 @@ class Morgue:
                 if end is not None and at[: len(end)] >= end:
                     return
                 record = summary(item)
+                if record.reason == REASON_UNREADABLE:
+                    record = self._other(item.key, record)
                 if where.matches(record):
                     if seen is not None:
                         seen.update(_ids(record))
@@ -240,13 +254,28 @@ class Morgue:
                 return
             start = got[-1].key
 
+    def _other(self, key: str, record: MorgueRecord) -> MorgueRecord:
+        """The summary of a record whose item at ``key`` cannot be read, from its other
+        item (its record for a summary, its summary for a record) if that one can be."""
+        t, e = keys_of(key, 1)
+        try:
+            other = self.store.get(e if key == t else t)
+        except DamagedItem:
+            return record
+        found = record if other is None else summary(other)
+        return record if found.reason == REASON_UNREADABLE else found
+
     def _delete(
         self, records: Iterable[MorgueRecord], progress: Progress | None, done: int = 0
     ) -> int:
         """Delete each record's items (summary first: it leaves listings at once), telling
         ``progress`` the count so far (from ``done``)."""
         for record in records:
-            for key in keys_of(record.key, record.pieces):
+            keys = keys_of(record.key, record.pieces)
+            if record.reason == REASON_UNREADABLE:  # how many pieces its body has is not known
+                pieces = keys_of(record.key, 2)[2].removesuffix("001")
+                keys += [i.key for i in self.store.query_all(pieces, keep_damaged=True)]
+            for key in dict.fromkeys(keys):
                 self.store.delete(key)
             done += 1
             if progress is not None:
@@ -300,8 +329,8 @@ class Morgue:
 
 
 def _ids(record: MorgueRecord) -> tuple[str, str]:
-    """The ids a dead job is selected by: its message id, and its record's key (the id a
-    damaged record is listed with, whichever of its items is read)."""
+    """The ids a dead job is selected by: its message id, and its record's key (the id
+    one is listed with when neither of its items can be read)."""
     return record.message_id, record.key
 
 

@@ -47,7 +47,8 @@ RAW = argparse.RawDescriptionHelpFormatter
 NODES_JSON_HELP = """\
 --json prints {"time": T, "nodes": [NODE, ...], "gone": [NODE, ...], "unserved":
 ["Worker:shard", ...] (shards of the live layout no live node serves), "no_live_node"
-(nodes ran before and none is live now)}, plus
+(nodes ran before and none is live now), "damaged" (why each fleet item that cannot be
+read is left out)}, plus
 "reshards": [RESHARD, ...] while a reshard is in progress (times are Unix seconds;
 GET /api/v1/nodes on the dashboard answers the same):
   NODE   {"node", "host", "pid", "mode" ("elastic" or "static"), "version",
@@ -206,6 +207,8 @@ def _stats(app: App, args: argparse.Namespace) -> int:
         print(f"shardq: {stats.no_queues}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
+        for line in damaged_lines(stats.fleet):
+            print(line, file=sys.stderr)
         return EXIT_OK
     print(_stats_table(stats))
     views = [w.layout for w in stats.workers if w.layout is not None]

@@ -49,7 +49,8 @@ class GoneView:
 
 @dataclass(frozen=True)
 class FleetView:
-    """The fleet at ``time``. ``reported`` is False when no node ever wrote."""
+    """The fleet at ``time``. ``reported`` is False when no node ever wrote (an item
+    that can be read)."""
 
     time: float
     reported: bool = False
@@ -113,6 +114,7 @@ class FleetView:
             ],
             "unserved": list(self.unserved),
             "no_live_node": self.no_live_node,
+            "damaged": list(self.damaged),
             **({"reshards": list(reshards)} if reshards else {}),
         }
 
@@ -162,7 +164,7 @@ def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None =
     ]
     return FleetView(
         time=now,
-        reported=bool(items.nodes or items.owners),
+        reported=any(not i.damaged for i in (*items.nodes, *items.owners)),
         nodes=tuple(sorted(live, key=lambda r: r.node)),
         gone=tuple(sorted(gone, key=lambda g: (-g.gone_at, g.report.node))),
         owners=owners,
@@ -259,7 +261,8 @@ def fleet_lines(
     """What ``shardq stats`` says about the fleet under its table."""
     if not view.reported:
         lags = "; on SQS lags come from their reports" if lag_source is None else ""
-        return [f"no node has reported yet: owners unknown{lags} (see `shardq nodes`)"]
+        no_report = f"no node has reported yet: owners unknown{lags} (see `shardq nodes`)"
+        return [no_report, *damaged_lines(view)]
     lags = "; lags are their owners' reports, a few seconds old"
     lines = [
         f"{plural(len(view.nodes), 'node')} live, {view.jobs_per_second:.1f} jobs/s together "

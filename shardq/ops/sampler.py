@@ -132,6 +132,9 @@ class Sampler:
                 for s in w.shards
                 if s.done is not None
             }
+            if (since := self._last.get("broker")) is not None:  # a queue made since then
+                for queue in counts.keys() - self._last.keys():  # had done none by then
+                    self._last[queue] = (since[0], {})
             rates = self._rates(now, {"broker": dict.fromkeys(names, 0.0), **counts}, names)
         elif self.scrape:
             source, rates = "scrape", self._rates(now, self._scrape_all(now), names)

@@ -106,6 +106,7 @@ class Stats:
             "by_worker": by_worker,
             "fleet": _fleet_dict(self.fleet),
             "fleet_error": self.fleet_error,
+            "fleet_damaged": list(self.fleet.damaged),
             "layout_error": self.layout_error,
             "no_queues": self.no_queues,
         }

@@ -42,6 +42,7 @@ from shardq.run.aio import Performer
 from shardq.run.leases import Leases
 from shardq.run.shard import by_entity
 from shardq.run.timelimit import TimeLimits
+from shardq.store.base import DamagedItem
 
 if TYPE_CHECKING:
     from shardq.store.deployment import Deployment
@@ -305,7 +306,7 @@ class Executor:
                     for j in chunk
                 ],
             )
-        except morgue.StoreError as exc:
+        except (morgue.StoreError, DamagedItem) as exc:  # the job waits, the node runs on
             log.error("job.morgue_failed", worker=ref.worker, entity=entity, error=str(exc))
             self._report.broker_error("morgue")
             return False
