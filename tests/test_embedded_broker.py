@@ -321,8 +321,9 @@ def test_maintain_checkpoints_the_wal_even_when_its_writes_fail(tmp_path: Path) 
         broker.send_batch(QUEUE, entries(f"m{n}", size=400))
     assert len(drain(broker)) == 500
     assert os.path.getsize(f"{path}-wal") > 0
-    # and a connection that can write no more (on a full disk the WAL cannot grow: only a
-    # checkpoint, which needs no new room, lets writes go on)
+    # and a connection that can write no more (when the file's size is limited the WAL
+    # cannot grow: only a checkpoint lets writes go on; on a disk with no room at all it
+    # cannot copy the WAL into the file either)
     with broker._file.read("refusing writes") as db:
         db.execute("PRAGMA query_only = ON")
     # when the broker is maintained

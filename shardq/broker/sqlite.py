@@ -310,7 +310,7 @@ class SqliteBroker(Broker):
                 with self._file.write("giving free pages back to the disk") as db:
                     if not give_back_pages(db):
                         break
-        finally:  # also when they failed: on a full disk only a checkpoint frees the WAL
+        finally:  # also when they failed: on a size-limited file only a checkpoint frees the WAL
             if self.path != ":memory:":
                 try:
                     checkpoint(self.path)
