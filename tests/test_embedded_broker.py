@@ -452,3 +452,16 @@ def test_a_waiting_receive_or_watch_on_a_closed_broker_raises_instead_of_returni
     with pytest.raises(BrokerError, match="closed"):
         broker.watch(["q.fifo"], 2)
     assert time.monotonic() - started < 1.5
+
+
+def test_maintain_on_a_closed_broker_raises_and_leaves_the_disk_alone(tmp_path: Path) -> None:
+    # given a closed broker whose file was then removed
+    path = tmp_path / "b.db"
+    broker = SqliteBroker(str(path))
+    broker.close()
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
+    # when it is maintained, then it says it is closed and makes no file
+    with pytest.raises(BrokerError, match="closed"):
+        broker.maintain()
+    assert os.listdir(tmp_path) == []

@@ -311,7 +311,7 @@ class SqliteBroker(Broker):
                     if not give_back_pages(db):
                         break
         finally:  # also when they failed: on a size-limited file only a checkpoint frees the WAL
-            if self.path != ":memory:":
+            if self.path != ":memory:" and not self._file.closed:  # closed: no file I/O
                 try:
                     checkpoint(self.path)
                 except sqlite3.Error as exc:
