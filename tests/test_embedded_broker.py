@@ -321,8 +321,9 @@ def test_maintain_checkpoints_the_wal_even_when_its_writes_fail(tmp_path: Path) 
         broker.send_batch(QUEUE, entries(f"m{n}", size=400))
     assert len(drain(broker)) == 500
     assert os.path.getsize(f"{path}-wal") > 0
-    # and a connection that can write no more (on a full disk the WAL cannot grow: only a
-    # checkpoint, which needs no new room, lets writes go on)
+    # and a connection that can write no more (when the file's size is limited the WAL
+    # cannot grow: only a checkpoint lets writes go on; on a disk with no room at all it
+    # cannot copy the WAL into the file either)
     with broker._file.read("refusing writes") as db:
         db.execute("PRAGMA query_only = ON")
     # when the broker is maintained
@@ -451,3 +452,16 @@ def test_a_waiting_receive_or_watch_on_a_closed_broker_raises_instead_of_returni
     with pytest.raises(BrokerError, match="closed"):
         broker.watch(["q.fifo"], 2)
     assert time.monotonic() - started < 1.5
+
+
+def test_maintain_on_a_closed_broker_raises_and_leaves_the_disk_alone(tmp_path: Path) -> None:
+    # given a closed broker whose file was then removed
+    path = tmp_path / "b.db"
+    broker = SqliteBroker(str(path))
+    broker.close()
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
+    # when it is maintained, then it says it is closed and makes no file
+    with pytest.raises(BrokerError, match="closed"):
+        broker.maintain()
+    assert os.listdir(tmp_path) == []

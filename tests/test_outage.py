@@ -27,7 +27,9 @@ from shardq.core.plan import ShardRef
 from shardq.core.topology import shard_for
 from shardq.ops.ensure import ensure_state_table
 from shardq.run.executor import Executor
+from shardq.run.intake import Intake, OldJobs
 from shardq.run.leases import Leases
+from shardq.run.shard import Shard
 from shardq.run.timelimit import TimeLimits
 from tests import chaos
 from tests import emulator as emu
@@ -227,3 +229,74 @@ def test_receives_an_embedded_broker_refuses_back_off_and_recover() -> None:
     assert 1 <= failed <= 2
     assert done == ["e"]
     assert sum(e["event"] == "node.receive_failed" for e in logs) == failed
+
+
+def _intake(broker: _ReadOnly, clock: ManualClock) -> Intake:
+    """A node's intake on the embedded broker (one file for every queue)."""
+    leases = Leases(broker, ThreadPoolExecutor(1), clock=clock)
+    return Intake(
+        broker,
+        leases,
+        OldJobs(broker, 0.0),
+        ThreadPoolExecutor(1),
+        fail=lambda what, exc: None,
+        broker_error=lambda operation: None,
+        clock=clock,
+        one_file=True,
+    )
+
+
+def _shard(broker: _ReadOnly, name: str) -> Shard:
+    broker.ensure_queue(name)
+    return Shard(ShardRef(name, 0, 1), name, 30)
+
+
+def _fail_for_a_minute(intake: Intake, clock: ManualClock, *shards: Shard) -> None:
+    """Receives of ``shards`` fail each time their backoff ends, for a minute."""
+    started = clock()
+    while clock() < started + 60:
+        for shard in shards:
+            assert intake.receive(shard, 0) is None
+        while any(intake.backing_off(shard.queue) for shard in shards):
+            clock.advance(0.5)
+
+
+def test_one_successful_receive_on_the_embedded_broker_ends_every_queues_backoff() -> None:
+    # given two queues of one file whose receives failed for a minute, the second's last
+    # failure 10 s after the first's (each backing off 30 s)
+    clock, broker = ManualClock(), _ReadOnly()
+    intake = _intake(broker, clock)
+    first, second = _shard(broker, "a.fifo"), _shard(broker, "b.fifo")
+    broker.broken.set()
+    _fail_for_a_minute(intake, clock, first, second)
+    assert intake.receive(first, 0) is None
+    clock.advance(10.0)
+    assert intake.receive(second, 0) is None
+    # when the file is writable again and the first queue's receive succeeds after its
+    # backoff, while the second's still runs
+    broker.broken.clear()
+    clock.advance(20.0)
+    assert not intake.backing_off("a.fifo") and intake.backing_off("b.fifo")
+    assert intake.receive(first, 0) == []
+    # then the second queue backs off no more either: the file works
+    assert not intake.backing_off("b.fifo")
+
+
+def test_a_receive_failure_long_after_the_last_backs_off_from_the_first_step() -> None:
+    # given a queue whose receives failed for a minute (backing off 30 s), never received
+    # from since
+    clock, broker = ManualClock(), _ReadOnly()
+    intake = _intake(broker, clock)
+    shard = _shard(broker, "a.fifo")
+    broker.broken.set()
+    _fail_for_a_minute(intake, clock, shard)
+    assert intake.receive(shard, 0) is None
+    clock.advance(29.0)
+    assert intake.backing_off("a.fifo")
+    # when one receive fails an hour later
+    clock.advance(3600.0)
+    assert intake.receive(shard, 0) is None
+    # then it backs off 0.5 s, as after a first failure, not 30 s
+    assert intake.backing_off("a.fifo")
+    clock.advance(0.5)
+    assert not intake.backing_off("a.fifo")

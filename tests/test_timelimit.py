@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from typing import Any
@@ -118,13 +120,14 @@ def test_a_call_without_a_limit_runs_unwatched() -> None:
 
 
 # -- a job the limit cannot interrupt, in a node ---------------------------------------------
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "async-yielding"])
 def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_entities(
     kind: str,
 ) -> None:
     # given a node on a clock the test moves, and a worker with a 1 s limit whose job for
     # entity "stuck" waits in a call the limit cannot interrupt (a sync perform ends when
-    # the call does; an async one that never yields holds the event loop)
+    # the call does; an async one that never yields holds the event loop; one that yields
+    # but ignores its cancellation holds only itself)
     clock, started, release = ManualClock(), threading.Event(), threading.Event()
     done: list[str] = []
     app = shardq.App(Config(queue_prefix="tl-", grace_seconds=1), broker=shardq.MemoryBroker())
@@ -142,10 +145,18 @@ def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_en
             def perform(self, entity_id: str, payloads: list[Any]) -> None:
                 block(entity_id)
 
-        else:
+        elif kind == "async":
 
             async def perform(self, entity_id: str, payloads: list[Any]) -> None:  # type: ignore[override]
                 block(entity_id)
+
+        else:
+
+            async def perform(self, entity_id: str, payloads: list[Any]) -> None:  # type: ignore[override]
+                started.set()
+                while not release.is_set():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0.02)
 
     @app.register
     class Plain(shardq.Worker):
@@ -184,3 +195,62 @@ def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_en
     assert result == [3]
     expired = [e for e in logs if e["event"] == "node.grace_expired"]
     assert [(e["running_jobs"], e["entities"]) for e in expired] == [(1, ["stuck"])]
+
+
+def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_behind_it() -> None:
+    # given a node on a clock the test moves and an async worker with a 1 s limit: one job
+    # awaits, then the job of "culprit" blocks the event loop, and two more jobs are handed
+    # to the loop behind it (they cannot start, nor be cancelled, until it yields)
+    clock, awaiting, blocked, release = (
+        ManualClock(),
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    entered: list[str] = []
+    app = shardq.App(Config(queue_prefix="tv-", grace_seconds=1), broker=shardq.MemoryBroker())
+
+    class Entered(shardq.Middleware):
+        def around_perform(self, call: Any, ctx: Any) -> None:
+            entered.append(ctx.entity_id)
+            call()
+
+    @app.register
+    class Loop(shardq.Worker):
+        shards = 1
+        time_limit = 1
+
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            if entity_id == "awaiting":
+                awaiting.set()
+                await asyncio.sleep(30)
+            elif entity_id == "culprit":
+                while not awaiting.is_set():
+                    await asyncio.sleep(0.01)
+                blocked.set()
+                release.wait(30)  # holds the loop
+
+    app.add_middleware(Entered())
+    for entity in ("awaiting", "culprit", "queued-1", "queued-2"):
+        Loop.publish(entity, {})
+    node = app.node(app.plan(threads=1), clock=clock)
+    runner = threading.Thread(target=node.run)
+    with capture_logs() as logs:
+        runner.start()
+        assert blocked.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(entered) < 4:
+            time.sleep(0.02)
+        assert sorted(entered) == ["awaiting", "culprit", "queued-1", "queued-2"]
+        # when the clock passes their limit and STUCK_SECONDS more
+        clock.advance(1 + STUCK_SECONDS)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(e["event"] == "job.stuck" for e in logs):
+            time.sleep(0.02)
+        time.sleep(0.2)  # (on a test clock the watch looks again every 0.05 s)
+        named = [e["entity"] for e in logs if e["event"] == "job.stuck"]
+        node.stop()
+        release.set()
+        runner.join(30)
+    # then only the job holding the loop was named
+    assert named == ["culprit"]

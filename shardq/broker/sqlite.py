@@ -310,8 +310,8 @@ class SqliteBroker(Broker):
                 with self._file.write("giving free pages back to the disk") as db:
                     if not give_back_pages(db):
                         break
-        finally:  # also when they failed: on a full disk only a checkpoint frees the WAL
-            if self.path != ":memory:":
+        finally:  # also when they failed: on a size-limited file only a checkpoint frees the WAL
+            if self.path != ":memory:" and not self._file.closed:  # closed: no file I/O
                 try:
                     checkpoint(self.path)
                 except sqlite3.Error as exc:

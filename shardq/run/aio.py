@@ -5,9 +5,11 @@ node's one event loop; inside the app's middleware, within the worker's ``time_l
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from shardq.core.clock import Clock
@@ -17,6 +19,14 @@ from shardq.run.threads import Threads
 from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
 
 
+@dataclass
+class OnLoop:
+    """Where a call is: handed to the event loop (``waiting``), its task once it started."""
+
+    waiting: bool = False
+    task: asyncio.Task[Any] | None = None
+
+
 class EventLoop:
     """The node's event loop for async workers, started on first use. Thread-safe."""
 
@@ -24,17 +34,25 @@ class EventLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = threads or Threads()
+        self._tasks: set[asyncio.Task[Any]] = set()  # of the calls started (on the loop)
 
-    def run(self, make: Callable[[], Awaitable[Any]], time_limit: float | None) -> None:
-        """Run ``make()`` on the loop and wait for it (in the calling thread); raises
-        what it raised, :class:`TimeLimitExceeded` when cancelled at ``time_limit``."""
+    def run(
+        self, make: Callable[[], Awaitable[Any]], time_limit: float | None, where: OnLoop
+    ) -> None:
+        """Run ``make()`` on the loop and wait for it (in the calling thread), noting
+        ``where`` it is; raises what it raised, :class:`TimeLimitExceeded` when cancelled
+        at ``time_limit``."""
         loop = self._started()
 
         async def own() -> BaseException | None:
+            where.task = task = cast("asyncio.Task[Any]", asyncio.current_task())
+            self._tasks.add(task)
             try:
                 await make()
             except TimeoutError as exc:  # perform's own (a call of its timed out): returned,
                 return exc  # so that only the time limit's reads as the time limit
+            finally:
+                self._tasks.discard(task)
             return None
 
         async def call() -> BaseException | None:
@@ -47,9 +65,25 @@ class EventLoop:
             except (SystemExit, KeyboardInterrupt) as exc:  # they would stop the loop
                 return exc
 
-        escaped = asyncio.run_coroutine_threadsafe(call(), loop).result()
+        where.waiting = True
+        try:
+            escaped = asyncio.run_coroutine_threadsafe(call(), loop).result()
+        finally:
+            where.waiting, where.task = False, None
         if escaped is not None:
             raise escaped  # here, in the job's thread: a failed attempt, as for a sync job
+
+    def holds_up(self, where: OnLoop) -> bool:
+        """Whether a call holds its thread up itself: it is not on the loop, or it started
+        and the loop is not running another call (one that does not yield holds up those
+        waiting behind it, started or not)."""
+        task, loop = where.task, self._loop
+        if not where.waiting:
+            return True
+        if loop is None or task not in self._tasks:  # not started, or just ended
+            return False
+        running = asyncio.current_task(loop)
+        return running is task or running not in self._tasks
 
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the
@@ -95,17 +129,19 @@ class Performer:
         worker.jobs, worker.attempt = jobs, jobs[0].attempt
         # on the node's loop, limited by cancellation there
         is_coroutine = inspect.iscoroutinefunction(type(worker).perform)
+        where = OnLoop()
 
         def call() -> None:
             if is_coroutine:
                 self.loop.run(
                     lambda: cast(Awaitable[None], worker.perform(entity, payloads)),
                     settings.time_limit,
+                    where,
                 )
             else:
                 result = worker.perform(entity, payloads)
                 if inspect.isawaitable(result):  # async behind a plain decorator
-                    self.loop.run(lambda: result, settings.time_limit)
+                    self.loop.run(lambda: result, settings.time_limit, where)
 
         if self._middleware:
             ids, metas = [j.message_id for j in jobs], [j.meta for j in jobs]
@@ -126,7 +162,10 @@ class Performer:
             }
         started = self._clock()  # the node's: the slots decide by durations (run_inline)
         try:
-            _, overran = self._limits.run(call, limit, about, interrupt=not is_coroutine)
+            holds_up = functools.partial(self.loop.holds_up, where)
+            _, overran = self._limits.run(
+                call, limit, about, interrupt=not is_coroutine, holds_up=holds_up
+            )
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: a failed attempt too
             return exc, self._clock() - started
         duration = self._clock() - started

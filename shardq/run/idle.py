@@ -1,5 +1,6 @@
 """The idle watch: shards that look empty wait here until a job may have arrived, then
-go back to their lane's inbox (:class:`Pollers` on SQS, a :class:`Watcher` embedded).
+go back to their lane's inbox (:class:`Pollers` on SQS, a :class:`Watcher` embedded);
+and :class:`EmptyCheck`, an until-empty node's question whether every queue is empty.
 """
 
 from __future__ import annotations

@@ -93,6 +93,7 @@ class Intake:
         fail: Callable[[str, BaseException], None],
         broker_error: Callable[[str], None],
         clock: Clock = monotonic,
+        one_file: bool = False,
     ) -> None:
         self.broker = broker
         self.leases = leases
@@ -106,6 +107,7 @@ class Intake:
         self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
         self._backoff: dict[str, tuple[float, float]] = {}  # queue -> (seconds, until)
+        self._one_file = one_file  # the embedded broker: a receive that works proves them all
         self._received = threading.Condition()
 
     def stop(self) -> None:
@@ -129,7 +131,10 @@ class Intake:
                 wait_seconds=wait_seconds,
                 visibility_timeout=shard.visibility_timeout,
             )
-            self._backoff.pop(queue, None)
+            if self._one_file:
+                self._backoff.clear()
+            else:
+                self._backoff.pop(queue, None)
             if messages:
                 self.leases.hold(messages, shard.visibility_timeout)
                 self.old_jobs.check(messages)
@@ -139,8 +144,11 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
-            seconds = min(30.0, 2 * self._backoff.get(queue, (0.25, 0.0))[0])
-            self._backoff[queue] = (seconds, self._clock() + seconds)
+            now = self._clock()
+            seconds, until = self._backoff.get(queue, (0.25, now))
+            # a failure long after the last one (its backoff over by as long again) starts over
+            seconds = 0.5 if now > until + max(seconds, 1.0) else min(30.0, 2 * seconds)
+            self._backoff[queue] = (seconds, now + seconds)
             return None
         finally:
             with self._received:
@@ -148,7 +156,9 @@ class Intake:
                 self._received.notify_all()
 
     def backing_off(self, queue: str) -> bool:
-        """A receive of ``queue`` failed lately: the next waits (0.5 s, doubling to 30 s)."""
+        """A receive of ``queue`` failed lately: the next waits (0.5 s, doubling to 30 s,
+        from 0.5 s again after a quiet spell; on the embedded broker any queue's successful
+        receive ends every queue's wait: they share one file)."""
         backoff = self._backoff.get(queue)
         return backoff is not None and self._clock() < backoff[1]
 

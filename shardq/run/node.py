@@ -104,6 +104,7 @@ class Node:
             fail=self.fail,
             broker_error=self._broker_error,
             clock=clock,
+            one_file=local,
         )
         self.stopping = self.intake.stopping
         self.limits = TimeLimits(clock, self.threads)

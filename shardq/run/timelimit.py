@@ -37,6 +37,9 @@ class Running:
     about: dict[str, Any] = field(default_factory=dict)
     interrupt: bool = True
     warned: bool = False
+    #: Whether it is what holds its thread up now (an async call waiting behind another
+    #: that holds the event loop is not: only that one is named).
+    holds_up: Callable[[], bool] | None = None
 
 
 class TimeLimits:
@@ -59,18 +62,20 @@ class TimeLimits:
         about: dict[str, Any] | None = None,
         *,
         interrupt: bool = True,
+        holds_up: Callable[[], bool] | None = None,
     ) -> tuple[T | None, bool]:
         """Run ``fn`` in this thread; returns (result, overran): whether the limit passed,
         even if ``fn`` swallowed the :class:`TimeLimitExceeded` raised in it. ``about``
         (worker, entity...) names it if still running :data:`STUCK_SECONDS` past its limit;
-        ``interrupt=False``: never interrupted (nor overran), only named."""
+        ``interrupt=False``: never interrupted (nor overran), only named; ``holds_up()`` (if
+        given) says whether it is what holds its thread up: only then is it named."""
         if time_limit is None:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
             deadline, about = self._clock() + time_limit, dict(about or {})
             self._running[token] = Running(
-                threading.get_ident(), deadline, about=about, interrupt=interrupt
+                threading.get_ident(), deadline, about=about, interrupt=interrupt, holds_up=holds_up
             )
             if self._thread is None or not self._thread.is_alive():
                 what = "the time-limit watch"
@@ -133,11 +138,13 @@ def overdue(running: Iterable[Running], now: float) -> tuple[list[Running], floa
 
 
 def stuck(running: Iterable[Running], now: float) -> tuple[list[Running], float]:
-    """The calls still running :data:`STUCK_SECONDS` past their deadline at ``now``, not
-    named yet, and how long until the next one would be (1 s if none)."""
+    """The calls still running :data:`STUCK_SECONDS` past their deadline at ``now`` and
+    holding their thread up, not named yet, and how long until the next one would be (1 s
+    if none; one waiting behind another is looked at again then)."""
     live = [(j, j.deadline + STUCK_SECONDS - now) for j in running if not (j.done or j.warned)]
     waits = [left for _, left in live if left > 0]
-    return [j for j, left in live if left <= 0], max(0.005, min(waits)) if waits else 1.0
+    late = [j for j, left in live if left <= 0 and (j.holds_up is None or j.holds_up())]
+    return late, max(0.005, min(waits)) if waits else 1.0
 
 
 def _async_raise(thread_id: int, exc: Any) -> None:
