@@ -254,3 +254,59 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
         runner.join(30)
     # then only the job holding the loop was named
     assert named == ["culprit"]
+
+
+def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_its_limit() -> None:
+    # given a node on a clock the test moves and an async worker with a 1 s limit: the job of
+    # "culprit" blocks the event loop, and the job of "queued-1" is handed to the loop behind it
+    clock, blocked, release, started = (
+        ManualClock(),
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    entered: list[str] = []
+    app = shardq.App(Config(queue_prefix="tw-", grace_seconds=1), broker=shardq.MemoryBroker())
+
+    class Entered(shardq.Middleware):
+        def around_perform(self, call: Any, ctx: Any) -> None:
+            entered.append(ctx.entity_id)
+            call()
+
+    @app.register
+    class Loop(shardq.Worker):
+        shards = 1
+        time_limit = 1
+
+        async def perform(self, entity_id: str, payloads: list[Any]) -> None:
+            if entity_id == "culprit":
+                blocked.set()
+                release.wait(30)  # holds the loop
+            else:
+                started.set()
+                await asyncio.sleep(30)  # awaits within its limit, counted from its start
+
+    app.add_middleware(Entered())
+    for entity in ("culprit", "queued-1"):
+        Loop.publish(entity, {})
+    node = app.node(app.plan(threads=1), clock=clock)
+    runner = threading.Thread(target=node.run)
+    with capture_logs() as logs:
+        runner.start()
+        assert blocked.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(entered) < 2:
+            time.sleep(0.02)
+        clock.advance(1 + STUCK_SECONDS)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(e["event"] == "job.stuck" for e in logs):
+            time.sleep(0.02)
+        # when the culprit yields and the waiting job starts, its deadline long passed
+        release.set()
+        assert started.wait(10)
+        time.sleep(0.3)  # (on a test clock the watch looks again every 0.05 s)
+        named = [e["entity"] for e in logs if e["event"] == "job.stuck"]
+        node.stop()
+        runner.join(30)
+    # then it is not named: it has not run for its limit and STUCK_SECONDS since it started
+    assert named == ["culprit"]

@@ -12,26 +12,28 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shardq.core.clock import Clock
+from shardq.core.clock import Clock, monotonic
 from shardq.core.jobs import JobInfo, WorkerLike, WorkerSettings
 from shardq.core.middleware import Middleware, PerformContext, run_around
 from shardq.run.threads import Threads
-from shardq.run.timelimit import TimeLimitExceeded, TimeLimits
+from shardq.run.timelimit import STUCK_SECONDS, TimeLimitExceeded, TimeLimits
 
 
 @dataclass
 class OnLoop:
-    """Where a call is: handed to the event loop (``waiting``), its task once it started."""
+    """Where a call is: handed to the event loop (``waiting``), its task once it started,
+    and from when it may be named stuck (its limit and STUCK_SECONDS after it started)."""
 
     waiting: bool = False
     task: asyncio.Task[Any] | None = None
+    stuck_from: float = 0.0
 
 
 class EventLoop:
     """The node's event loop for async workers, started on first use. Thread-safe."""
 
-    def __init__(self, threads: Threads | None = None) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, threads: Threads | None = None, clock: Clock = monotonic) -> None:
+        self._lock, self._clock = threading.Lock(), clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = threads or Threads()
         self._tasks: set[asyncio.Task[Any]] = set()  # of the calls started (on the loop)
@@ -46,6 +48,7 @@ class EventLoop:
 
         async def own() -> BaseException | None:
             where.task = task = cast("asyncio.Task[Any]", asyncio.current_task())
+            where.stuck_from = self._clock() + (time_limit or 0) + STUCK_SECONDS
             self._tasks.add(task)
             try:
                 await make()
@@ -76,11 +79,14 @@ class EventLoop:
     def holds_up(self, where: OnLoop) -> bool:
         """Whether a call holds its thread up itself: it is not on the loop, or it started
         and the loop is not running another call (one that does not yield holds up those
-        waiting behind it, started or not)."""
+        waiting behind it, started or not), and ran its limit and STUCK_SECONDS since it
+        started (one that started late behind another has its whole limit)."""
         task, loop = where.task, self._loop
         if not where.waiting:
             return True
         if loop is None or task not in self._tasks:  # not started, or just ended
+            return False
+        if self._clock() < where.stuck_from:
             return False
         running = asyncio.current_task(loop)
         return running is task or running not in self._tasks
@@ -115,7 +121,7 @@ class Performer:
         self._limits, self._clock = limits, clock
         self._middleware = middleware  # the app's list: middleware added later counts
         #: The event loop of async workers (started on first use).
-        self.loop = EventLoop(limits.threads)
+        self.loop = EventLoop(limits.threads, clock)
 
     def __call__(
         self,
