@@ -300,3 +300,35 @@ def test_a_receive_failure_long_after_the_last_backs_off_from_the_first_step() -
     assert intake.backing_off("a.fifo")
     clock.advance(0.5)
     assert not intake.backing_off("a.fifo")
+
+
+class _SlowToFail(_ReadOnly):
+    """Its receives fail after 30 s on ``clock`` (the embedded broker's lock timeout)."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def receive(self, queue: str, **kwargs: Any) -> list[shardq.broker.Message]:
+        if self.broken.is_set():
+            self.clock.advance(30.0)
+        return super().receive(queue, **kwargs)
+
+
+def test_receives_that_fail_slowly_back_off_doubling() -> None:
+    # given a queue whose receives fail each after 30 s (a locked file)
+    clock = ManualClock()
+    broker = _SlowToFail(clock)
+    intake = _intake(broker, clock)
+    shard = _shard(broker, "a.fifo")
+    broker.broken.set()
+    # when three receives fail, each tried as soon as the last one's backoff ended
+    for _ in range(3):
+        while intake.backing_off("a.fifo"):
+            clock.advance(0.25)
+        assert intake.receive(shard, 0) is None
+    # then the backoff doubled: the third waits 2 s, not 0.5 s as after a first failure
+    clock.advance(1.5)
+    assert intake.backing_off("a.fifo")
+    clock.advance(0.5)
+    assert not intake.backing_off("a.fifo")

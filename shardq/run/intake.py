@@ -125,6 +125,7 @@ class Intake:
         try:
             if self.stopping.is_set():  # checked once counted, so quiet() waits for it
                 return None
+            began = self._clock()  # a failure is judged by when its receive began (slow ones)
             messages = self.broker.receive(
                 queue,
                 max_messages=MAX_BATCH_ENTRIES,
@@ -144,11 +145,11 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
-            now = self._clock()
-            seconds, until = self._backoff.get(queue, (0.25, now))
-            # a failure long after the last one (its backoff over by as long again) starts over
-            seconds = 0.5 if now > until + max(seconds, 1.0) else min(30.0, 2 * seconds)
-            self._backoff[queue] = (seconds, now + seconds)
+            seconds, until = self._backoff.get(queue, (0.25, began))
+            # a receive begun long after the last failure (its backoff over by as long
+            # again) starts over; the wait counts from when this one failed
+            seconds = 0.5 if began > until + max(seconds, 1.0) else min(30.0, 2 * seconds)
+            self._backoff[queue] = (seconds, self._clock() + seconds)
             return None
         finally:
             with self._received:
