@@ -197,10 +197,14 @@ def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_en
     assert [(e["running_jobs"], e["entities"]) for e in expired] == [(1, ["stuck"])]
 
 
-def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_behind_it() -> None:
+@pytest.mark.parametrize("in_a_child_task", [False, True])
+def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_behind_it(
+    in_a_child_task: bool,
+) -> None:
     # given a node on a clock the test moves and an async worker with a 1 s limit: one job
-    # awaits, then the job of "culprit" blocks the event loop, and two more jobs are handed
-    # to the loop behind it (they cannot start, nor be cancelled, until it yields)
+    # awaits, then the job of "culprit" blocks the event loop (itself, or in a task it
+    # started), and two more jobs are handed to the loop behind it (they cannot start, nor
+    # be cancelled, until it yields)
     clock, awaiting, blocked, release = (
         ManualClock(),
         threading.Event(),
@@ -227,8 +231,11 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
             elif entity_id == "culprit":
                 while not awaiting.is_set():
                     await asyncio.sleep(0.01)
-                blocked.set()
-                release.wait(30)  # holds the loop
+                await (asyncio.create_task(hold()) if in_a_child_task else hold())
+
+    async def hold() -> None:
+        blocked.set()
+        release.wait(30)  # holds the loop
 
     app.add_middleware(Entered())
     for entity in ("awaiting", "culprit", "queued-1", "queued-2"):

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,6 +38,11 @@ class EventLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = threads or Threads()
         self._tasks: set[asyncio.Task[Any]] = set()  # of the calls started (on the loop)
+        #: The call each task on the loop works for: its own, or the one of the task that
+        #: created it (a perform's gather or create_task).
+        self._calls: weakref.WeakKeyDictionary[asyncio.Future[Any], OnLoop] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def run(
         self, make: Callable[[], Awaitable[Any]], time_limit: float | None, where: OnLoop
@@ -50,6 +56,7 @@ class EventLoop:
             where.task = task = cast("asyncio.Task[Any]", asyncio.current_task())
             where.stuck_from = self._clock() + (time_limit or 0) + STUCK_SECONDS
             self._tasks.add(task)
+            self._calls[task] = where
             try:
                 await make()
             except TimeoutError as exc:  # perform's own (a call of its timed out): returned,
@@ -89,7 +96,8 @@ class EventLoop:
         if self._clock() < where.stuck_from:
             return False
         running = asyncio.current_task(loop)
-        return running is task or running not in self._tasks
+        call = self._calls.get(running) if running is not None else None
+        return call is where or call is None or call.task not in self._tasks
 
     def close(self) -> None:
         """Stop the loop (an await still running is abandoned, as a sync job past the
@@ -99,10 +107,21 @@ class EventLoop:
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
 
+    def _task(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        """A task on the loop, working for the call of the task that creates it."""
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        parent = asyncio.current_task(loop)
+        if parent is not None and parent in self._calls:
+            self._calls[task] = self._calls[parent]
+        return task
+
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = self._loop = asyncio.new_event_loop()
+                loop.set_task_factory(self._task)
 
                 def run() -> None:
                     try:
