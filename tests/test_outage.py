@@ -332,3 +332,19 @@ def test_receives_that_fail_slowly_back_off_doubling() -> None:
     assert intake.backing_off("a.fifo")
     clock.advance(0.5)
     assert not intake.backing_off("a.fifo")
+
+
+def test_a_queues_own_failure_on_the_embedded_broker_outlasts_another_queues_receive() -> None:
+    # given two queues of one file, the second deleted: its receive failed, its own failure
+    clock, broker = ManualClock(), _ReadOnly()
+    intake = _intake(broker, clock)
+    first, second = _shard(broker, "a.fifo"), _shard(broker, "b.fifo")
+    broker.delete_queue("b.fifo")
+    with capture_logs():
+        assert intake.receive(second, 0) is None
+    # when the first queue's receive succeeds
+    assert intake.receive(first, 0) == []
+    # then the second still backs off: the file works, but its queue is missing
+    assert intake.backing_off("b.fifo")
+    clock.advance(0.5)
+    assert not intake.backing_off("b.fifo")

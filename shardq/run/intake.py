@@ -14,7 +14,7 @@ import structlog
 
 from shardq.broker.base import Broker, Message, release_now
 from shardq.core.clock import Clock, monotonic, wall
-from shardq.core.errors import BrokerError
+from shardq.core.errors import BrokerError, QueueNotFoundError
 from shardq.core.lease import hand_back
 from shardq.core.limits import MAX_BATCH_ENTRIES, MIN_RETENTION_SECONDS
 from shardq.run.leases import Leases
@@ -106,7 +106,8 @@ class Intake:
         self.fail = fail
         self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, int] = {}  # queue -> receives in flight
-        self._backoff: dict[str, tuple[float, float]] = {}  # queue -> (seconds, until)
+        #: queue -> (seconds, until, whether the file failed: not the queue's own failure)
+        self._backoff: dict[str, tuple[float, float, bool]] = {}
         self._one_file = one_file  # the embedded broker: a receive that works proves them all
         self._received = threading.Condition()
 
@@ -132,10 +133,10 @@ class Intake:
                 wait_seconds=wait_seconds,
                 visibility_timeout=shard.visibility_timeout,
             )
-            if self._one_file:
-                self._backoff.clear()
-            else:
-                self._backoff.pop(queue, None)
+            if self._one_file:  # the file works: its failures end, not other queues' own
+                for other in [q for q, b in list(self._backoff.items()) if b[2]]:
+                    self._backoff.pop(other, None)
+            self._backoff.pop(queue, None)
             if messages:
                 self.leases.hold(messages, shard.visibility_timeout)
                 self.old_jobs.check(messages)
@@ -145,11 +146,12 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
-            seconds, until = self._backoff.get(queue, (0.25, began))
+            seconds, until, _ = self._backoff.get(queue, (0.25, began, False))
             # a receive begun long after the last failure (its backoff over by as long
             # again) starts over; the wait counts from when this one failed
             seconds = 0.5 if began > until + max(seconds, 1.0) else min(30.0, 2 * seconds)
-            self._backoff[queue] = (seconds, self._clock() + seconds)
+            shared = self._one_file and not isinstance(exc, QueueNotFoundError)
+            self._backoff[queue] = (seconds, self._clock() + seconds, shared)
             return None
         finally:
             with self._received:
@@ -159,7 +161,7 @@ class Intake:
     def backing_off(self, queue: str) -> bool:
         """A receive of ``queue`` failed lately: the next waits (0.5 s, doubling to 30 s,
         from 0.5 s again after a quiet spell; on the embedded broker any queue's successful
-        receive ends every queue's wait: they share one file)."""
+        receive ends every queue's wait but for a missing queue's: they share one file)."""
         backoff = self._backoff.get(queue)
         return backoff is not None and self._clock() < backoff[1]
 
