@@ -595,6 +595,28 @@ def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_ent
     assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
 
 
+@pytest.mark.parametrize("by", [["--error-type", "KeyError"], ["--since", "1h"], ["--until", "0s"]])
+def test_a_purge_by_error_type_or_time_leaves_an_unreadable_record_a_requeue_still_stops_at(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], by: list[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given three dead jobs of g that died of KeyError, both items of the first not JSON
+    bury(app, [("g", 0), ("g", 1), ("g", 2)], KeyError("k"))
+    dead = Morgue(app, "Ledgered")
+    first = dead.list_jobs(entity="g")[0]
+    for key in keys_of(first.key, 1):
+        damage(app, key, "[1, 2")
+    # when a requeue, then a purge, of that error type (or time) is run
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "g", *by)
+    # then the requeue names the unreadable first and leaves g's later jobs behind it
+    assert code == 2 and f"dead job {first.key} of entity g" in err and queued(app, "g") == []
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--entity", "g", *by, "--yes")
+    # and the purge deletes the two it can read, and not the one whose error type is unknown
+    assert code == 0 and "purged 2 dead Ledgered jobs" in err
+    assert [r.key for r in dead.list_jobs(entity="g")] == [first.key]
+
+
 def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(
     app: shardq.App, capsys: pytest.CaptureFixture[str]
 ) -> None:
