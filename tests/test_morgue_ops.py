@@ -28,6 +28,7 @@ from shardq.morgue.record import keys_of
 from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
 from shardq.store import SqliteStore
+from shardq.store.base import DamagedItem
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -615,6 +616,27 @@ def test_a_purge_by_error_type_or_time_leaves_an_unreadable_record_a_requeue_sti
     # and the purge deletes the two it can read, and not the one whose error type is unknown
     assert code == 0 and "purged 2 dead Ledgered jobs" in err
     assert [r.key for r in dead.list_jobs(entity="g")] == [first.key]
+
+
+def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damaged(
+    app: shardq.App,
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given a dead job of h whose record item (not its summary) is not JSON
+    bury(app, [("h", 0)])
+    dead = Morgue(app, "Ledgered")
+    size, first = dead.size(), dead.list_jobs(entity="h")[0]
+    damage(app, first.key, "[1, 2")
+    # when the same job (its message delivered again) is buried again
+    bury(app, [("h", 0)])
+    # then it is not recorded a second time: its summary holds its message id
+    assert dead.size() == size and len(dead.list_jobs(entity="h")) == 1
+    # and with its summary damaged too, burying it again fails rather than risk a duplicate
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    with pytest.raises(DamagedItem, match="is damaged"):
+        bury(app, [("h", 0)])
+    assert dead.size() == size
 
 
 def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(

@@ -37,7 +37,7 @@ from shardq.morgue.record import (
 )
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
-from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Store
+from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Item, Store
 from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
@@ -114,15 +114,24 @@ def bury(
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written? Its
-    entity's damaged records are passed over: they must not stop the burial."""
+    """Is the record's job (its message id) in the morgue with its summary written? A
+    damaged record item of its entity is judged by its summary; DamagedItem if that is
+    damaged too (whether it is this job is not known: burying it might record it twice)."""
     entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
     summaries = [
         keys_of(item.key, 1)[0]
         for item in store.query_all(entity, keep_damaged=True)
-        if item.value.get("message_id") == record.message_id
+        if _message_id(store, item) == record.message_id
     ]
     return any(_written(store, key) for key in summaries)  # the summary is written last
+
+
+def _message_id(store: Store, item: Item) -> Any:
+    """The message id of a record item, read from its summary if the item is damaged."""
+    if not item.damaged:
+        return item.value.get("message_id")
+    written = store.get(keys_of(item.key, 1)[0])  # DamagedItem if damaged too
+    return None if written is None else written.value.get("message_id")
 
 
 def _written(store: Store, key: str) -> bool:
