@@ -28,6 +28,7 @@ from shardq.morgue.record import keys_of
 from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
 from shardq.store import SqliteStore
+from shardq.store.base import DamagedItem
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -593,6 +594,49 @@ def test_a_requeue_by_error_type_or_time_refuses_an_unreadable_match_and_its_ent
     assert listed[0] == first.key and len(listed) == 3
     assert queued(app, "f") == [] and [k for k, _ in refused][:1] == [first.key]
     assert len(refused) == 3 and "earlier dead job of its entity" in refused[2][1]
+
+
+@pytest.mark.parametrize("by", [["--error-type", "KeyError"], ["--since", "1h"], ["--until", "0s"]])
+def test_a_purge_by_error_type_or_time_leaves_an_unreadable_record_a_requeue_still_stops_at(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], by: list[str]
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given three dead jobs of g that died of KeyError, both items of the first not JSON
+    bury(app, [("g", 0), ("g", 1), ("g", 2)], KeyError("k"))
+    dead = Morgue(app, "Ledgered")
+    first = dead.list_jobs(entity="g")[0]
+    for key in keys_of(first.key, 1):
+        damage(app, key, "[1, 2")
+    # when a requeue, then a purge, of that error type (or time) is run
+    code, _, err = cli(app, capsys, "requeue", "Ledgered", "--entity", "g", *by)
+    # then the requeue names the unreadable first and leaves g's later jobs behind it
+    assert code == 2 and f"dead job {first.key} of entity g" in err and queued(app, "g") == []
+    code, _, err = cli(app, capsys, "purge", "Ledgered", "--entity", "g", *by, "--yes")
+    # and the purge deletes the two it can read, and not the one whose error type is unknown
+    assert code == 0 and "purged 2 dead Ledgered jobs" in err
+    assert [r.key for r in dead.list_jobs(entity="g")] == [first.key]
+
+
+def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damaged(
+    app: shardq.App,
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given a dead job of h whose record item (not its summary) is not JSON
+    bury(app, [("h", 0)])
+    dead = Morgue(app, "Ledgered")
+    size, first = dead.size(), dead.list_jobs(entity="h")[0]
+    damage(app, first.key, "[1, 2")
+    # when the same job (its message delivered again) is buried again
+    bury(app, [("h", 0)])
+    # then it is not recorded a second time: its summary holds its message id
+    assert dead.size() == size and len(dead.list_jobs(entity="h")) == 1
+    # and with its summary damaged too, burying it again fails rather than risk a duplicate
+    damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    with pytest.raises(DamagedItem, match="is damaged"):
+        bury(app, [("h", 0)])
+    assert dead.size() == size
 
 
 def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(

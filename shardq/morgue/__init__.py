@@ -37,7 +37,7 @@ from shardq.morgue.record import (
 )
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
-from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Store
+from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Item, Store
 from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
@@ -61,10 +61,13 @@ class Filter:
     until: float | None = None  # died at or before
     message_ids: frozenset[str] | None = None
 
-    def matches(self, record: MorgueRecord) -> bool:
-        """Does the record match? One shardq cannot read matches every error type and
-        time (its key's stamp is in range): what it died of, and when, is not known."""
+    def matches(self, record: MorgueRecord, unknown: bool = False) -> bool:
+        """Does the record match? One shardq cannot read matches an error type or time
+        only if ``unknown`` (its key's stamp in range): what it died of, and when, is not
+        known, so a requeue stops at it but a purge must not delete it."""
         known = record.reason != REASON_UNREADABLE
+        if not (known or unknown) and (self.error_type, self.since, self.until) != (None,) * 3:
+            return False
         return (
             (self.entity is None or record.entity_id == self.entity)
             and (self.error_type is None or not known or record.error_type == self.error_type)
@@ -111,15 +114,24 @@ def bury(
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written? Its
-    entity's damaged records are passed over: they must not stop the burial."""
+    """Is the record's job (its message id) in the morgue with its summary written? A
+    damaged record item of its entity is judged by its summary; DamagedItem if that is
+    damaged too (whether it is this job is not known: burying it might record it twice)."""
     entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
     summaries = [
         keys_of(item.key, 1)[0]
         for item in store.query_all(entity, keep_damaged=True)
-        if item.value.get("message_id") == record.message_id
+        if _message_id(store, item) == record.message_id
     ]
     return any(_written(store, key) for key in summaries)  # the summary is written last
+
+
+def _message_id(store: Store, item: Item) -> Any:
+    """The message id of a record item, read from its summary if the item is damaged."""
+    if not item.damaged:
+        return item.value.get("message_id")
+    written = store.get(keys_of(item.key, 1)[0])  # DamagedItem if damaged too
+    return None if written is None else written.value.get("message_id")
 
 
 def _written(store: Store, key: str) -> bool:
@@ -219,18 +231,24 @@ class Morgue:
         seen: set[str] | None = None,
     ) -> int:
         """Delete matching dead jobs for good; how many. ``seen`` as for :meth:`requeue`."""
-        return self._delete((record for _, record in self._scan(where, seen=seen)), progress)
+        scan = self._scan(where, seen=seen, unknown=False)
+        return self._delete((record for _, record in scan), progress)
 
     def expire(self, days: float, now: float | None = None) -> int:
         """Delete the dead jobs that died more than ``days`` ago."""
         cutoff = (wall() if now is None else now) - days * 86400
-        return self.purge(Filter(until=cutoff))
+        old = self._scan(Filter(until=cutoff))  # unreadable ones too, by their key's stamp
+        return self._delete((record for _, record in old), None)
 
     def _scan(
-        self, where: Filter, after: str | None = None, seen: set[str] | None = None
+        self,
+        where: Filter,
+        after: str | None = None,
+        seen: set[str] | None = None,
+        unknown: bool = True,
     ) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page; ``seen``
-        gets each match's ids."""
+        gets each match's ids; ``unknown`` as for :meth:`Filter.matches`."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
@@ -246,7 +264,7 @@ class Morgue:
                 record = summary(item)
                 if record.reason == REASON_UNREADABLE:
                     record = self._other(item.key, record)
-                if where.matches(record):
+                if where.matches(record, unknown):
                     if seen is not None:
                         seen.update(_ids(record))
                     yield at, record
