@@ -86,9 +86,18 @@ class _CrashingDeletes(shardq.MemoryBroker):
         raise Unprintable()
 
 
-def test_a_crashed_request_is_reported_even_if_its_error_cannot_print() -> None:
-    # given leases on a broker whose deletes raise an error that cannot print its message
-    broker = _CrashingDeletes()
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: _CrashingDeletes(), "Unprintable"),  # an error that cannot print its message
+        (lambda: _FatalDeletes(), "_Fatal: delete interrupted"),  # a BaseException, no Exception
+    ],
+)
+def test_a_crashed_request_is_reported_even_if_its_error_cannot_print_or_is_no_exception(
+    make: Any, error: str
+) -> None:
+    # given leases on a broker whose deletes raise such an error
+    broker = make()
     broker.ensure_queue("q.fifo")
     broker.send_batch("q.fifo", [SendEntry("0", "body", "g", "d0")])
     messages = broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=30)
@@ -105,10 +114,11 @@ def test_a_crashed_request_is_reported_even_if_its_error_cannot_print() -> None:
     # when its job is deleted
     with capture_logs():
         leases.delete(messages)
-        # then the crash is reported, naming the request's queue
+        # then the crash is reported (the node stops), naming the request's queue, not
+        # left in the pool's future
         assert reported.wait(10)
         leases.close(0.0)
-    assert failures[0] == ("a request to q.fifo", "Unprintable")
+    assert failures[0] == ("a request to q.fifo", error)
 
 
 app = shardq.App()
@@ -234,28 +244,3 @@ class _Fatal(BaseException):
 class _FatalDeletes(shardq.MemoryBroker):
     def delete_batch(self, queue: str, receipts: Any) -> Any:
         raise _Fatal("delete interrupted")
-
-
-def test_a_request_that_raises_a_base_exception_in_the_pool_is_reported() -> None:
-    # given leases on a broker whose deletes raise a BaseException that is no Exception
-    broker = _FatalDeletes()
-    broker.ensure_queue("q.fifo")
-    broker.send_batch("q.fifo", [SendEntry("0", "body", "g", "d0")])
-    messages = broker.receive("q.fifo", max_messages=1, wait_seconds=0, visibility_timeout=30)
-    failures: list[tuple[str, str]] = []
-    reported = threading.Event()
-
-    def failed(what: str, exc: BaseException) -> None:
-        failures.append((what, describe(exc)))
-        reported.set()
-
-    leases = Leases(broker, ThreadPoolExecutor(1), threads=Threads(failed))
-    leases.hold(messages, 30)
-    leases.start()
-    # when its job is deleted
-    with capture_logs():
-        leases.delete(messages)
-        # then the failure is reported (the node stops), not left in the pool's future
-        assert reported.wait(5)
-        leases.close(0.0)
-    assert failures[0] == ("a request to q.fifo", "_Fatal: delete interrupted")

@@ -197,6 +197,24 @@ def test_a_job_stuck_past_its_time_limit_is_named_while_the_node_serves_other_en
     assert [(e["running_jobs"], e["entities"]) for e in expired] == [(1, ["stuck"])]
 
 
+class _Entered(shardq.Middleware):
+    """Notes the entity of each perform call as it starts."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+
+    def around_perform(self, call: Any, ctx: Any) -> None:
+        self.entered.append(ctx.entity_id)
+        call()
+
+
+def _app_noting_entries(prefix: str) -> tuple[shardq.App, list[str]]:
+    """An app (grace 1 s) whose list names each perform call's entity as it starts."""
+    app = shardq.App(Config(queue_prefix=prefix, grace_seconds=1), broker=shardq.MemoryBroker())
+    app.add_middleware(noting := _Entered())
+    return app, noting.entered
+
+
 @pytest.mark.parametrize("in_a_child_task", [False, True])
 def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_behind_it(
     in_a_child_task: bool,
@@ -211,13 +229,7 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
         threading.Event(),
         threading.Event(),
     )
-    entered: list[str] = []
-    app = shardq.App(Config(queue_prefix="tv-", grace_seconds=1), broker=shardq.MemoryBroker())
-
-    class Entered(shardq.Middleware):
-        def around_perform(self, call: Any, ctx: Any) -> None:
-            entered.append(ctx.entity_id)
-            call()
+    app, entered = _app_noting_entries("tv-")
 
     @app.register
     class Loop(shardq.Worker):
@@ -237,7 +249,6 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
         blocked.set()
         release.wait(30)  # holds the loop
 
-    app.add_middleware(Entered())
     for entity in ("awaiting", "culprit", "queued-1", "queued-2"):
         Loop.publish(entity, {})
     node = app.node(app.plan(threads=1), clock=clock)
@@ -272,13 +283,7 @@ def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_i
         threading.Event(),
         threading.Event(),
     )
-    entered: list[str] = []
-    app = shardq.App(Config(queue_prefix="tw-", grace_seconds=1), broker=shardq.MemoryBroker())
-
-    class Entered(shardq.Middleware):
-        def around_perform(self, call: Any, ctx: Any) -> None:
-            entered.append(ctx.entity_id)
-            call()
+    app, entered = _app_noting_entries("tw-")
 
     @app.register
     class Loop(shardq.Worker):
@@ -293,7 +298,6 @@ def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_i
                 started.set()
                 await asyncio.sleep(30)  # awaits within its limit, counted from its start
 
-    app.add_middleware(Entered())
     for entity in ("culprit", "queued-1"):
         Loop.publish(entity, {})
     node = app.node(app.plan(threads=1), clock=clock)

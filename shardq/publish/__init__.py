@@ -77,8 +77,9 @@ class Publisher:
     ) -> PublishReport:
         """Publish jobs of one worker; raises :class:`PublishError` if any was not sent."""
         name = self._app.worker(worker if isinstance(worker, str) else worker.__name__).__name__
-        call = next(self._calls)
-        jobs = [replace(_as_job(i, item), _item=(call, i)) for i, item in enumerate(items)]
+        call, jobs = next(self._calls), [_as_job(i, item) for i, item in enumerate(items)]
+        if self._app.middleware:  # it may change the list: each job carries its item
+            jobs = [replace(job, _item=(call, i)) for i, job in enumerate(jobs)]
         ctx, count = PublishContext(name, jobs), len(jobs)  # ctx.jobs may change in place
         return run_around(
             self._app.middleware,

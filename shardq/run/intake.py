@@ -133,10 +133,8 @@ class Intake:
                 wait_seconds=wait_seconds,
                 visibility_timeout=shard.visibility_timeout,
             )
-            if self._one_file:  # the file works: its failures end, not other queues' own
-                for other in [q for q, b in list(self._backoff.items()) if b[2]]:
-                    self._backoff.pop(other, None)
-            self._backoff.pop(queue, None)
+            if self._backoff:  # after failures only
+                self._end_backoffs(queue)
             if messages:
                 self.leases.hold(messages, shard.visibility_timeout)
                 self.old_jobs.check(messages)
@@ -157,6 +155,14 @@ class Intake:
             with self._received:
                 self._receiving[queue] -= 1
                 self._received.notify_all()
+
+    def _end_backoffs(self, queue: str) -> None:
+        """A receive of ``queue`` worked: its wait ends, and on the embedded broker the
+        file's (not other queues' own failures)."""
+        if self._one_file:
+            for other in [q for q, b in list(self._backoff.items()) if b[2]]:
+                self._backoff.pop(other, None)
+        self._backoff.pop(queue, None)
 
     def backing_off(self, queue: str) -> bool:
         """A receive of ``queue`` failed lately: the next waits (0.5 s, doubling to 30 s,

@@ -73,7 +73,7 @@ class TimeLimits:
             return fn(), False
         with self._cond:
             token = self._next_token = self._next_token + 1
-            deadline, about = self._clock() + time_limit, dict(about or {})
+            deadline, about = self._clock() + time_limit, about or {}
             self._running[token] = Running(
                 threading.get_ident(), deadline, about=about, interrupt=interrupt, holds_up=holds_up
             )
