@@ -215,9 +215,23 @@ def _app_noting_entries(prefix: str) -> tuple[shardq.App, list[str]]:
     return app, noting.entered
 
 
+def _noting_handoffs(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A list that grows as each async call is handed to the node's event loop: from then
+    on the call waits on the loop (before, in its middleware, it holds its own thread up)."""
+    handed: list[object] = []
+    hand_over = asyncio.run_coroutine_threadsafe
+
+    def noted(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        handed.append(future := hand_over(coro, loop))
+        return future
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", noted)
+    return handed
+
+
 @pytest.mark.parametrize("in_a_child_task", [False, True])
 def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_behind_it(
-    in_a_child_task: bool,
+    in_a_child_task: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a node on a clock the test moves and an async worker with a 1 s limit: one job
     # awaits, then the job of "culprit" blocks the event loop (itself, or in a task it
@@ -230,6 +244,7 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
         threading.Event(),
     )
     app, entered = _app_noting_entries("tv-")
+    handed = _noting_handoffs(monkeypatch)
 
     @app.register
     class Loop(shardq.Worker):
@@ -257,7 +272,7 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
         runner.start()
         assert blocked.wait(10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(entered) < 4:
+        while time.monotonic() < deadline and len(handed) < 4:
             time.sleep(0.02)
         assert sorted(entered) == ["awaiting", "culprit", "queued-1", "queued-2"]
         # when the clock passes their limit and STUCK_SECONDS more
@@ -274,7 +289,9 @@ def test_only_the_async_job_holding_the_event_loop_is_named_not_those_waiting_be
     assert named == ["culprit"]
 
 
-def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_its_limit() -> None:
+def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_its_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # given a node on a clock the test moves and an async worker with a 1 s limit: the job of
     # "culprit" blocks the event loop, and the job of "queued-1" is handed to the loop behind it
     clock, blocked, release, started = (
@@ -284,6 +301,7 @@ def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_i
         threading.Event(),
     )
     app, entered = _app_noting_entries("tw-")
+    handed = _noting_handoffs(monkeypatch)
 
     @app.register
     class Loop(shardq.Worker):
@@ -306,8 +324,9 @@ def test_an_async_job_that_started_late_behind_the_culprit_is_not_named_within_i
         runner.start()
         assert blocked.wait(10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(entered) < 2:
+        while time.monotonic() < deadline and len(handed) < 2:
             time.sleep(0.02)
+        assert sorted(entered) == ["culprit", "queued-1"]
         clock.advance(1 + STUCK_SECONDS)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any(e["event"] == "job.stuck" for e in logs):
