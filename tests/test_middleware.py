@@ -239,6 +239,25 @@ def test_a_middleware_with_an_async_hook_is_refused(app: shardq.App, hook: str) 
     assert app.middleware == []
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ctrl_c_in_a_publish_middleware_interrupts_the_publish(app: shardq.App, when: str) -> None:
+    # given a publish middleware interrupted by Ctrl-C before (or after) it calls call()
+    class Interrupted(shardq.Middleware):
+        def around_publish(self, call: Callable[[], Any], ctx: shardq.PublishContext) -> Any:
+            if when == "after":
+                call()
+            raise KeyboardInterrupt
+
+    app.add_middleware(Interrupted())
+    # when a job is published, then the interrupt reaches the caller, not a log line
+    with capture_logs() as logs, pytest.raises(KeyboardInterrupt):
+        app.worker("Sync").publish("e1", {"n": 1})
+    assert [e for e in logs if e["event"] == "middleware.failed"] == []
+    # and the job was published only if the middleware had called call()
+    run(app)
+    assert app.ran == ([("e1", 1)] if when == "after" else [])  # type: ignore[attr-defined]
+
+
 def test_a_publish_middleware_that_drops_every_job_publishes_nothing(app: shardq.App) -> None:
     # given a publish middleware that removes every job
     class DropAll(shardq.Middleware):

@@ -106,6 +106,11 @@ class _Call:
         return self.result
 
 
+def _in_main_thread() -> bool:
+    """Where Ctrl-C lands (elsewhere, a KeyboardInterrupt is a middleware's own failure)."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any) -> T:
     """``inner`` run inside ``middleware``'s ``hook``, which cannot keep it from running
     nor run it twice."""
@@ -114,8 +119,8 @@ def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any
     try:
         getattr(middleware, hook)(call, ctx)  # the result is the call's, returned or not
     except BaseException as exc:
-        if exc is call.error:
-            raise  # the job's (or publish's) own failure, passing through
+        if exc is call.error or (isinstance(exc, KeyboardInterrupt) and _in_main_thread()):
+            raise  # the job's (or publish's) own failure, or Ctrl-C, passing through
         log.exception(
             "middleware.failed",
             middleware=name,
