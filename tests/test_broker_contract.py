@@ -199,6 +199,19 @@ def test_a_bad_entry_fails_alone_in_a_send_batch(broker: Broker, queue: str) -> 
     assert bodies(receive(broker, queue)) == ["a", "c"]
 
 
+@pytest.mark.parametrize("body", ["", "a\x00b", "a\x1fb", "a\ufffeb", "a\ud800b"])
+def test_a_body_sqs_refuses_fails_alone_in_a_send_batch(
+    broker: Broker, queue: str, body: str
+) -> None:
+    # given an empty body, or one with a character outside SQS's set, between good ones
+    entries = [SendEntry("ok1", "a\tb\U0001f600", "g", "d1"), SendEntry("bad", body, "g", "d2")]
+    # when they are sent in one batch
+    result = broker.send_batch(queue, [*entries, SendEntry("ok2", "c", "g", "d3")])
+    # then that entry fails alone, on every broker
+    assert set(result.failed) == {"bad"}
+    assert bodies(receive(broker, queue)) == ["a\tb\U0001f600", "c"]
+
+
 def test_a_stale_receipt_fails_alone_in_a_delete_batch(broker: Broker, queue: str) -> None:
     # given x received once with a short visibility, then redelivered
     send(broker, queue, "g", "x")
