@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import Broker, Message, SendEntry
+from shardq.broker.sqs import SqsBroker
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from tests.conftest import BROKER_KINDS, make_broker
 
@@ -369,3 +370,22 @@ def test_a_send_to_a_queue_deleted_by_another_client_is_refused(
         broker.counts(queue)
     with pytest.raises(QueueNotFoundError):
         send(broker, queue, "g", "b")
+
+
+@pytest.mark.sqs
+def test_sqs_ensure_queue_of_an_existing_queue_sends_no_create_queue(
+    request: pytest.FixtureRequest, tmp_path: Path, queue_name: str
+) -> None:
+    # given a queue created elsewhere (e.g. Terraform), and a process whose role may not
+    # create queues (a publisher, or a node, as docs/deployment.md allows)
+    make_broker("sqs", tmp_path, request).ensure_queue(queue_name)
+    broker = make_broker("sqs", tmp_path, request)
+    assert isinstance(broker, SqsBroker)
+    # when it ensures the queue, as every publish and node start does
+    broker.ensure_queue(queue_name)
+    # then it only looked the queue up: a CreateQueue would be denied by such a role
+    assert broker.requests["CreateQueue"] == 0
+    assert broker.requests["GetQueueUrl"] == 1
+    # and a missing queue is still created
+    broker.ensure_queue(other := f"t-{uuid.uuid4().hex[:16]}.fifo")
+    assert broker.queue_settings(other) is not None

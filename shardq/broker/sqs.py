@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import botocore.exceptions
@@ -153,12 +154,15 @@ class SqsBroker(Broker):
         }
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
+        what = f"creating queue {name}"
+        # one that exists is used as it is, with no CreateQueue: a role may not allow it
+        with suppress(QueueNotFoundError):
+            found = self._call(what, self.client.get_queue_url, QueueName=name)
+            self._urls[name] = found["QueueUrl"]
+            return
         try:
             response = self._call(
-                f"creating queue {name}",
-                self.client.create_queue,
-                QueueName=name,
-                Attributes=attributes,
+                what, self.client.create_queue, QueueName=name, Attributes=attributes
             )
             self._urls[name] = response["QueueUrl"]
         except BrokerError as exc:
