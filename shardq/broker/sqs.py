@@ -61,6 +61,7 @@ _SETTINGS = {
     "MaximumMessageSize": "262144",
     "ContentBasedDeduplication": "false",
     "MessageRetentionPeriod": "345600",
+    "RedrivePolicy": "",
 }
 
 
@@ -205,6 +206,7 @@ class SqsBroker(Broker):
             max_message_bytes=int(attrs["MaximumMessageSize"]),
             content_based_dedup=attrs["ContentBasedDeduplication"] == "true",
             retention_seconds=int(attrs["MessageRetentionPeriod"]),
+            redrive_policy=attrs["RedrivePolicy"],
         )
 
     def retention_seconds(self, queue: str) -> int | None:
