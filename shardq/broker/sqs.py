@@ -33,6 +33,7 @@ from shardq.broker.sqs_client import (
     make_client,
     no_credentials,
     timed_out,
+    unloadable,
     worst_call_seconds,
 )
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, check_timeouts
@@ -96,6 +97,8 @@ class SqsBroker(Broker):
                 "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
                 "AWS_DEFAULT_REGION"
             ) from exc
+        except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
+            raise BrokerError(unloadable("SQS", exc)) from exc
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
         self.unanswered = Unanswered(bound=worst_call_seconds(connect_timeout, read_timeout))
