@@ -141,10 +141,9 @@ class SqsBroker(Broker):
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
         if queue not in self._urls:
-            found = self._call(
-                f"looking up queue {queue}", self.client.get_queue_url, QueueName=queue
-            )
-            self._urls[queue] = found["QueueUrl"]
+            what = f"looking up queue {queue}"
+            found = self._call(what, self.client.get_queue_url, QueueName=queue)
+            self._urls[queue] = _queue_url(what, found)
         return self._urls[queue]
 
     def ensure_queue(
@@ -162,13 +161,13 @@ class SqsBroker(Broker):
         # one that exists is used as it is, with no CreateQueue: a role may not allow it
         with suppress(QueueNotFoundError):
             found = self._call(what, self.client.get_queue_url, QueueName=name)
-            self._urls[name] = found["QueueUrl"]
+            self._urls[name] = _queue_url(what, found)
             return
         try:
             response = self._call(
                 what, self.client.create_queue, QueueName=name, Attributes=attributes
             )
-            self._urls[name] = response["QueueUrl"]
+            self._urls[name] = _queue_url(what, response)
         except BrokerError as exc:
             if _code(exc.__cause__) not in {"QueueAlreadyExists", "QueueNameExists"}:
                 raise
@@ -307,6 +306,16 @@ class SqsBroker(Broker):
             ],
         )
         return BatchResult(failed=_failures(receipts, response))
+
+
+def _queue_url(what: str, response: dict[str, Any]) -> str:
+    url = response.get("QueueUrl")
+    if not isinstance(url, str) or not url:
+        raise BrokerError(
+            f"{what}: the endpoint answered without the queue's URL; is endpoint_url an "
+            "SQS endpoint?"
+        )
+    return url
 
 
 def _meaning(what: str) -> str:
