@@ -278,6 +278,39 @@ def test_without_aws_credentials_the_error_names_them(
         assert "cannot reach SQS" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("aws", "reason"),
+    [
+        ({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE"}, "missing: AWS_SECRET_ACCESS_KEY"),
+        ({"AWS_PROFILE": "no-such-profile"}, "The config profile (no-such-profile)"),
+    ],
+)
+def test_aws_settings_boto3_cannot_load_are_an_error_not_a_traceback(
+    aws: dict[str, str], reason: str
+) -> None:
+    # given half of a key pair in the environment, or a profile that does not exist
+    env = without_aws(
+        SHARDQ_BROKER_URL="sqs://",
+        SHARDQ_ENDPOINT_URL="http://127.0.0.1:9",
+        SHARDQ_REGION="us-east-1",
+        **aws,
+    )
+    # when a node or a publish starts
+    for args in (["run", "--until-empty"], ["publish", "Ledgered", "e", '{"n": 0}']):
+        result = subprocess.run(
+            [sys.executable, "-m", "shardq", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        # then it exits 1 naming what boto3 could not load, with no traceback
+        assert result.returncode == 1, result.stderr
+        assert reason in result.stderr and "never in shardq.yaml" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_a_node_started_against_an_unreachable_endpoint_exits_1() -> None:
     # given an SQS endpoint where nothing listens (port 9, discard)

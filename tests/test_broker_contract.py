@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardq.broker import Broker, Message, SendEntry
+from shardq.broker.sqs import SqsBroker
 from shardq.core.errors import BrokerError, QueueNotFoundError
 from tests.conftest import BROKER_KINDS, make_broker
 
@@ -199,6 +200,19 @@ def test_a_bad_entry_fails_alone_in_a_send_batch(broker: Broker, queue: str) -> 
     assert bodies(receive(broker, queue)) == ["a", "c"]
 
 
+@pytest.mark.parametrize("body", ["", "a\x00b", "a\x1fb", "a\ufffeb", "a\ud800b"])
+def test_a_body_sqs_refuses_fails_alone_in_a_send_batch(
+    broker: Broker, queue: str, body: str
+) -> None:
+    # given an empty body, or one with a character outside SQS's set, between good ones
+    entries = [SendEntry("ok1", "a\tb\U0001f600", "g", "d1"), SendEntry("bad", body, "g", "d2")]
+    # when they are sent in one batch
+    result = broker.send_batch(queue, [*entries, SendEntry("ok2", "c", "g", "d3")])
+    # then that entry fails alone, on every broker
+    assert set(result.failed) == {"bad"}
+    assert bodies(receive(broker, queue)) == ["a\tb\U0001f600", "c"]
+
+
 def test_a_stale_receipt_fails_alone_in_a_delete_batch(broker: Broker, queue: str) -> None:
     # given x received once with a short visibility, then redelivered
     send(broker, queue, "g", "x")
@@ -356,3 +370,22 @@ def test_a_send_to_a_queue_deleted_by_another_client_is_refused(
         broker.counts(queue)
     with pytest.raises(QueueNotFoundError):
         send(broker, queue, "g", "b")
+
+
+@pytest.mark.sqs
+def test_sqs_ensure_queue_of_an_existing_queue_sends_no_create_queue(
+    request: pytest.FixtureRequest, tmp_path: Path, queue_name: str
+) -> None:
+    # given a queue created elsewhere (e.g. Terraform), and a process whose role may not
+    # create queues (a publisher, or a node, as docs/deployment.md allows)
+    make_broker("sqs", tmp_path, request).ensure_queue(queue_name)
+    broker = make_broker("sqs", tmp_path, request)
+    assert isinstance(broker, SqsBroker)
+    # when it ensures the queue, as every publish and node start does
+    broker.ensure_queue(queue_name)
+    # then it only looked the queue up: a CreateQueue would be denied by such a role
+    assert broker.requests["CreateQueue"] == 0
+    assert broker.requests["GetQueueUrl"] == 1
+    # and a missing queue is still created
+    broker.ensure_queue(other := f"t-{uuid.uuid4().hex[:16]}.fifo")
+    assert broker.queue_settings(other) is not None

@@ -17,6 +17,7 @@ import pytest
 import shardq
 from shardq.broker import MemoryBroker
 from shardq.broker.base import SendEntry
+from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.morgue import Morgue
 from tests.children import ROOT
@@ -107,3 +108,41 @@ def test_a_message_that_is_not_an_envelope_is_morgued_saying_so() -> None:
         assert "not a shardq envelope" in record.error_message, record.error_message
         assert "upgrade" not in record.error_message
     assert done == []
+
+
+def test_a_body_sent_with_another_entity_as_its_group_is_morgued_not_run_for_it() -> None:
+    # given a signed job of entity order-1, replayed by someone without the key as the
+    # job of entity order-2 (the signature covers the body, not the MessageGroupId)
+    app.configure(Config(idle_wait_seconds=1, signing_key="k"), broker=MemoryBroker())
+    app.ensure_queues()
+    done.clear()
+    body = envelope.encode(envelope.Envelope("SyncOrder", "order-1", {"refund": 5}), b"k")
+    queue = app.shard_queue("SyncOrder", doc_shard_for("order-2", 4))
+    assert app.broker.send_batch(queue, [SendEntry("0", body, "order-2", "d0")]).failed == {}
+    # when a node runs
+    run_until_empty()
+    # then it runs for no entity: the morgue has it, saying why
+    assert done == []
+    (record,) = Morgue(app, "SyncOrder").list_jobs()
+    assert record.reason == "invalid_message"
+    assert "order-1" in record.error_message and "order-2" in record.error_message
+
+
+def test_a_body_with_a_number_too_large_for_a_float_is_morgued_and_the_node_runs_on() -> None:
+    # given a body whose meta holds 1e999 (JSON text that reads as infinity), then a job
+    app.configure(Config(idle_wait_seconds=1), broker=MemoryBroker())
+    app.ensure_queues()
+    done.clear()
+    queue = app.shard_queue("SyncOrder", doc_shard_for("e", 4))
+    bad = '{"v":1,"worker":"SyncOrder","entity":"e","payload":1,"published_at":1,"meta":{"x":'
+    bad += "1e999}}"
+    good = envelope.encode(envelope.Envelope("SyncOrder", "e", 2))
+    entries = [SendEntry("0", bad, "e", "d0"), SendEntry("1", good, "e", "d1")]
+    assert app.broker.send_batch(queue, entries).failed == {}
+    # when a node runs
+    run_until_empty()
+    # then the first is in the morgue saying why (the node did not stop), the job ran
+    (record,) = Morgue(app, "SyncOrder").list_jobs()
+    assert record.reason == "invalid_message"
+    assert "1e999 is too large for a JSON number" in record.error_message
+    assert done == [("e", 2)]

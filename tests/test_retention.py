@@ -4,6 +4,7 @@ job whose age passes a share of its queue's retention."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -16,6 +17,7 @@ from structlog.testing import capture_logs
 
 import shardq
 from shardq.broker import Broker, SendEntry, SqliteBroker
+from shardq.broker.sqs import SqsBroker
 from shardq.core.config import Config
 from shardq.core.errors import ConfigError
 from shardq.core.exits import EXIT_DRIFT, EXIT_OK
@@ -242,3 +244,30 @@ def test_queues_ensure_creates_the_state_table_and_reports_retention_drift(
     assert out.count("drift:") == 1
     item = sqs_app.store.get("node/n1")
     assert item is not None and item.value == {"beat": 1}
+
+
+@pytest.mark.sqs
+def test_queues_ensure_reports_a_redrive_policy_as_drift(
+    sqs_app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given an app's queues, one of which was given a dead-letter queue after 3 receives
+    (as infrastructure code often does), when `queues ensure` runs, then it reports that
+    queue and exits 4: SQS would move a job retried or released 3 times out of its
+    entity's order, past the morgue."""
+    assert ensure(sqs_app) == EXIT_OK
+    capsys.readouterr()
+    queue = sqs_app.shard_queue("Aged", 0)
+    broker = sqs_app.broker
+    assert isinstance(broker, SqsBroker)
+    broker.ensure_queue(dlq := f"{sqs_app.config.queue_prefix}dlq.fifo")
+    arn = broker.client.get_queue_attributes(QueueUrl=broker.url(dlq), AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 3})
+    broker.client.set_queue_attributes(
+        QueueUrl=broker.url(queue), Attributes={"RedrivePolicy": policy}
+    )
+    assert ensure(sqs_app) == EXIT_DRIFT
+    out = capsys.readouterr().out
+    assert f"drift: {queue}: RedrivePolicy moves a job to {arn} after 3 receives" in out
+    assert out.count("drift:") == 1

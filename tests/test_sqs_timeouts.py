@@ -277,3 +277,48 @@ def test_a_state_store_given_a_timeout_beyond_the_limit_is_refused() -> None:
 
     with pytest.raises(ValueError, match="DynamoStore read_timeout: expected seconds above 0"):
         DynamoStore("t", region="us-east-1", endpoint_url=None, read_timeout=1e12)
+
+
+class WebPage(threading.Thread):
+    """An HTTP server on 127.0.0.1 that answers every request 200 with a web page (an
+    endpoint_url pointed at a web server or a proxy's page instead of SQS)."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = b"<html><body>It works!</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        super().__init__(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.start()
+
+
+def test_an_endpoint_that_is_not_sqs_is_a_broker_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given an endpoint_url where a web server answers every request with a page
+    page = WebPage()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    broker = SqsBroker(region="us-east-1", endpoint_url=page.url)
+    try:
+        # when a queue is created or looked up, then a BrokerError says the answer is not SQS's
+        for call in (lambda: broker.ensure_queue("q.fifo"), lambda: broker.url("q.fifo")):
+            with pytest.raises(BrokerError, match="answered without the queue's URL"):
+                call()
+    finally:
+        broker.close()
+        page.server.shutdown()
+        page.server.server_close()

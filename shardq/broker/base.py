@@ -15,6 +15,7 @@ import structlog
 
 from shardq.core.errors import BrokerError
 from shardq.core.limits import (
+    BODY_REFUSED,
     GROUP_ID_PATTERN,
     MAX_BATCH_BYTES,
     MAX_BATCH_ENTRIES,
@@ -123,7 +124,7 @@ def valid_entries(
     for a batch SQS would refuse whole (size, count, repeated ids). ``max_bytes``, the
     queue's limit, is asked only for a body over the least any queue takes."""
     check_batch([e.id for e in entries])
-    sizes = [len(e.body.encode("utf-8")) for e in entries]
+    sizes = [len(e.body.encode("utf-8", "surrogatepass")) for e in entries]
     if sum(sizes) > MAX_BATCH_BYTES:
         raise BrokerError(f"batch of {sum(sizes)} bytes exceeds {MAX_BATCH_BYTES} bytes")
     limit = max_bytes() if max(sizes, default=0) > MIN_MESSAGE_BYTES else MIN_MESSAGE_BYTES
@@ -131,6 +132,10 @@ def valid_entries(
     for entry, size in zip(entries, sizes, strict=True):
         if size > limit:
             result.failed[entry.id] = f"message is {size} bytes; the queue accepts at most {limit}"
+        elif not entry.body:
+            result.failed[entry.id] = "SQS refuses an empty message body"
+        elif bad := BODY_REFUSED.search(entry.body):
+            result.failed[entry.id] = f"SQS refuses the character {bad.group()!r} in a body"
         elif not GROUP_ID_PATTERN.fullmatch(entry.group_id):
             result.failed[entry.id] = f"invalid MessageGroupId {entry.group_id!r}"
         elif not GROUP_ID_PATTERN.fullmatch(entry.dedup_id):

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import botocore.exceptions
@@ -32,6 +33,7 @@ from shardq.broker.sqs_client import (
     make_client,
     no_credentials,
     timed_out,
+    unloadable,
     worst_call_seconds,
 )
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, check_timeouts
@@ -60,6 +62,7 @@ _SETTINGS = {
     "MaximumMessageSize": "262144",
     "ContentBasedDeduplication": "false",
     "MessageRetentionPeriod": "345600",
+    "RedrivePolicy": "",
 }
 
 
@@ -94,6 +97,8 @@ class SqsBroker(Broker):
                 "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
                 "AWS_DEFAULT_REGION"
             ) from exc
+        except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
+            raise BrokerError(unloadable("SQS", exc)) from exc
         self.endpoint_url = endpoint_url
         #: Shared with the app's DynamoDB store on the same endpoint (see ``store_for``).
         self.unanswered = Unanswered(bound=worst_call_seconds(connect_timeout, read_timeout))
@@ -136,10 +141,9 @@ class SqsBroker(Broker):
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
         if queue not in self._urls:
-            found = self._call(
-                f"looking up queue {queue}", self.client.get_queue_url, QueueName=queue
-            )
-            self._urls[queue] = found["QueueUrl"]
+            what = f"looking up queue {queue}"
+            found = self._call(what, self.client.get_queue_url, QueueName=queue)
+            self._urls[queue] = _queue_url(what, found)
         return self._urls[queue]
 
     def ensure_queue(
@@ -153,14 +157,17 @@ class SqsBroker(Broker):
         }
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
+        what = f"creating queue {name}"
+        # one that exists is used as it is, with no CreateQueue: a role may not allow it
+        with suppress(QueueNotFoundError):
+            found = self._call(what, self.client.get_queue_url, QueueName=name)
+            self._urls[name] = _queue_url(what, found)
+            return
         try:
             response = self._call(
-                f"creating queue {name}",
-                self.client.create_queue,
-                QueueName=name,
-                Attributes=attributes,
+                what, self.client.create_queue, QueueName=name, Attributes=attributes
             )
-            self._urls[name] = response["QueueUrl"]
+            self._urls[name] = _queue_url(what, response)
         except BrokerError as exc:
             if _code(exc.__cause__) not in {"QueueAlreadyExists", "QueueNameExists"}:
                 raise
@@ -201,6 +208,7 @@ class SqsBroker(Broker):
             max_message_bytes=int(attrs["MaximumMessageSize"]),
             content_based_dedup=attrs["ContentBasedDeduplication"] == "true",
             retention_seconds=int(attrs["MessageRetentionPeriod"]),
+            redrive_policy=attrs["RedrivePolicy"],
         )
 
     def retention_seconds(self, queue: str) -> int | None:
@@ -298,6 +306,16 @@ class SqsBroker(Broker):
             ],
         )
         return BatchResult(failed=_failures(receipts, response))
+
+
+def _queue_url(what: str, response: dict[str, Any]) -> str:
+    url = response.get("QueueUrl")
+    if not isinstance(url, str) or not url:
+        raise BrokerError(
+            f"{what}: the endpoint answered without the queue's URL; is endpoint_url an "
+            "SQS endpoint?"
+        )
+    return url
 
 
 def _meaning(what: str) -> str:

@@ -111,6 +111,15 @@ def timed_out(
     )
 
 
+def unloadable(service: str, exc: Exception) -> str:
+    """Why a client of ``service`` could not be made from boto3's settings."""
+    return (
+        f"cannot make the {service} client: boto3 could not load the AWS settings ({exc}); "
+        "check AWS_PROFILE, the AWS_* variables and ~/.aws (credentials go there, never "
+        "in shardq.yaml)"
+    )
+
+
 def no_credentials(what: str) -> str:
     return (
         f"{what}: no AWS credentials found; configure them for boto3 (environment, "

@@ -162,7 +162,7 @@ def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 #: One decoder for every body (``json.loads`` with arguments builds a new one per call).
-_DECODER = json.JSONDecoder(parse_constant=refuse_constant)
+_DECODER = json.JSONDecoder(parse_constant=refuse_constant, parse_float=_finite)
 
 
 def _sign(key: bytes, text: str) -> str:

@@ -71,6 +71,8 @@ class QueueSettings:
     content_based_dedup: bool
     #: MessageRetentionPeriod (None: the broker keeps messages until deleted).
     retention_seconds: int | None = None
+    #: RedrivePolicy as SQS gives it (JSON), "" if none.
+    redrive_policy: str = ""
 
 
 T = TypeVar("T")

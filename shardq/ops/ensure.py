@@ -5,6 +5,7 @@ retired queues (:mod:`shardq.reshard.prune`)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from shardq.api.app import App
@@ -58,6 +59,14 @@ def ensure(app: App, *, with_prune: bool = False) -> int:
                 drift.append(
                     f"{queue}: MessageRetentionPeriod is {found.retention_seconds} s, shardq "
                     f"sets {MAX_RETENTION_SECONDS} s (14 days): older jobs are deleted unrun"
+                )
+            if found.redrive_policy:
+                policy = json.loads(found.redrive_policy)
+                drift.append(
+                    f"{queue}: RedrivePolicy moves a job to {policy.get('deadLetterTargetArn')} "
+                    f"after {policy.get('maxReceiveCount')} receives (each retry and release "
+                    "is one), unrun and out of its entity's order; remove it (dead jobs go to "
+                    "the morgue)"
                 )
             if found.visibility_timeout != settings.visibility_timeout:
                 drift.append(

@@ -281,6 +281,11 @@ class Executor:
                     f"message names worker {env.worker!r} but sits in a queue of {ref.worker}"
                     + ("" if known else f"; no worker {env.worker!r} is registered")
                 )
+            if env.entity != message.group_id:  # a signature covers the body, not the group
+                raise EnvelopeError(
+                    f"message names entity {env.entity!r} but has MessageGroupId "
+                    f"{message.group_id!r}; they must be equal"
+                )
         except (EnvelopeError, UnknownWorkerError) as exc:
             return _Job(message, None, invalid=exc, reason=reason)
         return _Job(message, env.payload, env.meta)

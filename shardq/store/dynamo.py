@@ -16,6 +16,7 @@ from shardq.broker.sqs_client import (
     make_client,
     no_credentials,
     timed_out,
+    unloadable,
     worst_call_seconds,
 )
 from shardq.core.config import CONNECT_TIMEOUT, READ_TIMEOUT, check_timeouts
@@ -56,6 +57,8 @@ class DynamoStore(Store):
         except botocore.exceptions.NoRegionError as exc:
             where = "`region`, store_url's ?region=, SHARDQ_REGION or AWS_DEFAULT_REGION"
             raise StoreError(f"no AWS region for DynamoDB: set {where}") from exc
+        except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
+            raise StoreError(unloadable("DynamoDB", exc)) from exc
 
     @contextmanager
     def _call(self, call: str, key: str = "", expected: int | None = None) -> Iterator[None]:
