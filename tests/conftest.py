@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from shardq.api.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
@@ -13,6 +14,10 @@ from shardq.ops.ensure import ensure_state_table
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
+
+# Properties are checked, never timed: on a loaded machine an example may take seconds
+settings.register_profile("shardq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shardq")
 
 #: Modules whose tests run the longest scenarios (tens of seconds each), longest first:
 #: they start before anything else.
