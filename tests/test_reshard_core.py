@@ -222,6 +222,22 @@ def test_a_class_whose_shards_changed_without_a_reshard_is_refused(moved: shardq
             take(moved.broker, moved.shard_queue("Moved", shard, 0))
 
 
+def test_a_changed_class_can_run_the_reshard_its_refusal_names(
+    moved: shardq.App,
+) -> None:
+    # given Moved recorded with 2 shards, and an app whose code says 5 (refused above)
+    Moved.publish("order-1", {"n": 0})
+    other = shardq.App(moved.config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 5, "perform": _perform}))
+    # when that app runs the reshard the refusal names, then it is announced
+    layout = reshard.start(other, "Moved", 5, by="test")
+    assert (layout.moving is not None, layout.moving.shards, layout.shards) == (True, 2, 5)
+    # and the app publishes again (to the old layout until the switch)
+    other.publisher.publish_many("Moved", [("order-1", {"n": 1})])
+    old = moved.shard_queue("Moved", shard_for("order-1", 2), 0)
+    assert [_n(m) for m in take(moved.broker, old)] == [0, 1]
+
+
 def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'q.db'}"
 

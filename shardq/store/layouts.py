@@ -69,14 +69,16 @@ class Layouts:
             log.warning("layout.read_failed", worker=worker, error=str(exc))
             return copy[0]
 
-    def read(self, worker: str) -> WorkerLayout:
-        """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
+    def read(self, worker: str, check: bool = True) -> WorkerLayout:
+        """Read ``worker``'s item now, recording the code's ``shards`` if absent; ``check``:
+        refuse a class whose ``shards`` changed (not for ``shardq reshard``, its remedy)."""
         try:
             item = self._app.store.get(PREFIX + worker)
         except DamagedItem as exc:
             raise DamagedItem(str(exc).replace(FIX, repair(worker))) from None
         layout = self._load(worker, item)
-        self.check(worker, layout)
+        if check:
+            self.check(worker, layout)
         return layout
 
     def check(self, worker: str, layout: WorkerLayout) -> None:
@@ -116,7 +118,7 @@ class Layouts:
 
     def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
         """Apply ``change`` by a conditional put on the version read (again on a conflict)."""
-        self.read(worker)
+        self.read(worker, check=False)
         store, key = self._app.store, PREFIX + worker
         for _ in range(20):
             layout, version, _ = self._copies[worker]
@@ -126,7 +128,7 @@ class Layouts:
             try:
                 item = store.put(key, after.to_value(), version=version)
             except StoreConflict:
-                self.read(worker)
+                self.read(worker, check=False)
                 continue
             return self._keep(worker, item)
         raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
