@@ -4,6 +4,7 @@ clock, given here: no sleeps), and what ``shardq reshard`` and a changed class r
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -332,6 +333,25 @@ def test_the_reshard_command_refuses_bad_input(
     # and a good one is announced (no node runs: --no-wait returns)
     assert main(["reshard", "Moved", "--shards", "3", "--no-wait", *base]) == 0
     assert "reshard from 2 to 3 shards announced" in capsys.readouterr().out
+
+
+def test_ctrl_c_while_following_exits_130_saying_the_reshard_goes_on(tmp_path: Path) -> None:
+    # given `shardq reshard` following a move that no node advances
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    args = ["reshard", "Moved", "--shards", "3", "--app", "tests.test_reshard_core"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "shardq", *args, "--broker-url", url],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert "announced" in child.stdout.readline()
+    assert "following it" in child.stdout.readline()
+    # when it gets Ctrl-C, then it exits 130 (not 0: the move has not ended), saying so
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 130, stderr
+    assert "stopped following; the reshard goes on" in stderr
+    assert "Traceback" not in stderr
 
 
 def _n(message: Message) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shardq.api.app import App
 from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
-from shardq.core.exits import EXIT_OK
+from shardq.core.exits import EXIT_INTERRUPTED, EXIT_OK
 from shardq.core.layout import WorkerLayout
 from shardq.core.topology import too_long
 from shardq.ops.layout_view import ReshardView, layout_view
@@ -96,8 +96,8 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
     )
     if args.no_wait:
         return EXIT_OK
-    print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
     try:
+        print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
         while True:
             p = progress(app, args.worker)
             print(describe(p), flush=True)
@@ -106,6 +106,6 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
         print("\nstopped following; the reshard goes on", file=sys.stderr)
-        return EXIT_OK
+        return EXIT_INTERRUPTED
     print(f"{args.worker}: reshard done", flush=True)
     return EXIT_OK
