@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.broker import Broker, Message
+from shardq.broker import Broker, Message, QueueCounts
 from shardq.core import envelope
 from shardq.core import layout as rules
 from shardq.core.config import Config
@@ -430,6 +430,41 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
     finally:
         node.stop()
         runner.join(30)
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0, a reshard to 3 switched, and a node (not
+    # running: its layout keeper is driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    # when, while the keeper looks at old shard 0, the node's own receive takes E's job
+    # (held, about to run) and the broker's counts, approximate on SQS, show nothing yet
+    old = moved.shard_queue("Moved", 0, 0)
+    lagging = moved.broker.counts
+
+    def counts(queue: str) -> Any:
+        if queue == old:
+            node.leases.hold(take(moved.broker, old), 30)
+            return QueueCounts(0, 0)
+        return lagging(queue)
+
+    monkeypatch.setattr(moved.broker, "counts", counts)
+    keeper.tick()
+    # then shard 0 does not close (E's job would be relayed behind E's later jobs),
+    # while the empty old shard 1 does
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    assert [m.group_id for m in node.leases.held()] == [e]
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

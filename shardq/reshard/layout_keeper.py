@@ -118,21 +118,27 @@ class LayoutKeeper:
             if ref.key in self.relaying:
                 if not mine:  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif not mine and self._empty(queue):
+            elif self._empty(queue):
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
 
     def _empty(self, queue: str) -> bool:
-        """No retry hidden here, and a receive finds nothing."""
-        if self.node.leases.hidden(queue)[1]:
+        """A receive finds nothing, and no job is held or hidden here, before it or after
+        (a receive of this node's may have taken the last jobs meanwhile)."""
+        if self._holds(queue):
             return False
         try:
-            return not holding(self.app.broker, queue)
+            found = holding(self.app.broker, queue)
         except BrokerError as exc:
             self.node.broker_trouble("counts", queue, exc)
             return False
+        return not found and not self._holds(queue)
+
+    def _holds(self, queue: str) -> bool:
+        leases = self.node.leases
+        return leases.hidden(queue)[1] > 0 or any(m.queue == queue for m in leases.held())
 
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
