@@ -307,6 +307,42 @@ def test_a_publisher_that_cannot_read_a_fresh_layout_refuses_after_the_trust_win
     assert sent == [0, 1, 3]
 
 
+class Slow(Flaky):
+    """A store whose reads answer ``delay`` seconds (on ``clock``) after they were asked."""
+
+    def __init__(self, clock: Skipping, delay: float) -> None:
+        super().__init__()
+        self.clock, self.delay = clock, delay
+
+    def get(self, key: str) -> Item | None:
+        item = super().get(key)
+        self.clock.offset += self.delay
+        return item
+
+
+def test_a_copy_is_trusted_from_when_its_read_was_asked_not_answered(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a publisher whose store answered its read of Moved's layout 10 s after it
+    # was asked (the item may have changed right after it was read), then went down
+    clock = Skipping()
+    store = Slow(clock, delay=10.0)
+    broker = make_broker("sqlite", tmp_path, request)
+    config = Config(queue_prefix="slow-", layout_refresh_seconds=1, reshard_trust_seconds=60)
+    with app.override(config, broker=broker):
+        app._store = store
+        app.layouts.clock = clock
+        Moved.publish("order-1", {"n": 0})
+        store.down = True
+        # when it publishes 61 s after the read was asked (51 s after its answer), then
+        # it refuses: the copy may predate a switch written 60 s after an announce
+        clock.offset = 61.0
+        with pytest.raises(LayoutError, match=r"layout of Moved .* Check the store"):
+            Moved.publish("order-1", {"n": 1})
+    app.layouts.clock = time.monotonic
+    broker.close()
+
+
 def test_a_second_reshard_while_one_runs_is_refused(moved: shardq.App) -> None:
     # given a reshard under way
     begin(moved, 4)
