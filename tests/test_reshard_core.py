@@ -504,6 +504,35 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job waiting in Moved's old shard 0, a reshard to 3 switched, and a node
+    # (its layout keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    old, asked = moved.shard_queue("Moved", 0, 0), []
+    counts = moved.broker.counts
+    monkeypatch.setattr(moved.broker, "counts", lambda q: asked.append(q) or counts(q))
+    # when its keeper ticks 4 times within 2 s (it ticks every 0.5 s), then it asked the
+    # broker about the shard once (docs: "every 2 s"); 2 s later, once more
+    for _ in range(4):
+        keeper.tick()
+        clock.offset += 0.45
+    assert asked.count(old) == 1
+    clock.offset += 0.5
+    keeper.tick()
+    assert asked.count(old) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     moved: shardq.App,
 ) -> None:
