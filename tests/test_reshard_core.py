@@ -21,7 +21,7 @@ from shardq.broker import Broker, Message, QueueCounts
 from shardq.core import envelope
 from shardq.core import layout as rules
 from shardq.core.config import Config
-from shardq.core.errors import LayoutError, QueueNotFoundError
+from shardq.core.errors import BrokerError, LayoutError, QueueNotFoundError
 from shardq.core.plan import ShardRef
 from shardq.core.topology import shard_for
 from shardq.ops import reshard
@@ -530,6 +530,44 @@ def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     clock.offset += 0.5
     keeper.tick()
     assert asked.count(old) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over_it(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E left in Moved's retired shard 0 (the move 2 -> 3 ended), and a
+    # node (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its sweep receives the job but cannot relay it (the new queue refuses), and
+    # it looks again 10 s later, the broker's counts (approximate on SQS) showing nothing
+    old = moved.shard_queue("Moved", 0, 0)
+    counts, send = moved.broker.counts, moved.broker.send_batch
+
+    def refused(queue: str, entries: Any) -> Any:
+        raise BrokerError("the new queue is unreachable (test)")
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "send_batch", refused)
+    keeper.tick()
+    monkeypatch.setattr(moved.broker, "send_batch", send)
+    clock.offset += 10.5
+    keeper.tick()
+    # then the retired queue is not deleted while the job it received is hidden there
+    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0]
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

@@ -167,7 +167,8 @@ class LayoutKeeper:
                 queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
                 visibility_timeout=SWEEP_VISIBILITY_SECONDS,
             )  # fmt: skip
-            if messages:
+            if messages:  # hidden until relayed: if that fails, look once they are visible
+                self._swept[queue] += SWEEP_VISIBILITY_SECONDS
                 relay(self.app, worker, messages)
                 broker.delete_batch(queue, [m.receipt for m in messages])
                 self._swept[queue] = 0.0  # more may wait
