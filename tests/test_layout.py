@@ -174,6 +174,14 @@ def test_the_item_round_trips() -> None:
         {"trust": True},
         {"moving": {"gen": 0}},
         {"retired": [{}]},
+        # old generations that are not older than the live one, or named twice: a node
+        # would sweep (relay, then delete) the live queues
+        {"moving": {"gen": 1, "shards": 4, "switched": True, "closed": []}},
+        {"retired": [{"gen": 1, "shards": 2, "deleted": []}]},
+        {"retired": [{"gen": 0, "shards": 2, "deleted": []}]},
+        {"moving": {"gen": 0, "shards": 4, "switched": "yes", "closed": []}},
+        {"moving": {"gen": 0, "shards": 4, "switched": True, "closed": [4]}},
+        {"gen": 2, "retired": [{"gen": 1, "shards": 2, "deleted": "01"}]},
     ],
 )
 def test_a_damaged_item_is_refused_naming_the_worker_and_the_key(damage: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ clock, given here: no sleeps), and what ``shardq reshard`` and a changed class r
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -16,11 +17,11 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.broker import Broker, Message
+from shardq.broker import Broker, Message, QueueCounts
 from shardq.core import envelope
 from shardq.core import layout as rules
 from shardq.core.config import Config
-from shardq.core.errors import LayoutError, QueueNotFoundError
+from shardq.core.errors import BrokerError, LayoutError, QueueNotFoundError
 from shardq.core.plan import ShardRef
 from shardq.core.topology import shard_for
 from shardq.ops import reshard
@@ -222,6 +223,22 @@ def test_a_class_whose_shards_changed_without_a_reshard_is_refused(moved: shardq
             take(moved.broker, moved.shard_queue("Moved", shard, 0))
 
 
+def test_a_changed_class_can_run_the_reshard_its_refusal_names(
+    moved: shardq.App,
+) -> None:
+    # given Moved recorded with 2 shards, and an app whose code says 5 (refused above)
+    Moved.publish("order-1", {"n": 0})
+    other = shardq.App(moved.config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 5, "perform": _perform}))
+    # when that app runs the reshard the refusal names, then it is announced
+    layout = reshard.start(other, "Moved", 5, by="test")
+    assert (layout.moving is not None, layout.moving.shards, layout.shards) == (True, 2, 5)
+    # and the app publishes again (to the old layout until the switch)
+    other.publisher.publish_many("Moved", [("order-1", {"n": 1})])
+    old = moved.shard_queue("Moved", shard_for("order-1", 2), 0)
+    assert [_n(m) for m in take(moved.broker, old)] == [0, 1]
+
+
 def test_shardq_run_until_empty_with_a_changed_class_fails_and_says_why(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'q.db'}"
 
@@ -290,6 +307,42 @@ def test_a_publisher_that_cannot_read_a_fresh_layout_refuses_after_the_trust_win
     assert sent == [0, 1, 3]
 
 
+class Slow(Flaky):
+    """A store whose reads answer ``delay`` seconds (on ``clock``) after they were asked."""
+
+    def __init__(self, clock: Skipping, delay: float) -> None:
+        super().__init__()
+        self.clock, self.delay = clock, delay
+
+    def get(self, key: str) -> Item | None:
+        item = super().get(key)
+        self.clock.offset += self.delay
+        return item
+
+
+def test_a_copy_is_trusted_from_when_its_read_was_asked_not_answered(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # given a publisher whose store answered its read of Moved's layout 10 s after it
+    # was asked (the item may have changed right after it was read), then went down
+    clock = Skipping()
+    store = Slow(clock, delay=10.0)
+    broker = make_broker("sqlite", tmp_path, request)
+    config = Config(queue_prefix="slow-", layout_refresh_seconds=1, reshard_trust_seconds=60)
+    with app.override(config, broker=broker):
+        app._store = store
+        app.layouts.clock = clock
+        Moved.publish("order-1", {"n": 0})
+        store.down = True
+        # when it publishes 61 s after the read was asked (51 s after its answer), then
+        # it refuses: the copy may predate a switch written 60 s after an announce
+        clock.offset = 61.0
+        with pytest.raises(LayoutError, match=r"layout of Moved .* Check the store"):
+            Moved.publish("order-1", {"n": 1})
+    app.layouts.clock = time.monotonic
+    broker.close()
+
+
 def test_a_second_reshard_while_one_runs_is_refused(moved: shardq.App) -> None:
     # given a reshard under way
     begin(moved, 4)
@@ -316,6 +369,25 @@ def test_the_reshard_command_refuses_bad_input(
     # and a good one is announced (no node runs: --no-wait returns)
     assert main(["reshard", "Moved", "--shards", "3", "--no-wait", *base]) == 0
     assert "reshard from 2 to 3 shards announced" in capsys.readouterr().out
+
+
+def test_ctrl_c_while_following_exits_130_saying_the_reshard_goes_on(tmp_path: Path) -> None:
+    # given `shardq reshard` following a move that no node advances
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    args = ["reshard", "Moved", "--shards", "3", "--app", "tests.test_reshard_core"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "shardq", *args, "--broker-url", url],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert "announced" in child.stdout.readline()
+    assert "following it" in child.stdout.readline()
+    # when it gets Ctrl-C, then it exits 130 (not 0: the move has not ended), saying so
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 130, stderr
+    assert "stopped following; the reshard goes on" in stderr
+    assert "Traceback" not in stderr
 
 
 def _n(message: Message) -> int:
@@ -394,6 +466,108 @@ def test_an_old_shard_with_a_retry_hidden_stays_open_and_the_others_close(
     finally:
         node.stop()
         runner.join(30)
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0, a reshard to 3 switched, and a node (not
+    # running: its layout keeper is driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    # when, while the keeper looks at old shard 0, the node's own receive takes E's job
+    # (held, about to run) and the broker's counts, approximate on SQS, show nothing yet
+    old = moved.shard_queue("Moved", 0, 0)
+    lagging = moved.broker.counts
+
+    def counts(queue: str) -> Any:
+        if queue == old:
+            node.leases.hold(take(moved.broker, old), 30)
+            return QueueCounts(0, 0)
+        return lagging(queue)
+
+    monkeypatch.setattr(moved.broker, "counts", counts)
+    keeper.tick()
+    # then shard 0 does not close (E's job would be relayed behind E's later jobs),
+    # while the empty old shard 1 does
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    assert [m.group_id for m in node.leases.held()] == [e]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job waiting in Moved's old shard 0, a reshard to 3 switched, and a node
+    # (its layout keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    old, asked = moved.shard_queue("Moved", 0, 0), []
+    counts = moved.broker.counts
+    monkeypatch.setattr(moved.broker, "counts", lambda q: asked.append(q) or counts(q))
+    # when its keeper ticks 4 times within 2 s (it ticks every 0.5 s), then it asked the
+    # broker about the shard once (docs: "every 2 s"); 2 s later, once more
+    for _ in range(4):
+        keeper.tick()
+        clock.offset += 0.45
+    assert asked.count(old) == 1
+    clock.offset += 0.5
+    keeper.tick()
+    assert asked.count(old) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over_it(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E left in Moved's retired shard 0 (the move 2 -> 3 ended), and a
+    # node (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its sweep receives the job but cannot relay it (the new queue refuses), and
+    # it looks again 10 s later, the broker's counts (approximate on SQS) showing nothing
+    old = moved.shard_queue("Moved", 0, 0)
+    counts, send = moved.broker.counts, moved.broker.send_batch
+
+    def refused(queue: str, entries: Any) -> Any:
+        raise BrokerError("the new queue is unreachable (test)")
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "send_batch", refused)
+    keeper.tick()
+    monkeypatch.setattr(moved.broker, "send_batch", send)
+    clock.offset += 10.5
+    keeper.tick()
+    # then the retired queue is not deleted while the job it received is hidden there
+    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0]
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

@@ -138,6 +138,22 @@ def test_stats_text_says_the_move_and_that_the_live_layout_is_used(
     assert "4 of 4 old shards still open; 3 jobs still in the old layout" in err
 
 
+def test_stats_of_a_class_whose_shards_changed_without_a_reshard_do_not_say_resharded(
+    app: shardq.App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given SyncOrder recorded with 4 shards, and an app whose code says 6
+    app.worker("SyncOrder").publish("o1", {"n": 0})
+    other = shardq.App(app.config, broker=app.broker, store=app.store)
+    other.register(type("SyncOrder", (shardq.Worker,), {"perform": _perform, "shards": 6}))
+    # when its `shardq stats` prints, then it shows the recorded layout and says the code
+    # is refused (not that it was resharded and is used)
+    assert _stats(other, args(json=False)) == 0
+    err = capsys.readouterr().err
+    assert "SyncOrder: code says 6 shards, its queues were recorded with 4; " in err
+    assert "until `shardq reshard SyncOrder --shards 6`" in err
+    assert "(resharded)" not in err and "the live layout is used" not in err
+
+
 def test_stats_reads_a_layout_changed_by_another_process(app: shardq.App, tmp_path: Path) -> None:
     # given stats read once at the code's layout
     assert collect(app).to_dict()["by_worker"]["SyncOrder"]["layout"]["shards"] == 4

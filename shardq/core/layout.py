@@ -71,22 +71,26 @@ class WorkerLayout:
     @classmethod
     def from_value(cls, name: str, value: Mapping[str, Any]) -> WorkerLayout:
         try:
-            m = value.get("moving")
+            m, gen = value.get("moving"), _count(value["gen"], 0)
             moving = None
             if m is not None:
+                n = _count(m["shards"])
+                if not isinstance(m["switched"], bool):
+                    raise ValueError(f"switched {m['switched']!r}")
                 moving = Move(
-                    _count(m["gen"], 0), _count(m["shards"]), m["switched"] is True,
-                    tuple(_count(s, 0) for s in m["closed"]), str(m.get("by", "")),
+                    _count(m["gen"], 0, gen - 1), n, m["switched"],
+                    tuple(_count(s, 0, n - 1) for s in m["closed"]), str(m.get("by", "")),
                 )  # fmt: skip
-            retired = tuple(
-                Retired(_count(r["gen"], 0), _count(r["shards"]), tuple(r["deleted"]))
-                for r in value.get("retired", [])
-            )
+            retired = tuple(_retired(r, gen) for r in value.get("retired", []))
+            # an old generation is older than the live one, and named once: a node sweeps
+            # (relays, then deletes) the queues of a retired one
+            olds = [r.gen for r in retired] + ([moving.gen] if moving else [])
+            if len(set(olds)) < len(olds):
+                raise ValueError(f"old generations {olds} (each is there once)")
             trust = value["trust"]
             if isinstance(trust, bool) or not isinstance(trust, (int, float)) or trust <= 0:
                 raise ValueError(f"trust {trust!r}")
-            return cls(_count(value["gen"], 0), _count(value["shards"]), float(trust),
-                       moving, retired)  # fmt: skip
+            return cls(gen, _count(value["shards"]), float(trust), moving, retired)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             damaged = f"the stored layout of {name} is damaged ({why})"
@@ -103,8 +107,15 @@ def repair(worker: str) -> str:
     )
 
 
-def _count(value: Any, low: int = 1) -> int:
-    problem = int_in(low, MAX_SHARDS)(value)
+def _retired(value: Mapping[str, Any], gen: int) -> Retired:
+    n = _count(value["shards"])
+    return Retired(
+        _count(value["gen"], 0, gen - 1), n, tuple(_count(s, 0, n - 1) for s in value["deleted"])
+    )
+
+
+def _count(value: Any, low: int = 1, high: int = MAX_SHARDS) -> int:
+    problem = int_in(low, high)(value)
     if problem:
         raise ValueError(problem)
     return int(value)

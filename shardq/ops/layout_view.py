@@ -112,6 +112,12 @@ class LayoutView:
         """What to know when the code's ``shards`` is not the live layout's."""
         if self.code_shards == self.shards:
             return None
+        if self.gen == 0 and self.reshard is None:  # never resharded: this code is refused
+            return (
+                f"{self.worker}: code says {plural(self.code_shards, 'shard')}, its queues "
+                f"were recorded with {self.shards}; publishers and nodes of this code refuse "
+                f"it until `shardq reshard {self.worker} --shards {self.code_shards}`"
+            )
         return (
             f"{self.worker}: code says {plural(self.code_shards, 'shard')}, live layout has "
             f"{self.shards} (resharded); the live layout is used"

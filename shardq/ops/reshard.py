@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shardq.api.app import App
 from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
-from shardq.core.exits import EXIT_OK
+from shardq.core.exits import EXIT_INTERRUPTED, EXIT_OK
 from shardq.core.layout import WorkerLayout
 from shardq.core.topology import too_long
 from shardq.ops.layout_view import ReshardView, layout_view
@@ -51,7 +51,7 @@ def start(app: App, worker: str, shards: int, *, by: str | None = None) -> Worke
     creating anything."""
     trust = app.config.reshard_trust_seconds
     who = by or f"shardq reshard on {socket.gethostname()} (pid {os.getpid()})"
-    planned = rules.announce(app.layouts.read(worker), worker, shards, trust, who)
+    planned = rules.announce(app.layouts.read(worker, check=False), worker, shards, trust, who)
     problem = too_long(app.shard_queue(worker, shards - 1, planned.gen))
     if problem:
         raise LayoutError(
@@ -85,7 +85,7 @@ def describe(p: Progress) -> str:
 
 def reshard_command(app: App, args: argparse.Namespace) -> int:
     """The ``shardq reshard`` command (registered in :mod:`shardq.ops.admin`)."""
-    before = app.layouts.read(args.worker)
+    before = app.layouts.read(args.worker, check=False)
     after = start(app, args.worker, args.shards)
     print(
         f"{args.worker}: reshard from {before.shards} to {after.shards} shards announced "
@@ -96,8 +96,8 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
     )
     if args.no_wait:
         return EXIT_OK
-    print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
     try:
+        print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
         while True:
             p = progress(app, args.worker)
             print(describe(p), flush=True)
@@ -106,6 +106,6 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
         print("\nstopped following; the reshard goes on", file=sys.stderr)
-        return EXIT_OK
+        return EXIT_INTERRUPTED
     print(f"{args.worker}: reshard done", flush=True)
     return EXIT_OK

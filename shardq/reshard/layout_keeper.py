@@ -57,15 +57,16 @@ class LayoutKeeper:
     def tick(self) -> None:
         layouts = self.app.layouts
         now = layouts.clock()  # the clock the layouts' observations are stamped with
-        if now >= self._next_read:
-            busy = layouts.moving()
-            every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
-            self._next_read = now + every
-            try:
-                layouts.refresh()
-            except ShardqError as exc:
-                log.warning("layout.read_failed", error=str(exc))
-                return
+        if now < self._next_read:  # the old shards too are looked at this often
+            return
+        busy = layouts.moving()
+        every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
+        self._next_read = now + every
+        try:
+            layouts.refresh()
+        except ShardqError as exc:
+            log.warning("layout.read_failed", error=str(exc))
+            return
         fleet = self.node.fleet
         if fleet is None or not fleet.elastic:
             self._sync_plan()
@@ -118,21 +119,27 @@ class LayoutKeeper:
             if ref.key in self.relaying:
                 if not mine:  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif not mine and self._empty(queue):
+            elif self._empty(queue):
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
 
     def _empty(self, queue: str) -> bool:
-        """No retry hidden here, and a receive finds nothing."""
-        if self.node.leases.hidden(queue)[1]:
+        """A receive finds nothing, and no job is held or hidden here, before it or after
+        (a receive of this node's may have taken the last jobs meanwhile)."""
+        if self._holds(queue):
             return False
         try:
-            return not holding(self.app.broker, queue)
+            found = holding(self.app.broker, queue)
         except BrokerError as exc:
             self.node.broker_trouble("counts", queue, exc)
             return False
+        return not found and not self._holds(queue)
+
+    def _holds(self, queue: str) -> bool:
+        leases = self.node.leases
+        return leases.hidden(queue)[1] > 0 or any(m.queue == queue for m in leases.held())
 
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
@@ -160,7 +167,8 @@ class LayoutKeeper:
                 queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
                 visibility_timeout=SWEEP_VISIBILITY_SECONDS,
             )  # fmt: skip
-            if messages:
+            if messages:  # hidden until relayed: if that fails, look once they are visible
+                self._swept[queue] += SWEEP_VISIBILITY_SECONDS
                 relay(self.app, worker, messages)
                 broker.delete_batch(queue, [m.receipt for m in messages])
                 self._swept[queue] = 0.0  # more may wait

@@ -40,7 +40,8 @@ class Layouts:
         self._app = app
         self.clock = clock
         self._lock = threading.Lock()
-        self._copies: dict[str, tuple[WorkerLayout, int, float]] = {}  # layout, version, read at
+        # layout, version, when the read that returned it was asked (its trust counts from then)
+        self._copies: dict[str, tuple[WorkerLayout, int, float]] = {}
         self._seen: dict[tuple[str, int, str], float] = {}  # (worker, gen, state) -> first seen
 
     def get(self, worker: str) -> WorkerLayout:
@@ -69,14 +70,17 @@ class Layouts:
             log.warning("layout.read_failed", worker=worker, error=str(exc))
             return copy[0]
 
-    def read(self, worker: str) -> WorkerLayout:
-        """Read ``worker``'s item now, recording the code's ``shards`` if absent."""
+    def read(self, worker: str, check: bool = True) -> WorkerLayout:
+        """Read ``worker``'s item now, recording the code's ``shards`` if absent; ``check``:
+        refuse a class whose ``shards`` changed (not for ``shardq reshard``, its remedy)."""
+        asked = self.clock()
         try:
             item = self._app.store.get(PREFIX + worker)
         except DamagedItem as exc:
             raise DamagedItem(str(exc).replace(FIX, repair(worker))) from None
-        layout = self._load(worker, item)
-        self.check(worker, layout)
+        layout = self._load(worker, item, asked)
+        if check:
+            self.check(worker, layout)
         return layout
 
     def check(self, worker: str, layout: WorkerLayout) -> None:
@@ -94,10 +98,9 @@ class Layouts:
 
     def refresh(self) -> dict[str, WorkerLayout]:
         """Read every layout of the app's workers now (one query), as :meth:`read`."""
-        items = {
-            i.key[len(PREFIX) :]: i for i in self._app.store.query_all(PREFIX, keep_damaged=True)
-        }
-        found = {worker: self._load(worker, items.get(worker)) for worker in self._app.workers}
+        asked, store = self.clock(), self._app.store
+        items = {i.key[len(PREFIX) :]: i for i in store.query_all(PREFIX, keep_damaged=True)}
+        found = {w: self._load(w, items.get(w), asked) for w in self._app.workers}
         for worker, layout in found.items():  # every copy is kept before one is refused
             self.check(worker, layout)
         return found
@@ -116,7 +119,7 @@ class Layouts:
 
     def update(self, worker: str, change: Callable[[WorkerLayout], WorkerLayout]) -> WorkerLayout:
         """Apply ``change`` by a conditional put on the version read (again on a conflict)."""
-        self.read(worker)
+        self.read(worker, check=False)
         store, key = self._app.store, PREFIX + worker
         for _ in range(20):
             layout, version, _ = self._copies[worker]
@@ -124,11 +127,12 @@ class Layouts:
             if after == layout:
                 return layout
             try:
+                asked = self.clock()
                 item = store.put(key, after.to_value(), version=version)
             except StoreConflict:
-                self.read(worker)
+                self.read(worker, check=False)
                 continue
-            return self._keep(worker, item)
+            return self._keep(worker, item, asked)
         raise LayoutError(f"the layout of {worker} kept changing while it was written; try again")
 
     def switch_if_due(self, worker: str) -> WorkerLayout:
@@ -141,7 +145,7 @@ class Layouts:
         log.info("layout.switched", worker=worker, gen=layout.gen, detail="publishers send to it")
         return layout
 
-    def _load(self, worker: str, item: Item | None) -> WorkerLayout:
+    def _load(self, worker: str, item: Item | None, asked: float) -> WorkerLayout:
         """Keep ``item`` as read; if absent, record the code's ``shards``."""
         store, key = self._app.store, PREFIX + worker
         code, trust = self._app.settings(worker).shards, self._app.config.reshard_trust_seconds
@@ -150,9 +154,10 @@ class Layouts:
                 item = store.put(key, WorkerLayout(0, code, trust).to_value(), version=None)
             except StoreConflict:  # another process recorded it first: read theirs
                 item = store.get(key)
-        return self._keep(worker, item)
+        return self._keep(worker, item, asked)
 
-    def _keep(self, worker: str, item: Item) -> WorkerLayout:
+    def _keep(self, worker: str, item: Item, asked: float) -> WorkerLayout:
+        """Keep ``item`` as the copy read when ``asked``; its states are seen from now."""
         if item.damaged:
             raise DamagedItem(item.damaged.replace(FIX, repair(worker)))
         layout, version = WorkerLayout.from_value(worker, item.value), item.version
@@ -161,7 +166,9 @@ class Layouts:
             copy = self._copies.get(worker)
             if copy is not None and copy[1] > version:
                 return copy[0]  # an older read finished after a newer one
-            self._copies[worker] = (layout, version, now)
+            if copy is not None and copy[1] == version:
+                asked = max(asked, copy[2])
+            self._copies[worker] = (layout, version, asked)
             self._seen.setdefault((worker, layout.gen, layout.state), now)
             for old in layout.retired:
                 self._seen.setdefault((worker, old.gen, "retired"), now)
