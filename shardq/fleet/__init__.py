@@ -32,6 +32,7 @@ from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
+from shardq.store.base import encode
 from shardq.store.deployment import live_shards
 
 if TYPE_CHECKING:
@@ -301,6 +302,10 @@ class Fleet:
 
     def _mark_gone(self, item: Item) -> None:
         value = marked_gone(item.value, "lease expired", self.wall(), self.id)
+        try:
+            encode(value)
+        except ValueError:  # a value it cannot write back (a NaN, near the size limit)
+            value = marked_gone({}, "lease expired", self.wall(), self.id)
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
