@@ -297,6 +297,36 @@ def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_
     assert a.node.shard_refs() == [] and a.held() == []
 
 
+def test_a_node_whose_heartbeat_write_hangs_stops_serving_before_others_may_take(
+    app: App,
+) -> None:
+    # given a node that joined and serves every shard
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.join()
+    wait_for(lambda: len(a.node.shard_refs()) == 6, 10, "a to serve every shard")
+    sent, answer, original = threading.Event(), threading.Event(), app.store.put
+
+    def hanging(key: str, *args: object, **kwargs: object) -> object:
+        if key == "node/a":  # a call in its retries: up to 17 s by default
+            sent.set()
+            answer.wait(30)
+        return original(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    app.store.put = hanging  # type: ignore[method-assign,assignment]
+    try:
+        # when its next heartbeat write hangs until others may count it dead
+        clock.now += timing(LEASE)[0]
+        wait_for(sent.is_set, 5, "the heartbeat write")
+        clock.now += timing(LEASE)[1]
+        # then it serves nothing while the write still hangs
+        wait_for(lambda: a.node.shard_refs() == [], 5, "a to stop serving")
+    finally:
+        answer.set()
+        app.store.put = original  # type: ignore[method-assign]
+        a.leave()
+
+
 def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) -> None:
     clock = Clock()
     a = stepped(app, clock, "a")

@@ -85,6 +85,8 @@ class Fleet:
         self._beat(self.clock())
         log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
         self._thread = self.node.threads.start("shardq-fleet", "the fleet membership", self._loop)
+        if self.elastic:  # on time even while a store call holds the fleet's thread
+            self.node.threads.start("shardq-fence", "the fleet's lease watch", self._watch)
 
     def leave(self) -> None:
         """After the node's shutdown sweep: free every shard, delete the heartbeat."""
@@ -108,6 +110,19 @@ class Fleet:
             self.step()
             self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
 
+    def _watch(self) -> None:
+        while not self._stop.wait(ROUND_SECONDS / 4):
+            self._fence_if_late()
+
+    def _fence_if_late(self) -> bool:
+        """Stop serving every shard once others may take them soon, until a beat."""
+        if self.node.stopping.is_set():
+            return False
+        late = self.clock() - self._beat_ok > self.expire_seconds - ROUND_SECONDS
+        if late:
+            self._fence()
+        return late
+
     def step(self) -> None:
         now = self.clock()
         if now >= self._next_beat:
@@ -118,8 +133,7 @@ class Fleet:
                 self._next_beat = now + ROUND_SECONDS
         if not self.elastic or self.node.stopping.is_set():
             return  # a stopping node beats on (its shards are not free) until it leaves
-        if now - self._beat_ok > self.expire_seconds - ROUND_SECONDS:
-            self._fence()  # others may take its shards soon: serve nothing until a beat
+        if self._fence_if_late():  # on the clock now: the beat may have taken long
             return
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
@@ -267,6 +281,8 @@ class Fleet:
         """Serve ``key``, owned here at ``version``; free it if the node cannot."""
         with self._lock:
             self._owned[key] = version
+        if self._fence_if_late():  # its snapshot may be older than another node's takeover
+            return
         try:
             self.node.add_shard(self._ref(key))
         except (ShardqError, ValueError) as exc:
