@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from shardq import App
+from shardq import App, Worker
 from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
@@ -235,7 +235,7 @@ def test_the_heartbeat_keeps_the_keys_and_types_every_version_reads(app: App) ->
     assert item is not None
     value = item.value
     assert {k: type(v) for k, v in value.items()} == {
-        **dict.fromkeys(("node", "host", "mode", "version"), str),
+        **dict.fromkeys(("node", "host", "mode", "version", "prefix"), str),
         **dict.fromkeys(("pid", "threads", "done", "retried", "failed"), int),
         **dict.fromkeys(("concurrency", "slots_in_use"), int),
         **dict.fromkeys(("started", "at", "jobs_per_second", "expire"), float),
@@ -325,6 +325,27 @@ def test_a_node_whose_heartbeat_write_hangs_stops_serving_before_others_may_take
         answer.set()
         app.store.put = original  # type: ignore[method-assign]
         a.leave()
+
+
+def test_two_apps_sharing_a_state_store_keep_apart_fleets(app: App) -> None:
+    # given a second app on the same broker and state store (one broker file, say) with
+    # another queue_prefix and worker
+    config = Config(queue_prefix="o" + app.config.queue_prefix, lease_seconds=LEASE)
+    other = App(config, broker=app.broker, store=app.store)
+    other.register(type("Tallied", (Worker,), {"shards": 4, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    node = other.node(Plan(0, 0, ()), threads=2, membership=None)
+    b = Fleet(node, elastic=True, node_id="b", clock=clock)
+    # when a node of each steps for a while
+    for _ in range(4):
+        a.step(), b.step()
+        clock.now += 1.0
+    # then each serves every shard of its app, and each app's view shows its node alone
+    assert a.held() == sorted(ALL) and b.held() == [f"Tallied:{n}" for n in range(4)]
+    items, prefix = read_fleet(app.store), app.config.queue_prefix
+    view = fleet_view(items, time.time(), {"Ledgered": 6}, prefix)
+    assert [n.node for n in view.nodes] == ["a"] and not view.unserved
 
 
 def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) -> None:

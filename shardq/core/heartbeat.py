@@ -40,6 +40,8 @@ class Heartbeat:
     slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
     gone: str = ""
     gone_at: float = 0.0  # by the clock of the node that marked it
+    #: The app's queue_prefix: apps sharing a store keep apart fleets (None: not said).
+    prefix: str | None = None
 
     @property
     def max_lag(self) -> float:
@@ -68,6 +70,7 @@ class Heartbeat:
             by_worker=_worker_counts(v.get("by_worker")),
             version=str(v.get("version", "")),
             gone=str(v.get("gone") or ""),
+            prefix=v["prefix"] if isinstance(v.get("prefix"), str) else None,
             **numbers,
         )
 

@@ -61,6 +61,7 @@ class Fleet:
         self.store: Store = node.app.store
         self.id = node_id or node.id
         self.elastic = elastic
+        self.prefix = node.app.config.queue_prefix  # of the heartbeats of its fleet
         self.clock = clock = node.clock if clock is None else clock
         self.wall = node.wall
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
@@ -139,6 +140,7 @@ class Fleet:
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
             items = self.store.query_all(NODE_PREFIX, keep_damaged=True)
+            items = [i for i in items if i.value.get("prefix", self.prefix) == self.prefix]
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
@@ -360,6 +362,7 @@ class Fleet:
             expire=self.expire_seconds,
             concurrency=node.slots.concurrency,
             slots_in_use=node.slots.in_use(),
+            prefix=self.prefix,
         )
 
     def _ref(self, key: str) -> ShardRef:
