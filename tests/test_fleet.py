@@ -348,6 +348,28 @@ def test_two_apps_sharing_a_state_store_keep_apart_fleets(app: App) -> None:
     assert [n.node for n in view.nodes] == ["a"] and not view.unserved
 
 
+def test_a_node_whose_report_would_be_over_the_size_limit_beats_without_its_lags(
+    tmp_path: Path,
+) -> None:
+    # given a lone node holding 5,000 shards of workers with long names
+    big = App(Config(broker_url=f"sqlite:///{tmp_path}/big.db", lease_seconds=LEASE))
+    for w in range(5):
+        name = f"InvoiceReconciliationWorkerNumber{w}"
+        big.register(type(name, (Worker,), {"shards": 1000, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(big, clock, "a")
+    a.step()
+    assert len(a.held()) == 5000
+    # when it beats: its report with a lag per shard would be over the store's limit
+    clock.now += timing(LEASE)[0]
+    a.step()
+    # then it wrote its heartbeat, every shard but no lag in it, and serves on
+    item = big.store.get("node/a")
+    assert item is not None and len(item.value["held"]) == 5000 and item.value["lags"] == {}
+    assert len(a.node.shard_refs()) == 5000
+    big.broker.close()
+
+
 def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) -> None:
     clock = Clock()
     a = stepped(app, clock, "a")

@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -163,7 +164,7 @@ class Fleet:
         self._damaged = damaged
 
     def _beat(self, now: float) -> None:
-        key, report = NODE_PREFIX + self.id, self.report().to_value()
+        key, report = NODE_PREFIX + self.id, _fit(self.report().to_value())
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
@@ -380,3 +381,14 @@ class Fleet:
             log.warning("fleet.store_failed", error=str(exc))
             return False
         return True
+
+
+def _fit(report: dict[str, Any]) -> dict[str, Any]:
+    """The report within the store's size limit: without its lags, then its shards, if
+    they take it over (a node holding thousands of shards of long worker names)."""
+    for drop in ("", "lags", "held"):
+        report = {**report, drop: type(report[drop])()} if drop else report
+        with suppress(ValueError):
+            encode(report)
+            break
+    return report
