@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from shardq import App
+from shardq import App, Worker
 from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
@@ -235,7 +235,7 @@ def test_the_heartbeat_keeps_the_keys_and_types_every_version_reads(app: App) ->
     assert item is not None
     value = item.value
     assert {k: type(v) for k, v in value.items()} == {
-        **dict.fromkeys(("node", "host", "mode", "version"), str),
+        **dict.fromkeys(("node", "host", "mode", "version", "prefix"), str),
         **dict.fromkeys(("pid", "threads", "done", "retried", "failed"), int),
         **dict.fromkeys(("concurrency", "slots_in_use"), int),
         **dict.fromkeys(("started", "at", "jobs_per_second", "expire"), float),
@@ -295,6 +295,79 @@ def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_
         app.store.put = original  # type: ignore[method-assign]
     # then it serves nothing
     assert a.node.shard_refs() == [] and a.held() == []
+
+
+def test_a_node_whose_heartbeat_write_hangs_stops_serving_before_others_may_take(
+    app: App,
+) -> None:
+    # given a node that joined and serves every shard
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.join()
+    wait_for(lambda: len(a.node.shard_refs()) == 6, 10, "a to serve every shard")
+    sent, answer, original = threading.Event(), threading.Event(), app.store.put
+
+    def hanging(key: str, *args: object, **kwargs: object) -> object:
+        if key == "node/a":  # a call in its retries: up to 17 s by default
+            sent.set()
+            answer.wait(30)
+        return original(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    app.store.put = hanging  # type: ignore[method-assign,assignment]
+    try:
+        # when its next heartbeat write hangs until others may count it dead
+        clock.now += timing(LEASE)[0]
+        wait_for(sent.is_set, 5, "the heartbeat write")
+        clock.now += timing(LEASE)[1]
+        # then it serves nothing while the write still hangs
+        wait_for(lambda: a.node.shard_refs() == [], 5, "a to stop serving")
+    finally:
+        answer.set()
+        app.store.put = original  # type: ignore[method-assign]
+        a.leave()
+
+
+def test_two_apps_sharing_a_state_store_keep_apart_fleets(app: App) -> None:
+    # given a second app on the same broker and state store (one broker file, say) with
+    # another queue_prefix and worker
+    config = Config(queue_prefix="o" + app.config.queue_prefix, lease_seconds=LEASE)
+    other = App(config, broker=app.broker, store=app.store)
+    other.register(type("Tallied", (Worker,), {"shards": 4, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    node = other.node(Plan(0, 0, ()), threads=2, membership=None)
+    b = Fleet(node, elastic=True, node_id="b", clock=clock)
+    # when a node of each steps for a while
+    for _ in range(4):
+        a.step(), b.step()
+        clock.now += 1.0
+    # then each serves every shard of its app, and each app's view shows its node alone
+    assert a.held() == sorted(ALL) and b.held() == [f"Tallied:{n}" for n in range(4)]
+    items, prefix = read_fleet(app.store), app.config.queue_prefix
+    view = fleet_view(items, time.time(), {"Ledgered": 6}, prefix)
+    assert [n.node for n in view.nodes] == ["a"] and not view.unserved
+
+
+def test_a_node_whose_report_would_be_over_the_size_limit_beats_without_its_lags(
+    tmp_path: Path,
+) -> None:
+    # given a lone node holding 5,000 shards of workers with long names
+    big = App(Config(broker_url=f"sqlite:///{tmp_path}/big.db", lease_seconds=LEASE))
+    for w in range(5):
+        name = f"InvoiceReconciliationWorkerNumber{w}"
+        big.register(type(name, (Worker,), {"shards": 1000, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(big, clock, "a")
+    a.step()
+    assert len(a.held()) == 5000
+    # when it beats: its report with a lag per shard would be over the store's limit
+    clock.now += timing(LEASE)[0]
+    a.step()
+    # then it wrote its heartbeat, every shard but no lag in it, and serves on
+    item = big.store.get("node/a")
+    assert item is not None and len(item.value["held"]) == 5000 and item.value["lags"] == {}
+    assert len(a.node.shard_refs()) == 5000
+    big.broker.close()
 
 
 def test_a_shard_it_cannot_take_is_logged_and_left_for_another_node(app: App) -> None:

@@ -4,13 +4,16 @@ node stops, no shard is served by two live nodes, and the items are rewritten.""
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 from structlog.testing import capture_logs
 
 from shardq import App
 from shardq.core.fleet_rules import timing
+from shardq.ops.fleet_view import fleet_view, read_fleet
 from shardq.store import SqliteStore
+from shardq.store.base import MAX_VALUE_BYTES
 from shardq.store.dynamo import DynamoStore
 from tests.test_fleet import ALL, LEASE, Clock, balanced_pair, keys, owners, stepped
 from tests.test_fleet import app as app
@@ -190,3 +193,31 @@ def test_a_dead_nodes_heartbeat_whose_version_cannot_be_read_frees_its_shards_af
     clock.now += 2.0
     a.step(), a.step()
     assert a.held() == sorted(ALL)
+
+
+BIG = "1" + "0" * 400  # a JSON integer too large for a float
+FOREIGN = {
+    "huge-number": '{"node":"x","started":' + BIG + ',"lags":{"Ledgered:0":' + BIG + "}}",
+    "nan": '{"node":"x","at":NaN,"lags":{"Ledgered:0":Infinity}}',
+    "near-the-size-limit": '{"node":"x","pad":"' + "x" * (MAX_VALUE_BYTES - 24) + '"}',
+}
+
+
+@pytest.mark.parametrize("text", FOREIGN.values(), ids=FOREIGN)
+def test_a_heartbeat_shardq_cannot_write_back_is_read_and_marked_gone(app: App, text: str) -> None:
+    # given a heartbeat of node x as a newer version or a hand edit may write it: numbers
+    # no float holds, NaN, a value that a mark of "gone" would take over the size limit
+    app.store.put("node/x", {"node": "x"}, version=None)
+    damage(app, "node/x", text)
+    # when a node steps until x's counter stood still past the expiry
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    for _ in range(int(timing(LEASE)[1]) + 3):
+        a.step()
+        clock.now += 1.0
+    # then it never stopped: x was marked gone and a serves every shard; the views read x
+    item = app.store.get("node/x")
+    assert item is not None and item.value["gone"] == "lease expired"
+    assert a.held() == sorted(ALL)
+    view = fleet_view(read_fleet(app.store), time.time(), {"Ledgered": 6})
+    assert [g.report.node for g in view.gone] == ["x"] and not view.unserved

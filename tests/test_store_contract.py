@@ -361,3 +361,27 @@ def test_a_put_retried_after_its_write_landed_is_not_a_conflict(sqs_emulator: Em
     with pytest.raises(StoreConflict, match="expected at version 1 but is at version 2"):
         store.put("shard/W@0:0", {"owner": "c"}, version=1)
     store.close()
+
+
+@pytest.mark.sqs
+def test_a_dynamodb_query_all_of_one_full_page_is_one_request(sqs_emulator: Emulator) -> None:
+    """Given exactly one page of items under a prefix (1,000 shards' owners, say), when
+    they are all read, then DynamoDB gets one Query: its answer says there is no more."""
+    from shardq.store.dynamo import DynamoStore
+
+    store = DynamoStore(
+        f"t{uuid.uuid4().hex[:12]}-shardq-state",
+        region="us-east-1",
+        endpoint_url=sqs_emulator.endpoint_url,
+    )
+    store.ensure_table()
+    with ThreadPoolExecutor(8) as writers:
+        keys = [f"shard/W:{n:04d}" for n in range(MAX_QUERY_ITEMS)]
+        list(writers.map(lambda key: store.put(key, {"owner": "a"}, version=None), keys))
+    queries: list[object] = []
+    store.client.meta.events.register(
+        "before-call.dynamodb.Query", lambda **call: queries.append(call)
+    )
+    assert [i.key for i in store.query_all("shard/")] == keys
+    assert len(queries) == 1
+    store.close()

@@ -3,7 +3,9 @@ the node every beat, read tolerantly (another version may have written it) by al
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +40,8 @@ class Heartbeat:
     slots_in_use: int | None = None  # execution slots busy, out of ``concurrency``
     gone: str = ""
     gone_at: float = 0.0  # by the clock of the node that marked it
+    #: The app's queue_prefix: apps sharing a store keep apart fleets (None: not said).
+    prefix: str | None = None
 
     @property
     def max_lag(self) -> float:
@@ -62,10 +66,11 @@ class Heartbeat:
             host=str(v.get("host", "")),
             mode=str(v.get("mode", ELASTIC)),
             held=tuple(str(k) for k in held),
-            lags={str(k): float(x) for k, x in raw.items() if isinstance(x, (int, float))},
+            lags={str(k): x for k, n in raw.items() if (x := _number(n)) is not None},
             by_worker=_worker_counts(v.get("by_worker")),
             version=str(v.get("version", "")),
             gone=str(v.get("gone") or ""),
+            prefix=v["prefix"] if isinstance(v.get("prefix"), str) else None,
             **numbers,
         )
 
@@ -90,5 +95,14 @@ def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _number(value: Any) -> float | None:
+    """A finite number as a float; None for anything else (NaN, an int too large for a float)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        with suppress(OverflowError):
+            if math.isfinite(number := float(value)):
+                return number
+    return None
+
+
 def _float(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    return _number(value) or 0.0

@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -32,6 +33,7 @@ from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
 from shardq.store import Item, Store, StoreConflict, StoreError
+from shardq.store.base import encode
 from shardq.store.deployment import live_shards
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class Fleet:
         self.store: Store = node.app.store
         self.id = node_id or node.id
         self.elastic = elastic
+        self.prefix = node.app.config.queue_prefix  # of the heartbeats of its fleet
         self.clock = clock = node.clock if clock is None else clock
         self.wall = node.wall
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
@@ -84,6 +87,8 @@ class Fleet:
         self._beat(self.clock())
         log.info("fleet.joined", node=self.id, mode=ELASTIC if self.elastic else STATIC)
         self._thread = self.node.threads.start("shardq-fleet", "the fleet membership", self._loop)
+        if self.elastic:  # on time even while a store call holds the fleet's thread
+            self.node.threads.start("shardq-fence", "the fleet's lease watch", self._watch)
 
     def leave(self) -> None:
         """After the node's shutdown sweep: free every shard, delete the heartbeat."""
@@ -107,6 +112,19 @@ class Fleet:
             self.step()
             self._stop.wait(ROUND_SECONDS if self.elastic else self.beat_seconds)
 
+    def _watch(self) -> None:
+        while not self._stop.wait(ROUND_SECONDS / 4):
+            self._fence_if_late()
+
+    def _fence_if_late(self) -> bool:
+        """Stop serving every shard once others may take them soon, until a beat."""
+        if self.node.stopping.is_set():
+            return False
+        late = self.clock() - self._beat_ok > self.expire_seconds - ROUND_SECONDS
+        if late:
+            self._fence()
+        return late
+
     def step(self) -> None:
         now = self.clock()
         if now >= self._next_beat:
@@ -117,13 +135,13 @@ class Fleet:
                 self._next_beat = now + ROUND_SECONDS
         if not self.elastic or self.node.stopping.is_set():
             return  # a stopping node beats on (its shards are not free) until it leaves
-        if now - self._beat_ok > self.expire_seconds - ROUND_SECONDS:
-            self._fence()  # others may take its shards soon: serve nothing until a beat
+        if self._fence_if_late():  # on the clock now: the beat may have taken long
             return
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
             items = self.store.query_all(NODE_PREFIX, keep_damaged=True)
+            items = [i for i in items if i.value.get("prefix", self.prefix) == self.prefix]
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
@@ -146,7 +164,7 @@ class Fleet:
         self._damaged = damaged
 
     def _beat(self, now: float) -> None:
-        key, report = NODE_PREFIX + self.id, self.report().to_value()
+        key, report = NODE_PREFIX + self.id, _fit(self.report().to_value())
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
@@ -266,6 +284,8 @@ class Fleet:
         """Serve ``key``, owned here at ``version``; free it if the node cannot."""
         with self._lock:
             self._owned[key] = version
+        if self._fence_if_late():  # its snapshot may be older than another node's takeover
+            return
         try:
             self.node.add_shard(self._ref(key))
         except (ShardqError, ValueError) as exc:
@@ -301,6 +321,10 @@ class Fleet:
 
     def _mark_gone(self, item: Item) -> None:
         value = marked_gone(item.value, "lease expired", self.wall(), self.id)
+        try:
+            encode(value)
+        except ValueError:  # a value it cannot write back (a NaN, near the size limit)
+            value = marked_gone({}, "lease expired", self.wall(), self.id)
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
@@ -339,6 +363,7 @@ class Fleet:
             expire=self.expire_seconds,
             concurrency=node.slots.concurrency,
             slots_in_use=node.slots.in_use(),
+            prefix=self.prefix,
         )
 
     def _ref(self, key: str) -> ShardRef:
@@ -356,3 +381,14 @@ class Fleet:
             log.warning("fleet.store_failed", error=str(exc))
             return False
         return True
+
+
+def _fit(report: dict[str, Any]) -> dict[str, Any]:
+    """The report within the store's size limit: without its lags, then its shards, if
+    they take it over (a node holding thousands of shards of long worker names)."""
+    for drop in ("", "lags", "held"):
+        report = {**report, drop: type(report[drop])()} if drop else report
+        with suppress(ValueError):
+            encode(report)
+            break
+    return report

@@ -133,10 +133,17 @@ def read_fleet(store: Store) -> FleetItems:
     return FleetItems(tuple(store.query_all("node/", keep_damaged=True)), tuple(owners))
 
 
-def fleet_view(items: FleetItems, now: float, shards: Mapping[str, int] | None = None) -> FleetView:
+def fleet_view(
+    items: FleetItems,
+    now: float,
+    shards: Mapping[str, int] | None = None,
+    prefix: str | None = None,
+) -> FleetView:
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
-    layout) adds the shards no live node serves."""
-    nodes = [i for i in items.nodes if not i.damaged]
+    layout) adds the shards no live node serves; with ``prefix``, the heartbeats of
+    another app's fleet (another queue_prefix, sharing the store) are left out."""
+    ours = (i for i in items.nodes if prefix is None or i.value.get("prefix", prefix) == prefix)
+    nodes = [i for i in ours if not i.damaged]
     reports = [Heartbeat.from_value(i.key.partition("/")[2], i.value) for i in nodes]
     judged = any(  # a live elastic node marks the others gone: trust its marks
         r.mode == ELASTIC and not r.gone and now - r.at <= stale_after(r) for r in reports
@@ -180,9 +187,10 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
 
 
 def _node_json(report: Heartbeat, **extra: Any) -> dict[str, Any]:
-    """The report with ``at`` as ``seen``, without its lags and lease time
+    """The report with ``at`` as ``seen``, without its lags, lease time and prefix
     (``concurrency`` and ``slots_in_use`` only when it has them), with ``extra`` fields."""
-    data = {k: v for k, v in report.to_value().items() if k not in ("at", "lags", "expire")}
+    left_out = ("at", "lags", "expire", "prefix")
+    data = {k: v for k, v in report.to_value().items() if k not in left_out}
     data.update(
         seen=report.at,
         shards=len(set(report.held)),

@@ -209,7 +209,8 @@ def _shard_stats(
 def current_fleet(app: App, now: float) -> FleetView:
     """The fleet at ``now`` from a fresh read of the store, with the live layouts' shards
     no live node serves."""
-    return fleet_view(read_fleet(app.store), now, live_shards(app))
+    prefix = app.config.queue_prefix
+    return fleet_view(read_fleet(app.store), now, live_shards(app), prefix)
 
 
 def backlog(app: App, keys: Iterable[str]) -> dict[str, int]:

@@ -135,8 +135,17 @@ class DynamoStore(Store):
         limit: int = base.MAX_QUERY_ITEMS,
         keep_damaged: bool = False,
     ) -> list[Item]:
-        space = base.namespace(prefix)[0]
         limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
+        return self._query(prefix, start_after, limit, keep_damaged)
+
+    def query_all(self, prefix: str, *, keep_damaged: bool = False) -> list[Item]:
+        """Every page DynamoDB returns (1 MB each), and no query more after a full one."""
+        return self._query(prefix, None, None, keep_damaged)
+
+    def _query(
+        self, prefix: str, start_after: str | None, limit: int | None, keep_damaged: bool
+    ) -> list[Item]:
+        space = base.namespace(prefix)[0]
         args: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": "ns = :ns AND begins_with(#k, :prefix)",
@@ -149,9 +158,11 @@ class DynamoStore(Store):
                 return []  # past every key under the prefix
             args["ExclusiveStartKey"] = _key(start_after)
         items: list[Item] = []
-        while len(items) < limit:
+        while limit is None or len(items) < limit:
             with self._call("Query"):
-                page = self.client.query(**args, Limit=limit - len(items))
+                page = self.client.query(
+                    **args, **({} if limit is None else {"Limit": limit - len(items)})
+                )
             items += [_item(found, keep_damaged) for found in page.get("Items", [])]
             if "LastEvaluatedKey" not in page:
                 break
