@@ -27,7 +27,7 @@ def damage(app: App, key: str, text: str, bump: int = 0) -> None:
     store = app.store
     if isinstance(store, SqliteStore):
         with sqlite3.connect(store.path) as db:
-            update = "UPDATE shardq_state SET value = ?, version = version + ? WHERE key = ?"
+            update = f'UPDATE "{store.table}" SET value = ?, version = version + ? WHERE key = ?'
             db.execute(update, (text, bump, key))
     else:
         assert isinstance(store, DynamoStore)
@@ -126,7 +126,7 @@ def damage_version(app: App, key: str, version: str | None) -> None:
     store = app.store
     if isinstance(store, SqliteStore):
         with sqlite3.connect(store.path) as db:
-            sql = "UPDATE shardq_state SET version = ? WHERE key = ?"
+            sql = f'UPDATE "{store.table}" SET version = ? WHERE key = ?'
             db.execute(sql, ("" if version is None else version, key))  # the column is NOT NULL
     else:
         assert isinstance(store, DynamoStore)

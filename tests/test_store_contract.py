@@ -4,6 +4,7 @@ file and DynamoDB (on the ministack process)."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -254,6 +255,54 @@ def test_sqlite_store_shares_the_broker_file(tmp_path: Path) -> None:
     found = store_for(Config(), again).get("layout/W")
     assert found is not None and found.value == {"generation": 1}
     again.close()
+
+
+def test_apps_of_different_prefixes_on_one_broker_file_keep_apart_states(tmp_path: Path) -> None:
+    # given two apps on one embedded file, "dev-" and "test-", with the same worker names
+    path = str(tmp_path / "broker.db")
+    dev, test = (SqliteBroker(path), SqliteBroker(path))
+    dev_store = store_for(Config(queue_prefix="dev-"), dev)
+    test_store = store_for(Config(queue_prefix="test-"), test)
+    # when one writes its layout and a dead job of worker W
+    dev_store.put("layout/W", {"generation": 1}, version=None)
+    dev_store.put("morgue/W/e/1", {"body": "{}"}, version=None)
+    # then the other (and an app of the default prefix) sees neither
+    default_store = store_for(Config(), SqliteBroker(path))
+    for other in (test_store, default_store):
+        assert other.get("layout/W") is None and other.query_all("morgue/") == []
+    # and the file is still a shardq file with its tables (no ?allow_other_tables needed)
+    SqliteBroker(path).close()
+    with pytest.raises(ValueError, match="queue_prefix 'a b'"):
+        SqliteStore(path, "a b")
+
+
+@pytest.mark.parametrize("others", [False, True])
+def test_a_file_of_an_earlier_version_keeps_its_state_for_an_app_of_another_prefix(
+    tmp_path: Path, others: bool
+) -> None:
+    # given a file of an earlier version: the state of its app "dev-" in shardq_state, and
+    # (or not) queues of another app in it
+    path = str(tmp_path / "broker.db")
+    broker = SqliteBroker(path)
+    broker.ensure_queue("dev-W-0.fifo")
+    if others:
+        broker.ensure_queue("W-0.fifo")
+    SqliteStore(path).put("layout/W", {"generation": 1}, version=None)
+    # when the app opens it with this version
+    store = SqliteStore(path, "dev-")
+    # then its state is there
+    found = store.get("layout/W")
+    assert found is not None and (found.value, found.version) == ({"generation": 1}, 1)
+    # and shardq_state is left to the other app as it was, or gone when there is none
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert ("shardq_state" in tables) is others and "dev-shardq_state" in tables
+    if others:
+        assert SqliteStore(path).get("layout/W") == found
+    # and it is taken over once: a write of the app is not undone by opening it again
+    store.put("layout/W", {"generation": 2}, version=1)
+    again = SqliteStore(path, "dev-").get("layout/W")
+    assert again is not None and again.value == {"generation": 2}
 
 
 def test_aws_clients_without_a_region_say_where_to_set_one(

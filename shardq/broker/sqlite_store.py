@@ -22,6 +22,9 @@ SHARDQ_TABLES = {
     "dedup": {"queue", "dedup_id", "message_id", "expires_at"},
     "shardq_state": {"key", "value", "version"},
 }
+#: The state store's table (:mod:`shardq.store.sqlite`) of the app with the default
+#: queue_prefix; an app of another prefix has ``{queue_prefix}shardq_state``.
+STATE_TABLE = "shardq_state"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -146,10 +149,11 @@ def use_wal(db: sqlite3.Connection, path: str) -> None:
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
     tables = _tables(db)
-    others = sorted(t for t in tables - SHARDQ_TABLES.keys() if not is_bucket_table(t))
-    for name in tables & SHARDQ_TABLES.keys():
-        columns = {row[1] for row in db.execute(f"PRAGMA table_info({name})")}
-        if not SHARDQ_TABLES[name] <= columns:
+    states = {t for t in tables if t.endswith(STATE_TABLE)}  # {queue_prefix}shardq_state
+    others = sorted(t for t in tables - SHARDQ_TABLES.keys() - states if not is_bucket_table(t))
+    for name in tables & (SHARDQ_TABLES.keys() | states):
+        columns = {row[1] for row in db.execute(f'PRAGMA table_info("{name}")')}
+        if not SHARDQ_TABLES.get(name, SHARDQ_TABLES[STATE_TABLE]) <= columns:
             raise BrokerError(
                 f"{path} is not a shardq broker file: its table {name!r} is another "
                 "application's. Point broker_url at a file of its own (e.g. sqlite:///shardq.db)"

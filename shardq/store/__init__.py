@@ -51,5 +51,5 @@ def store_for(config: Config, broker: Broker) -> Store:
             read_timeout=timeouts[1],
         )
     if broker.kind == "sqlite" and isinstance(broker, SqliteBroker):
-        return SqliteStore(broker.path)
+        return SqliteStore(broker.path, config.queue_prefix)
     return MemoryStore()

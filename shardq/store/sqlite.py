@@ -1,6 +1,6 @@
-"""The state store as the table ``shardq_state`` of the embedded broker's file, or in
-memory; one connection (set up as the broker's) behind a lock, each write one
-``BEGIN IMMEDIATE``."""
+"""The state store as a table of the embedded broker's file (``{queue_prefix}shardq_state``:
+apps sharing a file keep apart states, as they keep apart queues), or in memory; one
+connection (set up as the broker's) behind a lock, each write one ``BEGIN IMMEDIATE``."""
 
 from __future__ import annotations
 
@@ -11,31 +11,35 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from shardq.broker.sqlite_store import connect, error, transaction, use_wal
+import structlog
+
+from shardq.broker.sqlite_store import STATE_TABLE, connect, error, transaction, use_wal
+from shardq.core.limits import QUEUE_NAME_PATTERN
 from shardq.store import base
 from shardq.store.base import Item, Store, StoreConflict, StoreError
 
-TABLE = "shardq_state"
-_SCHEMA = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL,"
-    " version INTEGER NOT NULL) WITHOUT ROWID"
-)
+log = structlog.get_logger("shardq.store")
 
 
 class SqliteStore(Store):
     kind = "sqlite"
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, queue_prefix: str = "") -> None:
+        if queue_prefix and not QUEUE_NAME_PATTERN.fullmatch(queue_prefix):
+            raise ValueError(f"queue_prefix {queue_prefix!r}: use letters, digits, - and _")
+        self.path, self.table = path, queue_prefix + STATE_TABLE
         self._lock = threading.Lock()
         self._closed = False
         try:
             self._db = connect(path)
             use_wal(self._db, path)
-            self._db.execute(_SCHEMA)
-        except sqlite3.Error as exc:
+            with transaction(self._db, path, "opening the state store", error_type=StoreError):
+                _create(self._db, self.table, queue_prefix)
+        except (sqlite3.Error, StoreError) as exc:
             with suppress(AttributeError):
                 self._db.close()
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(str(error(path, exc, "opening the state store"))) from exc
 
     @contextmanager
@@ -50,19 +54,20 @@ class SqliteStore(Store):
     def get(self, key: str) -> Item | None:
         base.namespace(key)
         with self._tx(f"reading state item {key!r}", write=False) as db:
-            row = db.execute(f"SELECT value, version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
+            sql = f'SELECT value, version FROM "{self.table}" WHERE key = ?'
+            row = db.execute(sql, (key,)).fetchone()
         return None if row is None else base.item(key, row[0], row[1])
 
     def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
         base.namespace(key)
         text = base.encode(value)
         with self._tx(f"writing state item {key!r}", write=True) as db:
-            current = _version(db, key)
+            current = _version(db, self.table, key)
             if current != version:
                 raise StoreConflict(base.conflict(key, version, current))
             new = 1 if current is None else current + 1
             db.execute(
-                f"INSERT OR REPLACE INTO {TABLE} (key, value, version) VALUES (?, ?, ?)",
+                f'INSERT OR REPLACE INTO "{self.table}" (key, value, version) VALUES (?, ?, ?)',
                 (key, text, new),
             )
         return Item(key, json.loads(text), new)
@@ -70,12 +75,12 @@ class SqliteStore(Store):
     def delete(self, key: str, *, version: int | None = None) -> bool:
         base.namespace(key)
         with self._tx(f"deleting state item {key!r}", write=True) as db:
-            current = _version(db, key)
+            current = _version(db, self.table, key)
             if version is not None and current != version:
                 raise StoreConflict(base.conflict(key, version, current))
             if current is None:
                 return False
-            db.execute(f"DELETE FROM {TABLE} WHERE key = ?", (key,))
+            db.execute(f'DELETE FROM "{self.table}" WHERE key = ?', (key,))
         return True
 
     def query(
@@ -88,7 +93,7 @@ class SqliteStore(Store):
     ) -> list[Item]:
         base.namespace(prefix)
         limit = max(0, min(limit, base.MAX_QUERY_ITEMS))
-        sql = f"SELECT key, value, version FROM {TABLE} WHERE key >= ? AND key > ?"
+        sql = f'SELECT key, value, version FROM "{self.table}" WHERE key >= ? AND key > ?'
         args: list[Any] = [prefix, start_after or ""]
         end = _prefix_end(prefix)
         if end is not None:  # a range the primary key's index serves
@@ -113,10 +118,39 @@ class MemoryStore(SqliteStore):
         super().__init__(":memory:")
 
 
-def _version(db: sqlite3.Connection, key: str) -> Any:
+def _version(db: sqlite3.Connection, table: str, key: str) -> Any:
     """The item's version (None: no item); a hand edit's non-int conflicts with every write."""
-    row = db.execute(f"SELECT version FROM {TABLE} WHERE key = ?", (key,)).fetchone()
+    row = db.execute(f'SELECT version FROM "{table}" WHERE key = ?', (key,)).fetchone()
     return None if row is None else row[0]
+
+
+def _create(db: sqlite3.Connection, table: str, queue_prefix: str) -> None:
+    """The app's table, made if missing. Earlier versions kept every app's state in
+    ``shardq_state``: an app of another prefix takes it over when opening a file whose
+    every queue is its own, or a copy of it when other apps' queues are there too."""
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if table in tables:
+        return
+    db.execute(
+        f'CREATE TABLE "{table}" (key TEXT PRIMARY KEY, value TEXT NOT NULL,'
+        " version INTEGER NOT NULL) WITHOUT ROWID"
+    )
+    if STATE_TABLE not in tables or table == STATE_TABLE:
+        return
+    names = db.execute("SELECT name FROM queues").fetchall() if "queues" in tables else []
+    shared = any(not name.startswith(queue_prefix) for (name,) in names)
+    copied = db.execute(f'INSERT INTO "{table}" SELECT key, value, version FROM {STATE_TABLE}')
+    if copied.rowcount and not shared:
+        db.execute(f"DROP TABLE {STATE_TABLE}")
+    if copied.rowcount:
+        log.info(
+            "store.adopted",
+            table=table,
+            items=copied.rowcount,
+            detail=f"the state items of {STATE_TABLE} (kept by earlier versions for every app "
+            "of the file) are this queue_prefix's table now"
+            + (f"; {STATE_TABLE} stays for the file's other apps" if shared else ""),
+        )
 
 
 def _prefix_end(prefix: str) -> str | None:
