@@ -34,7 +34,7 @@ class SqliteStore(Store):
             self._db = connect(path)
             use_wal(self._db, path)
             with transaction(self._db, path, "opening the state store", error_type=StoreError):
-                _create(self._db, self.table, queue_prefix)
+                _create(self._db, self.table)
         except (sqlite3.Error, StoreError) as exc:
             with suppress(AttributeError):
                 self._db.close()
@@ -124,10 +124,10 @@ def _version(db: sqlite3.Connection, table: str, key: str) -> Any:
     return None if row is None else row[0]
 
 
-def _create(db: sqlite3.Connection, table: str, queue_prefix: str) -> None:
+def _create(db: sqlite3.Connection, table: str) -> None:
     """The app's table, made if missing. Earlier versions kept every app's state in
-    ``shardq_state``: an app of another prefix takes it over when opening a file whose
-    every queue is its own, or a copy of it when other apps' queues are there too."""
+    ``shardq_state``: an app of another prefix starts from a copy of it (kept as it was:
+    an app of the default prefix, or of one this prefix starts, may have used it too)."""
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if table in tables:
         return
@@ -135,22 +135,16 @@ def _create(db: sqlite3.Connection, table: str, queue_prefix: str) -> None:
         f'CREATE TABLE "{table}" (key TEXT PRIMARY KEY, value TEXT NOT NULL,'
         " version INTEGER NOT NULL) WITHOUT ROWID"
     )
-    if STATE_TABLE not in tables or table == STATE_TABLE:
-        return
-    names = db.execute("SELECT name FROM queues").fetchall() if "queues" in tables else []
-    shared = any(not name.startswith(queue_prefix) for (name,) in names)
-    copied = db.execute(f'INSERT INTO "{table}" SELECT key, value, version FROM {STATE_TABLE}')
-    if copied.rowcount and not shared:
-        db.execute(f"DROP TABLE {STATE_TABLE}")
-    if copied.rowcount:
-        log.info(
-            "store.adopted",
-            table=table,
-            items=copied.rowcount,
-            detail=f"the state items of {STATE_TABLE} (kept by earlier versions for every app "
-            "of the file) are this queue_prefix's table now"
-            + (f"; {STATE_TABLE} stays for the file's other apps" if shared else ""),
-        )
+    if STATE_TABLE in tables and table != STATE_TABLE:
+        copied = db.execute(f'INSERT INTO "{table}" SELECT key, value, version FROM {STATE_TABLE}')
+        if copied.rowcount:
+            log.info(
+                "store.adopted",
+                table=table,
+                items=copied.rowcount,
+                detail=f"this queue_prefix's state starts from the items of {STATE_TABLE}, "
+                "where earlier versions kept it for every app of the file",
+            )
 
 
 def _prefix_end(prefix: str) -> str | None:
