@@ -258,6 +258,27 @@ def test_ctrl_c_in_a_publish_middleware_interrupts_the_publish(app: shardq.App, 
     assert app.ran == ([("e1", 1)] if when == "after" else [])  # type: ignore[attr-defined]
 
 
+def test_a_keyboard_interrupt_around_a_job_run_in_the_main_thread_does_not_run_it_again(
+    app: shardq.App,
+) -> None:
+    # given a perform middleware that raises KeyboardInterrupt once the job succeeded, and
+    # a drain, which runs jobs in the calling (main) thread
+    class Interrupted(shardq.Middleware):
+        def around_perform(self, call: Callable[[], Any], ctx: shardq.PerformContext) -> None:
+            call()
+            raise KeyboardInterrupt
+
+    app.add_middleware(Interrupted())
+    app.worker("Sync").publish("e1", {"n": 1})
+    # when the job is drained
+    with capture_logs() as logs:
+        result = drain(app)
+    # then it ran once and succeeded; the interrupt is the middleware's logged failure
+    assert app.ran == [("e1", 1)]  # type: ignore[attr-defined]
+    assert len(result.runs) == 1 and not result.morgued
+    assert [e["hook"] for e in logs if e["event"] == "middleware.failed"] == ["around_perform"]
+
+
 def test_a_publish_middleware_that_drops_every_job_publishes_nothing(app: shardq.App) -> None:
     # given a publish middleware that removes every job
     class DropAll(shardq.Middleware):

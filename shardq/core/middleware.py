@@ -106,9 +106,12 @@ class _Call:
         return self.result
 
 
-def _in_main_thread() -> bool:
-    """Where Ctrl-C lands (elsewhere, a KeyboardInterrupt is a middleware's own failure)."""
-    return threading.current_thread() is threading.main_thread()
+def _ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C, which lands in the main thread (elsewhere, or around a
+    job, which must not run again for it, a KeyboardInterrupt is a middleware's failure)."""
+    return (
+        isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+    )
 
 
 def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any) -> T:
@@ -119,8 +122,8 @@ def _guarded(middleware: Middleware, hook: str, inner: Callable[[], T], ctx: Any
     try:
         getattr(middleware, hook)(call, ctx)  # the result is the call's, returned or not
     except BaseException as exc:
-        if exc is call.error or (isinstance(exc, KeyboardInterrupt) and _in_main_thread()):
-            raise  # the job's (or publish's) own failure, or Ctrl-C, passing through
+        if exc is call.error or (hook == "around_publish" and _ctrl_c(exc)):
+            raise  # the job's (or publish's) own failure, or Ctrl-C in a publish, passing through
         log.exception(
             "middleware.failed",
             middleware=name,
