@@ -4,6 +4,7 @@ file and DynamoDB (on the ministack process)."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from shardq.broker import MemoryBroker, SqliteBroker
 from shardq.core.config import Config
-from shardq.core.errors import ConfigError
+from shardq.core.errors import BrokerError, ConfigError
 from shardq.store import (
     MemoryStore,
     SqliteStore,
@@ -300,6 +301,52 @@ def test_a_file_of_an_earlier_version_keeps_its_state_for_each_app_of_another_pr
     for prefix in ("a-b-", ""):
         other = SqliteStore(path, prefix).get("layout/W")
         assert other is not None and other.value == {"generation": 1}
+
+
+def test_an_app_taking_over_an_earlier_files_state_leaves_other_apps_dead_jobs_to_them(
+    tmp_path: Path,
+) -> None:
+    # given a file of an earlier version whose one state table holds a dead job of queue
+    # "a-W-0.fifo" and one, large (its body in pieces), of "b-W-0.fifo"
+    from shardq import morgue
+    from shardq.broker import Message
+
+    path = str(tmp_path / "broker.db")
+    SqliteBroker(path).close()
+    for queue, body in (("a-W-0.fifo", "{}"), ("b-W-0.fifo", "x" * 700_000)):
+        message = Message(queue, f"id-{queue}", "", body, "e", 1, 0.0, "0")
+        record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+        morgue.bury(SqliteStore(path), "W", [record])
+    # when apps "a-" and "b-" open it with this version
+    a, b = SqliteStore(path, "a-"), SqliteStore(path, "b-")
+    # then each has its own dead job only, every piece of it, so one requeues it
+    assert {i.value.get("source_queue") for i in a.query_all("morgue/W/e/")} == {"a-W-0.fifo"}
+    assert {i.value.get("source_queue") for i in b.query_all("morgue/W/e/")} == {"b-W-0.fifo"}
+    assert len(a.query_all("morgue/W/t/")) == len(b.query_all("morgue/W/t/")) == 1
+    assert a.query_all("morgue/W/p/") == [] and len(b.query_all("morgue/W/p/")) >= 1
+    # and the earlier table keeps both, as an app of the default prefix saw them
+    assert len(SqliteStore(path).query_all("morgue/W/e/")) == 2
+
+
+def test_prefixes_that_differ_only_in_case_are_refused_on_one_file(tmp_path: Path) -> None:
+    # given an app "dev-" on an embedded file
+    path = str(tmp_path / "broker.db")
+    SqliteStore(path, "dev-").put("layout/W", {"generation": 1}, version=None)
+    # when an app "Dev-" opens it, then it is refused: SQLite's table names ignore case
+    with pytest.raises(StoreError, match="'Dev-' differs only in case"):
+        SqliteStore(path, "Dev-")
+
+
+def test_only_tables_named_for_a_queue_prefix_are_taken_for_state_tables(tmp_path: Path) -> None:
+    # given a file with another application's table whose name ends in shardq_state
+    path = str(tmp_path / "broker.db")
+    with sqlite3.connect(path) as db:
+        db.execute('CREATE TABLE "billing.shardq_state" (key TEXT, value TEXT, version INT)')
+    # when a broker opens it, then the table is another application's: refused without
+    # the option, shared with it
+    with pytest.raises(BrokerError, match=r"holds other tables \(billing.shardq_state\)"):
+        SqliteBroker(path)
+    SqliteBroker(f"{path}", allow_other_tables=True).close()
 
 
 def test_aws_clients_without_a_region_say_where_to_set_one(

@@ -11,6 +11,7 @@ from contextlib import closing, contextmanager, suppress
 
 from shardq.broker.sqlite_dedup import DedupIds, is_bucket_table
 from shardq.core.errors import BrokerError
+from shardq.core.limits import QUEUE_NAME_PATTERN
 
 #: shardq's tables and the columns each must have (a same-named table of another
 #: application is refused). ``dedup`` is only in files of earlier versions, and only
@@ -149,10 +150,10 @@ def use_wal(db: sqlite3.Connection, path: str) -> None:
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
     tables = _tables(db)
-    states = {t for t in tables if t.endswith(STATE_TABLE)}  # {queue_prefix}shardq_state
+    states = {t for t in tables if is_state_table(t)}
     others = sorted(t for t in tables - SHARDQ_TABLES.keys() - states if not is_bucket_table(t))
     for name in tables & (SHARDQ_TABLES.keys() | states):
-        columns = {row[1] for row in db.execute(f'PRAGMA table_info("{name}")')}
+        columns = {row[0] for row in db.execute("SELECT name FROM pragma_table_info(?)", (name,))}
         if not SHARDQ_TABLES.get(name, SHARDQ_TABLES[STATE_TABLE]) <= columns:
             raise BrokerError(
                 f"{path} is not a shardq broker file: its table {name!r} is another "
@@ -181,6 +182,12 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
         db.execute(_GROUPS_BY_ID)
         if "dedup" in tables:  # made before deduplication buckets
             DedupIds().migrate(db)
+
+
+def is_state_table(name: str) -> bool:
+    """Whether ``name`` is the state table of an app: ``{queue_prefix}shardq_state``."""
+    prefix, ends, rest = name.rpartition(STATE_TABLE)
+    return bool(ends) and not rest and (not prefix or bool(QUEUE_NAME_PATTERN.fullmatch(prefix)))
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:

@@ -34,7 +34,7 @@ class SqliteStore(Store):
             self._db = connect(path)
             use_wal(self._db, path)
             with transaction(self._db, path, "opening the state store", error_type=StoreError):
-                _create(self._db, self.table)
+                _create(self._db, self.table, queue_prefix)
         except (sqlite3.Error, StoreError) as exc:
             with suppress(AttributeError):
                 self._db.close()
@@ -124,27 +124,57 @@ def _version(db: sqlite3.Connection, table: str, key: str) -> Any:
     return None if row is None else row[0]
 
 
-def _create(db: sqlite3.Connection, table: str) -> None:
+def _create(db: sqlite3.Connection, table: str, queue_prefix: str) -> None:
     """The app's table, made if missing. Earlier versions kept every app's state in
     ``shardq_state``: an app of another prefix starts from a copy of it (kept as it was:
-    an app of the default prefix, or of one this prefix starts, may have used it too)."""
+    an app of the default prefix may have used it too), but for the dead jobs of other
+    apps' queues, so that a dead job is requeued by one app only."""
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if table in tables:
         return
+    if clash := [t for t in tables if t.lower() == table.lower()]:  # SQLite ignores case
+        raise StoreError(
+            f"queue_prefix {queue_prefix!r} differs only in case from that of another app of "
+            f"{clash[0]!r}: its state would be the same table; use another queue_prefix"
+        )
     db.execute(
         f'CREATE TABLE "{table}" (key TEXT PRIMARY KEY, value TEXT NOT NULL,'
         " version INTEGER NOT NULL) WITHOUT ROWID"
     )
-    if STATE_TABLE in tables and table != STATE_TABLE:
-        copied = db.execute(f'INSERT INTO "{table}" SELECT key, value, version FROM {STATE_TABLE}')
-        if copied.rowcount:
-            log.info(
-                "store.adopted",
-                table=table,
-                items=copied.rowcount,
-                detail=f"this queue_prefix's state starts from the items of {STATE_TABLE}, "
-                "where earlier versions kept it for every app of the file",
-            )
+    if STATE_TABLE not in tables or table == STATE_TABLE:
+        return
+    rows = db.execute(f"SELECT key, value, version FROM {STATE_TABLE}").fetchall()
+    others = {_dead_job_of(k) for k, v, _ in rows if _foreign(k, v, queue_prefix)}
+    kept = [r for r in rows if _dead_job_of(r[0]) not in others]
+    db.executemany(f'INSERT INTO "{table}" (key, value, version) VALUES (?, ?, ?)', kept)
+    if kept:
+        log.info(
+            "store.adopted",
+            table=table,
+            items=len(kept),
+            detail=f"this queue_prefix's state starts from the items of {STATE_TABLE}, where "
+            "earlier versions kept it for every app of the file (but other apps' dead jobs)",
+        )
+
+
+def _dead_job_of(key: str) -> tuple[str, str] | None:
+    """(worker, death stamp) of a morgue item (``morgue/W/e/ENC/STAMP``,
+    ``morgue/W/t/STAMP/ENC``, ``morgue/W/p/STAMP/K``: :mod:`shardq.morgue.record`)."""
+    parts = key.split("/")
+    if len(parts) != 5 or parts[0] != "morgue" or parts[2] not in ("e", "t", "p"):
+        return None
+    return parts[1], parts[4 if parts[2] == "e" else 3]
+
+
+def _foreign(key: str, value: str, queue_prefix: str) -> bool:
+    """Whether a dead job's record item says it died in a queue of another prefix."""
+    if _dead_job_of(key) is None or key.split("/")[2] != "e":
+        return False
+    try:
+        source = json.loads(value).get("source_queue")
+    except (ValueError, AttributeError):
+        return False  # unreadable: copied, so that no app loses sight of it
+    return isinstance(source, str) and bool(source) and not source.startswith(queue_prefix)
 
 
 def _prefix_end(prefix: str) -> str | None:
