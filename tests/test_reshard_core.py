@@ -533,6 +533,36 @@ def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_that_reads_a_reshard_announced_elsewhere_reads_again_2_s_later(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node (its layout keeper driven here) reading the stable layouts every 10 s
+    config = Config(queue_prefix=moved.config.queue_prefix, layout_refresh_seconds=10)
+    moved.configure(config, broker=moved.broker)
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    keeper = moved.node(moved.plan(threads=1), seed=1, membership="static").layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    reads: list[float] = []
+    refresh = moved.layouts.refresh
+    monkeypatch.setattr(moved.layouts, "refresh", lambda: reads.append(clock()) or refresh())
+    keeper.tick()
+    # when another process announces a reshard of Moved and the next read (10 s on) sees it
+    other = shardq.App(config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 2, "perform": _perform}))
+    reshard.start(other, "Moved", 3, by="test")
+    clock.offset += 10.1
+    keeper.tick()
+    assert len(reads) == 2 and moved.layouts.moving()
+    # then the node reads them again 2 s later (docs: every 2 s while a reshard is in
+    # progress), not 10 s later
+    clock.offset += 2.1
+    keeper.tick()
+    assert len(reads) == 3
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over_it(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

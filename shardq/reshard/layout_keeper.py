@@ -59,14 +59,15 @@ class LayoutKeeper:
         now = layouts.clock()  # the clock the layouts' observations are stamped with
         if now < self._next_read:  # the old shards too are looked at this often
             return
-        busy = layouts.moving()
-        every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
-        self._next_read = now + every
         try:
             layouts.refresh()
         except ShardqError as exc:
             log.warning("layout.read_failed", error=str(exc))
             return
+        finally:  # as read: the read that first sees a reshard is followed 2 s later
+            busy = layouts.moving()
+            every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
+            self._next_read = now + every
         fleet = self.node.fleet
         if fleet is None or not fleet.elastic:
             self._sync_plan()
