@@ -601,6 +601,48 @@ def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_swept_after_slow_failed_relays_is_not_deleted_over_its_job(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job in each of Moved's retired shards 0 and 1 (the move 2 -> 3 ended), and a
+    # node (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    Moved.publish(entity_in(1, 2), {"n": 1})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when one sweep receives both jobs but each relay fails after 12 s of retries (the new
+    # queue unreachable), so shard 1's job was received 12 s into it, and the sweep looks
+    # again 40.5 s after it began, the broker's counts (approximate on SQS) showing nothing
+    second = moved.shard_queue("Moved", 1, 0)
+    counts, send = moved.broker.counts, moved.broker.send_batch
+
+    def refused(queue: str, entries: Any) -> Any:
+        clock.offset += 12.0
+        raise BrokerError("the new queue is unreachable (test)")
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == second else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "send_batch", refused)
+    began = clock()
+    keeper.tick()
+    monkeypatch.setattr(moved.broker, "send_batch", send)
+    clock.offset += began + 40.5 - clock()
+    keeper.tick()
+    # then shard 1's queue is not deleted while the job received there is hidden (30 s
+    # from its receive: until 42 s in)
+    assert counts(second).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0, 1]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     moved: shardq.App,
 ) -> None:

@@ -37,6 +37,7 @@ class LayoutKeeper:
         #: Old shards found empty here: whatever still comes out of them is relayed.
         self.relaying: set[str] = set()
         self._swept: dict[str, float] = {}  # retired queue -> next look (clock)
+        self._unrelayed: dict[str, float] = {}  # retired queue -> until its sweep's jobs hide
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
 
@@ -168,13 +169,15 @@ class LayoutKeeper:
                 queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
                 visibility_timeout=SWEEP_VISIBILITY_SECONDS,
             )  # fmt: skip
-            if messages:  # hidden until relayed: if that fails, look once they are visible
-                self._swept[queue] += SWEEP_VISIBILITY_SECONDS
+            clock = self.app.layouts.clock
+            if messages:  # hidden until relayed (timed from now: the receive has returned)
+                self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
                 relay(self.app, worker, messages)
                 broker.delete_batch(queue, [m.receipt for m in messages])
+                del self._unrelayed[queue]
                 self._swept[queue] = 0.0  # more may wait
                 return False
-            hidden = self.node.leases.hidden(queue)[1]
+            hidden = self.node.leases.hidden(queue)[1] or self._unrelayed.get(queue, 0) > clock()
             return ripe and not hidden and not delete_if_empty(broker, queue)
         except QueueNotFoundError:
             return True  # deleted already: record it
