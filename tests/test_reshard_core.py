@@ -503,6 +503,97 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
     assert [m.group_id for m in node.leases.held()] == [e]
 
 
+def receive_in_flight(
+    node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], None]:
+    """Start a receive of ``ref`` by the node's intake (as its lane does) that takes what
+    the queue holds at once but answers only once the function returned is called."""
+    shard, receive = node.make_shard(ref), node.app.broker.receive
+    took, answer, first = threading.Event(), threading.Event(), [True]
+
+    def slow(queue: str, **kwargs: Any) -> list[Message]:
+        messages = receive(queue, **kwargs)
+        if queue == shard.queue and kwargs["visibility_timeout"] and first:  # not a look's
+            first.clear()
+            took.set()
+            answer.wait(10)
+        return messages
+
+    monkeypatch.setattr(node.app.broker, "receive", slow)
+    lane = threading.Thread(target=node.intake.receive, args=(shard, 0))
+    lane.start()
+    assert took.wait(10)
+
+    def let_go() -> None:
+        answer.set()
+        lane.join(10)
+
+    return let_go
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_whose_last_job_a_receive_in_flight_took_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0 (as a retry this node hid is once visible
+    # again), a reshard to 3 switched, and a node (its layout keeper driven here) past the trust
+    # window on its clock, the broker's counts (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    # when a lane's receive of shard 0, in flight while the keeper looks, took E's job
+    # at the broker, and its answer (holding the job here) comes after that look
+    let_go = receive_in_flight(node, ShardRef("Moved", 0, 0), monkeypatch)
+    keeper.tick()
+    let_go()
+    clock.offset += 2.5
+    keeper.tick()
+    # then shard 0 does not close (E's job would be relayed behind E's later jobs),
+    # while the empty old shard 1 does
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    assert [m.group_id for m in node.leases.held()] == [e]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_nothing(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    # when a lane's receive of shard 0 is in flight at each look (long polls, as on SQS),
+    # the one in flight at the first look ending with nothing before the next look
+    shard0 = ShardRef("Moved", 0, 0)
+    let_go = receive_in_flight(node, shard0, monkeypatch)
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}  # (none in flight there)
+    let_go()
+    let_go = receive_in_flight(node, shard0, monkeypatch)
+    clock.offset += 2.5
+    keeper.tick()
+    let_go()
+    # then shard 0 closes at that next look
+    assert shard0.key in keeper.relaying
+
+
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch

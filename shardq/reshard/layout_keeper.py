@@ -37,6 +37,9 @@ class LayoutKeeper:
         #: Old shards found empty here: whatever still comes out of them is relayed.
         self.relaying: set[str] = set()
         self._swept: dict[str, float] = {}  # retired queue -> next look (clock)
+        # old shard found empty at the last look -> jobs brought, receives in flight then
+        self._found: dict[str, tuple[int, set[int]]] = {}
+        self._looked: dict[str, tuple[int, set[int]]] = {}  # the same, at the look before
         self._unrelayed: dict[str, float] = {}  # retired queue -> until its sweep's jobs hide
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
@@ -74,6 +77,7 @@ class LayoutKeeper:
             self._sync_plan()
         if not layouts.moving():
             return
+        self._looked, self._found = self._found, {}  # one not looked at now starts over
         for worker in self.app.workers:
             try:
                 layout = layouts.switch_if_due(worker)
@@ -121,11 +125,26 @@ class LayoutKeeper:
             if ref.key in self.relaying:
                 if not mine:  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif self._empty(queue):
+            elif self._closable(queue):
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
+
+    def _closable(self, queue: str) -> bool:
+        """Found empty (:meth:`_empty`), and the receives of this node's in flight then (one
+        may have taken jobs that look missed) have ended since, bringing nothing."""
+        receives = self.node.intake.receives
+        found = self._looked.get(queue)
+        if found is None:
+            brought = receives(queue)[0]
+            if not self._empty(queue):
+                return False
+            found = (brought, receives(queue)[1])
+        brought, in_flight = receives(queue)
+        if brought == found[0] and found[1] & in_flight:
+            self._found[queue] = found  # looked at again once they ended
+        return brought == found[0] and not found[1] & in_flight
 
     def _empty(self, queue: str) -> bool:
         """A receive finds nothing, and no job is held or hidden here, before it or after
