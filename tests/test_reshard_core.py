@@ -595,6 +595,30 @@ def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_not
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's two old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    lists, held = [], node.leases.held
+    monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
+    # when the keeper looks at them (and closes both)
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", s, 0).key for s in (0, 1)}
+    # then it listed the jobs held (a copy made under the lock the lanes use) twice: before
+    # the receives and after, not twice for each old shard besides
+    assert len(lists) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
