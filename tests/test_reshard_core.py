@@ -503,6 +503,121 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
     assert [m.group_id for m in node.leases.held()] == [e]
 
 
+def receive_in_flight(
+    node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], None]:
+    """Start a receive of ``ref`` by the node's intake (as its lane does) that takes what
+    the queue holds at once but answers only once the function returned is called."""
+    shard, receive = node.make_shard(ref), node.app.broker.receive
+    took, answer, first = threading.Event(), threading.Event(), [True]
+
+    def slow(queue: str, **kwargs: Any) -> list[Message]:
+        messages = receive(queue, **kwargs)
+        if queue == shard.queue and kwargs["visibility_timeout"] and first:  # not a look's
+            first.clear()
+            took.set()
+            answer.wait(10)
+        return messages
+
+    monkeypatch.setattr(node.app.broker, "receive", slow)
+    lane = threading.Thread(target=node.intake.receive, args=(shard, 0))
+    lane.start()
+    assert took.wait(10)
+
+    def let_go() -> None:
+        answer.set()
+        lane.join(10)
+
+    return let_go
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_whose_last_job_a_receive_in_flight_took_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0 (as a retry this node hid is once visible
+    # again), a reshard to 3 switched, and a node (its layout keeper driven here) past the trust
+    # window on its clock, the broker's counts (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e = entity_in(0, 2)
+    Moved.publish(e, {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    # when a lane's receive of shard 0, in flight while the keeper looks, took E's job
+    # at the broker, and its answer (holding the job here) comes after that look
+    let_go = receive_in_flight(node, ShardRef("Moved", 0, 0), monkeypatch)
+    keeper.tick()
+    let_go()
+    clock.offset += 2.5
+    keeper.tick()
+    # then shard 0 does not close (E's job would be relayed behind E's later jobs),
+    # while the empty old shard 1 does
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    assert [m.group_id for m in node.leases.held()] == [e]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_nothing(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    # when a lane's receive of shard 0 is in flight at each look (long polls, as on SQS),
+    # the one in flight at the first look ending with nothing before the next look
+    shard0 = ShardRef("Moved", 0, 0)
+    let_go = receive_in_flight(node, shard0, monkeypatch)
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}  # (none in flight there)
+    let_go()
+    let_go = receive_in_flight(node, shard0, monkeypatch)
+    clock.offset += 2.5
+    keeper.tick()
+    let_go()
+    # then shard 0 closes at that next look
+    assert shard0.key in keeper.relaying
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's two old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) past the trust window on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    lists, held = [], node.leases.held
+    monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
+    # when the keeper looks at them (and closes both)
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", s, 0).key for s in (0, 1)}
+    # then it listed the jobs held (a copy made under the lock the lanes use) twice: before
+    # the receives and after, not twice for each old shard besides
+    assert len(lists) == 2
+
+
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
@@ -530,6 +645,36 @@ def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     clock.offset += 0.5
     keeper.tick()
     assert asked.count(old) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_that_reads_a_reshard_announced_elsewhere_reads_again_2_s_later(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node (its layout keeper driven here) reading the stable layouts every 10 s
+    config = Config(queue_prefix=moved.config.queue_prefix, layout_refresh_seconds=10)
+    moved.configure(config, broker=moved.broker)
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    keeper = moved.node(moved.plan(threads=1), seed=1, membership="static").layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    reads: list[float] = []
+    refresh = moved.layouts.refresh
+    monkeypatch.setattr(moved.layouts, "refresh", lambda: reads.append(clock()) or refresh())
+    keeper.tick()
+    # when another process announces a reshard of Moved and the next read (10 s on) sees it
+    other = shardq.App(config, broker=moved.broker, store=moved.store)
+    other.register(type("Moved", (shardq.Worker,), {"shards": 2, "perform": _perform}))
+    reshard.start(other, "Moved", 3, by="test")
+    clock.offset += 10.1
+    keeper.tick()
+    assert len(reads) == 2 and moved.layouts.moving()
+    # then the node reads them again 2 s later (docs: every 2 s while a reshard is in
+    # progress), not 10 s later
+    clock.offset += 2.1
+    keeper.tick()
+    assert len(reads) == 3
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
@@ -568,6 +713,48 @@ def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over
     # then the retired queue is not deleted while the job it received is hidden there
     assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
     assert moved.layouts.read("Moved").retired[0].left == [0]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_swept_after_slow_failed_relays_is_not_deleted_over_its_job(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job in each of Moved's retired shards 0 and 1 (the move 2 -> 3 ended), and a
+    # node (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    Moved.publish(entity_in(1, 2), {"n": 1})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when one sweep receives both jobs but each relay fails after 12 s of retries (the new
+    # queue unreachable), so shard 1's job was received 12 s into it, and the sweep looks
+    # again 40.5 s after it began, the broker's counts (approximate on SQS) showing nothing
+    second = moved.shard_queue("Moved", 1, 0)
+    counts, send = moved.broker.counts, moved.broker.send_batch
+
+    def refused(queue: str, entries: Any) -> Any:
+        clock.offset += 12.0
+        raise BrokerError("the new queue is unreachable (test)")
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == second else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "send_batch", refused)
+    began = clock()
+    keeper.tick()
+    monkeypatch.setattr(moved.broker, "send_batch", send)
+    clock.offset += began + 40.5 - clock()
+    keeper.tick()
+    # then shard 1's queue is not deleted while the job received there is hidden (30 s
+    # from its receive: until 42 s in)
+    assert counts(second).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0, 1]
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

@@ -37,6 +37,10 @@ class LayoutKeeper:
         #: Old shards found empty here: whatever still comes out of them is relayed.
         self.relaying: set[str] = set()
         self._swept: dict[str, float] = {}  # retired queue -> next look (clock)
+        # old shard found empty at the last look -> jobs brought, receives in flight then
+        self._found: dict[str, tuple[int, set[int]]] = {}
+        self._looked: dict[str, tuple[int, set[int]]] = {}  # the same, at the look before
+        self._unrelayed: dict[str, float] = {}  # retired queue -> until its sweep's jobs hide
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
 
@@ -59,19 +63,21 @@ class LayoutKeeper:
         now = layouts.clock()  # the clock the layouts' observations are stamped with
         if now < self._next_read:  # the old shards too are looked at this often
             return
-        busy = layouts.moving()
-        every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
-        self._next_read = now + every
         try:
             layouts.refresh()
         except ShardqError as exc:
             log.warning("layout.read_failed", error=str(exc))
             return
+        finally:  # as read: the read that first sees a reshard is followed 2 s later
+            busy = layouts.moving()
+            every = rules.NODE_REFRESH_SECONDS if busy else self.app.config.layout_refresh_seconds
+            self._next_read = now + every
         fleet = self.node.fleet
         if fleet is None or not fleet.elastic:
             self._sync_plan()
         if not layouts.moving():
             return
+        self._looked, self._found = self._found, {}  # one not looked at now starts over
         for worker in self.app.workers:
             try:
                 layout = layouts.switch_if_due(worker)
@@ -109,37 +115,60 @@ class LayoutKeeper:
         seen = self.app.layouts.seen(worker, layout.gen, "switched")
         if seen is None:
             return
-        held = self.node.leases.held()
-        done = []
+        held = {m.queue for m in self.node.leases.held()}
+        done: list[int] = []
+        looked: list[tuple[ShardRef, str, int | None]] = []  # shard, queue, :meth:`_empty`
         for ref in self.node.shard_refs():
             if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
             queue = self.app.shard_queue(worker, ref.shard, ref.gen)
-            mine = any(m.queue == queue for m in held)
             if ref.key in self.relaying:
-                if not mine:  # nothing of it runs here any more: record it
+                if queue not in held:  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif self._empty(queue):
+            elif queue in self._looked:
+                looked.append((ref, queue, None))
+            elif not self._holds(queue, held) and (brought := self._empty(queue)) is not None:
+                looked.append((ref, queue, brought))
+        # again after the receives: one of this node's may have taken a shard's last jobs
+        held = {m.queue for m in self.node.leases.held()}
+        for ref, queue, brought in looked:
+            if self._closable(queue, brought, held):
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
 
-    def _empty(self, queue: str) -> bool:
-        """A receive finds nothing, and no job is held or hidden here, before it or after
-        (a receive of this node's may have taken the last jobs meanwhile)."""
-        if self._holds(queue):
-            return False
+    def _empty(self, queue: str) -> int | None:
+        """A receive finds ``queue`` empty: how many jobs this node's receives of it had
+        brought before (:meth:`Intake.receives`); None if it is not found empty."""
+        brought = self.node.intake.receives(queue)[0]
         try:
             found = holding(self.app.broker, queue)
         except BrokerError as exc:
             self.node.broker_trouble("counts", queue, exc)
-            return False
-        return not found and not self._holds(queue)
+            return None
+        return None if found else brought
 
-    def _holds(self, queue: str) -> bool:
-        leases = self.node.leases
-        return leases.hidden(queue)[1] > 0 or any(m.queue == queue for m in leases.held())
+    def _closable(self, queue: str, brought: int | None, held: set[str]) -> bool:
+        """Found empty now (``brought``: :meth:`_empty`) with no job held (``held``: their
+        queues, after the receive) or hidden here, or at the last look (None); and the
+        receives of this node's in flight then (one may have taken jobs that look missed)
+        have ended since, bringing nothing."""
+        receives = self.node.intake.receives
+        if brought is None:
+            found = self._looked[queue]
+        elif self._holds(queue, held):
+            return False
+        else:
+            found = (brought, receives(queue)[1])
+        brought, in_flight = receives(queue)
+        if brought == found[0] and found[1] & in_flight:
+            self._found[queue] = found  # looked at again once they ended
+        return brought == found[0] and not found[1] & in_flight
+
+    def _holds(self, queue: str, held: set[str]) -> bool:
+        """A job of ``queue`` is held here (``held``: their queues) or hidden for a retry."""
+        return queue in held or self.node.leases.hidden(queue)[1] > 0
 
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
@@ -167,13 +196,15 @@ class LayoutKeeper:
                 queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
                 visibility_timeout=SWEEP_VISIBILITY_SECONDS,
             )  # fmt: skip
-            if messages:  # hidden until relayed: if that fails, look once they are visible
-                self._swept[queue] += SWEEP_VISIBILITY_SECONDS
+            clock = self.app.layouts.clock
+            if messages:  # hidden until relayed (timed from now: the receive has returned)
+                self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
                 relay(self.app, worker, messages)
                 broker.delete_batch(queue, [m.receipt for m in messages])
+                del self._unrelayed[queue]
                 self._swept[queue] = 0.0  # more may wait
                 return False
-            hidden = self.node.leases.hidden(queue)[1]
+            hidden = self.node.leases.hidden(queue)[1] or self._unrelayed.get(queue, 0) > clock()
             return ripe and not hidden and not delete_if_empty(broker, queue)
         except QueueNotFoundError:
             return True  # deleted already: record it

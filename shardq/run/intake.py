@@ -5,6 +5,7 @@ retention, run or not).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -105,7 +106,9 @@ class Intake:
         #: A part of the node died for an unexpected reason: stop with exit code 1.
         self.fail = fail
         self._broker_error, self._clock = broker_error, clock
-        self._receiving: dict[str, int] = {}  # queue -> receives in flight
+        self._receiving: dict[str, set[int]] = {}  # queue -> receives in flight (numbered)
+        self._brought: dict[str, int] = {}  # queue -> jobs its receives brought so far
+        self._numbers = itertools.count()
         #: queue -> (seconds, until, whether the file failed: not the queue's own failure)
         self._backoff: dict[str, tuple[float, float, bool]] = {}
         self._one_file = one_file  # the embedded broker: a receive that works proves them all
@@ -120,9 +123,9 @@ class Intake:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
         or if shutdown began: then no receive starts (a long poll on SQS cannot be cut
         short), and what one in flight brings is released (:meth:`release_straggler`)."""
-        queue = shard.queue
+        queue, number, messages = shard.queue, next(self._numbers), None
         with self._received:
-            self._receiving[queue] = self._receiving.get(queue, 0) + 1
+            self._receiving.setdefault(queue, set()).add(number)
         try:
             if self.stopping.is_set():  # checked once counted, so quiet() waits for it
                 return None
@@ -153,8 +156,15 @@ class Intake:
             return None
         finally:
             with self._received:
-                self._receiving[queue] -= 1
+                self._receiving[queue].discard(number)
+                self._brought[queue] = self._brought.get(queue, 0) + len(messages or ())
                 self._received.notify_all()
+
+    def receives(self, queue: str) -> tuple[int, set[int]]:
+        """How many jobs the receives of ``queue`` brought so far, and the receives of
+        ``queue`` in flight (numbers, each receive its own); they are held once counted."""
+        with self._received:
+            return self._brought.get(queue, 0), set(self._receiving.get(queue, ()))
 
     def _end_backoffs(self, queue: str) -> None:
         """A receive of ``queue`` worked: its wait ends, and on the embedded broker the
