@@ -14,7 +14,7 @@ from shardq import App, Worker
 from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
-from shardq.core.plan import Plan
+from shardq.core.plan import Plan, ShardRef
 from shardq.fleet import Fleet
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.fleet_view import fleet_view, read_fleet
@@ -451,3 +451,31 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(
         gate.set()
         node.stop()
         runner.join(30)
+
+
+def test_a_fence_during_a_take_leaves_no_shard_served_that_the_node_does_not_hold(
+    app: App,
+) -> None:
+    # given a node whose first take makes its shard's queue while the lease watch finds
+    # the node late (its heartbeat stood still too long) and fences it
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    add = a.node.add_shard
+
+    def fenced_meanwhile(ref: ShardRef) -> None:
+        if not a.node.shard_refs():  # the watch thread, during the broker call
+            clock.now += timing(LEASE)[1]
+            a._fence_if_late()
+        add(ref)
+
+    a.node.add_shard = fenced_meanwhile  # type: ignore[method-assign]
+    # when the node takes its shards in that round
+    a.step()
+    # then it serves no shard it does not hold (none: it is fenced until it beats)
+    assert keys(a.node) <= set(a.held()) and keys(a.node) == set()
+    # and a later fence drops whatever it serves, held or not
+    a.node.add_shard = add  # type: ignore[method-assign]
+    add(a._ref("Ledgered:1"))
+    a._fence()
+    assert keys(a.node) == set()

@@ -301,6 +301,11 @@ class Fleet:
                 self._refused[key] = now
             self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
             return
+        with self._lock:
+            fenced = key not in self._owned  # by the lease watch during the broker call
+        if fenced:
+            self.node.drop_shard(self._ref(key))
+            return
         log.info("fleet.took", shard=key)
 
     def _settle_drains(self) -> None:
@@ -313,10 +318,11 @@ class Fleet:
                 log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
-        """Stop serving every shard: others may take them now."""
+        """Stop serving every shard (an elastic node's, held or not): others may take them now."""
         with self._lock:
             owned, self._owned = list(self._owned), {}
-        for key in owned:
+        served = [ref.key for ref in self.node.shard_refs()] if self.elastic else []
+        for key in {*owned, *served}:
             self.node.drop_shard(self._ref(key))
 
     def _mark_gone(self, item: Item) -> None:
