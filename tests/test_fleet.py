@@ -479,3 +479,21 @@ def test_a_fence_during_a_take_leaves_no_shard_served_that_the_node_does_not_hol
     add(a._ref("Ledgered:1"))
     a._fence()
     assert keys(a.node) == set()
+
+
+def test_a_node_fenced_during_a_round_claims_no_more_shards_in_it(app: App) -> None:
+    # given a node whose first take finds it late: its lease watch fences it then
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    add = a.node.add_shard
+
+    def late(ref: ShardRef) -> None:
+        clock.now += timing(LEASE)[1]
+        add(ref)
+
+    a.node.add_shard = late  # type: ignore[method-assign]
+    # when it goes on with the round
+    a.step()
+    # then the store names it owner of no shard but the one it claimed before
+    assert len(owners(app)) == 1 and keys(a.node) == set()

@@ -233,6 +233,8 @@ class Fleet:
             self._take(key, owners[key].version, now)
         # a node whose own heartbeat is unreadable takes nothing new until it beats
         for key, claim in ({} if self.id in unknown else moves.claim).items():
+            if self._fence_if_late():  # fenced meanwhile: it would not serve what it claims
+                break
             try:
                 item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
             except StoreError:
