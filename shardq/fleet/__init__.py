@@ -127,12 +127,7 @@ class Fleet:
 
     def step(self) -> None:
         now = self.clock()
-        if now >= self._next_beat:
-            try:
-                self._beat(now)
-            except StoreError as exc:
-                log.warning("fleet.heartbeat_failed", error=str(exc))
-                self._next_beat = now + ROUND_SECONDS
+        self._beat_when_due(now)
         if not self.elastic or self.node.stopping.is_set():
             return  # a stopping node beats on (its shards are not free) until it leaves
         if self._fence_if_late():  # on the clock now: the beat may have taken long
@@ -147,6 +142,14 @@ class Fleet:
             return
         self._report_damaged([*owned, *items])
         self._act(now, owned, items)
+
+    def _beat_when_due(self, now: float) -> None:
+        if now >= self._next_beat:
+            try:
+                self._beat(now)
+            except StoreError as exc:
+                log.warning("fleet.heartbeat_failed", error=str(exc))
+                self._next_beat = now + ROUND_SECONDS
 
     def _report_damaged(self, items: list[Item]) -> None:
         """Log each damaged item once (again if it changes): nodes rewrite it (``_act``)."""
@@ -230,9 +233,11 @@ class Fleet:
         for key, version in moves.purge.items():
             self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
+            self._beat_when_due(self.clock())  # a long round of takes (queues made) beats on
             self._take(key, owners[key].version, now)
         # a node whose own heartbeat is unreadable takes nothing new until it beats
         for key, claim in ({} if self.id in unknown else moves.claim).items():
+            self._beat_when_due(self.clock())
             if self._fence_if_late():  # fenced meanwhile: it would not serve what it claims
                 break
             try:
