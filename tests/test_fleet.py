@@ -527,3 +527,34 @@ def test_a_long_round_of_takes_beats_on_and_serves_every_shard(app: App) -> None
     a.step()
     # then it beat meanwhile and serves every shard at the end of it
     assert keys(a.node) == ALL and a.held() == sorted(ALL)
+
+
+def test_apps_sharing_a_table_and_a_worker_name_say_so_and_do_not_fight(app: App) -> None:
+    # given a second app with another queue_prefix on the same state store (one
+    # DynamoDB table named by both store_urls, say) and a worker of the same name
+    config = Config(queue_prefix="o" + app.config.queue_prefix, lease_seconds=LEASE)
+    other = App(config, broker=app.broker, store=app.store)
+    other.register(type("Ledgered", (Worker,), {"shards": 6, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    node = other.node(Plan(0, 0, ()), threads=2, membership=None)
+    b = Fleet(node, elastic=True, node_id="b", clock=clock)
+    # when a node of each steps for a while
+    writes, put = [], app.store.put
+    with capture_logs() as logs:
+        a.step(), b.step()  # a takes every shard; b finds a live
+        app.store.put = lambda key, *x, **k: (writes.append(key), put(key, *x, **k))[1]  # type: ignore[method-assign]
+        try:
+            for _ in range(10):
+                a.step(), b.step()
+                clock.now += 1.0
+        finally:
+            app.store.put = put  # type: ignore[method-assign]
+    # then each said once that another app uses its store, and neither took a shard
+    # from the other
+    shared = [(e["prefix"], e["log_level"]) for e in logs if e["event"] == "fleet.store_shared"]
+    assert sorted(shared) == sorted(
+        [(app.config.queue_prefix, "error"), (config.queue_prefix, "error")]
+    )
+    assert not [k for k in writes if k.startswith("shard/")]
+    assert a.held() == sorted(ALL) and b.held() == []

@@ -71,6 +71,8 @@ class Fleet:
         self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
+        self._seen_foreign: dict[str, tuple[int, float]] = {}  # of other apps' nodes
+        self._foreign_logged: set[str] = set()  # their prefixes
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
@@ -135,13 +137,34 @@ class Fleet:
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
-            items = self.store.query_all(NODE_PREFIX, keep_damaged=True)
-            items = [i for i in items if i.value.get("prefix", self.prefix) == self.prefix]
+            beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
+        items: list[Item] = []
+        foreign: list[Item] = []
+        for i in beats:
+            (items if i.value.get("prefix", self.prefix) == self.prefix else foreign).append(i)
         self._report_damaged([*owned, *items])
-        self._act(now, owned, items)
+        self._act(now, owned, items, self._foreign(now, foreign))
+
+    def _foreign(self, now: float, items: list[Item]) -> set[str]:
+        """The live nodes of other apps sharing this store (not supported: logged once)."""
+        names = {i.key[len(NODE_PREFIX) :]: i for i in items}
+        beats = {n: Beat(n, i.version, gone=str(i.value.get("gone", ""))) for n, i in names.items()}
+        self._seen_foreign = observe(self._seen_foreign, beats, now)
+        live = live_nodes(beats, self._seen_foreign, now, self.expire_seconds)
+        for prefix in sorted({str(names[n].value.get("prefix")) for n in live}):
+            if prefix not in self._foreign_logged:
+                self._foreign_logged.add(prefix)
+                log.error(
+                    "fleet.store_shared",
+                    prefix=prefix,
+                    detail="another app's nodes use this state store: not supported; give "
+                    "each app its own table (the default name is per queue_prefix); shards "
+                    "their node owns are left alone",
+                )
+        return live
 
     def _beat_when_due(self, now: float) -> None:
         if now >= self._next_beat:
@@ -192,7 +215,9 @@ class Fleet:
         self._beat_ok = now
         self._next_beat = now + self.beat_seconds
 
-    def _act(self, now: float, owned: list[Item], items: list[Item]) -> None:
+    def _act(
+        self, now: float, owned: list[Item], items: list[Item], foreign: set[str] = frozenset()
+    ) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
         # an unreadable heartbeat reads as an empty report and expires as a still one does
@@ -208,7 +233,7 @@ class Fleet:
         live -= unknown
         held = {n: set(r.held) for n, r in reports.items()} | {self.id: set(self.held())}
         owners, left = self._owners(now, owned, held, live)
-        left |= {key for key, owner in owners.items() if owner.node in unknown}
+        left |= {key for key, owner in owners.items() if owner.node in unknown | foreign}
         for node in dead:
             if node != self.id:
                 self._mark_gone(by_key[node])
