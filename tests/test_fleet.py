@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +16,11 @@ from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import Plan, ShardRef
-from shardq.fleet import Fleet
+from shardq.fleet import Fleet, _fit
 from shardq.ops.ensure import ensure_state_table
-from shardq.ops.fleet_view import fleet_view, read_fleet
+from shardq.ops.fleet_view import fleet_view, nodes_text, read_fleet
 from shardq.run.node import Node
-from shardq.store import StoreError
+from shardq.store import Item, MemoryStore, StoreError
 from tests.apps import ledger
 from tests.clocks import Skipping
 from tests.conftest import make_broker
@@ -558,3 +559,55 @@ def test_apps_sharing_a_table_and_a_worker_name_say_so_and_do_not_fight(app: App
     )
     assert not [k for k in writes if k.startswith("shard/")]
     assert a.held() == sorted(ALL) and b.held() == []
+
+
+@pytest.mark.parametrize("shards", [5000, 10000])
+def test_a_report_over_the_size_limit_shows_an_unknown_lag_and_every_shard(shards: int) -> None:
+    # given a node holding thousands of shards of a long worker name, whose report goes
+    # without its lags (5,000 shards), or without its shards too (10,000)
+    store, now = MemoryStore(), time.time()
+    held = tuple(f"InvoiceReconciliationWorkerNumber0:{n}" for n in range(shards))
+    report = Heartbeat("a", at=now, held=held, lags=dict.fromkeys(held, 1.5), expire=6.0)
+    store.put("node/a", _fit(report.to_value()), version=None)
+    for key in held:
+        store.put(f"shard/{key}", {"owner": "a"}, version=None)
+    # when an operator looks
+    view = fleet_view(read_fleet(store), now)
+    # then the node shows every shard it owns and no max lag (unknown, never 0)
+    (node,) = view.to_json()["nodes"]
+    assert node["shards"] == shards and "max_lag" not in node
+    assert nodes_text(view).splitlines()[-1].endswith(" -")
+
+
+def test_a_node_marked_gone_on_an_empty_value_stays_out_of_other_apps_views(app: App) -> None:
+    # given node b's heartbeat, of this app, that reads back with a value no write takes
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    prefix = app.config.queue_prefix
+    app.store.put("node/b", {"node": "b", "prefix": prefix}, version=None)
+    item = app.store.get("node/b")
+    assert item is not None
+    # when a marks it gone
+    a._mark_gone(Item(item.key, {**item.value, "lags": {"x": math.nan}}, item.version))
+    # then its item is marked, names its app's prefix, and another app's view leaves it out
+    marked = app.store.get("node/b")
+    assert marked is not None and marked.value["gone"] == "lease expired"
+    assert marked.value["prefix"] == prefix
+    assert not fleet_view(read_fleet(app.store), time.time(), None, "o" + prefix).gone
+
+
+def test_a_heartbeat_naming_no_prefix_counts_in_the_fleet_and_is_marked_gone(app: App) -> None:
+    # given a heartbeat whose prefix is null (read as not said: an earlier version's)
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    value = {"node": "b", "mode": "elastic", "at": time.time(), "prefix": None}
+    app.store.put("node/b", value, version=None)
+    view = fleet_view(read_fleet(app.store), time.time(), None, app.config.queue_prefix)
+    assert [n.node for n in view.nodes] == ["b"]
+    # when it stands still past the expiry
+    a.step()
+    clock.now += timing(LEASE)[1] + 1.0
+    a.step()
+    # then the fleet marks it gone, as it does a heartbeat naming no prefix
+    beat = app.store.get("node/b")
+    assert beat is not None and beat.value["gone"] == "lease expired"

@@ -28,7 +28,7 @@ from shardq.core.fleet_rules import (
     timing,
     unreadable_owner,
 )
-from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone
+from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone, prefix_of
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
@@ -144,7 +144,7 @@ class Fleet:
         items: list[Item] = []
         foreign: list[Item] = []
         for i in beats:
-            (items if i.value.get("prefix", self.prefix) == self.prefix else foreign).append(i)
+            (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
         self._report_damaged([*owned, *items])
         self._act(now, owned, items, self._foreign(now, foreign))
 
@@ -215,9 +215,7 @@ class Fleet:
         self._beat_ok = now
         self._next_beat = now + self.beat_seconds
 
-    def _act(
-        self, now: float, owned: list[Item], items: list[Item], foreign: set[str] = frozenset()
-    ) -> None:
+    def _act(self, now: float, owned: list[Item], items: list[Item], foreign: set[str]) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
         # an unreadable heartbeat reads as an empty report and expires as a still one does
@@ -362,7 +360,10 @@ class Fleet:
         try:
             encode(value)
         except ValueError:  # a value it cannot write back (a NaN, near the size limit)
-            value = marked_gone({}, "lease expired", self.wall(), self.id)
+            prefix = prefix_of(item.value)  # kept: the node stays out of other apps' views
+            value = marked_gone(
+                {} if prefix is None else {"prefix": prefix}, "lease expired", self.wall(), self.id
+            )
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
@@ -423,10 +424,13 @@ class Fleet:
 
 def _fit(report: dict[str, Any]) -> dict[str, Any]:
     """The report within the store's size limit: without its lags, then its shards, if
-    they take it over (a node holding thousands of shards of long worker names)."""
-    for drop in ("", "lags", "held"):
-        report = {**report, drop: type(report[drop])()} if drop else report
+    they take it over (a node holding thousands of shards of long worker names), naming
+    what it left out."""
+    omitted: list[str] = []
+    for drop in ("lags", "held"):
         with suppress(ValueError):
             encode(report)
-            break
+            return report
+        omitted.append(drop)
+        report = {**report, drop: type(report[drop])(), "omitted": list(omitted)}
     return report
