@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,11 +15,12 @@ from shardq import App, Worker
 from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
-from shardq.core.plan import Plan
-from shardq.fleet import Fleet
+from shardq.core.plan import Plan, ShardRef
+from shardq.fleet import Fleet, _fit
 from shardq.ops.ensure import ensure_state_table
-from shardq.ops.fleet_view import fleet_view, read_fleet
+from shardq.ops.fleet_view import fleet_view, nodes_text, read_fleet
 from shardq.run.node import Node
+from shardq.store import Item, MemoryStore, StoreError
 from tests.apps import ledger
 from tests.clocks import Skipping
 from tests.conftest import make_broker
@@ -451,3 +453,161 @@ def test_the_fleet_view_shows_a_nodes_slots_in_use_and_its_job_counts(
         gate.set()
         node.stop()
         runner.join(30)
+
+
+def test_a_fence_during_a_take_leaves_no_shard_served_that_the_node_does_not_hold(
+    app: App,
+) -> None:
+    # given a node whose first take makes its shard's queue while the lease watch finds
+    # the node late (its heartbeat stood still too long) and fences it
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    add = a.node.add_shard
+
+    def fenced_meanwhile(ref: ShardRef) -> None:
+        if ref.key == "Ledgered:0":  # the watch thread, during the broker call
+            clock.now += timing(LEASE)[1]
+            a._fence_if_late()
+        add(ref)
+
+    a.node.add_shard = fenced_meanwhile  # type: ignore[method-assign]
+    # when the node takes its shards in that round
+    a.step()
+    # then it serves no shard it does not hold (not the one it was taking then)
+    assert keys(a.node) <= set(a.held()) and "Ledgered:0" not in keys(a.node)
+    # and a later fence drops whatever it serves, held or not
+    a.node.add_shard = add  # type: ignore[method-assign]
+    add(a._ref("Ledgered:1"))
+    a._fence()
+    assert keys(a.node) == set()
+
+
+def test_a_node_fenced_during_a_round_claims_no_more_shards_in_it(app: App) -> None:
+    # given a node whose first take finds it late (its heartbeat writes fail from then
+    # on): it is fenced then
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    add, put = a.node.add_shard, app.store.put
+
+    def failing(key: str, *args: object, **kwargs: object) -> object:
+        if key == "node/a":
+            raise StoreError("the store is unreachable")
+        return put(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    def late(ref: ShardRef) -> None:
+        clock.now += timing(LEASE)[1]
+        app.store.put = failing  # type: ignore[method-assign,assignment]
+        add(ref)
+
+    a.node.add_shard = late  # type: ignore[method-assign]
+    # when it goes on with the round
+    try:
+        a.step()
+    finally:
+        app.store.put = put  # type: ignore[method-assign]
+    # then the store names it owner of no shard but the one it claimed before
+    assert len(owners(app)) == 1 and keys(a.node) == set()
+
+
+def test_a_long_round_of_takes_beats_on_and_serves_every_shard(app: App) -> None:
+    # given a lone node whose every take makes its shard's queue in 1.5 s, 9 s for the
+    # round: longer than the expiry
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    add = a.node.add_shard
+
+    def slow(ref: ShardRef) -> None:
+        clock.now += 1.5
+        add(ref)
+
+    a.node.add_shard = slow  # type: ignore[method-assign]
+    assert timing(LEASE)[1] < 6 * 1.5
+    # when it takes the shards in one round
+    a.step()
+    # then it beat meanwhile and serves every shard at the end of it
+    assert keys(a.node) == ALL and a.held() == sorted(ALL)
+
+
+def test_apps_sharing_a_table_and_a_worker_name_say_so_and_do_not_fight(app: App) -> None:
+    # given a second app with another queue_prefix on the same state store (one
+    # DynamoDB table named by both store_urls, say) and a worker of the same name
+    config = Config(queue_prefix="o" + app.config.queue_prefix, lease_seconds=LEASE)
+    other = App(config, broker=app.broker, store=app.store)
+    other.register(type("Ledgered", (Worker,), {"shards": 6, "perform": lambda *_: None}))
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    node = other.node(Plan(0, 0, ()), threads=2, membership=None)
+    b = Fleet(node, elastic=True, node_id="b", clock=clock)
+    # when a node of each steps for a while
+    writes, put = [], app.store.put
+    with capture_logs() as logs:
+        a.step(), b.step()  # a takes every shard; b finds a live
+        app.store.put = lambda key, *x, **k: (writes.append(key), put(key, *x, **k))[1]  # type: ignore[method-assign]
+        try:
+            for _ in range(10):
+                a.step(), b.step()
+                clock.now += 1.0
+        finally:
+            app.store.put = put  # type: ignore[method-assign]
+    # then each said once that another app uses its store, and neither took a shard
+    # from the other
+    shared = [(e["prefix"], e["log_level"]) for e in logs if e["event"] == "fleet.store_shared"]
+    assert sorted(shared) == sorted(
+        [(app.config.queue_prefix, "error"), (config.queue_prefix, "error")]
+    )
+    assert not [k for k in writes if k.startswith("shard/")]
+    assert a.held() == sorted(ALL) and b.held() == []
+
+
+@pytest.mark.parametrize("shards", [5000, 10000])
+def test_a_report_over_the_size_limit_shows_an_unknown_lag_and_every_shard(shards: int) -> None:
+    # given a node holding thousands of shards of a long worker name, whose report goes
+    # without its lags (5,000 shards), or without its shards too (10,000)
+    store, now = MemoryStore(), time.time()
+    held = tuple(f"InvoiceReconciliationWorkerNumber0:{n}" for n in range(shards))
+    report = Heartbeat("a", at=now, held=held, lags=dict.fromkeys(held, 1.5), expire=6.0)
+    store.put("node/a", _fit(report.to_value()), version=None)
+    for key in held:
+        store.put(f"shard/{key}", {"owner": "a"}, version=None)
+    # when an operator looks
+    view = fleet_view(read_fleet(store), now)
+    # then the node shows every shard it owns and no max lag (unknown, never 0)
+    (node,) = view.to_json()["nodes"]
+    assert node["shards"] == shards and "max_lag" not in node
+    assert nodes_text(view).splitlines()[-1].endswith(" -")
+
+
+def test_a_node_marked_gone_on_an_empty_value_stays_out_of_other_apps_views(app: App) -> None:
+    # given node b's heartbeat, of this app, that reads back with a value no write takes
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    prefix = app.config.queue_prefix
+    app.store.put("node/b", {"node": "b", "prefix": prefix}, version=None)
+    item = app.store.get("node/b")
+    assert item is not None
+    # when a marks it gone
+    a._mark_gone(Item(item.key, {**item.value, "lags": {"x": math.nan}}, item.version))
+    # then its item is marked, names its app's prefix, and another app's view leaves it out
+    marked = app.store.get("node/b")
+    assert marked is not None and marked.value["gone"] == "lease expired"
+    assert marked.value["prefix"] == prefix
+    assert not fleet_view(read_fleet(app.store), time.time(), None, "o" + prefix).gone
+
+
+def test_a_heartbeat_naming_no_prefix_counts_in_the_fleet_and_is_marked_gone(app: App) -> None:
+    # given a heartbeat whose prefix is null (read as not said: an earlier version's)
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    value = {"node": "b", "mode": "elastic", "at": time.time(), "prefix": None}
+    app.store.put("node/b", value, version=None)
+    view = fleet_view(read_fleet(app.store), time.time(), None, app.config.queue_prefix)
+    assert [n.node for n in view.nodes] == ["b"]
+    # when it stands still past the expiry
+    a.step()
+    clock.now += timing(LEASE)[1] + 1.0
+    a.step()
+    # then the fleet marks it gone, as it does a heartbeat naming no prefix
+    beat = app.store.get("node/b")
+    assert beat is not None and beat.value["gone"] == "lease expired"

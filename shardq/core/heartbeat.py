@@ -42,15 +42,20 @@ class Heartbeat:
     gone_at: float = 0.0  # by the clock of the node that marked it
     #: The app's queue_prefix: apps sharing a store keep apart fleets (None: not said).
     prefix: str | None = None
+    #: The fields the node left out (``lags``, ``held``): its report was over the size limit.
+    omitted: tuple[str, ...] = ()
 
     @property
-    def max_lag(self) -> float:
-        return max(self.lags.values(), default=0.0)
+    def max_lag(self) -> float | None:
+        """None when the report left its lags out (unknown, never 0)."""
+        return None if "lags" in self.omitted else max(self.lags.values(), default=0.0)
 
     def to_value(self) -> dict[str, Any]:
         """The value the node writes (the marks of a node gone are another node's)."""
-        value = {k: v for k, v in asdict(self).items() if k not in ("gone", "gone_at")}
-        return {**value, "held": list(self.held)}
+        value = {k: v for k, v in asdict(self).items() if k not in ("gone", "gone_at", "omitted")}
+        return {**value, "held": list(self.held)} | (
+            {"omitted": list(self.omitted)} if self.omitted else {}
+        )
 
     @classmethod
     def from_value(cls, node: str, v: Mapping[str, Any]) -> Heartbeat:
@@ -70,9 +75,17 @@ class Heartbeat:
             by_worker=_worker_counts(v.get("by_worker")),
             version=str(v.get("version", "")),
             gone=str(v.get("gone") or ""),
-            prefix=v["prefix"] if isinstance(v.get("prefix"), str) else None,
+            prefix=prefix_of(v),
+            omitted=tuple(str(k) for k in v["omitted"])
+            if isinstance(v.get("omitted"), list)
+            else (),
             **numbers,
         )
+
+
+def prefix_of(value: Mapping[str, Any]) -> str | None:
+    """The queue_prefix a stored heartbeat names (None: not said, or not a string)."""
+    return value["prefix"] if isinstance(value.get("prefix"), str) else None
 
 
 def marked_gone(value: Mapping[str, Any], reason: str, at: float, by: str) -> dict[str, Any]:

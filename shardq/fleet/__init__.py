@@ -28,7 +28,7 @@ from shardq.core.fleet_rules import (
     timing,
     unreadable_owner,
 )
-from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone
+from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone, prefix_of
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
@@ -71,6 +71,8 @@ class Fleet:
         self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
+        self._seen_foreign: dict[str, tuple[int, float]] = {}  # of other apps' nodes
+        self._foreign_logged: set[str] = set()  # their prefixes
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
@@ -127,12 +129,7 @@ class Fleet:
 
     def step(self) -> None:
         now = self.clock()
-        if now >= self._next_beat:
-            try:
-                self._beat(now)
-            except StoreError as exc:
-                log.warning("fleet.heartbeat_failed", error=str(exc))
-                self._next_beat = now + ROUND_SECONDS
+        self._beat_when_due(now)
         if not self.elastic or self.node.stopping.is_set():
             return  # a stopping node beats on (its shards are not free) until it leaves
         if self._fence_if_late():  # on the clock now: the beat may have taken long
@@ -140,13 +137,42 @@ class Fleet:
         self._settle_drains()  # before the read: the snapshot shows what it freed
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
-            items = self.store.query_all(NODE_PREFIX, keep_damaged=True)
-            items = [i for i in items if i.value.get("prefix", self.prefix) == self.prefix]
+            beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
+        items: list[Item] = []
+        foreign: list[Item] = []
+        for i in beats:
+            (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
         self._report_damaged([*owned, *items])
-        self._act(now, owned, items)
+        self._act(now, owned, items, self._foreign(now, foreign))
+
+    def _foreign(self, now: float, items: list[Item]) -> set[str]:
+        """The live nodes of other apps sharing this store (not supported: logged once)."""
+        names = {i.key[len(NODE_PREFIX) :]: i for i in items}
+        beats = {n: Beat(n, i.version, gone=str(i.value.get("gone", ""))) for n, i in names.items()}
+        self._seen_foreign = observe(self._seen_foreign, beats, now)
+        live = live_nodes(beats, self._seen_foreign, now, self.expire_seconds)
+        for prefix in sorted({str(names[n].value.get("prefix")) for n in live}):
+            if prefix not in self._foreign_logged:
+                self._foreign_logged.add(prefix)
+                log.error(
+                    "fleet.store_shared",
+                    prefix=prefix,
+                    detail="another app's nodes use this state store: not supported; give "
+                    "each app its own table (the default name is per queue_prefix); shards "
+                    "their node owns are left alone",
+                )
+        return live
+
+    def _beat_when_due(self, now: float) -> None:
+        if now >= self._next_beat:
+            try:
+                self._beat(now)
+            except StoreError as exc:
+                log.warning("fleet.heartbeat_failed", error=str(exc))
+                self._next_beat = now + ROUND_SECONDS
 
     def _report_damaged(self, items: list[Item]) -> None:
         """Log each damaged item once (again if it changes): nodes rewrite it (``_act``)."""
@@ -189,7 +215,7 @@ class Fleet:
         self._beat_ok = now
         self._next_beat = now + self.beat_seconds
 
-    def _act(self, now: float, owned: list[Item], items: list[Item]) -> None:
+    def _act(self, now: float, owned: list[Item], items: list[Item], foreign: set[str]) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
         # an unreadable heartbeat reads as an empty report and expires as a still one does
@@ -205,7 +231,7 @@ class Fleet:
         live -= unknown
         held = {n: set(r.held) for n, r in reports.items()} | {self.id: set(self.held())}
         owners, left = self._owners(now, owned, held, live)
-        left |= {key for key, owner in owners.items() if owner.node in unknown}
+        left |= {key for key, owner in owners.items() if owner.node in unknown | foreign}
         for node in dead:
             if node != self.id:
                 self._mark_gone(by_key[node])
@@ -230,9 +256,13 @@ class Fleet:
         for key, version in moves.purge.items():
             self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
+            self._beat_when_due(self.clock())  # a long round of takes (queues made) beats on
             self._take(key, owners[key].version, now)
         # a node whose own heartbeat is unreadable takes nothing new until it beats
         for key, claim in ({} if self.id in unknown else moves.claim).items():
+            self._beat_when_due(self.clock())
+            if self._fence_if_late():  # fenced meanwhile: it would not serve what it claims
+                break
             try:
                 item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
             except StoreError:
@@ -301,6 +331,11 @@ class Fleet:
                 self._refused[key] = now
             self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
             return
+        with self._lock:
+            fenced = key not in self._owned  # by the lease watch during the broker call
+        if fenced:
+            self.node.drop_shard(self._ref(key))
+            return
         log.info("fleet.took", shard=key)
 
     def _settle_drains(self) -> None:
@@ -313,10 +348,11 @@ class Fleet:
                 log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
-        """Stop serving every shard: others may take them now."""
+        """Stop serving every shard (an elastic node's, held or not): others may take them now."""
         with self._lock:
             owned, self._owned = list(self._owned), {}
-        for key in owned:
+        served = [ref.key for ref in self.node.shard_refs()] if self.elastic else []
+        for key in {*owned, *served}:
             self.node.drop_shard(self._ref(key))
 
     def _mark_gone(self, item: Item) -> None:
@@ -324,7 +360,10 @@ class Fleet:
         try:
             encode(value)
         except ValueError:  # a value it cannot write back (a NaN, near the size limit)
-            value = marked_gone({}, "lease expired", self.wall(), self.id)
+            prefix = prefix_of(item.value)  # kept: the node stays out of other apps' views
+            value = marked_gone(
+                {} if prefix is None else {"prefix": prefix}, "lease expired", self.wall(), self.id
+            )
         try:
             self.store.put(item.key, value, version=item.version)
         except StoreError:
@@ -385,10 +424,13 @@ class Fleet:
 
 def _fit(report: dict[str, Any]) -> dict[str, Any]:
     """The report within the store's size limit: without its lags, then its shards, if
-    they take it over (a node holding thousands of shards of long worker names)."""
-    for drop in ("", "lags", "held"):
-        report = {**report, drop: type(report[drop])()} if drop else report
+    they take it over (a node holding thousands of shards of long worker names), naming
+    what it left out."""
+    omitted: list[str] = []
+    for drop in ("lags", "held"):
         with suppress(ValueError):
             encode(report)
-            break
+            return report
+        omitted.append(drop)
+        report = {**report, drop: type(report[drop])(), "omitted": list(omitted)}
     return report

@@ -12,7 +12,7 @@ from typing import Any
 
 from shardq.core.errors import ConfigError
 from shardq.core.fleet_rules import ELASTIC, GONE_KEPT_SECONDS
-from shardq.core.heartbeat import COUNTS, Heartbeat
+from shardq.core.heartbeat import COUNTS, Heartbeat, prefix_of
 from shardq.core.tables import age, table, utc
 from shardq.core.terminal import plural
 from shardq.core.topology import parse_name, shard_key, shard_keys
@@ -142,9 +142,16 @@ def fleet_view(
     """What operators see at ``now``; ``shards`` (generation name -> count of the live
     layout) adds the shards no live node serves; with ``prefix``, the heartbeats of
     another app's fleet (another queue_prefix, sharing the store) are left out."""
-    ours = (i for i in items.nodes if prefix is None or i.value.get("prefix", prefix) == prefix)
+    ours = (i for i in items.nodes if prefix is None or prefix_of(i.value) in (None, prefix))
     nodes = [i for i in ours if not i.damaged]
+    owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
     reports = [Heartbeat.from_value(i.key.partition("/")[2], i.value) for i in nodes]
+    reports = [  # a report over the size limit without its shards: its ownership items
+        replace(r, held=tuple(k for k, o in owned.items() if o == r.node))
+        if "held" in r.omitted and r.mode == ELASTIC
+        else r
+        for r in reports
+    ]
     judged = any(  # a live elastic node marks the others gone: trust its marks
         r.mode == ELASTIC and not r.gone and now - r.at <= stale_after(r) for r in reports
     )
@@ -155,7 +162,6 @@ def fleet_view(
             report = replace(report, gone=NOT_REPORTING, gone_at=report.at)
         (went if report.gone else live).append(report)
     by_id = {r.node: r for r in live}
-    owned = {i.key.partition("/")[2]: str(i.value.get("owner", "")) for i in items.owners}
     owners = {k: r.node for r in live if r.mode != ELASTIC for k in r.held}
     owners.update((k, o) for k, o in owned.items() if o in by_id)
     last_held: dict[str, str] = {}
@@ -189,7 +195,7 @@ def _sorted(keys: Iterable[str]) -> tuple[str, ...]:
 def _node_json(report: Heartbeat, **extra: Any) -> dict[str, Any]:
     """The report with ``at`` as ``seen``, without its lags, lease time and prefix
     (``concurrency`` and ``slots_in_use`` only when it has them), with ``extra`` fields."""
-    left_out = ("at", "lags", "expire", "prefix")
+    left_out = ("at", "lags", "expire", "prefix", "omitted")
     data = {k: v for k, v in report.to_value().items() if k not in left_out}
     data.update(
         seen=report.at,
