@@ -561,6 +561,71 @@ def test_apps_sharing_a_table_and_a_worker_name_say_so_and_do_not_fight(app: App
     assert a.held() == sorted(ALL) and b.held() == []
 
 
+def test_a_node_of_an_app_sharing_the_store_with_a_longer_lease_is_judged_on_its_lease(
+    app: App,
+) -> None:
+    # given a second app on the same state store with a worker of the same name and a
+    # lease four times as long (it beats every 8 s, past this app's 6 s expiry), whose
+    # node took every shard first
+    config = Config(queue_prefix="o" + app.config.queue_prefix, lease_seconds=4 * LEASE)
+    other = App(config, broker=app.broker, store=app.store)
+    other.register(type("Ledgered", (Worker,), {"shards": 6, "perform": lambda *_: None}))
+    clock = Clock()
+    b = Fleet(
+        other.node(Plan(0, 0, ()), threads=2, membership=None),
+        elastic=True,
+        node_id="b",
+        clock=clock,
+    )
+    b.step()
+    a = stepped(app, clock, "a")
+    # when a node of this app steps beside it for 30 s
+    writes, put = [], app.store.put
+    app.store.put = lambda key, *x, **k: (writes.append(key), put(key, *x, **k))[1]  # type: ignore[method-assign]
+    try:
+        for _ in range(30):
+            a.step(), b.step()
+            clock.now += 1.0
+    finally:
+        app.store.put = put  # type: ignore[method-assign]
+    # then it never claims a shard of the other app's live node
+    assert not [k for k in writes if k.startswith("shard/")]
+    assert a.held() == [] and b.held() == sorted(ALL)
+
+
+def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_took(
+    app: App,
+) -> None:
+    # given node a owning every shard but fenced by its lease watch (a store write hung),
+    # and node b watching it
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    a.step()
+    b = stepped(app, clock, "b")
+    b._beat(clock())
+    b.step()
+    a._fence()
+    assert keys(a.node) == set() and set(owners(app).values()) == {"a"}
+    # when a's next round serves its shards again, and its first take hangs past its
+    # expiry while b marks it gone and takes them all (a's next beat finds it gone)
+    add, stalled = a.node.add_shard, []
+
+    def stall(ref: ShardRef) -> None:
+        if not stalled:
+            stalled.append(ref.key)
+            for _ in range(int(timing(LEASE)[1]) + 3):
+                clock.now += 1.0
+                b.step()
+        add(ref)
+
+    a.node.add_shard = stall  # type: ignore[method-assign]
+    a.step()
+    # then no shard is served by both
+    assert not keys(a.node) & keys(b.node)
+    assert keys(b.node) == ALL and set(owners(app).values()) == {"b"}
+
+
 @pytest.mark.parametrize("shards", [5000, 10000])
 def test_a_report_over_the_size_limit_shows_an_unknown_lag_and_every_shard(shards: int) -> None:
     # given a node holding thousands of shards of a long worker name, whose report goes

@@ -69,6 +69,7 @@ class Fleet:
         self.started = node.wall()
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last successful heartbeat write was sent
+        self._fences = 0  # how many times it stopped serving every shard
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
         self._seen_foreign: dict[str, tuple[int, float]] = {}  # of other apps' nodes
@@ -135,6 +136,7 @@ class Fleet:
         if self._fence_if_late():  # on the clock now: the beat may have taken long
             return
         self._settle_drains()  # before the read: the snapshot shows what it freed
+        fences = self._fences  # a fence after this: what the read shows may be stale
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
             beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)
@@ -146,14 +148,17 @@ class Fleet:
         for i in beats:
             (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
         self._report_damaged([*owned, *items])
-        self._act(now, owned, items, self._foreign(now, foreign))
+        self._act(now, owned, items, self._foreign(now, foreign), fences)
 
     def _foreign(self, now: float, items: list[Item]) -> set[str]:
         """The live nodes of other apps sharing this store (not supported: logged once)."""
         names = {i.key[len(NODE_PREFIX) :]: i for i in items}
         beats = {n: Beat(n, i.version, gone=str(i.value.get("gone", ""))) for n, i in names.items()}
         self._seen_foreign = observe(self._seen_foreign, beats, now)
-        live = live_nodes(beats, self._seen_foreign, now, self.expire_seconds)
+        live: set[str] = set()
+        for name, beat in beats.items():  # each on the lease of its own app, if longer
+            expire = max(self.expire_seconds, Heartbeat.from_value(name, names[name].value).expire)
+            live |= live_nodes({name: beat}, self._seen_foreign, now, expire)
         for prefix in sorted({str(names[n].value.get("prefix")) for n in live}):
             if prefix not in self._foreign_logged:
                 self._foreign_logged.add(prefix)
@@ -215,7 +220,9 @@ class Fleet:
         self._beat_ok = now
         self._next_beat = now + self.beat_seconds
 
-    def _act(self, now: float, owned: list[Item], items: list[Item], foreign: set[str]) -> None:
+    def _act(
+        self, now: float, owned: list[Item], items: list[Item], foreign: set[str], fences: int
+    ) -> None:
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
         # an unreadable heartbeat reads as an empty report and expires as a still one does
@@ -257,11 +264,13 @@ class Fleet:
             self._write(self.store.delete, SHARD_PREFIX + key, version=version)
         for key in moves.serve:
             self._beat_when_due(self.clock())  # a long round of takes (queues made) beats on
+            if self._fences != fences:  # fenced since the read: its owners may be stale
+                return
             self._take(key, owners[key].version, now)
         # a node whose own heartbeat is unreadable takes nothing new until it beats
         for key, claim in ({} if self.id in unknown else moves.claim).items():
             self._beat_when_due(self.clock())
-            if self._fence_if_late():  # fenced meanwhile: it would not serve what it claims
+            if self._fence_if_late() or self._fences != fences:  # it would not serve it
                 break
             try:
                 item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
@@ -351,6 +360,7 @@ class Fleet:
         """Stop serving every shard (an elastic node's, held or not): others may take them now."""
         with self._lock:
             owned, self._owned = list(self._owned), {}
+            self._fences += 1
         served = [ref.key for ref in self.node.shard_refs()] if self.elastic else []
         for key in {*owned, *served}:
             self.node.drop_shard(self._ref(key))
