@@ -30,6 +30,7 @@ from shardq.broker.sqs_client import (
     POLL_READ_TIMEOUT,
     TIMEOUTS,
     Unanswered,
+    bad_region,
     make_client,
     no_credentials,
     timed_out,
@@ -97,6 +98,9 @@ class SqsBroker(Broker):
                 "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
                 "AWS_DEFAULT_REGION"
             ) from exc
+        except botocore.exceptions.InvalidRegionError as exc:
+            where = "`region` in shardq.yaml, SHARDQ_REGION and AWS_DEFAULT_REGION"
+            raise BrokerError(bad_region("SQS", exc, where)) from exc
         except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
             raise BrokerError(unloadable("SQS", exc)) from exc
         self.endpoint_url = endpoint_url

@@ -37,6 +37,9 @@ GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~
 BODY_REFUSED = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 #: Queue names: letters, digits, hyphens and underscores.
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+#: An AWS region's form, such as us-east-1 (botocore's: a host label, not all digits;
+#: "" is no region).
+REGION_PATTERN = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{0,63}(?<!-)")
 
 #: Most threads one node runs (beyond, it spends its time switching and is slow to stop).
 MAX_THREADS = 256
