@@ -389,3 +389,27 @@ def test_sqs_ensure_queue_of_an_existing_queue_sends_no_create_queue(
     # and a missing queue is still created
     broker.ensure_queue(other := f"t-{uuid.uuid4().hex[:16]}.fifo")
     assert broker.queue_settings(other) is not None
+
+
+@pytest.mark.sqs
+def test_sqs_queue_settings_then_ensure_queue_of_a_missing_queue_looks_it_up_once(
+    request: pytest.FixtureRequest, tmp_path: Path, queue_name: str
+) -> None:
+    # given a process about to create a queue that does not exist (`queues ensure`)
+    broker = make_broker("sqs", tmp_path, request)
+    assert isinstance(broker, SqsBroker)
+    # when it reads the queue's settings (none: missing) and then ensures it
+    assert broker.queue_settings(queue_name) is None
+    broker.ensure_queue(queue_name)
+    # then it looked the queue up once and created it: no second lookup after the miss
+    assert broker.requests["GetQueueUrl"] == 1 and broker.requests["CreateQueue"] == 1
+    assert broker.queue_settings(queue_name) is not None
+
+
+def test_sqs_a_failed_queue_lookup_says_it_was_looking_the_queue_up() -> None:
+    # given an SQS endpoint where nothing listens (port 9, discard)
+    broker = SqsBroker(region="us-east-1", endpoint_url="http://127.0.0.1:9")
+    # when a queue is ensured, then the error names the lookup (no CreateQueue was sent)
+    with pytest.raises(BrokerError, match=r"^looking up queue q\.fifo"):
+        broker.ensure_queue("q.fifo")
+    assert broker.requests["CreateQueue"] == 0
