@@ -6,6 +6,7 @@ Each test runs against the embedded SQLite broker, the in-memory broker and SQS
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -13,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shardq.broker import Broker, Message, SendEntry
+from shardq.broker import Broker, Message, SendEntry, SendResult, base
 from shardq.broker.sqs import SqsBroker
 from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.limits import BODY_REFUSED
 from tests.conftest import BROKER_KINDS, make_broker
 
 
@@ -211,6 +215,35 @@ def test_a_body_sqs_refuses_fails_alone_in_a_send_batch(
     # then that entry fails alone, on every broker
     assert set(result.failed) == {"bad"}
     assert bodies(receive(broker, queue)) == ["a\tb\U0001f600", "c"]
+
+
+def test_a_printable_body_is_sent_without_searching_it_for_refused_characters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given the search for characters SQS refuses, recorded, and a printable body (as
+    # shardq's encoder makes), one with a tab and one with U+FFFE
+    searched: list[str] = []
+
+    class Recording:
+        def search(self, body: str) -> re.Match[str] | None:
+            searched.append(body)
+            return BODY_REFUSED.search(body)
+
+    monkeypatch.setattr(base, "BODY_REFUSED", Recording())
+    printable = '{"v": 1, "entity": "order-é", "payload": "ok 😀"}'
+    entries = [SendEntry("p", printable, "g", "d1"), SendEntry("t", "a\tb", "g", "d2")]
+    entries.append(SendEntry("x", "a\ufffeb", "g", "d3"))
+    # when they are checked for a send, then the printable one was not searched (the
+    # search costs about 1 us per short body, 5 ms per MiB), and only U+FFFE fails
+    result = SendResult()
+    assert [e.id for e in base.valid_entries(entries, lambda: 1 << 20, result)] == ["p", "t"]
+    assert set(result.failed) == {"x"}
+    assert searched == ["a\tb", "a\ufffeb"]
+
+
+@given(st.text())
+def test_a_printable_text_holds_no_character_sqs_refuses(text: str) -> None:
+    assert not text.isprintable() or BODY_REFUSED.search(text) is None
 
 
 def test_a_stale_receipt_fails_alone_in_a_delete_batch(broker: Broker, queue: str) -> None:
