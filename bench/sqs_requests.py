@@ -16,7 +16,8 @@ worker (``perform`` does nothing; ``--batch-size``). Requests come from
 ``SqsBroker.requests`` (a Counter per operation, counted by the broker for every
 request botocore sends), snapshotted per phase:
 
-* setup: ``app.ensure_queues()`` before publishing (CreateQueue per queue);
+* setup: ``app.ensure_queues()`` before publishing (per queue a GetQueueUrl, and a
+  CreateQueue for one that is missing);
 * publish: ``publish_many`` of the jobs;
 * process: ``Node(app, plan, until_empty=True).run()`` until it returns.
 
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     )
     print(f"  ... without metadata calls (GetQueueAttributes etc.):  {steady:7.1f}")
     print(
-        f"  ... with one-time setup (CreateQueue x{setup_total}):            "
+        f"  ... with one-time setup ({setup_total} GetQueueUrl/CreateQueue):   "
         f"{pp + setup_total * per:7.1f}"
     )
     print(f"\nprocessed {state['count']} (succeeded {succeeded}), exit code {code}")

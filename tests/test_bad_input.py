@@ -261,7 +261,7 @@ def test_without_aws_credentials_the_error_names_them(
     )
     # then it raises a BrokerError that says credentials are missing and where they go
     assert direct.returncode == 0, direct.stderr
-    assert "creating queue creds.fifo: no AWS credentials found" in direct.stdout
+    assert "looking up queue creds.fifo: no AWS credentials found" in direct.stdout
     assert "never in shardq.yaml" in direct.stdout
     # and a node or a publish started like that exits 1 with the same reason
     for args in (["run", "--until-empty"], ["publish", "Ledgered", "e", '{"n": 0}']):
@@ -326,7 +326,7 @@ def test_a_node_started_against_an_unreachable_endpoint_exits_1() -> None:
     # then it exits 1 saying the broker cannot be reached, with no traceback
     assert result.returncode == 1
     # (the state table, on the same endpoint, is the first thing a node reads)
-    assert "state store error: DynamoDB" in result.stderr or "broker error: creating queue" in (
+    assert "state store error: DynamoDB" in result.stderr or "broker error: looking up queue" in (
         result.stderr
     )
     assert "127.0.0.1:9" in result.stderr

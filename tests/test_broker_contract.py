@@ -6,6 +6,7 @@ Each test runs against the embedded SQLite broker, the in-memory broker and SQS
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -13,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shardq.broker import Broker, Message, SendEntry
+from shardq.broker import Broker, Message, SendEntry, SendResult, base
 from shardq.broker.sqs import SqsBroker
 from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.core.limits import BODY_REFUSED
 from tests.conftest import BROKER_KINDS, make_broker
 
 
@@ -213,6 +217,35 @@ def test_a_body_sqs_refuses_fails_alone_in_a_send_batch(
     assert bodies(receive(broker, queue)) == ["a\tb\U0001f600", "c"]
 
 
+def test_a_printable_body_is_sent_without_searching_it_for_refused_characters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given the search for characters SQS refuses, recorded, and a printable body (as
+    # shardq's encoder makes), one with a tab and one with U+FFFE
+    searched: list[str] = []
+
+    class Recording:
+        def search(self, body: str) -> re.Match[str] | None:
+            searched.append(body)
+            return BODY_REFUSED.search(body)
+
+    monkeypatch.setattr(base, "BODY_REFUSED", Recording())
+    printable = '{"v": 1, "entity": "order-é", "payload": "ok 😀"}'
+    entries = [SendEntry("p", printable, "g", "d1"), SendEntry("t", "a\tb", "g", "d2")]
+    entries.append(SendEntry("x", "a\ufffeb", "g", "d3"))
+    # when they are checked for a send, then the printable one was not searched (the
+    # search costs about 1 us per short body, 5 ms per MiB), and only U+FFFE fails
+    result = SendResult()
+    assert [e.id for e in base.valid_entries(entries, lambda: 1 << 20, result)] == ["p", "t"]
+    assert set(result.failed) == {"x"}
+    assert searched == ["a\tb", "a\ufffeb"]
+
+
+@given(st.text())
+def test_a_printable_text_holds_no_character_sqs_refuses(text: str) -> None:
+    assert not text.isprintable() or BODY_REFUSED.search(text) is None
+
+
 def test_a_stale_receipt_fails_alone_in_a_delete_batch(broker: Broker, queue: str) -> None:
     # given x received once with a short visibility, then redelivered
     send(broker, queue, "g", "x")
@@ -389,3 +422,27 @@ def test_sqs_ensure_queue_of_an_existing_queue_sends_no_create_queue(
     # and a missing queue is still created
     broker.ensure_queue(other := f"t-{uuid.uuid4().hex[:16]}.fifo")
     assert broker.queue_settings(other) is not None
+
+
+@pytest.mark.sqs
+def test_sqs_queue_settings_then_ensure_queue_of_a_missing_queue_looks_it_up_once(
+    request: pytest.FixtureRequest, tmp_path: Path, queue_name: str
+) -> None:
+    # given a process about to create a queue that does not exist (`queues ensure`)
+    broker = make_broker("sqs", tmp_path, request)
+    assert isinstance(broker, SqsBroker)
+    # when it reads the queue's settings (none: missing) and then ensures it
+    assert broker.queue_settings(queue_name) is None
+    broker.ensure_queue(queue_name)
+    # then it looked the queue up once and created it: no second lookup after the miss
+    assert broker.requests["GetQueueUrl"] == 1 and broker.requests["CreateQueue"] == 1
+    assert broker.queue_settings(queue_name) is not None
+
+
+def test_sqs_a_failed_queue_lookup_says_it_was_looking_the_queue_up() -> None:
+    # given an SQS endpoint where nothing listens (port 9, discard)
+    broker = SqsBroker(region="us-east-1", endpoint_url="http://127.0.0.1:9")
+    # when a queue is ensured, then the error names the lookup (no CreateQueue was sent)
+    with pytest.raises(BrokerError, match=r"^looking up queue q\.fifo"):
+        broker.ensure_queue("q.fifo")
+    assert broker.requests["CreateQueue"] == 0

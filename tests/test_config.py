@@ -507,6 +507,27 @@ def test_an_endpoint_url_that_is_not_an_http_url_is_a_config_error_naming_the_ke
     assert repr(url) in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [{"SHARDQ_REGION": "us east 1"}, {"SHARDQ_STORE_URL": "dynamodb://?region=us%20east%201"}],
+)
+def test_a_region_that_is_not_an_aws_region_s_form_is_a_config_error_naming_it(
+    env: dict[str, str],
+) -> None:
+    # given a region with spaces (set as SHARDQ_REGION, or in store_url)
+    # when the config loads, then it is refused naming the key, not blamed on credentials
+    with pytest.raises(ConfigError) as raised:
+        Config.load(env=env)
+    assert str(raised.value).startswith("environment: ")
+    assert str(raised.value).endswith(
+        "region: expected an AWS region such as us-east-1, got 'us east 1'"
+    )
+
+
+def test_a_region_of_aws_s_form_is_accepted() -> None:
+    assert Config.load(env={"SHARDQ_REGION": "eu-west-3"}).region == "eu-west-3"
+
+
 def test_an_http_endpoint_url_is_accepted() -> None:
     config = Config.load(env={"SHARDQ_ENDPOINT_URL": "http://127.0.0.1:4566"})
     assert config.endpoint_url == "http://127.0.0.1:4566"

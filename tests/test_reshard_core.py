@@ -4,6 +4,7 @@ clock, given here: no sleeps), and what ``shardq reshard`` and a changed class r
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -17,13 +18,14 @@ from typing import Any
 import pytest
 
 import shardq
-from shardq.broker import Broker, Message, QueueCounts
+from shardq.broker import Broker, Message, QueueCounts, SendEntry
 from shardq.core import envelope
 from shardq.core import layout as rules
 from shardq.core.config import Config
 from shardq.core.errors import BrokerError, LayoutError, QueueNotFoundError
 from shardq.core.plan import ShardRef
 from shardq.core.topology import shard_for
+from shardq.morgue import Morgue
 from shardq.ops import reshard
 from shardq.ops.cli import main
 from shardq.ops.ensure import ensure_state_table
@@ -175,6 +177,51 @@ def test_jobs_reaching_a_closed_old_shard_are_relayed_in_order(moved: shardq.App
     assert take(moved.broker, old) == []
     relayed = take(moved.broker, new)
     assert [_n(m) for m in relayed] == [1, 2, 3]
+    leases.close(5)
+
+
+def stored_by_older_shardq(
+    app: shardq.App, queue: str, entity: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job as an older shardq's embedded broker stored it: U+FFFE raw in its body."""
+    doc = {"v": 1, "worker": "Moved", "entity": entity, "payload": {"n": "a\ufffeb"}, "meta": {}}
+    body = json.dumps({**doc, "published_at": time.time()}, ensure_ascii=False)
+    accept_all = lambda entries, max_bytes, result: list(entries)  # noqa: E731
+    monkeypatch.setattr("shardq.broker.sqlite.valid_entries", accept_all)
+    app.broker.send_batch(queue, [SendEntry("0", body, entity, "d0")])
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # SQS never stored such a body
+def test_a_late_job_the_new_queue_refuses_for_good_goes_to_the_morgue_and_its_entity_moves_on(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a closed old shard holding a job an older shardq's embedded broker stored with
+    # U+FFFE in its body (SQS refuses it; shardq's broker does since), then a later job
+    entity = entity_in(0, 2)
+    moved.ensure_queues()
+    old = moved.shard_queue("Moved", 0, 0)
+    stored_by_older_shardq(moved, old, entity, monkeypatch)
+    Moved.publish(entity, {"n": 2})
+    layout = switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(w, 0, 0))
+    # when the node gets the old shard's jobs
+    run, leases = executor(moved)
+    messages = take(moved.broker, old)
+    leases.hold(messages, 30)
+    assert run.run_batch(ShardRef("Moved", 0, 1, 0), messages) == []
+    assert leases.flush(5)
+    # then the refused job is in the morgue as invalid, saying why, and the later one
+    # is relayed: the old queue is empty, nothing ran there
+    (dead,) = Morgue(moved, "Moved").list_jobs()
+    assert (dead.reason, dead.message_id) == ("invalid_message", messages[0].message_id)
+    assert dead.error_message == (
+        "not relayed to the current layout, refused for good: SQS refuses the character "
+        "'\\ufffe' in a body"
+    )
+    assert take(moved.broker, old) == [] and performed == []
+    new = moved.shard_queue("Moved", shard_for(entity, 3), layout.gen)
+    assert [_n(m) for m in take(moved.broker, new)] == [2]
     leases.close(5)
 
 
@@ -713,6 +760,36 @@ def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over
     # then the retired queue is not deleted while the job it received is hidden there
     assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
     assert moved.layouts.read("Moved").retired[0].left == [0]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # SQS never stored such a body
+def test_a_retired_queue_s_job_the_new_queue_refuses_for_good_is_buried_by_the_sweep(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job an older shardq stored with U+FFFE left in Moved's retired shard 0, then
+    # a later one, and a node (its layout keeper driven here) past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    e, old = entity_in(0, 2), moved.shard_queue("Moved", 0, 0)
+    stored_by_older_shardq(moved, old, e, monkeypatch)
+    Moved.publish(e, {"n": 2})
+    layout = switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its sweep looks at the retired queue
+    keeper.tick()
+    # then the refused job is in the morgue as invalid, the later one relayed, and the
+    # retired queue holds nothing
+    (dead,) = Morgue(moved, "Moved").list_jobs()
+    assert dead.reason == "invalid_message" and "'\\ufffe'" in dead.error_message
+    new = moved.shard_queue("Moved", shard_for(e, 3), layout.gen)
+    assert [_n(m) for m in take(moved.broker, new)] == [2]
+    counts = moved.broker.counts(old)
+    assert (counts.waiting, counts.in_flight) == (0, 0)
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

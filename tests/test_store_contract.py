@@ -367,6 +367,26 @@ def test_aws_clients_without_a_region_say_where_to_set_one(
         DynamoStore("t", region=None, endpoint_url=None)
 
 
+def test_aws_clients_given_a_region_of_another_form_name_the_region_settings() -> None:
+    # given a region with spaces (from AWS_DEFAULT_REGION, or an app's code: a Config
+    # refuses it)
+    from shardq.broker.sqs import SqsBroker
+    from shardq.core.errors import BrokerError
+    from shardq.store.dynamo import DynamoStore
+
+    # when an SQS broker or a DynamoDB store is made, then each says the region is not
+    # valid and where it is set, not that boto3 could not load the credentials' settings
+    with pytest.raises(BrokerError) as sqs:
+        SqsBroker(region="us east 1")
+    with pytest.raises(StoreError) as dynamo:
+        DynamoStore("t", region="us east 1", endpoint_url=None)
+    for raised in (sqs, dynamo):
+        assert "its AWS region is not valid" in str(raised.value)
+        assert "'us east 1'" in str(raised.value) and "SHARDQ_REGION" in str(raised.value)
+        assert "AWS_PROFILE" not in str(raised.value)
+    assert "store_url's ?region=" in str(dynamo.value)
+
+
 def test_store_for_memory_broker_is_in_memory() -> None:
     assert store_for(Config(), MemoryBroker()).kind == "memory"
 

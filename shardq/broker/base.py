@@ -134,7 +134,7 @@ def valid_entries(
             result.failed[entry.id] = f"message is {size} bytes; the queue accepts at most {limit}"
         elif not entry.body:
             result.failed[entry.id] = "SQS refuses an empty message body"
-        elif bad := BODY_REFUSED.search(entry.body):
+        elif not entry.body.isprintable() and (bad := BODY_REFUSED.search(entry.body)):
             result.failed[entry.id] = f"SQS refuses the character {bad.group()!r} in a body"
         elif not GROUP_ID_PATTERN.fullmatch(entry.group_id):
             result.failed[entry.id] = f"invalid MessageGroupId {entry.group_id!r}"

@@ -30,6 +30,7 @@ from shardq.broker.sqs_client import (
     POLL_READ_TIMEOUT,
     TIMEOUTS,
     Unanswered,
+    bad_region,
     make_client,
     no_credentials,
     timed_out,
@@ -97,6 +98,9 @@ class SqsBroker(Broker):
                 "no AWS region for SQS: set `region` in shardq.yaml, SHARDQ_REGION or "
                 "AWS_DEFAULT_REGION"
             ) from exc
+        except botocore.exceptions.InvalidRegionError as exc:
+            where = "`region` in shardq.yaml, SHARDQ_REGION and AWS_DEFAULT_REGION"
+            raise BrokerError(bad_region("SQS", exc, where)) from exc
         except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
             raise BrokerError(unloadable("SQS", exc)) from exc
         self.endpoint_url = endpoint_url
@@ -107,6 +111,7 @@ class SqsBroker(Broker):
         for client in (self.client, self._poll_client):
             client.meta.events.register("before-send.sqs.*", self._count_request)
         self._urls: dict[str, str] = {}
+        self._missing: set[str] = set()  # queues a lookup just found missing
         self._attribute_cache: dict[tuple[str, str], int] = {}
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
@@ -140,10 +145,18 @@ class SqsBroker(Broker):
 
     def url(self, queue: str) -> str:
         """The queue's URL (looked up once, then cached)."""
-        if queue not in self._urls:
-            what = f"looking up queue {queue}"
+        return self._urls.get(queue) or self._look_up(queue)
+
+    def _look_up(self, queue: str) -> str:
+        """The queue's URL, asked of SQS; a miss is remembered for ``ensure_queue``."""
+        what = f"looking up queue {queue}"
+        try:
             found = self._call(what, self.client.get_queue_url, QueueName=queue)
-            self._urls[queue] = _queue_url(what, found)
+        except QueueNotFoundError:
+            self._missing.add(queue)
+            raise
+        self._missing.discard(queue)
+        self._urls[queue] = _queue_url(what, found)
         return self._urls[queue]
 
     def ensure_queue(
@@ -158,11 +171,13 @@ class SqsBroker(Broker):
         if max_message_bytes is not None:
             attributes["MaximumMessageSize"] = str(max_message_bytes)
         what = f"creating queue {name}"
-        # one that exists is used as it is, with no CreateQueue: a role may not allow it
+        # one that exists is used as it is, with no CreateQueue: a role may not allow it;
+        # one just found missing (queue_settings) is created without a second look
         with suppress(QueueNotFoundError):
-            found = self._call(what, self.client.get_queue_url, QueueName=name)
-            self._urls[name] = _queue_url(what, found)
-            return
+            if name not in self._missing:
+                self._look_up(name)
+                return
+        self._missing.discard(name)
         try:
             response = self._call(
                 what, self.client.create_queue, QueueName=name, Attributes=attributes

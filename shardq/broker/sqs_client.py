@@ -111,6 +111,14 @@ def timed_out(
     )
 
 
+def bad_region(service: str, exc: Exception, where: str) -> str:
+    """Why a client of ``service`` could not be made: its region (set in ``where``)."""
+    return (
+        f"cannot make the {service} client: its AWS region is not valid ({exc}); check "
+        f"{where} (a region such as us-east-1)"
+    )
+
+
 def unloadable(service: str, exc: Exception) -> str:
     """Why a client of ``service`` could not be made from boto3's settings."""
     return (

@@ -18,7 +18,13 @@ import yaml
 
 from shardq.core.errors import ConfigError
 from shardq.core.jobs import int_in
-from shardq.core.limits import MAX_CONCURRENCY, MAX_THREADS, MAX_WAIT_SECONDS, QUEUE_NAME_PATTERN
+from shardq.core.limits import (
+    MAX_CONCURRENCY,
+    MAX_THREADS,
+    MAX_WAIT_SECONDS,
+    QUEUE_NAME_PATTERN,
+    REGION_PATTERN,
+)
 
 DEFAULT_FILE = "shardq.yaml"
 ENV_PREFIX = "SHARDQ_"
@@ -160,6 +166,8 @@ class Config:
             fail(
                 "broker_url", f"expected a URL such as sqlite:///shardq.db, got {self.broker_url!r}"
             )
+        if self.region is not None and (problem := region_problem(self.region)):
+            fail("region", problem)
         if self.endpoint_url is not None:
             url = urlsplit(str(self.endpoint_url))
             if url.scheme not in ("http", "https") or not url.hostname:
@@ -229,7 +237,16 @@ def store_parameters(url: str, where: str = "config") -> dict[str, str]:
     query = url_parameters(f"{where}: store_url", url, STORE_URL_PARAMETERS)
     if empty := sorted(k for k, v in query.items() if not v):
         raise ConfigError(f"{where}: store_url {url!r}: {', '.join(empty)} is empty")
+    if "region" in query and (problem := region_problem(query["region"])):
+        raise ConfigError(f"{where}: store_url {url!r}: region: {problem}")
     return query
+
+
+def region_problem(region: str) -> str | None:
+    """What is wrong with ``region`` as an AWS region's name, or None."""
+    if REGION_PATTERN.fullmatch(region):
+        return None
+    return f"expected an AWS region such as us-east-1, got {region!r}"
 
 
 def timeout_problem(value: object) -> str | None:

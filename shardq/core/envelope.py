@@ -86,6 +86,10 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
         if body.startswith("\ufeff"):  # as json.loads refuses it
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", body, 0)
         doc = _DECODER.decode(body)
+    except TooLarge as exc:  # valid JSON, but not as a double
+        raise EnvelopeError(
+            f"the envelope holds a number too large for a double ({exc.number})"
+        ) from None
     except ValueError as exc:
         raise EnvelopeError(f"message body is not JSON ({exc}){NOT_ENVELOPE}") from exc
     except RecursionError as exc:  # "[[[[..." nested deeper than Python's stack
@@ -129,10 +133,18 @@ class NestedTooDeeply(ValueError):
     """JSON nested too deeply to read."""
 
 
+class TooLarge(ValueError):
+    """A JSON number too large for a double (``number``: its text), which reads as infinity."""
+
+    def __init__(self, number: str) -> None:
+        super().__init__(f"{number} is too large for a JSON number")
+        self.number = number
+
+
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e999 reads as infinity
-        raise ValueError(f"{text} is too large for a JSON number")
+        raise TooLarge(text)
     return value
 
 

@@ -33,10 +33,14 @@ FIFO_SUFFIX = ".fifo"
 #: MessageGroupId and MessageDeduplicationId: letters, digits and ASCII punctuation.
 GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 #: A character SQS refuses in a message body (it takes tab, newline, carriage return and
-#: Unicode from U+0020 but surrogates, U+FFFE and U+FFFF).
+#: Unicode from U+0020 but surrogates, U+FFFE and U+FFFF). A body ``str.isprintable()``
+#: holds none (each is a control, a surrogate or a noncharacter): checked first, cheaper.
 BODY_REFUSED = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 #: Queue names: letters, digits, hyphens and underscores.
 QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+#: An AWS region's form, such as us-east-1 (botocore's: a host label, not all digits;
+#: "" is no region).
+REGION_PATTERN = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{0,63}(?<!-)")
 
 #: Most threads one node runs (beyond, it spends its time switching and is slow to stop).
 MAX_THREADS = 256

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shardq.broker.base import Broker, Message, SendEntry, batches
-from shardq.core.errors import BrokerError, QueueNotFoundError
+from shardq.broker.base import Broker, Message, SendEntry, SendResult, batches, valid_entries
+from shardq.core.errors import BrokerError, EnvelopeError, QueueNotFoundError
 from shardq.core.topology import shard_for
 
 if TYPE_CHECKING:
@@ -19,10 +20,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shardq.layout")
 
 
-def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
+def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> dict[str, str]:
     """Send ``messages`` (in receive order) to ``worker``'s current layout; BrokerError
-    unless every one was accepted (the caller deletes them only then)."""
+    unless every one was accepted or refused for good (the caller deletes them only then).
+    Those refused for good (a body an older shardq stored that SQS refuses) are not sent:
+    returned, by message id, with why (the caller buries them: their entity moves on)."""
     layout = app.layouts.cached(worker)
+    refused: dict[str, str] = {}
     by_queue: dict[str, list[Message]] = {}
     for m in messages:
         queue = app.shard_queue(worker, shard_for(m.group_id, layout.shards), layout.gen)
@@ -34,10 +38,19 @@ def relay(app: Deployment, worker: str, messages: Sequence[Message]) -> None:
                 SendEntry(str(i), m.body, m.group_id, f"relay-{m.message_id}"[:128])
                 for i, m in enumerate(chunk)
             ]
-            result = app.broker.send_batch(queue, entries)
-            if result.failed:
-                raise BrokerError(f"relaying {len(result.failed)} jobs to {queue} failed")
-    log.info("layout.relayed", worker=worker, jobs=len(messages), to_gen=layout.gen)
+            bad = SendResult()
+            valid = valid_entries(entries, partial(app.broker.max_message_bytes, queue), bad)
+            refused.update((chunk[int(i)].message_id, why) for i, why in bad.failed.items())
+            if valid and (result := app.broker.send_batch(queue, valid)).failed:
+                why = "; ".join(sorted(set(result.failed.values())))
+                raise BrokerError(f"relaying {len(result.failed)} jobs to {queue} failed: {why}")
+    log.info("layout.relayed", worker=worker, jobs=len(messages) - len(refused), to_gen=layout.gen)
+    return refused
+
+
+def unrelayable(why: str) -> EnvelopeError:
+    """What a job :func:`relay` refused for good dies of (in the morgue as invalid)."""
+    return EnvelopeError(f"not relayed to the current layout, refused for good: {why}")
 
 
 def _size(message: Message) -> int:

@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shardq import morgue
+from shardq.broker.base import Message
 from shardq.core import layout as rules
 from shardq.core.errors import BrokerError, QueueNotFoundError, ShardqError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.plan import ShardRef
-from shardq.publish.relay import delete_if_empty, holding, relay
+from shardq.publish.relay import delete_if_empty, holding, relay, unrelayable
+from shardq.store.base import DamagedItem
 
 if TYPE_CHECKING:
     from shardq.run.node import Node
@@ -199,9 +202,11 @@ class LayoutKeeper:
             clock = self.app.layouts.clock
             if messages:  # hidden until relayed (timed from now: the receive has returned)
                 self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
-                relay(self.app, worker, messages)
-                broker.delete_batch(queue, [m.receipt for m in messages])
-                del self._unrelayed[queue]
+                refused = relay(self.app, worker, messages)
+                done = [m for m in messages if self._buried(worker, m, refused)]
+                broker.delete_batch(queue, [m.receipt for m in done])
+                if len(done) == len(messages):  # else those left stay hidden a while
+                    del self._unrelayed[queue]
                 self._swept[queue] = 0.0  # more may wait
                 return False
             hidden = self.node.leases.hidden(queue)[1] or self._unrelayed.get(queue, 0) > clock()
@@ -211,6 +216,21 @@ class LayoutKeeper:
         except BrokerError as exc:
             self.node.broker_trouble("sweep", queue, exc)
             return False
+
+    def _buried(self, worker: str, message: Message, refused: dict[str, str]) -> bool:
+        """Is ``message`` relayed, or refused for good by the relay and in the morgue?"""
+        if message.message_id not in refused:
+            return True
+        error = unrelayable(refused[message.message_id])
+        record = morgue.record_for(message, morgue.REASON_INVALID, error, message.receive_count)
+        try:
+            morgue.bury(self.app.store, worker, [record])
+        except (morgue.StoreError, DamagedItem) as exc:  # it is relayed again, then buried
+            log.error("job.morgue_failed", worker=worker, entity=message.group_id, error=str(exc))
+            return False
+        log.warning("layout.relay_refused", worker=worker, entity=message.group_id,
+                    message_id=message.message_id, error=str(error))  # fmt: skip
+        return True
 
     def _record(self, worker: str, what: str, step: Step, shards: list[tuple[int, int]]) -> None:
         try:

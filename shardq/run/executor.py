@@ -37,7 +37,7 @@ from shardq.core.outcome import (
 )
 from shardq.core.outcome import Outcome as Outcome
 from shardq.core.plan import ShardRef
-from shardq.publish.relay import relay
+from shardq.publish.relay import relay, unrelayable
 from shardq.run.aio import Performer
 from shardq.run.leases import Leases
 from shardq.run.shard import by_entity
@@ -159,7 +159,7 @@ class Executor:
     ) -> EntityEnd:
         jobs = [self._decode(ref, m) for m in messages]
         action = self._router(ref, messages[0].group_id)
-        if action == layouts.RELAY and not self._relayed(ref, messages):
+        if action == layouts.RELAY and not self._relayed(ref, jobs):
             action = layouts.WAIT
         if action == layouts.WAIT:  # held, in order, without counting an attempt
             return self._retry([], jobs, GATE_SECONDS)
@@ -212,17 +212,23 @@ class Executor:
             return self._retry(chunk, jobs[i + len(chunk) :], decision.delay)
         return EntityEnd(DONE, performed=performed)
 
-    def _relayed(self, ref: ShardRef, messages: list[Message]) -> bool:
-        """Send an entity's jobs on to the current layout, then delete them here."""
+    def _relayed(self, ref: ShardRef, jobs: list[_Job]) -> bool:
+        """Send an entity's jobs on to the current layout, then delete them here; those
+        refused for good go to the morgue as invalid (or are hidden to try again)."""
+        messages = [j.message for j in jobs]
         if any(self._leases.lapsed(m) for m in messages):
             return False  # another node may have them now; the next look gives up
         try:
-            relay(self._app, ref.worker, messages)
+            refused = relay(self._app, ref.worker, messages)
         except BrokerError as exc:
             log.warning("layout.relay_failed", shard=str(ref), error=str(exc))
             self._report.broker_error("relay")
             return False
-        self._leases.delete(messages)
+        self._leases.delete([m for m in messages if m.message_id not in refused])
+        for j in (j for j in jobs if j.message.message_id in refused):
+            error = unrelayable(refused[j.message.message_id])
+            if not self._bury(ref, None, [j], morgue.REASON_INVALID, error, 0.0):
+                self._leases.hide([j.message], INVALID_RETRY_SECONDS)
         return True
 
     @staticmethod

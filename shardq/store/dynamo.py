@@ -13,6 +13,7 @@ import botocore.exceptions
 from shardq.broker.sqs_client import (
     TIMEOUTS,
     Unanswered,
+    bad_region,
     make_client,
     no_credentials,
     timed_out,
@@ -57,6 +58,9 @@ class DynamoStore(Store):
         except botocore.exceptions.NoRegionError as exc:
             where = "`region`, store_url's ?region=, SHARDQ_REGION or AWS_DEFAULT_REGION"
             raise StoreError(f"no AWS region for DynamoDB: set {where}") from exc
+        except botocore.exceptions.InvalidRegionError as exc:
+            where = "`region`, store_url's ?region=, SHARDQ_REGION and AWS_DEFAULT_REGION"
+            raise StoreError(bad_region("DynamoDB", exc, where)) from exc
         except botocore.exceptions.BotoCoreError as exc:  # half a key, an unknown profile
             raise StoreError(unloadable("DynamoDB", exc)) from exc
 
