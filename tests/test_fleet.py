@@ -16,7 +16,8 @@ from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import Plan, ShardRef
-from shardq.fleet import Fleet, _fit
+from shardq.fleet import Fleet
+from shardq.fleet.others import fit
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.fleet_view import fleet_view, nodes_text, read_fleet
 from shardq.run.node import Node
@@ -633,7 +634,7 @@ def test_a_report_over_the_size_limit_shows_an_unknown_lag_and_every_shard(shard
     store, now = MemoryStore(), time.time()
     held = tuple(f"InvoiceReconciliationWorkerNumber0:{n}" for n in range(shards))
     report = Heartbeat("a", at=now, held=held, lags=dict.fromkeys(held, 1.5), expire=6.0)
-    store.put("node/a", _fit(report.to_value()), version=None)
+    store.put("node/a", fit(report.to_value()), version=None)
     for key in held:
         store.put(f"shard/{key}", {"owner": "a"}, version=None)
     # when an operator looks

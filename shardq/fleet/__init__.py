@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -28,12 +27,12 @@ from shardq.core.fleet_rules import (
     timing,
     unreadable_owner,
 )
-from shardq.core.heartbeat import COUNTS, Heartbeat, marked_gone, prefix_of
+from shardq.core.heartbeat import COUNTS, Heartbeat, prefix_of
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
+from shardq.fleet.others import Damaged, Foreign, fit, gone_value
 from shardq.store import Item, Store, StoreConflict, StoreError
-from shardq.store.base import encode
 from shardq.store.deployment import live_shards
 
 if TYPE_CHECKING:
@@ -72,12 +71,11 @@ class Fleet:
         self._fences = 0  # how many times it stopped serving every shard
         self._next_beat = 0.0
         self._seen: dict[str, tuple[int, float]] = {}
-        self._seen_foreign: dict[str, tuple[int, float]] = {}  # of other apps' nodes
-        self._foreign_logged: set[str] = set()  # their prefixes
+        self._foreign = Foreign(self.expire_seconds)  # other apps' nodes sharing the store
         self._owned: dict[str, int] = {}  # key -> version of the ownership item
         self._draining: dict[str, tuple[threading.Event, int]] = {}
         self._refused: dict[str, float] = {}  # key -> when this node could not take it
-        self._damaged: dict[str, int] = {}  # item key -> version last reported damaged
+        self._damaged = Damaged()
         self._unreadable: dict[str, tuple[int, float]] = {}  # shard key -> version, seen at
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -147,29 +145,9 @@ class Fleet:
         foreign: list[Item] = []
         for i in beats:
             (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
-        self._report_damaged([*owned, *items])
-        self._act(now, owned, items, self._foreign(now, foreign), fences)
-
-    def _foreign(self, now: float, items: list[Item]) -> set[str]:
-        """The live nodes of other apps sharing this store (not supported: logged once)."""
-        names = {i.key[len(NODE_PREFIX) :]: i for i in items}
-        beats = {n: Beat(n, i.version, gone=str(i.value.get("gone", ""))) for n, i in names.items()}
-        self._seen_foreign = observe(self._seen_foreign, beats, now)
-        live: set[str] = set()
-        for name, beat in beats.items():  # each on the lease of its own app, if longer
-            expire = max(self.expire_seconds, Heartbeat.from_value(name, names[name].value).expire)
-            live |= live_nodes({name: beat}, self._seen_foreign, now, expire)
-        for prefix in sorted({str(names[n].value.get("prefix")) for n in live}):
-            if prefix not in self._foreign_logged:
-                self._foreign_logged.add(prefix)
-                log.error(
-                    "fleet.store_shared",
-                    prefix=prefix,
-                    detail="another app's nodes use this state store: not supported; give "
-                    "each app its own table (the default name is per queue_prefix); shards "
-                    "their node owns are left alone",
-                )
-        return live
+        self._damaged.report([*owned, *items])
+        others = {i.key[len(NODE_PREFIX) :]: i for i in foreign}
+        self._act(now, owned, items, self._foreign.live(now, others), fences)
 
     def _beat_when_due(self, now: float) -> None:
         if now >= self._next_beat:
@@ -179,23 +157,8 @@ class Fleet:
                 log.warning("fleet.heartbeat_failed", error=str(exc))
                 self._next_beat = now + ROUND_SECONDS
 
-    def _report_damaged(self, items: list[Item]) -> None:
-        """Log each damaged item once (again if it changes): nodes rewrite it (``_act``)."""
-        damaged = {i.key: i.version for i in items if i.damaged}
-        for item in items:
-            if item.damaged and self._damaged.get(item.key) != item.version:
-                log.error(
-                    "fleet.item_damaged",
-                    item=item.key,
-                    error=item.damaged,
-                    detail="nodes rewrite it: a heartbeat at its node's next beat, else once "
-                    "it stood still for a lease; an ownership item at once if its holder is "
-                    "live, else once it stood still for a lease",
-                )
-        self._damaged = damaged
-
     def _beat(self, now: float) -> None:
-        key, report = NODE_PREFIX + self.id, _fit(self.report().to_value())
+        key, report = NODE_PREFIX + self.id, fit(self.report().to_value())
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
@@ -366,16 +329,10 @@ class Fleet:
             self.node.drop_shard(self._ref(key))
 
     def _mark_gone(self, item: Item) -> None:
-        value = marked_gone(item.value, "lease expired", self.wall(), self.id)
         try:
-            encode(value)
-        except ValueError:  # a value it cannot write back (a NaN, near the size limit)
-            prefix = prefix_of(item.value)  # kept: the node stays out of other apps' views
-            value = marked_gone(
-                {} if prefix is None else {"prefix": prefix}, "lease expired", self.wall(), self.id
+            self.store.put(
+                item.key, gone_value(item.value, self.wall(), self.id), version=item.version
             )
-        try:
-            self.store.put(item.key, value, version=item.version)
         except StoreError:
             return
         log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
@@ -430,17 +387,3 @@ class Fleet:
             log.warning("fleet.store_failed", error=str(exc))
             return False
         return True
-
-
-def _fit(report: dict[str, Any]) -> dict[str, Any]:
-    """The report within the store's size limit: without its lags, then its shards, if
-    they take it over (a node holding thousands of shards of long worker names), naming
-    what it left out."""
-    omitted: list[str] = []
-    for drop in ("lags", "held"):
-        with suppress(ValueError):
-            encode(report)
-            return report
-        omitted.append(drop)
-        report = {**report, drop: type(report[drop])(), "omitted": list(omitted)}
-    return report
