@@ -758,6 +758,47 @@ def test_a_retired_queue_swept_after_slow_failed_relays_is_not_deleted_over_its_
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_whose_sweep_receive_failed_is_not_deleted_over_the_job_it_took(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job left in Moved's retired shard 0 (the move 2 -> 3 ended), and a node
+    # (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its sweep's receive takes the job at the broker but fails (the answer lost after
+    # the retries), and it looks again 10 s later, the counts (approximate on SQS) empty
+    old = moved.shard_queue("Moved", 0, 0)
+    counts, receive = moved.broker.counts, moved.broker.receive
+    lost = [True]
+
+    def lossy(queue: str, **kwargs: Any) -> list[Message]:
+        messages = receive(queue, **kwargs)
+        if queue == old and messages and lost:
+            lost.clear()
+            raise BrokerError("the answer was lost (test)")
+        return messages
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "receive", lossy)
+    keeper.tick()
+    clock.offset += 10.5
+    keeper.tick()
+    # then the retired queue is not deleted while the job it took is hidden there
+    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     moved: shardq.App,
 ) -> None:

@@ -190,13 +190,16 @@ class LayoutKeeper:
 
     def _sweep_one(self, worker: str, queue: str, ripe: bool) -> bool:
         """Relay what reached retired ``queue``; delete it if ``ripe`` and empty."""
-        broker = self.app.broker
+        broker, clock = self.app.broker, self.app.layouts.clock
         try:
-            messages = broker.receive(
-                queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
-                visibility_timeout=SWEEP_VISIBILITY_SECONDS,
-            )  # fmt: skip
-            clock = self.app.layouts.clock
+            try:
+                messages = broker.receive(
+                    queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
+                    visibility_timeout=SWEEP_VISIBILITY_SECONDS,
+                )  # fmt: skip
+            except BrokerError:  # it may have taken jobs, its answer lost: hidden 30 s
+                self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
+                raise
             if messages:  # hidden until relayed (timed from now: the receive has returned)
                 self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
                 relay(self.app, worker, messages)
