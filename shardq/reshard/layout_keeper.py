@@ -167,8 +167,10 @@ class LayoutKeeper:
         return brought == found[0] and not found[1] & in_flight
 
     def _holds(self, queue: str, held: set[str]) -> bool:
-        """A job of ``queue`` is held here (``held``: their queues) or hidden for a retry."""
-        return queue in held or self.node.leases.hidden(queue)[1] > 0
+        """A job of ``queue`` is held here (``held``: their queues), hidden for a retry,
+        or may be hidden by a receive of the node that failed (:meth:`Intake.unsure`)."""
+        leases, intake = self.node.leases, self.node.intake
+        return queue in held or leases.hidden(queue)[1] > 0 or intake.unsure(queue)
 
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
