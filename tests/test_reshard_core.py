@@ -657,6 +657,36 @@ def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_numbe
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_look_lists_the_jobs_held_only_when_it_looks_at_an_old_shard_and_once_after(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's two old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    lists, held = [], node.leases.held
+    monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
+    # when it looks while the trust window has not passed since the switch
+    keeper.tick()
+    # then it did not list the jobs held (a copy made under the lock the lanes use)
+    assert not lists and not keeper.relaying
+    # when the window passed and its shards relay, then it lists them once a look, to
+    # learn whether anything of them still runs here
+    clock.offset = 100.0
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", s, 0).key for s in (0, 1)}
+    lists.clear()
+    clock.offset += 2.5
+    keeper.tick()
+    assert len(lists) == 1
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
