@@ -135,10 +135,8 @@ class LayoutKeeper:
             if ref.key in self.relaying:
                 if queue not in self._held_queues():  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif queue in self._looked:
-                looked.append((ref, queue, None))
             elif not self._holds(queue) and (brought := self._empty(queue)) is not None:
-                looked.append((ref, queue, brought))
+                looked.append((ref, queue, None if queue in self._looked else brought))
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
         return looked
@@ -155,17 +153,14 @@ class LayoutKeeper:
         return None if found else brought
 
     def _closable(self, queue: str, brought: int | None) -> bool:
-        """Found empty now (``brought``: :meth:`_empty`) with no job held (their queues
-        copied after the receive) or hidden here, or at the last look (None); and the
-        receives of this node's in flight then (one may have taken jobs that look missed)
-        have ended since, bringing nothing."""
+        """Found empty now (``brought``: :meth:`_empty`; None: at the last look too) with
+        no job held (their queues copied after the receive) or hidden here; and the
+        receives of this node's in flight at the first such look (one may have taken jobs
+        that look missed) have ended since, bringing nothing."""
         receives = self.node.intake.receives
-        if brought is None:
-            found = self._looked[queue]
-        elif self._holds(queue):
+        if self._holds(queue):
             return False
-        else:
-            found = (brought, receives(queue)[1])
+        found = self._looked[queue] if brought is None else (brought, receives(queue)[1])
         brought, in_flight = receives(queue)
         if brought == found[0] and found[1] & in_flight:
             self._found[queue] = found  # looked at again once they ended
