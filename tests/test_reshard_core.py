@@ -904,6 +904,36 @@ def test_a_retired_queue_whose_sweep_receive_failed_is_not_deleted_over_the_job_
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_forgets_the_queues_of_the_shards_it_dropped_and_the_queues_it_deleted(
+    moved: shardq.App,
+) -> None:
+    # given Moved resharded 2 -> 3 and the move ended (its retired queues empty), and a
+    # node (its layout keeper driven here) serving the new shards, twice the trust window
+    # past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper, intake = node.layout, node.intake
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its keeper sweeps and deletes the retired queues, and its lanes received each
+    # shard before the node dropped them all
+    keeper.tick()
+    assert moved.layouts.read("Moved").retired == ()
+    refs = node.shard_refs()
+    for ref in refs:
+        intake.receive(node.make_shard(ref), 0)
+        node.drop_shard(ref)
+    # then it keeps nothing about those queues (a node running for weeks through many
+    # reshards would otherwise keep every queue it ever received or swept)
+    assert refs and not keeper._swept and not keeper._unrelayed
+    assert not intake._brought and not intake._receiving
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_reshard_announced_while_no_node_runs_completes_once_a_node_runs(
     moved: shardq.App,
 ) -> None:

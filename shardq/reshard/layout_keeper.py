@@ -79,6 +79,8 @@ class LayoutKeeper:
         if fleet is None or not fleet.elastic:
             self._sync_plan()
         if not layouts.moving():
+            self._swept.clear()  # (of queues another node deleted)
+            self._unrelayed.clear()
             return
         self._looked, self._found = self._found, {}  # one not looked at now starts over
         self._held, looked = None, []
@@ -194,6 +196,8 @@ class LayoutKeeper:
                 ripe = seen is not None and rules.may_delete(seen, now, layout.trust)
                 if self._sweep_one(worker, queue, ripe):
                     gone.append((old.gen, shard))
+                    del self._swept[queue]  # (swept again if its deletion is not recorded)
+                    self._unrelayed.pop(queue, None)
         if gone:
             self._record(worker, "queues_deleted", rules.deleted, gone)
 

@@ -148,9 +148,7 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
-            if not isinstance(exc, QueueNotFoundError):  # it may have taken jobs (its answer
-                failed = 1  # lost), hidden for their visibility timeout
-                self._lost[queue] = self._clock() + shard.visibility_timeout
+            failed = 0 if isinstance(exc, QueueNotFoundError) else 1  # (a missing queue: none)
             seconds, until, _ = self._backoff.get(queue, (0.25, began, False))
             # a receive begun long after the last failure (its backoff over by as long
             # again) starts over; the wait counts from when this one failed
@@ -160,9 +158,27 @@ class Intake:
             return None
         finally:
             with self._received:
-                self._receiving[queue].discard(number)
-                self._brought[queue] = self._brought.get(queue, 0) + len(messages or ()) + failed
+                receiving = self._receiving[queue]
+                receiving.discard(number)
+                if failed:  # it may have taken jobs (its answer lost): hidden for their timeout
+                    now = self._clock()
+                    self._lost = {q: t for q, t in self._lost.items() if t > now}
+                    self._lost[queue] = now + shard.visibility_timeout
+                if not receiving:
+                    del self._receiving[queue]
+                brought = self._brought.get(queue, 0) + len(messages or ()) + failed
+                if shard.dropped and not receiving:  # served here no more: forgotten
+                    self._brought.pop(queue, None)
+                else:
+                    self._brought[queue] = brought
                 self._received.notify_all()
+
+    def forget(self, queue: str) -> None:
+        """The shard of ``queue`` was dropped: forget what its receives brought (at once
+        if none is in flight, else as the last ends)."""
+        with self._received:
+            if queue not in self._receiving:
+                self._brought.pop(queue, None)
 
     def receives(self, queue: str) -> tuple[int, set[int]]:
         """How many jobs the receives of ``queue`` brought so far, and the receives of
