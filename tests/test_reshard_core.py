@@ -19,6 +19,7 @@ import pytest
 
 import shardq
 from shardq.broker import Broker, Message, QueueCounts, SendEntry
+from shardq.broker.base import release_now
 from shardq.core import envelope
 from shardq.core import layout as rules
 from shardq.core.config import Config
@@ -551,10 +552,11 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
 
 
 def receive_in_flight(
-    node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch
+    node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch, fails: bool = False
 ) -> Callable[[], None]:
     """Start a receive of ``ref`` by the node's intake (as its lane does) that takes what
-    the queue holds at once but answers only once the function returned is called."""
+    the queue holds at once but answers only once the function returned is called (with
+    a BrokerError if ``fails``: the answer lost)."""
     shard, receive = node.make_shard(ref), node.app.broker.receive
     took, answer, first = threading.Event(), threading.Event(), [True]
 
@@ -564,6 +566,8 @@ def receive_in_flight(
             first.clear()
             took.set()
             answer.wait(10)
+            if fails:
+                raise BrokerError("the answer was lost (test)")
         return messages
 
     monkeypatch.setattr(node.app.broker, "receive", slow)
@@ -613,6 +617,41 @@ def test_an_old_shard_whose_last_job_a_receive_in_flight_took_stays_open(
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_whose_last_job_a_receive_that_failed_took_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0, a reshard to 3 switched, and a node (its
+    # layout keeper driven here) past the trust window on its clock, the broker's counts
+    # (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    # when a lane's receive of shard 0, in flight while the keeper looks, took E's job at
+    # the broker and then failed (its answer lost after the retries), and the keeper
+    # looks again 2 s later
+    let_go = receive_in_flight(node, ShardRef("Moved", 0, 0), monkeypatch, fails=True)
+    keeper.tick()
+    let_go()
+    assert node.intake.receives(old)[0] == 1  # counted as having brought something
+    clock.offset += 2.5
+    keeper.tick()
+    # then shard 0 stays open while E's job is hidden there (it would be relayed behind
+    # E's later jobs), while the empty old shard 1 closed
+    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_nothing(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -642,6 +681,42 @@ def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_not
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_that_holds_a_job_again_at_the_look_that_would_close_it_stays_open(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0 hidden at the broker (taken by a node that
+    # served the shard before), a reshard to 3 switched, and a node (its layout keeper
+    # driven here) past the trust window on its clock, the broker's counts (approximate on
+    # SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    taken = take(moved.broker, old)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 100.0
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    # when the keeper finds shard 0 empty while a lane's receive of it is in flight, the
+    # job is visible again before that receive ends (bringing nothing), and the keeper
+    # looks again 2 s later
+    let_go = receive_in_flight(node, ShardRef("Moved", 0, 0), monkeypatch)
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    release_now(moved.broker, taken)
+    let_go()
+    clock.offset += 2.5
+    keeper.tick()
+    # then shard 0 stays open: the job waiting there is not relayed behind E's later jobs
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -663,6 +738,36 @@ def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_numbe
     # then it listed the jobs held (a copy made under the lock the lanes use) twice: before
     # the receives and after, not twice for each old shard besides
     assert len(lists) == 2
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_look_lists_the_jobs_held_only_when_it_looks_at_an_old_shard_and_once_after(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given Moved's two old shards empty, a reshard to 3 switched, and a node (its layout
+    # keeper driven here) on its clock
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    lists, held = [], node.leases.held
+    monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
+    # when it looks while the trust window has not passed since the switch
+    keeper.tick()
+    # then it did not list the jobs held (a copy made under the lock the lanes use)
+    assert not lists and not keeper.relaying
+    # when the window passed and its shards relay, then it lists them once a look, to
+    # learn whether anything of them still runs here
+    clock.offset = 100.0
+    keeper.tick()
+    assert keeper.relaying == {ShardRef("Moved", s, 0).key for s in (0, 1)}
+    lists.clear()
+    clock.offset += 2.5
+    keeper.tick()
+    assert len(lists) == 1
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
@@ -832,6 +937,77 @@ def test_a_retired_queue_swept_after_slow_failed_relays_is_not_deleted_over_its_
     # from its receive: until 42 s in)
     assert counts(second).in_flight == 1  # (the broker's own counts: exact here)
     assert moved.layouts.read("Moved").retired[0].left == [0, 1]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_retired_queue_whose_sweep_receive_failed_is_not_deleted_over_the_job_it_took(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job left in Moved's retired shard 0 (the move 2 -> 3 ended), and a node
+    # (its layout keeper driven here) twice the trust window past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper = node.layout
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its sweep's receive takes the job at the broker but fails (the answer lost after
+    # the retries), and it looks again 10 s later, the counts (approximate on SQS) empty
+    old = moved.shard_queue("Moved", 0, 0)
+    counts, receive = moved.broker.counts, moved.broker.receive
+    lost = [True]
+
+    def lossy(queue: str, **kwargs: Any) -> list[Message]:
+        messages = receive(queue, **kwargs)
+        if queue == old and messages and lost:
+            lost.clear()
+            raise BrokerError("the answer was lost (test)")
+        return messages
+
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    monkeypatch.setattr(moved.broker, "receive", lossy)
+    keeper.tick()
+    clock.offset += 10.5
+    keeper.tick()
+    # then the retired queue is not deleted while the job it took is hidden there
+    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+    assert moved.layouts.read("Moved").retired[0].left == [0]
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_a_node_forgets_the_queues_of_the_shards_it_dropped_and_the_queues_it_deleted(
+    moved: shardq.App,
+) -> None:
+    # given Moved resharded 2 -> 3 and the move ended (its retired queues empty), and a
+    # node (its layout keeper driven here) serving the new shards, twice the trust window
+    # past the move's end
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
+    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
+    keeper, intake = node.layout, node.intake
+    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    clock.offset = 200.0
+    # when its keeper sweeps and deletes the retired queues, and its lanes received each
+    # shard before the node dropped them all
+    keeper.tick()
+    assert moved.layouts.read("Moved").retired == ()
+    refs = node.shard_refs()
+    for ref in refs:
+        intake.receive(node.make_shard(ref), 0)
+        node.drop_shard(ref)
+    # then it keeps nothing about those queues (a node running for weeks through many
+    # reshards would otherwise keep every queue it ever received or swept)
+    assert refs and not keeper._swept and not keeper._unrelayed
+    assert not intake._brought and not intake._receiving
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

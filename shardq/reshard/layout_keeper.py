@@ -29,6 +29,8 @@ Step = Callable[[rules.WorkerLayout, int, int], rules.WorkerLayout]
 SWEEP_VISIBILITY_SECONDS = 30
 #: Each retired queue is looked at this often.
 SWEEP_EVERY_SECONDS = 10.0
+#: An old shard found empty: its ref, queue and :meth:`LayoutKeeper._empty`'s answer.
+Looked = tuple[ShardRef, str, int | None]
 
 
 class LayoutKeeper:
@@ -44,6 +46,7 @@ class LayoutKeeper:
         self._found: dict[str, tuple[int, set[int]]] = {}
         self._looked: dict[str, tuple[int, set[int]]] = {}  # the same, at the look before
         self._unrelayed: dict[str, float] = {}  # retired queue -> until its sweep's jobs hide
+        self._held: set[str] | None = None  # queues of the jobs held here: copied when needed
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
 
@@ -79,8 +82,11 @@ class LayoutKeeper:
         if fleet is None or not fleet.elastic:
             self._sync_plan()
         if not layouts.moving():
+            self._swept.clear()  # (of queues another node deleted)
+            self._unrelayed.clear()
             return
         self._looked, self._found = self._found, {}  # one not looked at now starts over
+        self._held, looked = None, []
         for worker in self.app.workers:
             try:
                 layout = layouts.switch_if_due(worker)
@@ -88,9 +94,14 @@ class LayoutKeeper:
                 log.warning("layout.switch_failed", worker=worker, error=str(exc))
                 layout = layouts.cached(worker)
             if layout.moving is not None:
-                self._close_old(worker, layout, now)
+                looked += self._close_old(worker, layout, now)
             if layout.retired:
                 self._sweep(worker, layout, now)
+        self._held = None  # again after the receives: one of this node's may have taken
+        for ref, queue, brought in looked:  # a shard's last jobs
+            if self._closable(queue, brought):
+                self.relaying.add(ref.key)
+                log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
 
     def _sync_plan(self) -> None:
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
@@ -112,34 +123,28 @@ class LayoutKeeper:
                 return  # tried again at the next tick
         self._versions = layouts
 
-    def _close_old(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
+    def _close_old(self, worker: str, layout: rules.WorkerLayout, now: float) -> list[Looked]:
+        """Record the old shards relaying here that are done; returns those to close if
+        :meth:`_closable` after the receives of the look."""
         move = layout.moving
         assert move is not None
         seen = self.app.layouts.seen(worker, layout.gen, "switched")
         if seen is None:
-            return
-        held = {m.queue for m in self.node.leases.held()}
+            return []
         done: list[int] = []
-        looked: list[tuple[ShardRef, str, int | None]] = []  # shard, queue, :meth:`_empty`
+        looked: list[Looked] = []
         for ref in self.node.shard_refs():
             if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
             queue = self.app.shard_queue(worker, ref.shard, ref.gen)
             if ref.key in self.relaying:
-                if queue not in held:  # nothing of it runs here any more: record it
+                if queue not in self._held_queues():  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif queue in self._looked:
-                looked.append((ref, queue, None))
-            elif not self._holds(queue, held) and (brought := self._empty(queue)) is not None:
-                looked.append((ref, queue, brought))
-        # again after the receives: one of this node's may have taken a shard's last jobs
-        held = {m.queue for m in self.node.leases.held()}
-        for ref, queue, brought in looked:
-            if self._closable(queue, brought, held):
-                self.relaying.add(ref.key)
-                log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
+            elif not self._holds(queue) and (brought := self._empty(queue)) is not None:
+                looked.append((ref, queue, None if queue in self._looked else brought))
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
+        return looked
 
     def _empty(self, queue: str) -> int | None:
         """A receive finds ``queue`` empty: how many jobs this node's receives of it had
@@ -152,26 +157,32 @@ class LayoutKeeper:
             return None
         return None if found else brought
 
-    def _closable(self, queue: str, brought: int | None, held: set[str]) -> bool:
-        """Found empty now (``brought``: :meth:`_empty`) with no job held (``held``: their
-        queues, after the receive) or hidden here, or at the last look (None); and the
-        receives of this node's in flight then (one may have taken jobs that look missed)
-        have ended since, bringing nothing."""
+    def _closable(self, queue: str, brought: int | None) -> bool:
+        """Found empty now (``brought``: :meth:`_empty`; None: at the last look too) with
+        no job held (their queues copied after the receive) or hidden here; and the
+        receives of this node's in flight at the first such look (one may have taken jobs
+        that look missed) have ended since, bringing nothing."""
         receives = self.node.intake.receives
-        if brought is None:
-            found = self._looked[queue]
-        elif self._holds(queue, held):
+        if self._holds(queue):
             return False
-        else:
-            found = (brought, receives(queue)[1])
+        found = self._looked[queue] if brought is None else (brought, receives(queue)[1])
         brought, in_flight = receives(queue)
         if brought == found[0] and found[1] & in_flight:
             self._found[queue] = found  # looked at again once they ended
         return brought == found[0] and not found[1] & in_flight
 
-    def _holds(self, queue: str, held: set[str]) -> bool:
-        """A job of ``queue`` is held here (``held``: their queues) or hidden for a retry."""
-        return queue in held or self.node.leases.hidden(queue)[1] > 0
+    def _held_queues(self) -> set[str]:
+        """The queues of the jobs held here, copied (under the leases' lock, which the
+        lanes take on their hot path) at most once a look, and again after its receives."""
+        if self._held is None:
+            self._held = {m.queue for m in self.node.leases.held()}
+        return self._held
+
+    def _holds(self, queue: str) -> bool:
+        """A job of ``queue`` is held here (:meth:`_held_queues`), hidden for a retry,
+        or may be hidden by a receive of the node that failed (:meth:`Intake.unsure`)."""
+        leases, intake = self.node.leases, self.node.intake
+        return queue in self._held_queues() or leases.hidden(queue)[1] > 0 or intake.unsure(queue)
 
     def _sweep(self, worker: str, layout: rules.WorkerLayout, now: float) -> None:
         mine = {
@@ -188,18 +199,23 @@ class LayoutKeeper:
                 ripe = seen is not None and rules.may_delete(seen, now, layout.trust)
                 if self._sweep_one(worker, queue, ripe):
                     gone.append((old.gen, shard))
+                    del self._swept[queue]  # (swept again if its deletion is not recorded)
+                    self._unrelayed.pop(queue, None)
         if gone:
             self._record(worker, "queues_deleted", rules.deleted, gone)
 
     def _sweep_one(self, worker: str, queue: str, ripe: bool) -> bool:
         """Relay what reached retired ``queue``; delete it if ``ripe`` and empty."""
-        broker = self.app.broker
+        broker, clock = self.app.broker, self.app.layouts.clock
         try:
-            messages = broker.receive(
-                queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
-                visibility_timeout=SWEEP_VISIBILITY_SECONDS,
-            )  # fmt: skip
-            clock = self.app.layouts.clock
+            try:
+                messages = broker.receive(
+                    queue, max_messages=MAX_BATCH_ENTRIES, wait_seconds=0,
+                    visibility_timeout=SWEEP_VISIBILITY_SECONDS,
+                )  # fmt: skip
+            except BrokerError:  # it may have taken jobs, its answer lost: hidden 30 s
+                self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
+                raise
             if messages:  # hidden until relayed (timed from now: the receive has returned)
                 self._unrelayed[queue] = clock() + SWEEP_VISIBILITY_SECONDS
                 refused = relay(self.app, worker, messages)

@@ -108,6 +108,7 @@ class Intake:
         self._broker_error, self._clock = broker_error, clock
         self._receiving: dict[str, set[int]] = {}  # queue -> receives in flight (numbered)
         self._brought: dict[str, int] = {}  # queue -> jobs its receives brought so far
+        self._lost: dict[str, float] = {}  # queue -> until a failed receive's jobs may hide
         self._numbers = itertools.count()
         #: queue -> (seconds, until, whether the file failed: not the queue's own failure)
         self._backoff: dict[str, tuple[float, float, bool]] = {}
@@ -123,7 +124,7 @@ class Intake:
         """Receive a batch of ``shard`` and hold it; None (logged) if the broker failed,
         or if shutdown began: then no receive starts (a long poll on SQS cannot be cut
         short), and what one in flight brings is released (:meth:`release_straggler`)."""
-        queue, number, messages = shard.queue, next(self._numbers), None
+        queue, number, messages, failed = shard.queue, next(self._numbers), None, 0
         with self._received:
             self._receiving.setdefault(queue, set()).add(number)
         try:
@@ -147,6 +148,7 @@ class Intake:
             return messages
         except BrokerError as exc:
             self.broker_trouble("receive", queue, exc)
+            failed = 0 if isinstance(exc, QueueNotFoundError) else 1  # (a missing queue: none)
             seconds, until, _ = self._backoff.get(queue, (0.25, began, False))
             # a receive begun long after the last failure (its backoff over by as long
             # again) starts over; the wait counts from when this one failed
@@ -156,15 +158,38 @@ class Intake:
             return None
         finally:
             with self._received:
-                self._receiving[queue].discard(number)
-                self._brought[queue] = self._brought.get(queue, 0) + len(messages or ())
+                receiving = self._receiving[queue]
+                receiving.discard(number)
+                if failed:  # it may have taken jobs (its answer lost): hidden for their timeout
+                    now = self._clock()
+                    self._lost = {q: t for q, t in self._lost.items() if t > now}
+                    self._lost[queue] = now + shard.visibility_timeout
+                if not receiving:
+                    del self._receiving[queue]
+                brought = self._brought.get(queue, 0) + len(messages or ()) + failed
+                if shard.dropped and not receiving:  # served here no more: forgotten
+                    self._brought.pop(queue, None)
+                else:
+                    self._brought[queue] = brought
                 self._received.notify_all()
+
+    def forget(self, queue: str) -> None:
+        """The shard of ``queue`` was dropped: forget what its receives brought (at once
+        if none is in flight, else as the last ends)."""
+        with self._received:
+            if queue not in self._receiving:
+                self._brought.pop(queue, None)
 
     def receives(self, queue: str) -> tuple[int, set[int]]:
         """How many jobs the receives of ``queue`` brought so far, and the receives of
         ``queue`` in flight (numbers, each receive its own); they are held once counted."""
         with self._received:
             return self._brought.get(queue, 0), set(self._receiving.get(queue, ()))
+
+    def unsure(self, queue: str) -> bool:
+        """A receive of ``queue`` failed lately: jobs it may have taken could be hidden
+        there still (counted as brought by :meth:`receives`)."""
+        return self._clock() < self._lost.get(queue, 0.0)
 
     def _end_backoffs(self, queue: str) -> None:
         """A receive of ``queue`` worked: its wait ends, and on the embedded broker the

@@ -96,6 +96,7 @@ class Ownership:
             else:
                 self._drops.add(done)
                 lane.inbox.put(Leave(shard, lambda: self._swept(shard, done)))
+        self._intake.forget(shard.queue)
         log.info("node.shard_dropped", shard=str(ref))
         return done
 
