@@ -643,12 +643,13 @@ def test_an_old_shard_whose_last_job_a_receive_that_failed_took_stays_open(
     keeper.tick()
     let_go()
     assert node.intake.receives(old)[0] == 1  # counted as having brought something
-    clock.offset += 2.5
-    keeper.tick()
-    # then shard 0 stays open while E's job is hidden there (it would be relayed behind
-    # E's later jobs), while the empty old shard 1 closed
-    assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
-    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+    for _ in range(3):  # (the first look after it starts over: the later ones stay open
+        clock.offset += 2.5  # only for the failed receive's visibility timeout)
+        keeper.tick()
+        # then shard 0 stays open while E's job is hidden there (it would be relayed
+        # behind E's later jobs), while the empty old shard 1 closed
+        assert counts(old).in_flight == 1  # (the broker's own counts: exact here)
+        assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker

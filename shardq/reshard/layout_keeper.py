@@ -128,6 +128,7 @@ class LayoutKeeper:
         :meth:`_closable` after the receives of the look."""
         move = layout.moving
         assert move is not None
+        self._held = None  # (another worker's look may have taken seconds: copied again)
         seen = self.app.layouts.seen(worker, layout.gen, "switched")
         if seen is None:
             return []
