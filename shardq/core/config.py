@@ -25,6 +25,7 @@ from shardq.core.limits import (
     QUEUE_NAME_PATTERN,
     REGION_PATTERN,
 )
+from shardq.core.yaml_file import read_yaml
 
 DEFAULT_FILE = "shardq.yaml"
 ENV_PREFIX = "SHARDQ_"
@@ -269,20 +270,7 @@ def check_timeouts(owner: str, connect: float, read: float) -> None:
 
 def _read_file(path: Path) -> dict[str, Any]:
     """The settings of the YAML file at ``path``; unknown keys are refused."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"cannot read config file {path}: byte {exc.start} is not UTF-8; save it as UTF-8"
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-    except _DuplicateKey as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 4,300+ digits
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -300,31 +288,6 @@ def _read_file(path: Path) -> dict[str, Any]:
             f"{path}: workers: expected a mapping of worker name to a mapping of settings"
         )
     return data
-
-
-class _DuplicateKey(yaml.YAMLError):
-    """A mapping of the file names one key twice."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, refusing a mapping that names a key twice (YAML says keys
-    are unique; PyYAML would silently keep the last one)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-            line = key_node.start_mark.line + 1
-            try:
-                if key in seen:  # also on one line ({a: 1, a: 2}) or by an alias
-                    raise _DuplicateKey(
-                        f"duplicate key {key!r} on line {line} (first on line {seen[key]}); "
-                        "keep one of them"
-                    )
-            except TypeError:  # an unhashable key: PyYAML reports it below
-                continue
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
