@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
-import time
+import threading
 from dataclasses import dataclass
 
 from shardq.api.app import App
@@ -15,6 +16,7 @@ from shardq.core import layout as rules
 from shardq.core.errors import LayoutError, ShardqError
 from shardq.core.exits import EXIT_INTERRUPTED, EXIT_OK
 from shardq.core.layout import WorkerLayout
+from shardq.core.signals import StopSignals
 from shardq.core.topology import too_long
 from shardq.ops.layout_view import ReshardView, layout_view
 from shardq.ops.stats import collect
@@ -96,16 +98,21 @@ def reshard_command(app: App, args: argparse.Namespace) -> int:
     )
     if args.no_wait:
         return EXIT_OK
+    stopping = threading.Event()  # Ctrl-C: seen between reads, never inside one
+    ctrl_c = StopSignals(stopping, (signal.SIGINT,))
     try:
+        ctrl_c.install()
         print("following it (Ctrl-C stops following; the nodes finish the reshard)", flush=True)
-        while True:
-            p = progress(app, args.worker)
-            print(describe(p), flush=True)
-            if p.done:
-                break
-            time.sleep(FOLLOW_SECONDS)
-    except KeyboardInterrupt:
+        while not (done := progress(app, args.worker)).done and not stopping.is_set():
+            print(describe(done), flush=True)
+            stopping.wait(FOLLOW_SECONDS)
+    except KeyboardInterrupt:  # before the handler was in place
+        stopping.set()
+    finally:
+        ctrl_c.restore()
+    if stopping.is_set():
         print("\nstopped following; the reshard goes on", file=sys.stderr)
         return EXIT_INTERRUPTED
+    print(describe(done), flush=True)
     print(f"{args.worker}: reshard done", flush=True)
     return EXIT_OK
