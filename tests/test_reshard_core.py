@@ -465,6 +465,14 @@ def wait_for(condition: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def driven(app: shardq.App) -> tuple[Any, Any]:
+    """A static node of ``app`` and its layout keeper, set up as ``start()`` does, for a
+    test to drive the keeper's ticks itself."""
+    node = app.node(app.plan(threads=1), seed=1, membership="static")
+    node.layout._versions = {w: app.layouts.cached(w) for w in app.workers}
+    return node, node.layout
+
+
 def ticks(keeper: Any) -> Callable[[], int]:
     """How many ticks the layout keeper's thread made from now."""
     count, tick = [0], keeper.tick
@@ -528,9 +536,7 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
     e = entity_in(0, 2)
     Moved.publish(e, {"n": 0})
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     # when, while the keeper looks at old shard 0, the node's own receive takes E's job
     # (held, about to run) and the broker's counts, approximate on SQS, show nothing yet
@@ -595,9 +601,7 @@ def test_an_old_shard_whose_last_job_a_receive_in_flight_took_stays_open(
     e = entity_in(0, 2)
     Moved.publish(e, {"n": 0})
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
     monkeypatch.setattr(
@@ -628,9 +632,7 @@ def test_an_old_shard_whose_last_job_a_receive_that_failed_took_stays_open(
     moved.ensure_queues()
     Moved.publish(entity_in(0, 2), {"n": 0})
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
     monkeypatch.setattr(
@@ -662,9 +664,7 @@ def test_an_old_shard_closes_once_the_receives_in_flight_at_its_look_brought_not
     moved.layouts.clock = clock
     moved.ensure_queues()
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     # when a lane's receive of shard 0 is in flight at each look (long polls, as on SQS),
     # the one in flight at the first look ending with nothing before the next look
@@ -696,9 +696,7 @@ def test_an_old_shard_that_holds_a_job_again_at_the_look_that_would_close_it_sta
     switched(moved, 3)
     old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
     taken = take(moved.broker, old)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     monkeypatch.setattr(
         moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
@@ -727,9 +725,7 @@ def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_numbe
     moved.layouts.clock = clock
     moved.ensure_queues()
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     clock.offset = 100.0
     lists, held = [], node.leases.held
     monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
@@ -751,9 +747,7 @@ def test_a_look_lists_the_jobs_held_only_when_it_looks_at_an_old_shard_and_once_
     moved.layouts.clock = clock
     moved.ensure_queues()
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
     lists, held = [], node.leases.held
     monkeypatch.setattr(node.leases, "held", lambda *a: lists.append(1) or held(*a))
     # when it looks while the trust window has not passed since the switch
@@ -782,9 +776,7 @@ def test_a_node_looks_at_an_old_shard_left_to_close_every_2_s_on_its_clock(
     moved.ensure_queues()
     Moved.publish(entity_in(0, 2), {"n": 0})
     switched(moved, 3)
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _node, keeper = driven(moved)
     clock.offset = 100.0
     old, asked = moved.shard_queue("Moved", 0, 0), []
     counts = moved.broker.counts
@@ -810,8 +802,7 @@ def test_a_node_that_reads_a_reshard_announced_elsewhere_reads_again_2_s_later(
     clock = Skipping()
     moved.layouts.clock = clock
     moved.ensure_queues()
-    keeper = moved.node(moved.plan(threads=1), seed=1, membership="static").layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _, keeper = driven(moved)
     reads: list[float] = []
     refresh = moved.layouts.refresh
     monkeypatch.setattr(moved.layouts, "refresh", lambda: reads.append(clock()) or refresh())
@@ -843,9 +834,7 @@ def test_a_retired_queue_whose_sweep_could_not_relay_its_job_is_not_deleted_over
     Moved.publish(e, {"n": 0})
     switched(moved, 3)
     moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _node, keeper = driven(moved)
     clock.offset = 200.0
     # when its sweep receives the job but cannot relay it (the new queue refuses), and
     # it looks again 10 s later, the broker's counts (approximate on SQS) showing nothing
@@ -882,9 +871,7 @@ def test_a_retired_queue_s_job_the_new_queue_refuses_for_good_is_buried_by_the_s
     Moved.publish(e, {"n": 2})
     layout = switched(moved, 3)
     moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _node, keeper = driven(moved)
     clock.offset = 200.0
     # when its sweep looks at the retired queue
     keeper.tick()
@@ -911,9 +898,7 @@ def test_a_retired_queue_swept_after_slow_failed_relays_is_not_deleted_over_its_
     Moved.publish(entity_in(1, 2), {"n": 1})
     switched(moved, 3)
     moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _node, keeper = driven(moved)
     clock.offset = 200.0
     # when one sweep receives both jobs but each relay fails after 12 s of retries (the new
     # queue unreachable), so shard 1's job was received 12 s into it, and the sweep looks
@@ -952,9 +937,7 @@ def test_a_retired_queue_whose_sweep_receive_failed_is_not_deleted_over_the_job_
     Moved.publish(entity_in(0, 2), {"n": 0})
     switched(moved, 3)
     moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper = node.layout
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    _node, keeper = driven(moved)
     clock.offset = 200.0
     # when its sweep's receive takes the job at the broker but fails (the answer lost after
     # the retries), and it looks again 10 s later, the counts (approximate on SQS) empty
@@ -993,9 +976,8 @@ def test_a_node_forgets_the_queues_of_the_shards_it_dropped_and_the_queues_it_de
     moved.ensure_queues()
     switched(moved, 3)
     moved.layouts.update("Moved", lambda w: rules.close(rules.close(w, 0, 0), 0, 1))
-    node = moved.node(moved.plan(threads=1), seed=1, membership="static")
-    keeper, intake = node.layout, node.intake
-    keeper._versions = {w: moved.layouts.cached(w) for w in moved.workers}  # as start() does
+    node, keeper = driven(moved)
+    intake = node.intake
     clock.offset = 200.0
     # when its keeper sweeps and deletes the retired queues, and its lanes received each
     # shard before the node dropped them all
