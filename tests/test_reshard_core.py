@@ -716,6 +716,39 @@ def test_an_old_shard_that_holds_a_job_again_at_the_look_that_would_close_it_sta
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_taken_over_stays_open_while_its_last_owner_s_job_may_be_hidden(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job of E in Moved's old shard 0 taken by the node that served the shard
+    # before (killed: hidden for the worker's visibility timeout, 60 s), a reshard to 3
+    # switched long ago, the broker's counts (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    switched(moved, 3)
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    taken = take(moved.broker, old)
+    clock.offset = 100.0
+    # when a node takes the old shards over now and looks at them
+    _, keeper = driven(moved)
+    keeper.tick()
+    # then neither closes yet, though a receive finds both empty
+    assert keeper.relaying == set()
+    # when the dead owner's job is visible again within the visibility timeout, and the
+    # node looks once that timeout (and 5 s) passed since it took the shards
+    release_now(moved.broker, taken)
+    clock.offset += 66
+    keeper.tick()
+    # then shard 0, holding E's job, stays open (the job is not relayed behind E's later
+    # jobs), while the empty old shard 1 closes
+    assert keeper.relaying == {ShardRef("Moved", 1, 0).key}
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

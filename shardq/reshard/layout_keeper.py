@@ -49,6 +49,8 @@ class LayoutKeeper:
         self._held: set[str] | None = None  # queues of the jobs held here: copied when needed
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
+        self._since: dict[ShardRef, float] = {}  # shard served here -> first seen served
+        self._served(self.app.layouts.clock())
 
     def start(self) -> None:
         # the node's plan was made over the layouts in hand: follow their changes only
@@ -67,6 +69,7 @@ class LayoutKeeper:
     def tick(self) -> None:
         layouts = self.app.layouts
         now = layouts.clock()  # the clock the layouts' observations are stamped with
+        self._served(now)
         if now < self._next_read:  # the old shards too are looked at this often
             return
         try:
@@ -103,6 +106,9 @@ class LayoutKeeper:
                 self.relaying.add(ref.key)
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
 
+    def _served(self, now: float) -> None:
+        self._since = {ref: self._since.get(ref, now) for ref in self.node.shard_refs()}
+
     def _sync_plan(self) -> None:
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
         if layouts == self._versions:
@@ -134,6 +140,9 @@ class LayoutKeeper:
             return []
         done: list[int] = []
         looked: list[Looked] = []
+        # jobs a previous owner (or process) of a shard took stay hidden up to their
+        # visibility timeout, unseen by a receive: a shard served that long here may close
+        settled = now - self.app.settings(worker).visibility_timeout - rules.SWITCH_MARGIN_SECONDS
         for ref in self.node.shard_refs():
             if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
@@ -141,7 +150,9 @@ class LayoutKeeper:
             if ref.key in self.relaying:
                 if queue not in self._held_queues():  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif not self._holds(queue) and (brought := self._empty(queue)) is not None:
+            elif self._since.get(ref, now) > settled or self._holds(queue):
+                continue
+            elif (brought := self._empty(queue)) is not None:
                 looked.append((ref, queue, None if queue in self._looked else brought))
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
