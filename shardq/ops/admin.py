@@ -169,7 +169,9 @@ def add_commands(
     )
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
-    dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+    dash.add_argument(
+        "--refresh", type=float, default=5.0, help="seconds between samples (5; 0.1 to 3600)"
+    )
     log_options(dash)
     dash.add_argument(
         "--scrape",
