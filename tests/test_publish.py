@@ -376,6 +376,18 @@ def test_a_payload_that_is_not_json_sends_nothing_and_names_the_item(app: shardq
     assert waiting(app, worker) == 0
 
 
+def test_a_payload_with_a_key_that_is_not_a_string_sends_nothing_and_names_it(
+    app: shardq.App,
+) -> None:
+    # given a batch whose second job has {1: "a", "1": "b"} nested in its payload
+    worker = define(app, shards=4)
+    items = [("e1", {"1": "x"}), ("e2", {"lines": [{1: "a", "1": "b"}]}), ("e3", 3)]
+    # when it is published, then nothing is sent and the item, entity and path are named
+    with pytest.raises(PayloadError, match=r"^item 1: .*entity 'e2'.*payload\['lines'\]\[0\]"):
+        worker.publish_many(items)
+    assert waiting(app, worker) == 0
+
+
 def test_a_nan_payload_sends_nothing(app: shardq.App) -> None:
     worker = define(app)
     with pytest.raises(PayloadError, match=r"^item 0: "):
