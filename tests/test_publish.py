@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -740,6 +741,33 @@ def test_a_report_names_the_callers_items_when_a_middleware_drops_or_reorders_jo
     assert [(i, e) for i, e, _ in caught.value.failed] == [(3, "A")]
     assert caught.value.gaps == [(0, "A")] and caught.value.sent == 3
     assert "(first: item 3, entity 'A'" in str(caught.value)
+
+
+def test_a_job_a_middleware_sees_shows_only_its_own_fields_to_dataclasses(
+    inner_broker: Broker,
+) -> None:
+    # given a middleware that records what dataclasses tell of the jobs it sees
+    app = make_app(inner_broker)
+    shown: list[Any] = []
+
+    class Record(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            for job in ctx.jobs:
+                names = [f.name for f in dataclasses.fields(job)]
+                shown.append((names, dataclasses.asdict(job), dataclasses.astuple(job)))
+            return call()
+
+    app.add_middleware(Record())
+    # when a job is published with publish_many (which tags it with its item number)
+    define(app).publish_many([shardq.Job("e", {"n": 1}, "d-1", {"t": 1})])
+    # then fields, asdict and astuple show the job's own four fields, as for a user's Job
+    assert shown == [
+        (
+            ["entity_id", "payload", "dedup_id", "meta"],
+            {"entity_id": "e", "payload": {"n": 1}, "dedup_id": "d-1", "meta": {"t": 1}},
+            ("e", {"n": 1}, "d-1", {"t": 1}),
+        )
+    ]
 
 
 def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(
