@@ -375,3 +375,24 @@ def test_when_every_fleet_item_is_damaged_no_node_has_reported_and_each_is_named
     for damaged in (json.loads(listed.stdout)["damaged"], stats(env)["fleet_damaged"]):
         assert len(damaged) == 2 and all("is damaged" in why for why in damaged)
     assert stats(env)["fleet"] is None
+
+
+@pytest.mark.parametrize("env", [pytest.param("sqs", marks=pytest.mark.sqs)], indirect=True)
+def test_stats_with_the_state_store_down_shows_the_counts_and_says_what_is_missing(
+    env: Env,
+) -> None:
+    # given a job waiting on SQS, and a state store (DynamoDB) where nothing listens
+    assert env.cli("publish", "Ledgered", "e", '{"n": 0}').returncode == 0
+    env.vars["SHARDQ_STORE_URL"] = "dynamodb://?endpoint_url=http://127.0.0.1:9"
+    # when the stats are asked for, as a table and as JSON
+    table, listed = env.cli("stats"), env.cli("stats", "--json")
+    # then both show the queue counts, exit 0 (a partial answer) and say what is missing
+    for result in (table, listed):
+        assert result.returncode == 0, result.stderr
+        assert "cannot read the morgue sizes from the state store" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert table.stdout.splitlines()[1].split()[:4] == ["Ledgered", "1", "0", "-"]
+    data = json.loads(listed.stdout)
+    assert data["total"]["length"] == 1 and data["total"]["morgue_length"] is None
+    assert data["by_worker"]["Ledgered"]["morgue_length"] is None
+    assert "127.0.0.1:9" in data["morgue_error"] and data["fleet_error"]

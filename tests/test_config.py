@@ -290,6 +290,24 @@ def test_environment_strings_are_used_as_is_for_string_settings() -> None:
     assert config.region == "us-east-1"
 
 
+def test_null_in_the_environment_unsets_a_setting_that_takes_null(tmp_path: Path) -> None:
+    # given a file that sets every top-level key that takes null
+    path = write(
+        tmp_path,
+        "signing_key: secret\nmetrics_port: 9100\nmorgue_retention_days: 90\n"
+        "store_url: dynamodb://?region=us-east-1\nendpoint_url: http://127.0.0.1:4566\n"
+        "region: us-east-1\ndashboard_token: t\n",
+    )
+    keys = ["signing_key", "metrics_port", "morgue_retention_days", "store_url"]
+    keys += ["endpoint_url", "region", "dashboard_token"]
+    # when the environment sets each to null (as a worker setting can be)
+    config = load(path, env={f"SHARDQ_{key.upper()}": "null" for key in keys})
+    # then each is unset, not the text "null" (a signing key "null" would sign with it)
+    assert {key: getattr(config, key) for key in keys} == dict.fromkeys(keys)
+    # and a setting that cannot be null keeps the text, as it always did
+    assert load(env={"SHARDQ_QUEUE_PREFIX": "null"}).queue_prefix == "null"
+
+
 def test_a_worker_setting_can_be_set_from_the_environment() -> None:
     # given SHARDQ_WORKERS__<Worker>__<key> variables
     env = {

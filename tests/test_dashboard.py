@@ -911,6 +911,20 @@ def test_a_port_or_refresh_out_of_range_is_a_config_error(filled: shardq.App) ->
             make_server(filled, "127.0.0.1", 0, refresh=refresh)
 
 
+@HTTP_ONLY
+def test_a_refresh_too_short_or_too_long_is_refused_naming_the_option_and_range(
+    filled: shardq.App,
+) -> None:
+    # given `shardq dashboard --refresh 1e-9` (a busy loop) or `--refresh 1e9` (never)
+    for refresh in (1e-9, 0.09, 3601.0, 1e9):
+        # then each is refused naming the option and the allowed range
+        with pytest.raises(ConfigError, match=r"--refresh must be .* from 0\.1 to 3600 "):
+            make_server(filled, "127.0.0.1", 0, refresh=refresh)
+    # and the bounds themselves are accepted
+    for refresh in (0.1, 3600.0):
+        make_server(filled, "127.0.0.1", 0, refresh=refresh).stop()
+
+
 # -- the page in a real browser -----------------------------------------------------
 @pytest.fixture
 def browser() -> Iterator[Any]:

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 import shardq
 from shardq.broker import Broker, MemoryBroker, SendEntry, SqliteBroker, broker_from_url
 from shardq.broker.sqlite import compact
+from shardq.broker.sqlite_store import FILE_FORMAT
 from shardq.core.errors import BrokerError, ConfigError, PublishError
 
 QUEUE = "q.fifo"
@@ -209,6 +210,86 @@ def test_a_file_that_is_not_sqlite_says_so(tmp_path: Path) -> None:
     assert "not an SQLite database" in str(refused.value)
     assert "directory exists" not in str(refused.value)
     assert path.read_bytes().startswith(b"these are my notes")
+
+
+# -- the file's format version ---------------------------------------------------
+
+
+def user_version(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def set_user_version(path: Path, version: int) -> None:
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {version}")
+    db.commit()
+    db.close()
+
+
+def test_a_new_file_is_marked_with_its_format_version(tmp_path: Path) -> None:
+    # when the embedded broker creates a file, then the file says its format
+    path = tmp_path / "b.db"
+    SqliteBroker(str(path)).close()
+    assert user_version(path) == FILE_FORMAT >= 1
+
+
+def test_an_unmarked_file_of_an_earlier_version_is_marked_and_keeps_its_jobs(
+    tmp_path: Path,
+) -> None:
+    # given a file as earlier versions left it: shardq's tables, jobs, no format version
+    path = tmp_path / "b.db"
+    old = SqliteBroker(str(path))
+    old.ensure_queue(QUEUE)
+    old.send_batch(QUEUE, entries("old", 3))
+    old.close()
+    set_user_version(path, 0)
+    # when this version opens it, then it is marked and every job is still there
+    broker = SqliteBroker(str(path))
+    assert user_version(path) == FILE_FORMAT
+    assert sorted(b.split(":")[0] for b in drain(broker)) == ["old-0", "old-1", "old-2"]
+    broker.close()
+
+
+def test_a_file_of_an_unknown_format_is_refused_naming_it_and_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    # given a file a later shardq wrote (another format version), with a job in it
+    path = tmp_path / "b.db"
+    later = SqliteBroker(str(path))
+    later.ensure_queue(QUEUE)
+    later.send_batch(QUEUE, entries("later", 1))
+    later.close()
+    set_user_version(path, FILE_FORMAT + 1)
+    # when this version opens it
+    with pytest.raises(BrokerError) as refused:
+        SqliteBroker(str(path))
+    # then it is refused naming the file, its version and what to do
+    message = str(refused.value)
+    assert str(path) in message and f"format version {FILE_FORMAT + 1}" in message
+    assert f"this shardq reads {FILE_FORMAT}" in message and "upgrade" in message
+    # and the file is left as it was: its version and its job
+    assert user_version(path) == FILE_FORMAT + 1
+    set_user_version(path, FILE_FORMAT)
+    broker = SqliteBroker(str(path))
+    assert [b.split(":")[0] for b in drain(broker)] == ["later-0"]
+    broker.close()
+
+
+def test_a_file_of_other_tables_is_not_marked_when_refused_nor_when_shared(
+    tmp_path: Path,
+) -> None:
+    # given an application's database that uses the file's version for itself
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    set_user_version(path, 42)
+    # when the broker is pointed at it by mistake, then it is refused as another's file
+    with pytest.raises(BrokerError, match="it holds other tables"):
+        SqliteBroker(str(path))
+    # and when it is shared on purpose, then the version stays the application's
+    SqliteBroker(str(path), allow_other_tables=True).close()
+    assert user_version(path) == 42
 
 
 # -- URL options ------------------------------------------------------------------

@@ -148,6 +148,37 @@ def test_nan_and_infinity_are_refused(number: float) -> None:
         encode(sample(payload={"x": [number]}))
 
 
+@pytest.mark.parametrize(
+    ("payload", "meta", "where"),
+    [
+        ({1: "a", "1": "b"}, {}, "payload has the key 1 (int)"),
+        ({"items": [{"sku": "A"}, {2.5: "x"}]}, {}, "payload['items'][1] has the key 2.5 (float)"),
+        ([{"a": {True: 1}}], {}, "payload[0]['a'] has the key True (bool)"),
+        ({"n": {None: 1}}, {}, "payload['n'] has the key None (NoneType)"),
+        ({"ok": 1}, {"retry": {3: "x"}}, "meta['retry'] has the key 3 (int)"),
+    ],
+)
+def test_a_key_that_is_not_a_string_is_refused_naming_its_path(
+    payload: Any, meta: dict[str, Any], where: str
+) -> None:
+    # given a payload or meta with a dict key JSON would turn into a string ({1: "a",
+    # "1": "b"} would arrive as {"1": "b"}: "a" lost)
+    # when it is encoded, then it is refused naming the entity, the path and the key
+    with pytest.raises(PayloadError) as caught:
+        encode(sample(payload=payload, meta=meta, entity="cust-7"))
+    message = str(caught.value)
+    assert "entity 'cust-7'" in message and where in message
+    assert "keys must be strings" in message
+
+
+def test_a_body_published_with_such_keys_still_decodes() -> None:
+    # given bodies earlier versions sent for {1: "a", "1": "b"} and for {1: "a"}
+    for text, payload in [('{"1":"a","1":"b"}', {"1": "b"}), ('{"1":"a"}', {"1": "a"})]:
+        body = f'{{"v":1,"worker":"W","entity":"e","payload":{text},"published_at":1.0}}'
+        # when a node decodes them, then they decode as they did (the last value wins)
+        assert decode(body).payload == payload
+
+
 def test_non_json_meta_is_refused_too() -> None:
     with pytest.raises(PayloadError):
         encode(sample(meta={"at": date(2024, 1, 1)}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -376,6 +377,18 @@ def test_a_payload_that_is_not_json_sends_nothing_and_names_the_item(app: shardq
     assert waiting(app, worker) == 0
 
 
+def test_a_payload_with_a_key_that_is_not_a_string_sends_nothing_and_names_it(
+    app: shardq.App,
+) -> None:
+    # given a batch whose second job has {1: "a", "1": "b"} nested in its payload
+    worker = define(app, shards=4)
+    items = [("e1", {"1": "x"}), ("e2", {"lines": [{1: "a", "1": "b"}]}), ("e3", 3)]
+    # when it is published, then nothing is sent and the item, entity and path are named
+    with pytest.raises(PayloadError, match=r"^item 1: .*entity 'e2'.*payload\['lines'\]\[0\]"):
+        worker.publish_many(items)
+    assert waiting(app, worker) == 0
+
+
 def test_a_nan_payload_sends_nothing(app: shardq.App) -> None:
     worker = define(app)
     with pytest.raises(PayloadError, match=r"^item 0: "):
@@ -728,6 +741,33 @@ def test_a_report_names_the_callers_items_when_a_middleware_drops_or_reorders_jo
     assert [(i, e) for i, e, _ in caught.value.failed] == [(3, "A")]
     assert caught.value.gaps == [(0, "A")] and caught.value.sent == 3
     assert "(first: item 3, entity 'A'" in str(caught.value)
+
+
+def test_a_job_a_middleware_sees_shows_only_its_own_fields_to_dataclasses(
+    inner_broker: Broker,
+) -> None:
+    # given a middleware that records what dataclasses tell of the jobs it sees
+    app = make_app(inner_broker)
+    shown: list[Any] = []
+
+    class Record(shardq.Middleware):
+        def around_publish(self, call: Any, ctx: shardq.PublishContext) -> Any:
+            for job in ctx.jobs:
+                names = [f.name for f in dataclasses.fields(job)]
+                shown.append((names, dataclasses.asdict(job), dataclasses.astuple(job)))
+            return call()
+
+    app.add_middleware(Record())
+    # when a job is published with publish_many (which tags it with its item number)
+    define(app).publish_many([shardq.Job("e", {"n": 1}, "d-1", {"t": 1})])
+    # then fields, asdict and astuple show the job's own four fields, as for a user's Job
+    assert shown == [
+        (
+            ["entity_id", "payload", "dedup_id", "meta"],
+            {"entity_id": "e", "payload": {"n": 1}, "dedup_id": "d-1", "meta": {"t": 1}},
+            ("e", {"n": 1}, "d-1", {"t": 1}),
+        )
+    ]
 
 
 def test_a_job_a_middleware_made_itself_is_never_reported_as_a_callers_item(

@@ -26,6 +26,9 @@ SHARDQ_TABLES = {
 #: The state store's table (:mod:`shardq.store.sqlite`) of the app with the default
 #: queue_prefix; an app of another prefix has ``{queue_prefix}shardq_state``.
 STATE_TABLE = "shardq_state"
+#: The layout of this version's files, in the file's ``PRAGMA user_version`` (0 in files
+#: made before it was set, and in files shared with other tables, whose it is).
+FILE_FORMAT = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -150,6 +153,8 @@ def use_wal(db: sqlite3.Connection, path: str) -> None:
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
     tables = _tables(db)
+    if tables & SHARDQ_TABLES.keys() and not allow_other_tables:  # a later version's file
+        _format(db, path)  # is not called another application's
     states = {t for t in tables if is_state_table(t)}
     others = sorted(t for t in tables - SHARDQ_TABLES.keys() - states if not is_bucket_table(t))
     for name in tables & (SHARDQ_TABLES.keys() | states):
@@ -171,6 +176,8 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
     use_wal(db, path)
     with transaction(db, path, "opening it"):  # one process at a time
         tables = _tables(db)
+        if not allow_other_tables and not _format(db, path):  # new, or made before it was set
+            db.execute(f"PRAGMA user_version = {FILE_FORMAT}")
         _run(db, _SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(queues)")}
         if "deleted" not in columns:  # a file made by shardq 0.1.0
@@ -182,6 +189,19 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
         db.execute(_GROUPS_BY_ID)
         if "dedup" in tables:  # made before deduplication buckets
             DedupIds().migrate(db)
+
+
+def _format(db: sqlite3.Connection, path: str) -> int:
+    """The file's format version (0: none yet); one this version does not know raises."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version not in (0, FILE_FORMAT):
+        raise BrokerError(
+            f"{path} is an embedded broker file of format version {version}, and this "
+            f"shardq reads {FILE_FORMAT} only: a later shardq wrote it. To open it, upgrade "
+            "shardq to that version, or point broker_url at another file (this one was left "
+            "unchanged)"
+        )
+    return version
 
 
 def is_state_table(name: str) -> bool:

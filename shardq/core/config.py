@@ -311,7 +311,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         elif key.lower() in _FIELDS and key.lower() != "workers":
             if key != key.upper():
                 _unknown_env(name, ENV_PREFIX + key.upper())
-            values[key.lower()] = raw
+            nullable = _TYPES[key.lower()].endswith("| None")  # null: unset, as in a file
+            values[key.lower()] = None if nullable and raw == "null" else raw
         else:
             _unknown_env(name, ENV_PREFIX + "CONFIG" if key.upper() == "CONFIG" else None)
     return values

@@ -9,6 +9,7 @@ import hmac
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ def encode(env: Envelope, signing_key: bytes | None = None) -> str:
     whose = f"payload or meta for entity {env.entity!r} of worker {env.worker}"
     try:
         text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        bad = [(name, found) for name in ("payload", "meta") if (found := _bad_key(doc[name]))]
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"{whose} is not JSON-serialisable ({exc}); pass dicts, lists, strings, numbers, "
@@ -55,6 +57,13 @@ def encode(env: Envelope, signing_key: bytes | None = None) -> str:
             f"{whose} is nested too deeply to encode (or refers to itself); "
             "flatten it or store it elsewhere and publish a reference"
         ) from None
+    if bad:  # JSON keys are strings: {1: "a", "1": "b"} would arrive as {"1": "b"}
+        (name, (path, key)), *_ = bad
+        raise PayloadError(
+            f"{whose}: {name}{path} has the key {key!r} ({type(key).__name__}); JSON object "
+            f'keys must be strings (it would arrive as "{json.dumps(key)}", replacing any key '
+            "of that text): convert the keys to strings first"
+        )
     if not text.isascii():
         try:
             text.encode("utf-8")
@@ -122,6 +131,19 @@ def decode(body: str, signing_key: bytes | None = None) -> Envelope:
     if "payload" not in doc:
         raise EnvelopeError("envelope has no payload")
     return Envelope(worker, entity, doc["payload"], float(published_at), meta)
+
+
+def _bad_key(value: Any) -> tuple[str, Any] | None:
+    """The path (``['items'][1]``) to a dict in ``value`` with a key that is not a string,
+    and that key; None when there is none."""
+    array = isinstance(value, (list, tuple))
+    pairs: Iterable[tuple[Any, Any]] = value.items() if isinstance(value, dict) else ()
+    for key, item in enumerate(value) if array else pairs:
+        if isinstance(value, dict) and not isinstance(key, str):
+            return "", key
+        if isinstance(item, (dict, list, tuple)) and (found := _bad_key(item)):
+            return f"[{key!r}]{found[0]}", found[1]
+    return None
 
 
 def refuse_constant(name: str) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 from shardq.core.errors import ConfigError
@@ -134,7 +134,12 @@ class Job:
     meta: Mapping[str, Any] | None = None
     #: ``(call, index)``: the item of a ``publish_many`` call this job is (or is a copy of,
     #: by :meth:`with_meta` or ``dataclasses.replace``), so a report names the caller's item.
-    _item: tuple[int, int] | None = field(default=None, repr=False, compare=False, kw_only=True)
+    #: Not a field (``fields``, ``asdict`` and ``astuple`` leave it out): an init-only
+    #: value kept on the job, which ``replace`` passes on to the copy.
+    _item: InitVar[tuple[int, int] | None] = field(default=None, kw_only=True)
+
+    def __post_init__(self, _item: tuple[int, int] | None) -> None:
+        object.__setattr__(self, "_item", _item)
 
     def with_meta(self, **meta: Any) -> Job:
         """A copy with these metadata keys added (for publish middleware)."""

@@ -169,7 +169,9 @@ def add_commands(
     )
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dash.add_argument("--port", type=int, default=8642, help="port (8642)")
-    dash.add_argument("--refresh", type=float, default=5.0, help="seconds between samples (5)")
+    dash.add_argument(
+        "--refresh", type=float, default=5.0, help="seconds between samples (5; 0.1 to 3600)"
+    )
     log_options(dash)
     dash.add_argument(
         "--scrape",
@@ -206,17 +208,19 @@ def _stats(app: App, args: argparse.Namespace) -> int:
     if stats.no_queues:  # all zeros would read as "nothing waiting"
         print(f"shardq: {stats.no_queues}", file=sys.stderr)
         return EXIT_USAGE
+    unread = {"fleet": stats.fleet_error, "morgue sizes": stats.morgue_error}
+    unread_lines = [
+        f"cannot read the {k} from the state store: {v}" for k, v in unread.items() if v
+    ]
     if args.json:
-        for line in damaged_lines(stats.fleet):
+        for line in [*damaged_lines(stats.fleet), *unread_lines]:
             print(line, file=sys.stderr)
         return EXIT_OK
     print(_stats_table(stats))
     views = [w.layout for w in stats.workers if w.layout is not None]
     fleet = fleet_lines(stats.fleet, stats.lag_source, stats_backlog(stats))
-    for line in [*layout_lines(views, stats.layout_error), *fleet]:
+    for line in [*layout_lines(views, stats.layout_error), *fleet, *unread_lines]:
         print(line, file=sys.stderr)
-    if stats.fleet_error:
-        print(f"cannot read the fleet from the state store: {stats.fleet_error}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -225,7 +229,8 @@ def _stats_table(stats: Stats) -> str:
     rows = [("worker", "length", "in flight", "morgue", "lag", "done", "owner")]
 
     def add(name: str, c: dict[str, Any], unknown: int, owner: str = "") -> None:
-        counts = (str(c["length"]), str(c["in_flight"]), str(c.get("morgue_length", "")))
+        dead = optional(c["morgue_length"]) if "morgue_length" in c else ""  # None: unread
+        counts = (str(c["length"]), str(c["in_flight"]), dead)
         rows.append((name, *counts, lag_cell(c["lag"], unknown), optional(c["done"]), owner))
 
     for w in stats.workers:

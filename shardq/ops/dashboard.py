@@ -7,7 +7,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import math
 import signal
 import socket
 import socketserver
@@ -36,6 +35,7 @@ log = structlog.get_logger("shardq.dashboard")
 MAX_BODY = 1 << 20
 MAX_RAW = 4000  # characters of an unreadable record the API shows
 MAX_LIMIT = 1000  # most dead jobs on one page of the API
+MIN_REFRESH, MAX_REFRESH = 0.1, 3600.0  # seconds between samples (--refresh)
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -336,8 +336,11 @@ def make_server(
             "who can reach it could requeue or delete dead jobs. Set dashboard_token "
             "(or SHARDQ_DASHBOARD_TOKEN), or bind to 127.0.0.1"
         )
-    if not 0 < refresh < math.inf:  # NaN too
-        raise ConfigError(f"refresh must be a positive number of seconds, got {refresh}")
+    if not MIN_REFRESH <= refresh <= MAX_REFRESH:  # NaN too
+        raise ConfigError(
+            f"--refresh must be a positive number of seconds from {MIN_REFRESH:g} to "
+            f"{MAX_REFRESH:g} (a shorter one samples in a loop), got {refresh:g}"
+        )
     urls = list(scrape)
     for url in urls:
         if urlsplit(url).scheme not in ("http", "https"):

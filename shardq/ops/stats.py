@@ -48,7 +48,7 @@ class WorkerStats:
     priority: int
     length: int
     in_flight: int
-    morgue_length: int
+    morgue_length: int | None  # None: the state store could not be read
     lag: float | None
     done: int | None
     shards: list[ShardStats]
@@ -74,6 +74,8 @@ class Stats:
     layout_error: str | None = None
     #: Set when none of the workers' queues exists: says so and what to check.
     no_queues: str | None = None
+    #: Why the morgues' sizes could not be read (``morgue_length`` is None).
+    morgue_error: str | None = None
 
     @property
     def reshards(self) -> list[ReshardView]:
@@ -97,7 +99,8 @@ class Stats:
             }
             for w in self.workers
         }
-        morgue_length = sum(w.morgue_length for w in self.workers)
+        dead = [w.morgue_length for w in self.workers]
+        morgue_length = None if None in dead else sum(d or 0 for d in dead)
         return {
             "time": self.time,
             "broker": self.broker,
@@ -109,6 +112,7 @@ class Stats:
             "fleet_damaged": list(self.fleet.damaged),
             "layout_error": self.layout_error,
             "no_queues": self.no_queues,
+            "morgue_error": self.morgue_error,
         }
 
 
@@ -125,10 +129,15 @@ def collect(app: App) -> Stats:
         fleet, fleet_error = current_fleet(app, now), None
     except (StoreError, DamagedItem) as exc:  # the store cannot be read: counts still help
         fleet, fleet_error = fleet_view(FleetItems(), now, live_shards(app)), str(exc)
-    workers = [_worker_stats(app, name, fleet, now) for name in app.workers]
-    idle = bool(workers) and all(w.length == w.in_flight == w.morgue_length == 0 for w in workers)
+    try:
+        dead, morgue_error = {name: Morgue(app, name).size() for name in app.workers}, None
+    except (StoreError, DamagedItem) as exc:  # the queues' counts still help
+        dead, morgue_error = {}, str(exc)
+    workers = [_worker_stats(app, name, fleet, now, dead.get(name)) for name in app.workers]
+    idle = bool(workers) and not any(w.length or w.in_flight or w.morgue_length for w in workers)
     none = no_queues_text(app) if idle and not queues_exist(app) else None
-    return Stats(now, app.broker.kind, workers, fleet, fleet_error, layout_error, none)
+    errors = fleet_error, layout_error, none, morgue_error
+    return Stats(now, app.broker.kind, workers, fleet, *errors)
 
 
 def no_queues_text(app: App) -> str:
@@ -158,7 +167,9 @@ def queues_exist(app: App) -> bool:
     return False
 
 
-def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerStats:
+def _worker_stats(
+    app: App, name: str, fleet: FleetView, now: float, dead: int | None
+) -> WorkerStats:
     settings = app.settings(name)
     layout = app.layouts.cached(name)
     shards = [
@@ -170,11 +181,10 @@ def _worker_stats(app: App, name: str, fleet: FleetView, now: float) -> WorkerSt
     if layout.moving is not None:
         old_jobs = sum(s.length + s.in_flight for s in shards if s.gen == layout.moving.gen)
     old_morgue = _counts(app, app.morgue_queue(name))  # until `queues ensure` moves it
-    dead = Morgue(app, name).size() + old_morgue.waiting + old_morgue.in_flight
     return WorkerStats(
         name=name,
         priority=settings.priority,
-        morgue_length=dead,
+        morgue_length=None if dead is None else dead + old_morgue.waiting + old_morgue.in_flight,
         shards=shards,
         layout=layout_view(name, layout, settings.shards, old_jobs, fleet),
         reported=fleet.counts(name) if fleet.reported else None,

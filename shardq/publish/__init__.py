@@ -248,7 +248,8 @@ def _items(jobs: list[Job], call: int, count: int) -> list[int]:
     """The caller's index of each job of ``publish_many`` call ``call`` (of ``count`` items);
     the jobs a middleware made itself follow them, unless it made every job anew, one for
     each item: those are taken to be the caller's, in the caller's order."""
-    mine = [j._item[1] if j._item is not None and j._item[0] == call else None for j in jobs]
+    tags = [getattr(j, "_item", None) for j in jobs]  # an init-only value of Job
+    mine = [t[1] if t is not None and t[0] == call else None for t in tags]
     if len(jobs) == count and all(i is None for i in mine):
         return list(range(count))
     made = itertools.count(count)
