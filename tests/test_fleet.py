@@ -16,6 +16,7 @@ from shardq.core.config import Config
 from shardq.core.fleet_rules import ELASTIC, timing
 from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import Plan, ShardRef
+from shardq.core.topology import shard_for
 from shardq.fleet import Fleet
 from shardq.fleet.others import fit
 from shardq.ops.ensure import ensure_state_table
@@ -146,6 +147,57 @@ def test_a_joining_node_gets_its_share_and_a_stopping_one_hands_back_at_once(
     assert app.store.get(f"node/{first.id}") is None
     wait_for(lambda: keys(second) == ALL, timing(LEASE)[1], "the handed-back shards")
     assert owners(app) == {k: second.id for k in ALL}
+
+
+def test_a_stuck_job_holds_only_its_entity_while_its_shard_moves_to_a_joining_node(
+    app: App, running: Running, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a node holding every shard and running in each a job that does not end until
+    # the test lets it (past the 1 s grace period a handover waits for running jobs), with
+    # a later job of its entity behind it
+    app.configure(app.config.with_overrides(grace_seconds=1), broker=app.broker)
+    gate = threading.Event()
+
+    def perform(self: ledger.Ledgered, entity_id: str, payloads: list[dict[str, object]]) -> None:
+        for payload in payloads:
+            if payload.get("gate"):
+                ledger.record("stuck", entity_id, 0)
+                gate.wait(60)
+            ledger.run_job(entity_id, payload)
+
+    monkeypatch.setattr(ledger.Ledgered, "perform", perform)
+    names = [f"s{i}" for i in range(200)]
+    stuck = {shard_for(e, 6): e for e in reversed(names)}
+    free = {shard_for(e, 6): e for e in names if e not in stuck.values()}
+    first = running.start()
+    wait_for(lambda: keys(first) == ALL, 60, "every shard on the first node")
+    ledger.Ledgered.publish_many(
+        [(e, {"n": n, "gate": n == 0}) for e in stuck.values() for n in (0, 1)]
+    )
+
+    def events(kind: str) -> set[tuple[str, int]]:
+        if not Path(ledger_path).exists():
+            return set()
+        return {(e["entity"], e["n"]) for e in ledger.read(ledger_path) if e["event"] == kind}
+
+    wait_for(lambda: len(events("stuck")) == 6, 30, "the six jobs to start")
+    # when a second node joins
+    second = running.start()
+    # then within two lease periods each serves half, though the jobs still run
+    wait_for(lambda: len(keys(second)) == 3 and len(keys(first)) == 3, 2 * LEASE, "a fair share")
+    # and the second runs the other entities' jobs of the shards it took, while the
+    # stuck entities' later jobs wait behind them
+    moved = [free[int(k.rpartition(":")[2])] for k in keys(second)]
+    ledger.Ledgered.publish_many([(e, {"n": 0}) for e in moved])
+    wait_for(lambda: {(e, 0) for e in moved} <= events("end"), 30, "the other entities' jobs")
+    assert not {e for e, _ in events("start")} & set(stuck.values())
+    # and once the jobs end, each stuck entity's jobs run once each, in order, never two
+    # at once
+    gate.set()
+    wait_for(lambda: {(e, n) for e in stuck.values() for n in (0, 1)} <= events("end"), 60, "all")
+    for entity in stuck.values():
+        seen = [(e["event"], e["n"]) for e in ledger.read(ledger_path) if e["entity"] == entity]
+        assert seen == [("stuck", 0), ("start", 0), ("end", 0), ("start", 1), ("end", 1)]
 
 
 @pytest.mark.parametrize("lease", [60.0])

@@ -279,6 +279,48 @@ def test_a_drop_waits_for_the_running_job_of_the_shard(
     stop(node, runner)
 
 
+def test_a_drop_is_done_without_a_stuck_job_which_keeps_its_entity_until_it_ends(
+    app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a job that runs until the test lets it end (past the 1 s grace period a
+    # handover waits for running jobs), and a job of its entity behind it
+    visibility(app, 60)
+    app.configure(app.config.with_overrides(grace_seconds=1), broker=app.broker)
+    gate = threading.Event()
+
+    def perform(self: Ledgered, entity_id: str, payloads: list[dict[str, Any]]) -> None:
+        for p in payloads:
+            if p.get("gate"):
+                ledger.record("start", entity_id, p["n"])
+                gate.wait(60)
+            ledger.run_job(entity_id, p)
+
+    monkeypatch.setattr(Ledgered, "perform", perform)
+    entity, other = entities_of(0, 2)
+    Ledgered.publish_many([(entity, {"n": 0, "gate": True}), (entity, {"n": 1})])
+    node = app.node(app.plan(threads=1), seed=1)
+    runner = start(node)
+    wait_for(lambda: Path(ledger_path).exists(), what="the job to start")
+    # when its shard is dropped, and a job of another entity of the shard is published
+    done = node.drop_shard(ref(0))
+    Ledgered.publish(other, {"n": 2})
+    # then the drop is done while the job runs; the node holds only its entity's jobs
+    assert done.wait(30), "the drop waited for the stuck job"
+    queue = app.shard_queue("Ledgered", 0)
+    assert {m.group_id for m in held_of(node, queue)} == {entity}
+    # and another consumer gets the other entity's job, not the stuck entity's later one
+    left: list[tuple[str, int]] = []
+    wait_for(lambda: bool(left.extend(receive_all(app, queue))) or left != [], timeout=30)
+    assert left == [(other, 2)]
+    # and once the job ends, the node deletes it and releases its entity's later job
+    gate.set()
+    wait_for(lambda: held_of(node, queue) == [], timeout=30, what="nothing held of the shard")
+    wait_for(lambda: bool(left.extend(receive_all(app, queue))) or len(left) > 1, timeout=30)
+    assert left == [(other, 2), (entity, 1)]
+    assert ended(ledger_path) == {(entity, 0)}
+    stop(node, runner)
+
+
 def test_a_drop_hides_a_held_retry_for_what_is_left_of_its_delay(
     app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,16 +22,16 @@ from shardq.core.plan import ShardRef
 from shardq.run.chain import RUNNING, Chain, join, settle_again
 from shardq.run.node import Node
 from shardq.run.shard import Shard
-from shardq.run.slots import (
+from shardq.run.slots import Slots
+from shardq.run.threads import Threads
+from shardq.run.timing import (
     INLINE_BELOW_SECONDS,
     KNOWN_AFTER_JOBS,
-    Slots,
     Timing,
     may_take,
     run_inline,
     timing_after,
 )
-from shardq.run.threads import Threads
 from tests.clocks import ends_within
 from tests.conftest import make_broker
 
@@ -448,6 +448,35 @@ def test_a_handover_hides_a_held_retry_for_what_is_left_of_its_delay() -> None:
     assert swept.wait(30)
     assert recorder.hidden == [(["a-1", "b-1"], 1.5)]
     assert recorder.runs == [["a-1"]] and slots.idle()
+    slots.close()
+
+
+def test_a_handover_is_done_without_a_stuck_run_whose_entity_stays_held_until_it_ends() -> None:
+    # given slots running job A of entity e (the run does not end), with job B of e
+    # joined, on a clock the test moves
+    clock = ManualClock()
+    recorder = Recorder(clock=clock)
+    slots, shard = running_a_with_b_joined(recorder)
+    # when the shard is dropped and handed over, and the run goes on for the 30 s a
+    # handover waits
+    shard.dropped = True
+    swept: list[bool] = []
+    slots.sweep(shard, [], lambda: swept.append(True))
+    clock.advance(29.9)
+    slots.overdue()
+    assert swept == []
+    clock.advance(0.1)
+    slots.overdue()
+    # then the handover is done without it, and B, behind it, is still held here
+    assert swept == [True]
+    assert recorder.hidden == [] and recorder.runs == [["a-1"]]
+    # and once A ends, B is released here (not run), and the handover is not done twice
+    recorder.go.set()
+    assert recorder.was_hidden.wait(30)
+    assert slots.join(30) and slots.idle()
+    assert recorder.hidden == [(["b-1"], 0.0)] and recorder.runs == [["a-1"]]
+    slots.overdue()
+    assert swept == [True]
     slots.close()
 
 

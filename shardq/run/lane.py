@@ -65,6 +65,7 @@ class Lane:
         while not stopping.is_set():
             can = bool(self._ready()) and room(self._wake)
             self._collect(0.0 if can else 0.5)
+            self.slots.overdue()  # a handover waits for running jobs for so long
             if stopping.is_set():
                 return
             self._prefetch()

@@ -130,7 +130,9 @@ class Node:
             wall_clock=wall_clock,
         )
         concurrency = self.config.concurrency if concurrency is None else concurrency
-        self.slots = Slots(concurrency, self.executor, self.stopping, self.threads)
+        self.slots = Slots(
+            concurrency, self.executor, self.stopping, self.threads, self.config.grace_seconds
+        )
         self.metrics_port: int | None = None
         wait = self.config.idle_wait_seconds
         self.idle: Pollers | Watcher = (

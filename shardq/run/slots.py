@@ -6,10 +6,13 @@ entity's in one slot at a time (:mod:`shardq.run.chain`); what a lane may start 
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+import structlog
 
 from shardq.broker.base import Message
 from shardq.core.lease import hand_back
@@ -17,45 +20,13 @@ from shardq.core.outcome import DONE, GAVE_UP, HIDDEN, LATER, STOPPED, EntityEnd
 from shardq.run.chain import DEFERRED, GONE, PARKED, READY, RUNNING, Chain, Key, join, settle_again
 from shardq.run.executor import Executor
 from shardq.run.threads import Threads
+from shardq.run.timing import Timing, may_take, run_inline, timing_after
 from shardq.run.waits import Deadline, wait_until
 
 if TYPE_CHECKING:
     from shardq.run.shard import Shard
 
-#: A worker whose mean ``perform`` takes less than this runs in its lane, not a slot.
-INLINE_BELOW_SECONDS = 0.0005
-#: Weight of the newest duration in a worker's mean.
-ALPHA = 0.1
-#: A worker's mean counts once this many of its jobs were measured.
-KNOWN_AFTER_JOBS = 100
-
-
-class Timing(NamedTuple):
-    """A worker's mean time per job, and how many of its jobs were measured."""
-
-    mean: float
-    jobs: int
-
-
-def may_take(waiting_jobs: int, concurrency: int) -> bool:
-    """May a lane start another batch? While fewer jobs than slots wait for one."""
-    return waiting_jobs < concurrency
-
-
-def run_inline(timing: Timing | None, busy: int, concurrency: int) -> bool:
-    """Run an entity in its lane instead of a slot? For a worker known to be quick (a
-    hand-over costs more than its jobs), while a slot is free. A worker not measured
-    enough yet runs in slots: its first jobs may wait long, or on each other."""
-    if timing is None or timing.jobs < KNOWN_AFTER_JOBS:
-        return False
-    return timing.mean < INLINE_BELOW_SECONDS and busy < concurrency
-
-
-def timing_after(timing: Timing | None, each: float, jobs: int) -> Timing:
-    """A worker's timing after a run of ``jobs`` jobs that took ``each`` on average."""
-    if timing is None:
-        return Timing(each, jobs)
-    return Timing(timing.mean + ALPHA * (each - timing.mean), timing.jobs + jobs)
+log = structlog.get_logger("shardq.node")
 
 
 class Slots:
@@ -67,8 +38,10 @@ class Slots:
         executor: Executor,
         stopping: threading.Event,
         threads: Threads,
+        handover_wait: float = 30.0,
     ) -> None:
         self.concurrency = concurrency
+        self.handover_wait = handover_wait  # how long a handover waits for running chains
         self._executor = executor
         self._stopping = stopping
         self._threads = threads
@@ -86,7 +59,8 @@ class Slots:
         self._starting = 0  # slot threads being started
         # by equality: a lane's or poller's bound method is one waker however often given
         self._wakers: set[Callable[[], None]] = set()
-        self._sweeps: dict[int, tuple[Shard, Callable[[], None]]] = {}
+        # by shard: its handover's ``done`` (None once called) and when it stops waiting
+        self._sweeps: dict[int, tuple[Shard, Callable[[], None] | None, float]] = {}
         self._closed = False
         self._timings: dict[str, Timing] = {}
         self._here: dict[int, list[list[Message]]] = {}  # by thread: run in a lane now
@@ -126,7 +100,8 @@ class Slots:
     def sweep(self, shard: Shard, unstarted: list[Message], done: Callable[[], None]) -> None:
         """A handover: the shard's chains not running and its other jobs not started
         (``unstarted``: the lane's) are handed back (:meth:`_hand_back`); ``done`` is
-        called once its running chains finished and were handed back too."""
+        called once its running chains finished and were handed back too, or once they
+        ran ``handover_wait`` more (:meth:`overdue`)."""
         with self._cond:
             loose: list[Message] = []
             for m in unstarted:  # each joins its entity's chain here, if any
@@ -135,9 +110,34 @@ class Slots:
             chains = [c for c in self._chains.values() if c.shard is shard]
             self._hand_back([c for c in chains if c.state != RUNNING], loose)
             if any(c.state == RUNNING for c in chains):
-                self._sweeps[id(shard)] = (shard, done)
+                self._sweeps[id(shard)] = (shard, done, self._clock() + self.handover_wait)
                 return
         done()
+
+    def overdue(self) -> None:
+        """Asked by the lanes between batches: a handover whose running chains ran
+        ``handover_wait`` is done without them. Each keeps its own entity (its jobs stay
+        held and extended here, so the broker hands none of the entity's jobs to anyone)
+        until its run ends and hands back what is left (:meth:`_after`)."""
+        if not self._sweeps:  # no lock: asked often
+            return
+        with self._lock:
+            now, late = self._clock(), []
+            for key, (shard, done, until) in list(self._sweeps.items()):
+                if done is not None and until <= now:
+                    self._sweeps[key] = (shard, None, math.inf)
+                    running = [c for c in self._chains.values() if c.shard is shard]
+                    entities = sorted(c.key[1] for c in running if c.state == RUNNING)
+                    late.append((shard, done, entities))
+        for shard, done, entities in late:
+            log.warning(
+                "node.handover_running",
+                shard=str(shard.ref),
+                entities=entities[:20],  # the first 20
+                detail="their jobs still run: each keeps its own entity, held here until "
+                "it ends; the shard's other entities are handed over",
+            )
+            done()
 
     def _run(self, chain: Chain) -> None:
         """Run a chain in this slot; one that a job joined meanwhile waits for a slot again."""
@@ -332,7 +332,8 @@ class Slots:
             return
         if not any(c.shard is shard and c.state == RUNNING for c in self._chains.values()):
             del self._sweeps[id(shard)]
-            sweep[1]()
+            if sweep[1] is not None:
+                sweep[1]()
 
     # -- the slot threads --------------------------------------------------------------
     def _thread_count(self) -> int:
