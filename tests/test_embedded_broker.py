@@ -292,6 +292,36 @@ def test_a_file_of_other_tables_is_not_marked_when_refused_nor_when_shared(
     assert user_version(path) == 42
 
 
+@pytest.mark.parametrize("version", [0, 3])
+def test_an_application_s_table_named_as_shardq_s_is_called_another_s_whatever_its_version(
+    tmp_path: Path, version: int
+) -> None:
+    # given an application's database with a table "messages" of its own, and its version
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, text TEXT)")
+    set_user_version(path, version)
+    # when the broker is pointed at it, then it is refused as another application's file
+    with pytest.raises(BrokerError, match="its table 'messages' is another application's"):
+        SqliteBroker(str(path))
+    assert user_version(path) == version
+
+
+def test_a_shared_file_of_an_unknown_version_opened_without_the_flag_names_it(
+    tmp_path: Path,
+) -> None:
+    # given a file shardq shares with an application, which set the version to its own
+    path = tmp_path / "shared.db"
+    SqliteBroker(f"{path}", allow_other_tables=True).close()
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    set_user_version(path, 42)
+    # when it is opened without ?allow_other_tables=1, then the error names that flag too
+    with pytest.raises(BrokerError, match=r"format version 42.*allow_other_tables=1"):
+        SqliteBroker(str(path))
+    assert user_version(path) == 42
+
+
 # -- URL options ------------------------------------------------------------------
 
 

@@ -153,8 +153,6 @@ def use_wal(db: sqlite3.Connection, path: str) -> None:
 
 def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> None:
     tables = _tables(db)
-    if tables & SHARDQ_TABLES.keys() and not allow_other_tables:  # a later version's file
-        _format(db, path)  # is not called another application's
     states = {t for t in tables if is_state_table(t)}
     others = sorted(t for t in tables - SHARDQ_TABLES.keys() - states if not is_bucket_table(t))
     for name in tables & (SHARDQ_TABLES.keys() | states):
@@ -164,6 +162,8 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
                 f"{path} is not a shardq broker file: its table {name!r} is another "
                 "application's. Point broker_url at a file of its own (e.g. sqlite:///shardq.db)"
             )
+    if tables & SHARDQ_TABLES.keys() and not allow_other_tables:  # a later version's file
+        _format(db, path, others)  # (with other tables: may be shared, says so)
     if others and not allow_other_tables:
         shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
         raise BrokerError(
@@ -191,15 +191,22 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
             DedupIds().migrate(db)
 
 
-def _format(db: sqlite3.Connection, path: str) -> int:
-    """The file's format version (0: none yet); one this version does not know raises."""
+def _format(db: sqlite3.Connection, path: str, others: list[str] | None = None) -> int:
+    """The file's format version (0: none yet); one this version does not know raises
+    (``others``: the file's tables that are not shardq's)."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version not in (0, FILE_FORMAT):
+        shared = (
+            f"; or, if another application shares this file (it holds {', '.join(others[:5])}) "
+            "and set that version, add ?allow_other_tables=1 to the URL"
+            if others
+            else ""
+        )
         raise BrokerError(
             f"{path} is an embedded broker file of format version {version}, and this "
             f"shardq reads {FILE_FORMAT} only: a later shardq wrote it. To open it, upgrade "
             "shardq to that version, or point broker_url at another file (this one was left "
-            "unchanged)"
+            f"unchanged){shared}"
         )
     return version
 
