@@ -201,6 +201,20 @@ def test_stats_are_sampled_on_a_schedule_not_per_request(filled: shardq.App) -> 
     assert sampler.snapshot()["time"] > first
 
 
+@pytest.mark.parametrize("kind", ["memory"])  # the sampler's schedule is the same on any broker
+def test_a_sample_slower_than_the_refresh_is_not_followed_by_another_at_once(
+    filled: shardq.App,
+) -> None:
+    # given a sampler that samples every 0.1 s, each sample taking 0.5 s on its clock
+    clock = ManualClock()
+    sampler = Sampler(filled, refresh=0.1, clock=clock)
+    sample = sampler.sample
+    sampler.sample = lambda: (sample(), clock.advance(0.5))[0]  # type: ignore[method-assign]
+    # when it steps, then the next sample is 0.1 s after this one ended, not at once
+    assert sampler.step() == pytest.approx(0.1)
+    assert sampler.step() == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])  # SQS: see the scrape test
 def test_throughput_is_the_change_of_done_between_samples(filled: shardq.App) -> None:
     sampler = Sampler(filled, refresh=5)

@@ -166,3 +166,39 @@ def test_a_lag_that_leaves_out_shards_of_unknown_age_is_shown_as_a_lower_bound(
         assert text_of(browser, card) == "unknown"
     finally:
         srv.stop()
+
+
+class StoreDown(Sampler):
+    """The broker's sample as when the state store cannot be read: no morgue sizes."""
+
+    def snapshot(self, wait: float = 10.0) -> dict[str, Any]:
+        doc = copy.deepcopy(super().snapshot(wait))
+        for counts in [doc["total"], *doc["by_worker"].values()]:
+            counts["morgue_length"] = None
+        doc["morgue_error"] = "the store is down (test)"
+        return doc
+
+
+def test_morgue_sizes_the_store_cannot_give_are_said_unknown_never_0(
+    browser: Any,  # noqa: F811 (the headless Chromium fixture)
+    billing: shardq.App,
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # given a sample whose morgue sizes the state store could not give
+    srv = DashboardServer(billing, "127.0.0.1", 0, None, StoreDown(billing, 0.5)).start()
+    try:
+        # when the page is shown
+        browser.get(srv.url)
+        WebDriverWait(browser, 60).until(lambda d: text_of(d, "#banner"))
+        # then it says why, and no size is shown as a number: not "0 dead"
+        assert text_of(browser, "#banner") == (
+            "Cannot read the morgue sizes from the state store: the store is down (test)"
+        )
+        assert text_of(browser, "#t-morgue_length") == "—"
+        options = browser.find_elements(By.CSS_SELECTOR, "#m-worker option")
+        labels = [o.text for o in options if o.get_attribute("value")]
+        assert labels == ["Billing · ? dead"], labels
+    finally:
+        srv.stop()

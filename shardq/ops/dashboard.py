@@ -339,7 +339,7 @@ def make_server(
     if not MIN_REFRESH <= refresh <= MAX_REFRESH:  # NaN too
         raise ConfigError(
             f"--refresh must be a positive number of seconds from {MIN_REFRESH:g} to "
-            f"{MAX_REFRESH:g} (a shorter one samples in a loop), got {refresh:g}"
+            f"{MAX_REFRESH:g} (the pause after each sample), got {refresh:g}"
         )
     urls = list(scrape)
     for url in urls:

@@ -56,7 +56,7 @@ class Sampler:
         self.app, self.refresh, self.scrape = app, refresh, list(scrape)
         self.clock, self.wall = clock, wall_clock
         self._next_sample: float | None = None  # on the clock; None: at once
-        self.fleet_refresh = min(refresh, FLEET_REFRESH)
+        self.fleet_refresh = FLEET_REFRESH
         #: Worker (and all of them) -> (unix time, jobs per minute), oldest first.
         self.points: dict[str, Points] = {}
         self.total: Points = deque()
@@ -90,8 +90,8 @@ class Sampler:
         returns the seconds until the next step."""
         now = self.clock()
         if self._next_sample is None or now >= self._next_sample:
-            self._next_sample = now + self.refresh
-            self.sample()
+            self.sample()  # the next one ``refresh`` after this one ended: never back to back
+            self._next_sample = self.clock() + self.refresh
         else:
             self.sample_fleet()
         return max(0.0, min(self.fleet_refresh, self._next_sample - self.clock()))
