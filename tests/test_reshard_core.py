@@ -749,6 +749,37 @@ def test_an_old_shard_taken_over_stays_open_while_its_last_owner_s_job_may_be_hi
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_dropped_and_taken_back_between_two_looks_waits_again(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a reshard to 3 switched long ago, a node serving the old shards for long, and
+    # the broker's counts (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node, keeper = driven(moved)
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    clock.offset = 100.0
+    # when, between two looks, the node gives shard 0 up, another node takes a job of it
+    # (hidden for its visibility timeout), and the node takes the shard back
+    keeper.tick()  # (shard 1 is closable at once; shard 0 too, before any of this)
+    shard0 = next(r for r in node.shard_refs() if (r.shard, r.gen) == (0, 0))
+    node.drop_shard(shard0)
+    keeper.relaying.discard(shard0.key)
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    take(moved.broker, old)
+    node.add_shard(shard0)
+    clock.offset += 2.5
+    keeper.tick()
+    # then shard 0 does not close while that job may be hidden there
+    assert shard0.key not in keeper.relaying
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

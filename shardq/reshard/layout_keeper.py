@@ -16,6 +16,7 @@ from shardq.core.errors import BrokerError, QueueNotFoundError, ShardqError
 from shardq.core.limits import MAX_BATCH_ENTRIES
 from shardq.core.plan import ShardRef
 from shardq.publish.relay import delete_if_empty, holding, relay, unrelayable
+from shardq.run.shard import Shard
 from shardq.store.base import DamagedItem
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class LayoutKeeper:
         self._held: set[str] | None = None  # queues of the jobs held here: copied when needed
         self._next_read = 0.0
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
-        self._since: dict[ShardRef, float] = {}  # shard served here -> first seen served
+        self._since: dict[Shard, float] = {}  # shard served here -> first seen served
         self._served(self.app.layouts.clock())
 
     def start(self) -> None:
@@ -107,7 +108,7 @@ class LayoutKeeper:
                 log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
 
     def _served(self, now: float) -> None:
-        self._since = {ref: self._since.get(ref, now) for ref in self.node.shard_refs()}
+        self._since = {s: self._since.get(s, now) for s in self.node.ownership.shards()}
 
     def _sync_plan(self) -> None:
         layouts = {w: self.app.layouts.cached(w) for w in self.app.workers}
@@ -143,14 +144,15 @@ class LayoutKeeper:
         # jobs a previous owner (or process) of a shard took stay hidden up to their
         # visibility timeout, unseen by a receive: a shard served that long here may close
         settled = now - self.app.settings(worker).visibility_timeout - rules.SWITCH_MARGIN_SECONDS
-        for ref in self.node.shard_refs():
+        for shard in self.node.ownership.shards():
+            ref = shard.ref
             if ref.worker != worker or not rules.may_close(layout, ref.gen, ref.shard, seen, now):
                 continue
-            queue = self.app.shard_queue(worker, ref.shard, ref.gen)
+            queue = shard.queue
             if ref.key in self.relaying:
                 if queue not in self._held_queues():  # nothing of it runs here any more: record it
                     done.append(ref.shard)
-            elif self._since.get(ref, now) > settled or self._holds(queue):
+            elif self._since.get(shard, now) > settled or self._holds(queue):
                 continue
             elif (brought := self._empty(queue)) is not None:
                 looked.append((ref, queue, None if queue in self._looked else brought))

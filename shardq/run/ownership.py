@@ -50,6 +50,11 @@ class Ownership:
         with self._lock:
             return [shard.ref for _, shard in self._served.values()]
 
+    def shards(self) -> list[Shard]:
+        """The shards served now: a shard dropped and taken again is another one."""
+        with self._lock:
+            return [shard for _, shard in self._served.values()]
+
     def start(self) -> None:
         """Start the lanes; from now on shards come and go through their inboxes."""
         with self._lock:
