@@ -61,6 +61,7 @@ class Slots:
         self._wakers: set[Callable[[], None]] = set()
         # by shard: its handover's ``done`` (None once called) and when it stops waiting
         self._sweeps: dict[int, tuple[Shard, Callable[[], None] | None, float]] = {}
+        self._overdue_at = math.inf  # the first of their waits to end (or sooner)
         self._closed = False
         self._timings: dict[str, Timing] = {}
         self._here: dict[int, list[list[Message]]] = {}  # by thread: run in a lane now
@@ -111,6 +112,7 @@ class Slots:
             self._hand_back([c for c in chains if c.state != RUNNING], loose)
             if any(c.state == RUNNING for c in chains):
                 self._sweeps[id(shard)] = (shard, done, self._clock() + self.handover_wait)
+                self._overdue_at = min(self._overdue_at, self._sweeps[id(shard)][2])
                 return
         done()
 
@@ -119,7 +121,7 @@ class Slots:
         ``handover_wait`` is done without them. Each keeps its own entity (its jobs stay
         held and extended here, so the broker hands none of the entity's jobs to anyone)
         until its run ends and hands back what is left (:meth:`_after`)."""
-        if not self._sweeps:  # no lock: asked often
+        if self._clock() < self._overdue_at:  # no lock: asked often
             return
         with self._lock:
             now, late = self._clock(), []
@@ -129,6 +131,7 @@ class Slots:
                     running = [c for c in self._chains.values() if c.shard is shard]
                     entities = sorted(c.key[1] for c in running if c.state == RUNNING)
                     late.append((shard, done, entities))
+            self._overdue_at = min((s[2] for s in self._sweeps.values()), default=math.inf)
         for shard, done, entities in late:
             log.warning(
                 "node.handover_running",
