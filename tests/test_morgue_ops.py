@@ -24,7 +24,7 @@ from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
 from shardq.morgue import Filter, Morgue
-from shardq.morgue.record import keys_of
+from shardq.morgue.record import id_key, keys_of
 from shardq.ops.admin import add_commands
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.testing import drain
@@ -633,11 +633,35 @@ def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damage
     bury(app, [("h", 0)])
     # then it is not recorded a second time: its summary holds its message id
     assert dead.size() == size and len(dead.list_jobs(entity="h")) == 1
-    # and with its summary damaged too, burying it again fails rather than risk a duplicate
+    # and with its summary damaged too, its id item still names it: not recorded twice
     damage(app, keys_of(first.key, 1)[0], "[1, 2")
+    bury(app, [("h", 0)])
+    assert dead.size() == size
+    # and with its id item damaged as well, burying it again fails rather than risk a
+    # duplicate (whether the damaged record is this job is not known)
+    damage(app, id_key("Ledgered", first.message_id), "[1, 2")
     with pytest.raises(DamagedItem, match="is damaged"):
         bury(app, [("h", 0)])
     assert dead.size() == size
+
+
+def test_a_burial_reads_none_of_its_entity_s_earlier_records(
+    app: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an entity with many dead jobs already (a poison entity)
+    bury(app, [("p", n) for n in range(30)])
+    # when one more of its jobs dies, and one already buried is delivered again
+    reads: list[str] = []
+    query = app.store.query
+    monkeypatch.setattr(
+        app.store, "query", lambda prefix, **kw: (reads.append(prefix), query(prefix, **kw))[1]
+    )
+    bury(app, [("p", 30), ("p", 3)])
+    # then no query of the morgue ran (each burial looks its job's id up), and each job
+    # is recorded once
+    assert [r for r in reads if r.startswith("morgue/")] == []
+    ids = [r.message_id for r in Morgue(app, "Ledgered").list_jobs(entity="p", limit=100)]
+    assert ids == [f"id-p-{n}" for n in range(31)]
 
 
 def test_a_dead_job_with_one_damaged_item_is_listed_and_selected_by_its_message_id(

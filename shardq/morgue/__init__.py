@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from shardq.core.topology import shard_for
 from shardq.morgue.record import MorgueRecord as MorgueRecord
 from shardq.morgue.record import (
     entity_key,
+    id_key,
     items,
     keys_of,
     new_stamp,
@@ -114,9 +116,14 @@ def bury(
 
 
 def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written? A
-    damaged record item of its entity is judged by its summary; DamagedItem if that is
-    damaged too (whether it is this job is not known: burying it might record it twice)."""
+    """Is the record's job (its message id) in the morgue with its summary written? Its
+    id item names the summary; if that item is damaged, its entity's records are read:
+    a damaged one is judged by its summary; DamagedItem if that is damaged too (whether
+    it is this job is not known: burying it might record it twice)."""
+    with suppress(DamagedItem):
+        named = store.get(id_key(worker, record.message_id))
+        key = None if named is None else named.value.get("summary")
+        return isinstance(key, str) and _written(store, key)  # the summary is written last
     entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
     summaries = [
         keys_of(item.key, 1)[0]
@@ -289,7 +296,7 @@ class Morgue:
         """Delete each record's items (summary first: it leaves listings at once), telling
         ``progress`` the count so far (from ``done``)."""
         for record in records:
-            keys = keys_of(record.key, record.pieces)
+            keys = [*keys_of(record.key, record.pieces), id_key(self.worker, record.message_id)]
             if record.reason == REASON_UNREADABLE:  # how many pieces its body has is not known
                 pieces = keys_of(record.key, 2)[2].removesuffix("001")
                 keys += [i.key for i in self.store.query_all(pieces, keep_damaged=True)]

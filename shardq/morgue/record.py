@@ -110,7 +110,8 @@ def record_for(
 
 
 def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict[str, Any]]]:
-    """The store items of a record, pieces of the body first, the summary last."""
+    """The store items of a record, pieces of the body first, then the record, its id
+    item (:func:`id_key`), the summary last."""
     pieces = _split(record.body)
     meta = dict(record.meta)
     if len(json.dumps(meta, default=str)) > MAX_META_BYTES:
@@ -132,7 +133,12 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
     summary["error_message"] = record.error_message[:SUMMARY_MESSAGE_CHARS]
     t, e, *rest = keys_of(f"morgue/{worker}/e/{entity_key(record.entity_id)}/{stamp}", len(pieces))
     out = [(key, {"body": p}) for key, p in zip(rest, pieces[1:], strict=True)]
-    return [*out, (e, full), (t, summary)]
+    return [*out, (e, full), (id_key(worker, record.message_id), {"summary": t}), (t, summary)]
+
+
+def id_key(worker: str, message_id: str) -> str:
+    """The item naming the summary of job ``message_id``'s record: a burial looks it up."""
+    return f"morgue/{worker}/m/{quote(message_id, safe='')}"
 
 
 def keys_of(key: str, pieces: int) -> list[str]:
