@@ -208,11 +208,15 @@ def test_a_sample_slower_than_the_refresh_is_not_followed_by_another_at_once(
     # given a sampler that samples every 0.1 s, each sample taking 0.5 s on its clock
     clock = ManualClock()
     sampler = Sampler(filled, refresh=0.1, clock=clock)
-    sample = sampler.sample
-    sampler.sample = lambda: (sample(), clock.advance(0.5))[0]  # type: ignore[method-assign]
+    sample, samples = sampler.sample, []
+    sampler.sample = lambda: (samples.append(1), sample(), clock.advance(0.5))[0]  # type: ignore[method-assign]
     # when it steps, then the next sample is 0.1 s after this one ended, not at once
     assert sampler.step() == pytest.approx(0.1)
-    assert sampler.step() == pytest.approx(0.1)
+    sampler.step()
+    assert len(samples) == 1  # (that step read the fleet alone)
+    clock.advance(0.1)
+    sampler.step()
+    assert len(samples) == 2
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])  # SQS: see the scrape test

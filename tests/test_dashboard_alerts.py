@@ -186,12 +186,14 @@ def test_morgue_sizes_the_store_cannot_give_are_said_unknown_never_0(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    # given a sample whose morgue sizes the state store could not give
+    # given a sample whose morgue sizes the state store could not give, and a node that
+    # stopped reporting 90 s ago
+    heartbeat(billing.store, "s1", time.time() - 90, ("Billing:1",), mode="static")
     srv = DashboardServer(billing, "127.0.0.1", 0, None, StoreDown(billing, 0.5)).start()
     try:
         # when the page is shown
         browser.get(srv.url)
-        WebDriverWait(browser, 60).until(lambda d: text_of(d, "#banner"))
+        WebDriverWait(browser, 60).until(lambda d: text_of(d, "#banner") and banner_lines(d))
         # then it says why, and no size is shown as a number: not "0 dead"
         assert text_of(browser, "#banner") == (
             "Cannot read the morgue sizes from the state store: the store is down (test)"
@@ -200,5 +202,7 @@ def test_morgue_sizes_the_store_cannot_give_are_said_unknown_never_0(
         options = browser.find_elements(By.CSS_SELECTOR, "#m-worker option")
         labels = [o.text for o in options if o.get_attribute("value")]
         assert labels == ["Billing · ? dead"], labels
+        # and the node gone still marks the page stale
+        assert "stale" in (browser.find_element(By.ID, "dot").get_attribute("class") or "")
     finally:
         srv.stop()
