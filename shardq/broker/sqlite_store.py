@@ -158,9 +158,14 @@ def _prepare(db: sqlite3.Connection, path: str, allow_other_tables: bool) -> Non
     for name in tables & (SHARDQ_TABLES.keys() | states):
         columns = {row[0] for row in db.execute("SELECT name FROM pragma_table_info(?)", (name,))}
         if not SHARDQ_TABLES.get(name, SHARDQ_TABLES[STATE_TABLE]) <= columns:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            later = (
+                f" (or a later shardq's: its format version is {version})" if version > 1 else ""
+            )
             raise BrokerError(
                 f"{path} is not a shardq broker file: its table {name!r} is another "
-                "application's. Point broker_url at a file of its own (e.g. sqlite:///shardq.db)"
+                f"application's{later}. Point broker_url at a file of its own (e.g. "
+                "sqlite:///shardq.db)"
             )
     if tables & SHARDQ_TABLES.keys() and not allow_other_tables:  # a later version's file
         _format(db, path, others)  # (with other tables: may be shared, says so)
@@ -196,17 +201,19 @@ def _format(db: sqlite3.Connection, path: str, others: list[str] | None = None) 
     (``others``: the file's tables that are not shardq's)."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version not in (0, FILE_FORMAT):
-        shared = (
-            f"; or, if another application shares this file (it holds {', '.join(others[:5])}) "
-            "and set that version, add ?allow_other_tables=1 to the URL"
-            if others
-            else ""
-        )
+        held = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else ""
         raise BrokerError(
             f"{path} is an embedded broker file of format version {version}, and this "
-            f"shardq reads {FILE_FORMAT} only: a later shardq wrote it. To open it, upgrade "
-            "shardq to that version, or point broker_url at another file (this one was left "
-            f"unchanged){shared}"
+            f"shardq reads {FILE_FORMAT} only: "
+            + (
+                f"either a later shardq wrote it, or another application that shares it (it "
+                f"holds {held}) set that version. If shared, add ?allow_other_tables=1 to the "
+                "URL; else "
+                if others
+                else "a later shardq wrote it. "
+            )
+            + "to open it, upgrade shardq to that version, or point broker_url at another "
+            "file (this one was left unchanged)"
         )
     return version
 
