@@ -451,6 +451,20 @@ def test_a_handover_hides_a_held_retry_for_what_is_left_of_its_delay() -> None:
     slots.close()
 
 
+class Counted:
+    """A lock that records each time it is taken."""
+
+    def __init__(self, lock: Any, taken: list[int]) -> None:
+        self.lock, self.taken = lock, taken
+
+    def __enter__(self) -> Any:
+        self.taken.append(1)
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)
+
+
 def test_a_handover_is_done_without_a_stuck_run_whose_entity_stays_held_until_it_ends() -> None:
     # given slots running job A of entity e (the run does not end), with job B of e
     # joined, on a clock the test moves
@@ -470,6 +484,13 @@ def test_a_handover_is_done_without_a_stuck_run_whose_entity_stays_held_until_it
     # then the handover is done without it, and B, behind it, is still held here
     assert swept == [True]
     assert recorder.hidden == [] and recorder.runs == [["a-1"]]
+    # and while A still runs, the lanes' later looks take no lock (they are many)
+    taken, lock = [], slots._lock
+    slots._lock = Counted(lock, taken)  # type: ignore[assignment]
+    clock.advance(60)
+    slots.overdue()
+    slots._lock = lock
+    assert taken == []
     # and once A ends, B is released here (not run), and the handover is not done twice
     recorder.go.set()
     assert recorder.was_hidden.wait(30)
