@@ -3,6 +3,7 @@ headless Chromium (skipped without Chromium, except on CI where it must run)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -912,8 +913,9 @@ def test_a_port_or_refresh_out_of_range_is_a_config_error(filled: shardq.App) ->
 
 
 # -- the page in a real browser -----------------------------------------------------
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the session (starting one takes a second or two)."""
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
     try:
         from selenium import webdriver
@@ -949,6 +951,24 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Any:
+    """The session's Chromium in a tab of its own (fresh session storage, no emulated
+    width, no dialog left open by the test before), its window 1400 x 1000 px."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with contextlib.suppress(NoAlertPresentException):
+        chromium.switch_to.alert.dismiss()
+    used = chromium.current_window_handle
+    chromium.switch_to.new_window("tab")
+    fresh = chromium.current_window_handle
+    chromium.switch_to.window(used)
+    chromium.close()
+    chromium.switch_to.window(fresh)
+    chromium.set_window_size(1400, 1000)
+    return chromium
 
 
 def text_of(driver: Any, css: str) -> str:
