@@ -954,13 +954,12 @@ def chromium() -> Iterator[Any]:
 
 
 @pytest.fixture
-def browser(chromium: Any) -> Any:
+def browser(chromium: Any) -> Iterator[Any]:
     """The session's Chromium in a tab of its own (fresh session storage, no emulated
-    width, no dialog left open by the test before), its window 1400 x 1000 px."""
+    width), its window 1400 x 1000 px; afterwards on a blank page, so that the test's
+    page no longer polls a dashboard during later tests."""
     from selenium.common.exceptions import NoAlertPresentException
 
-    with contextlib.suppress(NoAlertPresentException):
-        chromium.switch_to.alert.dismiss()
     used = chromium.current_window_handle
     chromium.switch_to.new_window("tab")
     fresh = chromium.current_window_handle
@@ -968,7 +967,10 @@ def browser(chromium: Any) -> Any:
     chromium.close()
     chromium.switch_to.window(fresh)
     chromium.set_window_size(1400, 1000)
-    return chromium
+    yield chromium
+    with contextlib.suppress(NoAlertPresentException):
+        chromium.switch_to.alert.dismiss()  # a dialog the test left open
+    chromium.get("about:blank")
 
 
 def text_of(driver: Any, css: str) -> str:
