@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, settings
 
 from shardq.api.app import App
 from shardq.broker import Broker, MemoryBroker, SqliteBroker
+from shardq.ops.dashboard import DashboardServer
 from shardq.ops.ensure import ensure_state_table
+from shardq.run.node import Node
 from tests import emulator as emu
 from tests.apps import ledger
 from tests.children import Env
@@ -18,6 +20,13 @@ from tests.children import Env
 # Properties are checked, never timed: on a loaded machine an example may take seconds
 settings.register_profile("shardq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shardq")
+
+# A dashboard a test stops stops within this (serving looks for stop() twice a second):
+# no test depends on how long stopping takes, and ~100 tests stop one.
+DashboardServer.poll_interval = 0.02
+# An until-empty node run in a test's process asks whether it is drained after two idle
+# looks of its loop 0.05 s apart, not 0.25 s: no test depends on that pace
+Node.watch_seconds = 0.05
 
 #: Modules whose tests run the longest scenarios (tens of seconds each), longest first:
 #: they start before anything else.

@@ -3,6 +3,7 @@ headless Chromium (skipped without Chromium, except on CI where it must run)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -944,8 +945,9 @@ def test_a_refresh_too_short_or_too_long_is_refused_naming_the_option_and_range(
 
 
 # -- the page in a real browser -----------------------------------------------------
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the session (starting one takes a second or two)."""
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
     try:
         from selenium import webdriver
@@ -981,6 +983,26 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The session's Chromium in a tab of its own (fresh session storage, no emulated
+    width), its window 1400 x 1000 px; afterwards on a blank page, so that the test's
+    page no longer polls a dashboard during later tests."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    used = chromium.current_window_handle
+    chromium.switch_to.new_window("tab")
+    fresh = chromium.current_window_handle
+    chromium.switch_to.window(used)
+    chromium.close()
+    chromium.switch_to.window(fresh)
+    chromium.set_window_size(1400, 1000)
+    yield chromium
+    with contextlib.suppress(NoAlertPresentException):
+        chromium.switch_to.alert.dismiss()  # a dialog the test left open
+    chromium.get("about:blank")
 
 
 def text_of(driver: Any, css: str) -> str:

@@ -20,7 +20,7 @@ from shardq.ops.ensure import ensure_state_table
 from shardq.ops.sampler import Sampler
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
-from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width, text_of  # noqa: F401
+from tests.test_dashboard import LAYOUT_PROBLEMS, browser, chromium, set_width, text_of  # noqa: F401
 
 app = shardq.App()
 

@@ -21,7 +21,7 @@ from shardq.ops.sampler import Sampler
 from shardq.ops.stats import collect
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
-from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width  # noqa: F401 (fixture)
+from tests.test_dashboard import LAYOUT_PROBLEMS, browser, chromium, set_width  # noqa: F401 (fixture)
 
 app = shardq.App()
 

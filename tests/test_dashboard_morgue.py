@@ -13,6 +13,7 @@ from shardq.ops.dashboard import Handler, make_server
 from tests.test_dashboard import (  # noqa: F401 (fixtures)
     LAYOUT_PROBLEMS,
     browser,
+    chromium,
     filled,
     set_width,
     text_of,

@@ -12,7 +12,7 @@ from shardq.broker import MemoryBroker
 from shardq.core.config import Config
 from shardq.ops.dashboard import DashboardServer
 from shardq.ops.sampler import Sampler
-from tests.test_dashboard import LAYOUT_PROBLEMS, browser, set_width  # noqa: F401 (fixture)
+from tests.test_dashboard import LAYOUT_PROBLEMS, browser, chromium, set_width  # noqa: F401 (fixture)
 from tests.test_dashboard_methods import app
 
 EXCLUDED = [

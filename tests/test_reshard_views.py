@@ -30,7 +30,7 @@ from shardq.store import MemoryStore
 from shardq.store.deployment import live_shards
 from tests.conftest import make_broker
 from tests.fleet_items import heartbeat
-from tests.test_dashboard import browser  # noqa: F401 (the headless Chromium fixture)
+from tests.test_dashboard import browser, chromium  # noqa: F401 (the headless Chromium fixture)
 
 
 def _perform(self: Any, entity_id: str, payloads: list[Any]) -> None:

@@ -58,6 +58,7 @@ class DashboardServer(ThreadingHTTPServer):
     """The dashboard's HTTP server; :meth:`start` serves in a background thread."""
 
     daemon_threads = True
+    poll_interval = 0.5  # how often serving looks whether stop() was called
 
     def __init__(self, app: App, host: str, port: int, token: str | None, sampler: Sampler) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -88,7 +89,9 @@ class DashboardServer(ThreadingHTTPServer):
 
     def start(self) -> DashboardServer:
         self.sampler.start()
-        self._thread = threading.Thread(target=self.serve_forever, name="shardq-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(self.poll_interval,), name="shardq-http", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -58,6 +58,8 @@ class Node:
     ``clock``: monotonic seconds; ``wall_clock``: Unix time, compared with others' stamps.
     """
 
+    watch_seconds = 0.25  # between two looks of the node's own loop (_watch)
+
     def __init__(
         self,
         app: Deployment,
@@ -209,7 +211,7 @@ class Node:
         """The node's own loop: progress, housekeeping, until-empty (a part that fails
         stops the node by itself: :mod:`shardq.run.threads`)."""
         quiet, next_maintain = 0, self.clock() + MAINTAIN_EVERY_SECONDS
-        while not self.stopping.wait(0.25):
+        while not self.stopping.wait(self.watch_seconds):
             self.metrics.log_progress()
             if (now := self.clock()) >= next_maintain:
                 next_maintain = now + MAINTAIN_EVERY_SECONDS
