@@ -18,7 +18,7 @@ from shardq.core.heartbeat import Heartbeat
 from shardq.core.plan import Plan, ShardRef
 from shardq.core.topology import shard_for
 from shardq.fleet import Fleet
-from shardq.fleet.others import fit
+from shardq.fleet.others import fit, mark_gone
 from shardq.ops.ensure import ensure_state_table
 from shardq.ops.fleet_view import fleet_view, nodes_text, read_fleet
 from shardq.run.node import Node
@@ -273,6 +273,33 @@ def test_a_dead_nodes_shards_are_taken_exactly_when_its_counter_stood_still_long
     a.step()  # takes its shards
     assert a.held() == sorted(ALL)
     assert owners(app) == {k: "a" for k in ALL}
+
+
+def test_a_node_that_beat_during_its_observer_s_long_round_is_not_counted_dead(
+    app: App,
+) -> None:
+    # given two nodes sharing the shards, stepped by hand on one clock
+    clock = Clock()
+    a, b = balanced_pair(app, clock)
+    # when b's round spends 5 s before it reads the heartbeats (freeing shards), a beating
+    # 4 s into it, and b's next round reads them 1 s after that read
+    settle = b._settle_drains
+
+    def slow() -> None:
+        clock.now += 4.0
+        a.step()
+        clock.now += 1.0
+        settle()
+
+    b._settle_drains = slow  # type: ignore[method-assign]
+    b.step()
+    b._settle_drains = settle  # type: ignore[method-assign]
+    clock.now += 1.0
+    b.step()
+    # then a, whose last beat b read 1 s before, is live: not marked gone
+    beat = app.store.get("node/a")
+    assert beat is not None and not beat.value.get("gone")
+    assert set(a.held()) and set(a.held()) | set(b.held()) == ALL
 
 
 def test_the_heartbeat_keeps_the_keys_and_types_every_version_reads(app: App) -> None:
@@ -706,7 +733,9 @@ def test_a_node_marked_gone_on_an_empty_value_stays_out_of_other_apps_views(app:
     item = app.store.get("node/b")
     assert item is not None
     # when a marks it gone
-    a._mark_gone(Item(item.key, {**item.value, "lags": {"x": math.nan}}, item.version))
+    mark_gone(
+        a.store, Item(item.key, {**item.value, "lags": {"x": math.nan}}, item.version), 1.0, "a"
+    )
     # then its item is marked, names its app's prefix, and another app's view leaves it out
     marked = app.store.get("node/b")
     assert marked is not None and marked.value["gone"] == "lease expired"

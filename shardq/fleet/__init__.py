@@ -31,7 +31,7 @@ from shardq.core.heartbeat import COUNTS, Heartbeat, prefix_of
 from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name, shard_key
 from shardq.core.version import VERSION as __version__
-from shardq.fleet.others import Damaged, Foreign, fit, gone_value
+from shardq.fleet.others import Damaged, Foreign, fit, mark_gone
 from shardq.store import Item, Store, StoreConflict, StoreError
 from shardq.store.deployment import live_shards
 
@@ -137,7 +137,8 @@ class Fleet:
         fences = self._fences  # a fence after this: what the read shows may be stale
         try:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
-            beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)
+            asked = self.clock()  # a counter read is at least as new as this, at most as
+            beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)  # the answer
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
@@ -147,7 +148,7 @@ class Fleet:
             (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
         self._damaged.report([*owned, *items])
         others = {i.key[len(NODE_PREFIX) :]: i for i in foreign}
-        self._act(now, owned, items, self._foreign.live(now, others), fences)
+        self._act(asked, self.clock(), owned, items, self._foreign.live(asked, others), fences)
 
     def _beat_when_due(self, now: float) -> None:
         if now >= self._next_beat:
@@ -184,15 +185,21 @@ class Fleet:
         self._next_beat = now + self.beat_seconds
 
     def _act(
-        self, now: float, owned: list[Item], items: list[Item], foreign: set[str], fences: int
-    ) -> None:
+        self,
+        now: float,
+        answered: float,
+        owned: list[Item],
+        items: list[Item],
+        foreign: set[str],
+        fences: int,
+    ) -> None:  # heartbeats read: asked at now, answered at answered
         by_key = {i.key[len(NODE_PREFIX) :]: i for i in items}
         reports = {n: Heartbeat.from_value(n, i.value) for n, i in by_key.items()}
         # an unreadable heartbeat reads as an empty report and expires as a still one does
         beats = {n: Beat(n, by_key[n].version, r.mode, r.gone) for n, r in reports.items()}
-        self._seen = observe(self._seen, beats, now)
+        self._seen = observe(self._seen, beats, answered)  # a move stamped late, judged early
         if self.id in beats:  # this node is live to itself while its beats succeed
-            self._seen[self.id] = (beats[self.id].counter, now)
+            self._seen[self.id] = (beats[self.id].counter, answered)
         live = live_nodes(beats, self._seen, now, self.expire_seconds)  # decide adds this node
         dead = expired(beats, self._seen, now, self.expire_seconds)
         # an unreadable heartbeat's node is not live, but its shards are left alone until
@@ -204,7 +211,7 @@ class Fleet:
         left |= {key for key, owner in owners.items() if owner.node in unknown | foreign}
         for node in dead:
             if node != self.id:
-                self._mark_gone(by_key[node])
+                mark_gone(self.store, by_key[node], self.wall(), self.id)
         for node, beat in beats.items():  # marked gone and still for an hour: delete
             if beat.gone and now - self._seen[node][1] >= GONE_KEPT_SECONDS:
                 self._write(self.store.delete, NODE_PREFIX + node, version=beat.counter)
@@ -327,15 +334,6 @@ class Fleet:
         served = [ref.key for ref in self.node.shard_refs()] if self.elastic else []
         for key in {*owned, *served}:
             self.node.drop_shard(self._ref(key))
-
-    def _mark_gone(self, item: Item) -> None:
-        try:
-            self.store.put(
-                item.key, gone_value(item.value, self.wall(), self.id), version=item.version
-            )
-        except StoreError:
-            return
-        log.warning("fleet.node_gone", node=item.key[len(NODE_PREFIX) :], reason="lease expired")
 
     def report(self) -> Heartbeat:
         """This node's heartbeat."""

@@ -12,7 +12,7 @@ import structlog
 
 from shardq.core.fleet_rules import Beat, live_nodes, observe
 from shardq.core.heartbeat import Heartbeat, marked_gone, prefix_of
-from shardq.store import Item
+from shardq.store import Item, Store, StoreError
 from shardq.store.base import encode
 
 log = structlog.get_logger("shardq.fleet")
@@ -92,3 +92,12 @@ def gone_value(value: Mapping[str, Any], at: float, by: str) -> dict[str, Any]:
         prefix = prefix_of(value)
         return marked_gone({} if prefix is None else {"prefix": prefix}, "lease expired", at, by)
     return marked
+
+
+def mark_gone(store: Store, item: Item, at: float, by: str) -> None:
+    """Mark the heartbeat ``item`` gone (node ``by``, wall time ``at``), on its version."""
+    try:
+        store.put(item.key, gone_value(item.value, at, by), version=item.version)
+    except StoreError:
+        return
+    log.warning("fleet.node_gone", node=item.key.partition("/")[2], reason="lease expired")
