@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -297,6 +298,36 @@ def test_a_node_that_beat_during_its_observer_s_long_round_is_not_counted_dead(
     clock.now += 1.0
     b.step()
     # then a, whose last beat b read 1 s before, is live: not marked gone
+    beat = app.store.get("node/a")
+    assert beat is not None and not beat.value.get("gone")
+    assert set(a.held()) and set(a.held()) | set(b.held()) == ALL
+
+
+def test_a_node_that_beat_during_its_observer_s_slow_read_is_not_counted_dead(
+    app: App,
+) -> None:
+    # given two nodes sharing the shards, stepped by hand on one clock
+    clock = Clock()
+    a, b = balanced_pair(app, clock)
+    # when b's read of the heartbeats takes 3 s and shows a beat of a's made 2.5 s into
+    # it, and b reads them again 3.5 s after that read answered
+    query, inside = app.store.query_all, [False]
+
+    def slow(prefix: str, **kwargs: Any) -> list[Item]:
+        if prefix == "node/" and not inside[0]:
+            inside[0] = True
+            clock.now += 2.5
+            a.step()
+            clock.now += 0.5
+            inside[0] = False
+        return query(prefix, **kwargs)
+
+    app.store.query_all = slow  # type: ignore[method-assign]
+    b.step()
+    app.store.query_all = query  # type: ignore[method-assign]
+    clock.now += 3.5
+    b.step()
+    # then a, silent for 4 s at most (its beat came after that read was asked), is live
     beat = app.store.get("node/a")
     assert beat is not None and not beat.value.get("gone")
     assert set(a.held()) and set(a.held()) | set(b.held()) == ALL
@@ -608,6 +639,34 @@ def test_a_long_round_of_takes_beats_on_and_serves_every_shard(app: App) -> None
     a.step()
     # then it beat meanwhile and serves every shard at the end of it
     assert keys(a.node) == ALL and a.held() == sorted(ALL)
+
+
+def test_a_long_round_of_frees_beats_on(app: App) -> None:
+    # given a lone node serving every shard, stepped by hand, and a second node joining
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step()
+    b = stepped(app, clock, "b")
+    b.step()
+    clock.now += 1.0
+    a.step()  # frees its 3 shards for b (handed back: the drains end at once here)
+    # when each free it then writes takes 2.5 s, 7.5 s for the round: past the expiry
+    put = app.store.put
+
+    def slow(key: str, value: Any, **kwargs: Any) -> Item:
+        if key.startswith("shard/") and value == {"owner": ""}:
+            clock.now += 2.5
+        return put(key, value, **kwargs)
+
+    app.store.put = slow  # type: ignore[method-assign]
+    clock.now += 1.0
+    before = app.store.get("node/a")
+    a.step()
+    app.store.put = put  # type: ignore[method-assign]
+    # then it beat between the frees: its counter moved every beat, never still so long
+    after = app.store.get("node/a")
+    assert before is not None and after is not None
+    assert timing(LEASE)[1] < 7.5 and after.version - before.version >= 3
 
 
 def test_apps_sharing_a_table_and_a_worker_name_say_so_and_do_not_fight(app: App) -> None:

@@ -139,6 +139,7 @@ class Fleet:
             owned = self.store.query_all(SHARD_PREFIX, keep_damaged=True)
             asked = self.clock()  # a counter read is at least as new as this, at most as
             beats = self.store.query_all(NODE_PREFIX, keep_damaged=True)  # the answer
+            answered = self.clock()
         except StoreError as exc:
             log.warning("fleet.read_failed", error=str(exc))
             return
@@ -148,7 +149,8 @@ class Fleet:
             (items if prefix_of(i.value) in (None, self.prefix) else foreign).append(i)
         self._damaged.report([*owned, *items])
         others = {i.key[len(NODE_PREFIX) :]: i for i in foreign}
-        self._act(asked, self.clock(), owned, items, self._foreign.live(asked, others), fences)
+        alien = self._foreign.live(asked, answered, others)
+        self._act(asked, answered, owned, items, alien, fences)
 
     def _beat_when_due(self, now: float) -> None:
         if now >= self._next_beat:
@@ -323,6 +325,7 @@ class Fleet:
             for key, _ in done:
                 del self._draining[key]
         for key, version in done:
+            self._beat_when_due(self.clock())  # hundreds of frees beat on, as takes do
             if self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version):
                 log.info("fleet.freed", shard=key)
 

@@ -26,11 +26,12 @@ class Foreign:
         self._seen: dict[str, tuple[int, float]] = {}
         self._logged: set[str] = set()  # their prefixes
 
-    def live(self, now: float, items: dict[str, Item]) -> set[str]:
-        """Of the heartbeats ``items`` (by node), the nodes live at ``now``: each judged on
-        the lease of its own app, when longer, on this node's clock."""
+    def live(self, now: float, answered: float, items: dict[str, Item]) -> set[str]:
+        """Of the heartbeats ``items`` (by node; read asked at ``now``, answered at
+        ``answered``), the nodes live at ``now``: each judged on the lease of its own app,
+        when longer, on this node's clock."""
         beats = {n: Beat(n, i.version, gone=str(i.value.get("gone", ""))) for n, i in items.items()}
-        self._seen = observe(self._seen, beats, now)
+        self._seen = observe(self._seen, beats, answered)
         live: set[str] = set()
         for name, beat in beats.items():
             expire = max(self.expire_seconds, Heartbeat.from_value(name, items[name].value).expire)
