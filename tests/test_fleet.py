@@ -403,11 +403,14 @@ def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_
     app.store.put = failing  # type: ignore[method-assign,assignment]
     try:
         clock.now += timing(LEASE)[1]
-        a.step()
+        with capture_logs() as logs:
+            a.step()
+            a._fence_if_late()  # (as its lease watch does, every quarter round)
     finally:
         app.store.put = original  # type: ignore[method-assign]
-    # then it serves nothing
+    # then it serves nothing, and says why, once
     assert a.node.shard_refs() == [] and a.held() == []
+    assert [e["node"] for e in logs if e["event"] == "fleet.fenced"] == ["a"]
 
 
 def test_a_node_whose_heartbeat_write_hangs_stops_serving_before_others_may_take(

@@ -122,6 +122,13 @@ class Fleet:
         if self.node.stopping.is_set():
             return False
         late = self.clock() - self._beat_ok > self.expire_seconds - ROUND_SECONDS
+        if late and (self.held() or self.node.shard_refs()):  # (said once, not each look)
+            log.warning(
+                "fleet.fenced",
+                node=self.id,
+                detail="its heartbeat could not be written for nearly the expiry: it serves "
+                "no shard (others may take them) until a beat succeeds",
+            )
         if late:
             self._fence()
         return late
