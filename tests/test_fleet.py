@@ -413,6 +413,38 @@ def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_
     assert [e["node"] for e in logs if e["event"] == "fleet.fenced"] == ["a"]
 
 
+def test_a_node_fenced_while_it_drains_shards_says_so_once(app: App) -> None:
+    # given a node that serves every shard and is handing three to a joining node
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a.step(), a.step()
+    b = stepped(app, clock, "b")
+    b.step()
+    a.step()
+    assert len(a.held()) == 6 and len(a.node.shard_refs()) == 3
+    original = app.store.put
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise StoreError("the store is unreachable")
+
+    app.store.put = failing  # type: ignore[method-assign,assignment]
+    try:
+        # when its heartbeat cannot be written for longer than the expiry less a round,
+        # and its lease watch and rounds look again and again
+        clock.now += timing(LEASE)[1]
+        with capture_logs() as logs:
+            a.step()
+            for _ in range(8):
+                a._fence_if_late()
+            clock.now += 1
+            a.step()
+    finally:
+        app.store.put = original  # type: ignore[method-assign]
+    # then it says it stopped serving once, not at each look
+    assert [e["node"] for e in logs if e["event"] == "fleet.fenced"] == ["a"]
+    assert a.node.shard_refs() == []
+
+
 def test_a_node_whose_heartbeat_write_hangs_stops_serving_before_others_may_take(
     app: App,
 ) -> None:

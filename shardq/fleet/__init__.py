@@ -122,7 +122,7 @@ class Fleet:
         if self.node.stopping.is_set():
             return False
         late = self.clock() - self._beat_ok > self.expire_seconds - ROUND_SECONDS
-        if late and (self.held() or self.node.shard_refs()):  # (said once, not each look)
+        if late and (self._owned or self.node.shard_refs()):  # (said once, not each look)
             log.warning(
                 "fleet.fenced",
                 node=self.id,
