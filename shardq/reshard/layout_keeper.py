@@ -31,7 +31,7 @@ SWEEP_VISIBILITY_SECONDS = 30
 #: Each retired queue is looked at this often.
 SWEEP_EVERY_SECONDS = 10.0
 #: An old shard found empty: its ref, queue and :meth:`LayoutKeeper._empty`'s answer.
-Looked = tuple[ShardRef, str, int | None]
+Looked = tuple[Shard, str, int | None]
 
 
 class LayoutKeeper:
@@ -52,6 +52,8 @@ class LayoutKeeper:
         self._versions: dict[str, rules.WorkerLayout] = {}  # what the static plan follows
         self._since: dict[Shard, float] = {}  # shard served here -> first seen served
         self._served(self.app.layouts.clock())
+        # a shard given up is no longer relaying here: taken back, it waits and looks anew
+        node.ownership.dropped.append(lambda ref: self.relaying.discard(ref.key))
 
     def start(self) -> None:
         # the node's plan was made over the layouts in hand: follow their changes only
@@ -102,10 +104,12 @@ class LayoutKeeper:
             if layout.retired:
                 self._sweep(worker, layout, now)
         self._held = None  # again after the receives: one of this node's may have taken
-        for ref, queue, brought in looked:  # a shard's last jobs
-            if self._closable(queue, brought):
-                self.relaying.add(ref.key)
-                log.info("layout.closing", shard=str(ref), detail="found empty; relays from now on")
+        for shard, queue, brought in looked:  # a shard's last jobs
+            if self._closable(queue, brought) and shard in self.node.ownership.shards():
+                self.relaying.add(shard.ref.key)  # (unless given up meanwhile)
+                log.info(
+                    "layout.closing", shard=str(shard.ref), detail="found empty; relays from now on"
+                )
 
     def _served(self, now: float) -> None:
         self._since = {s: self._since.get(s, now) for s in self.node.ownership.shards()}
@@ -155,7 +159,7 @@ class LayoutKeeper:
             elif self._since.get(shard, now) > settled or self._holds(queue):
                 continue
             elif (brought := self._empty(queue)) is not None:
-                looked.append((ref, queue, None if queue in self._looked else brought))
+                looked.append((shard, queue, None if queue in self._looked else brought))
         if done:
             self._record(worker, "closed", rules.close, [(move.gen, shard) for shard in done])
         return looked

@@ -43,6 +43,8 @@ class Ownership:
             shard.ref.key: (lane, shard) for lane in lanes for shard in lane.shards
         }
         self._drops: set[threading.Event] = set()  # not set yet
+        #: Called with each shard given up (in the thread that gives it up).
+        self.dropped: list[Callable[[ShardRef], None]] = []
         self._started = False
         self._finished = False
 
@@ -102,6 +104,8 @@ class Ownership:
                 self._drops.add(done)
                 lane.inbox.put(Leave(shard, lambda: self._swept(shard, done)))
         self._intake.forget(shard.queue)
+        for call in self.dropped:
+            call(ref)
         log.info("node.shard_dropped", shard=str(ref))
         return done
 
