@@ -645,6 +645,21 @@ def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damage
     assert dead.size() == size
 
 
+def test_purging_one_of_a_job_s_two_records_keeps_the_other_s_id_item(app: shardq.App) -> None:
+    # given a job recorded twice: once by an earlier version (no id item), once since
+    bury(app, [("q", 0)])
+    dead = Morgue(app, "Ledgered")
+    (older,) = dead.list_jobs(entity="q")
+    app.store.delete(id_key("Ledgered", older.message_id))
+    bury(app, [("q", 0)])
+    _, newer = dead.list_jobs(entity="q")
+    # when the older record is purged, and the job is delivered and buried once more
+    assert dead.purge(Filter(entity="q", until=newer.failed_at - 1e-6)) == 1
+    bury(app, [("q", 0)])
+    # then the newer record still names the job: it is not recorded again
+    assert [r.message_id for r in dead.list_jobs(entity="q")] == ["id-q-0"]
+
+
 def test_a_burial_reads_none_of_its_entity_s_earlier_records(
     app: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

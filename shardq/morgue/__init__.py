@@ -296,7 +296,7 @@ class Morgue:
         """Delete each record's items (summary first: it leaves listings at once), telling
         ``progress`` the count so far (from ``done``)."""
         for record in records:
-            keys = [*keys_of(record.key, record.pieces), id_key(self.worker, record.message_id)]
+            keys = [*keys_of(record.key, record.pieces), *self._id_of(record)]
             if record.reason == REASON_UNREADABLE:  # how many pieces its body has is not known
                 pieces = keys_of(record.key, 2)[2].removesuffix("001")
                 keys += [i.key for i in self.store.query_all(pieces, keep_damaged=True)]
@@ -306,6 +306,16 @@ class Morgue:
             if progress is not None:
                 progress(done)
         return done
+
+    def _id_of(self, record: MorgueRecord) -> list[str]:
+        """The id item of ``record``'s job if it names this record (a job recorded twice by
+        an earlier version keeps the other's)."""
+        key = id_key(self.worker, record.message_id)
+        with suppress(DamagedItem):
+            item = self.store.get(key)
+            if item is None or item.value.get("summary") != keys_of(record.key, 1)[0]:
+                return []
+        return [key]  # (a damaged one too: it names nothing readable)
 
     def _resend(
         self, records: list[MorgueRecord], stopped: set[str], refused: Refused | None
