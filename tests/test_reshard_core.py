@@ -780,6 +780,47 @@ def test_an_old_shard_dropped_and_taken_back_between_two_looks_waits_again(
 
 
 @pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
+def test_an_old_shard_given_up_while_the_look_marks_it_closing_is_not_left_marked(
+    moved: shardq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a reshard to 3 switched long ago, a node serving the old shards for long, and
+    # the broker's counts (approximate on SQS) showing nothing
+    clock = Skipping()
+    moved.layouts.clock = clock
+    moved.ensure_queues()
+    switched(moved, 3)
+    node, keeper = driven(moved)
+    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
+    monkeypatch.setattr(
+        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    clock.offset = 100.0
+    shard0 = next(r for r in node.shard_refs() if (r.shard, r.gen) == (0, 0))
+
+    class Racing(set[str]):
+        """The node gives shard 0 up (its lease watch fences it) just as the look that
+        found it closable marks it."""
+
+        def add(self, key: str) -> None:
+            if key == shard0.key:
+                node.drop_shard(shard0)
+            super().add(key)
+
+    keeper.relaying = Racing()
+    # when that look ends, and the node takes the shard back after another node took a
+    # job of it (hidden at the broker)
+    keeper.tick()
+    Moved.publish(entity_in(0, 2), {"n": 0})
+    take(moved.broker, old)
+    node.add_shard(shard0)
+    # then the shard taken back does not relay, nor close at the next look
+    assert keeper.route(shard0, entity_in(0, 2)) == rules.RUN
+    clock.offset += 2.5
+    keeper.tick()
+    assert shard0.key not in keeper.relaying
+
+
+@pytest.mark.parametrize("moved", ["sqlite"], indirect=True)  # the same on every broker
 def test_a_look_at_the_old_shards_lists_the_jobs_held_twice_whatever_their_number(
     moved: shardq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

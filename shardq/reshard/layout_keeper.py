@@ -30,7 +30,7 @@ Step = Callable[[rules.WorkerLayout, int, int], rules.WorkerLayout]
 SWEEP_VISIBILITY_SECONDS = 30
 #: Each retired queue is looked at this often.
 SWEEP_EVERY_SECONDS = 10.0
-#: An old shard found empty: its ref, queue and :meth:`LayoutKeeper._empty`'s answer.
+#: An old shard found empty: the shard, its queue and :meth:`LayoutKeeper._empty`'s answer.
 Looked = tuple[Shard, str, int | None]
 
 
@@ -105,8 +105,11 @@ class LayoutKeeper:
                 self._sweep(worker, layout, now)
         self._held = None  # again after the receives: one of this node's may have taken
         for shard, queue, brought in looked:  # a shard's last jobs
-            if self._closable(queue, brought) and shard in self.node.ownership.shards():
-                self.relaying.add(shard.ref.key)  # (unless given up meanwhile)
+            if self._closable(queue, brought):
+                self.relaying.add(shard.ref.key)  # then: given up meanwhile? (a drop takes
+                if shard not in self.node.ownership.shards():  # it out, then unmarks it)
+                    self.relaying.discard(shard.ref.key)
+                    continue
                 log.info(
                     "layout.closing", shard=str(shard.ref), detail="found empty; relays from now on"
                 )
