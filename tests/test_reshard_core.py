@@ -557,6 +557,16 @@ def test_an_old_shard_whose_last_job_a_receive_of_the_node_took_meanwhile_stays_
     assert [m.group_id for m in node.leases.held()] == [e]
 
 
+def counts_lag(app: shardq.App, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Any]:
+    """Make the broker's counts (approximate on SQS) show nothing in Moved's old shard 0;
+    returns that queue and the broker's own counts."""
+    old, counts = app.shard_queue("Moved", 0, 0), app.broker.counts
+    monkeypatch.setattr(
+        app.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
+    )
+    return old, counts
+
+
 def receive_in_flight(
     node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch, fails: bool = False
 ) -> Callable[[], None]:
@@ -603,10 +613,7 @@ def test_an_old_shard_whose_last_job_a_receive_in_flight_took_stays_open(
     switched(moved, 3)
     node, keeper = driven(moved)
     clock.offset = 100.0
-    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
-    monkeypatch.setattr(
-        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
-    )
+    counts_lag(moved, monkeypatch)
     # when a lane's receive of shard 0, in flight while the keeper looks, took E's job
     # at the broker, and its answer (holding the job here) comes after that look
     let_go = receive_in_flight(node, ShardRef("Moved", 0, 0), monkeypatch)
@@ -634,10 +641,7 @@ def test_an_old_shard_whose_last_job_a_receive_that_failed_took_stays_open(
     switched(moved, 3)
     node, keeper = driven(moved)
     clock.offset = 100.0
-    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
-    monkeypatch.setattr(
-        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
-    )
+    old, counts = counts_lag(moved, monkeypatch)
     # when a lane's receive of shard 0, in flight while the keeper looks, took E's job at
     # the broker and then failed (its answer lost after the retries), and the keeper
     # looks again 2 s later
@@ -727,10 +731,7 @@ def test_an_old_shard_taken_over_stays_open_while_its_last_owner_s_job_may_be_hi
     moved.ensure_queues()
     Moved.publish(entity_in(0, 2), {"n": 0})
     switched(moved, 3)
-    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
-    monkeypatch.setattr(
-        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
-    )
+    old, _ = counts_lag(moved, monkeypatch)
     taken = take(moved.broker, old)
     clock.offset = 100.0
     # when a node takes the old shards over now and looks at them
@@ -759,10 +760,7 @@ def test_an_old_shard_dropped_and_taken_back_between_two_looks_waits_again(
     moved.ensure_queues()
     switched(moved, 3)
     node, keeper = driven(moved)
-    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
-    monkeypatch.setattr(
-        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
-    )
+    old, _ = counts_lag(moved, monkeypatch)
     clock.offset = 100.0
     # when, between two looks, the node gives shard 0 up, another node takes a job of it
     # (hidden for its visibility timeout), and the node takes the shard back
@@ -790,10 +788,7 @@ def test_an_old_shard_given_up_while_the_look_marks_it_closing_is_not_left_marke
     moved.ensure_queues()
     switched(moved, 3)
     node, keeper = driven(moved)
-    old, counts = moved.shard_queue("Moved", 0, 0), moved.broker.counts
-    monkeypatch.setattr(
-        moved.broker, "counts", lambda q: QueueCounts(0, 0) if q == old else counts(q)
-    )
+    old, _ = counts_lag(moved, monkeypatch)
     clock.offset = 100.0
     shard0 = next(r for r in node.shard_refs() if (r.shard, r.gen) == (0, 0))
 
