@@ -634,6 +634,7 @@ def test_a_node_fenced_during_a_round_claims_no_more_shards_in_it(app: App) -> N
     # on): it is fenced then
     clock = Clock()
     a = stepped(app, clock, "a")
+    a.parallel = 1  # one claim at a time (more would be in flight with the first)
     a._beat(clock())
     add, put = a.node.add_shard, app.store.put
 
@@ -658,10 +659,11 @@ def test_a_node_fenced_during_a_round_claims_no_more_shards_in_it(app: App) -> N
 
 
 def test_a_long_round_of_takes_beats_on_and_serves_every_shard(app: App) -> None:
-    # given a lone node whose every take makes its shard's queue in 1.5 s, 9 s for the
-    # round: longer than the expiry
+    # given a lone node whose every take makes its shard's queue in 1.5 s, one take at a
+    # time: 9 s for the round, longer than the expiry
     clock = Clock()
     a = stepped(app, clock, "a")
+    a.parallel = 1
     add = a.node.add_shard
 
     def slow(ref: ShardRef) -> None:
@@ -676,6 +678,55 @@ def test_a_long_round_of_takes_beats_on_and_serves_every_shard(app: App) -> None
     assert keys(a.node) == ALL and a.held() == sorted(ALL)
 
 
+def test_a_round_makes_its_takes_side_by_side(app: App) -> None:
+    # given a lone node whose takes each wait for three others to be under way (a queue
+    # lookup each; one after another they would wait forever)
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    add, together = a.node.add_shard, threading.Barrier(4, timeout=30)
+
+    def side_by_side(ref: ShardRef) -> None:
+        if ref.key in {"Ledgered:0", "Ledgered:1", "Ledgered:2", "Ledgered:3"}:
+            together.wait()
+        add(ref)
+
+    a.node.add_shard = side_by_side  # type: ignore[method-assign]
+    # when it takes its shards in one round
+    a.step()
+    # then they were under way together and it serves every shard
+    assert not together.broken and keys(a.node) == ALL and a.held() == sorted(ALL)
+
+
+def test_a_leaving_nodes_shards_are_free_to_take_before_it_freed_them(app: App) -> None:
+    # given node a holding every shard, whose frees as it leaves hang, and node b
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    a.step()
+    b = stepped(app, clock, "b")
+    put, hang = app.store.put, threading.Event()
+
+    def hung(key: str, value: Any, **kwargs: Any) -> Item:
+        if key.startswith("shard/") and value == {"owner": ""}:
+            hang.wait(30)
+        return put(key, value, **kwargs)
+
+    app.store.put = hung  # type: ignore[method-assign]
+    leaving = threading.Thread(target=a.leave)
+    try:
+        # when a leaves, and b's round comes while a's frees hang
+        leaving.start()
+        wait_for(lambda: app.store.get("node/a") is None, 30, "a's heartbeat deleted")
+        b._beat(clock())
+        b.step()
+    finally:
+        hang.set()
+        leaving.join(30)
+        app.store.put = put  # type: ignore[method-assign]
+    # then b took every shard at once, and a's late frees undid none of it
+    assert keys(b.node) == ALL and owners(app) == {k: "b" for k in ALL}
+
+
 def test_a_long_round_of_frees_beats_on(app: App) -> None:
     # given a lone node serving every shard, stepped by hand, and a second node joining
     clock = Clock()
@@ -685,7 +736,9 @@ def test_a_long_round_of_frees_beats_on(app: App) -> None:
     b.step()
     clock.now += 1.0
     a.step()  # frees its 3 shards for b (handed back: the drains end at once here)
-    # when each free it then writes takes 2.5 s, 7.5 s for the round: past the expiry
+    # when each free it then writes takes 2.5 s, one at a time: 7.5 s for the round, past
+    # the expiry
+    a.parallel = 1
     put = app.store.put
 
     def slow(key: str, value: Any, **kwargs: Any) -> Item:
@@ -781,8 +834,10 @@ def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_t
     b.step()
     a._fence()
     assert keys(a.node) == set() and set(owners(app).values()) == {"a"}
-    # when a's next round serves its shards again, and its first take hangs past its
-    # expiry while b marks it gone and takes them all (a's next beat finds it gone)
+    # when a's next round serves its shards again, one at a time, and its first take
+    # hangs past its expiry while b marks it gone and takes them all (a's next beat finds
+    # it gone; takes running beside the stalled one are the lease watch's, not run here)
+    a.parallel = 1
     add, stalled = a.node.add_shard, []
 
     def stall(ref: ShardRef) -> None:

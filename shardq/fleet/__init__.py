@@ -3,10 +3,11 @@ owners in the state store, moved by conditional writes (docs/deployment.md)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -27,11 +28,11 @@ from shardq.core.fleet_rules import (
     timing,
     unreadable_owner,
 )
-from shardq.core.heartbeat import COUNTS, Heartbeat, prefix_of
+from shardq.core.heartbeat import Heartbeat, prefix_of
 from shardq.core.plan import ShardRef
-from shardq.core.topology import parse_key, parse_name, shard_key
-from shardq.core.version import VERSION as __version__
+from shardq.core.topology import parse_key, parse_name
 from shardq.fleet.others import Damaged, Foreign, fit, mark_gone
+from shardq.fleet.report import Rate, heartbeat
 from shardq.store import Item, Store, StoreConflict, StoreError
 from shardq.store.deployment import live_shards
 
@@ -43,6 +44,9 @@ log = structlog.get_logger("shardq.fleet")
 NODE_PREFIX, SHARD_PREFIX = "node/", "shard/"
 #: A shard this node could not take is left alone this long before trying again.
 REFUSED_SECONDS = 30.0
+#: Takes, frees and purges a node makes side by side (each a store write, a take also
+#: a queue lookup): a departed node's hundreds of shards are taken over in seconds.
+PARALLEL = 8
 
 
 class Fleet:
@@ -66,6 +70,7 @@ class Fleet:
         self.wall = node.wall
         self.beat_seconds, self.expire_seconds = timing(node.app.config.lease_seconds)
         self.started = node.wall()
+        self.parallel = PARALLEL
         self._version: int | None = None  # of this node's heartbeat item
         self._beat_ok = clock()  # when the last successful heartbeat write was sent
         self._fences = 0  # how many times it stopped serving every shard
@@ -80,8 +85,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._done_before: dict[str, int] = {}  # the node's Tally.done() at ``_rate_at``
-        self._rate_at, self._rate = clock(), 0.0
+        self._rate = Rate(clock())
 
     def join(self) -> None:
         """Write the first heartbeat (a store error stops the node) and start the thread."""
@@ -99,9 +103,9 @@ class Fleet:
         with self._lock:
             owned = {**self._owned, **{k: v for k, (_, v) in self._draining.items()}}
             self._owned, self._draining = {}, {}
-        for key, version in owned.items():
-            self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version)
+        # without its heartbeat the node's shards are free to take at once; then freed
         self._write(self.store.delete, NODE_PREFIX + self.id, version=None)
+        self._each([partial(self._free, k, v) for k, v in owned.items()])
         log.info("fleet.left", node=self.id, released=len(owned))
 
     def held(self) -> list[str]:
@@ -160,7 +164,7 @@ class Fleet:
         self._act(asked, answered, owned, items, alien, fences)
 
     def _beat_when_due(self, now: float) -> None:
-        if now >= self._next_beat:
+        if now >= self._next_beat and not self._stop.is_set():  # (none once it left)
             try:
                 self._beat(now)
             except StoreError as exc:
@@ -239,25 +243,49 @@ class Fleet:
             with self._lock:
                 self._owned.pop(key, None)
                 self._draining[key] = (done, version)
-        for key, version in moves.purge.items():
-            self._write(self.store.delete, SHARD_PREFIX + key, version=version)
-        for key in moves.serve:
-            self._beat_when_due(self.clock())  # a long round of takes (queues made) beats on
-            if self._fences != fences:  # fenced since the read: its owners may be stale
-                return
-            self._take(key, owners[key].version, now)
+        purge = [
+            partial(self._write, self.store.delete, SHARD_PREFIX + k, version=v)
+            for k, v in moves.purge.items()
+        ]
+        serve = [partial(self._serve, k, owners[k].version, now, fences) for k in moves.serve]
         # a node whose own heartbeat is unreadable takes nothing new until it beats
-        for key, claim in ({} if self.id in unknown else moves.claim).items():
-            self._beat_when_due(self.clock())
-            if self._fence_if_late() or self._fences != fences:  # it would not serve it
-                break
-            try:
-                item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
-            except StoreError:
-                continue  # another node took it first (or the store failed): next round
-            self._take(key, item.version, now)
-            if key in owners and key in self._owned:
-                log.info("fleet.took_over", shard=key, previous=owners[key].node)
+        claims = {} if self.id in unknown else moves.claim
+        claim = [partial(self._claim, k, v, owners.get(k), now, fences) for k, v in claims.items()]
+        self._each([*purge, *serve, *claim])
+
+    def _serve(self, key: str, version: int, now: float, fences: int) -> None:
+        if self._fences == fences:  # else fenced since the read: its owners may be stale
+            self._take(key, version, now)
+
+    def _claim(
+        self, key: str, claim: int | None, was: Owner | None, now: float, fences: int
+    ) -> None:
+        if self._fence_if_late() or self._fences != fences:  # it would not serve it
+            return
+        try:
+            item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
+        except StoreError:
+            return  # another node took it first (or the store failed): next round
+        self._take(key, item.version, now)
+        if was is not None and key in self._owned:
+            log.info("fleet.took_over", shard=key, previous=was.node)
+
+    def _each(self, calls: list[Callable[[], object]]) -> None:
+        """Make ``calls`` (store writes, takes) ``parallel`` at a time, beating on: a round
+        of hundreds of them may outlast a lease."""
+        if not calls:
+            return
+        left = iter(calls)
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="shardq-fleet-io") as pool:
+            pending: set[Future[object]] = set()
+            while True:
+                self._beat_when_due(self.clock())
+                pending |= {pool.submit(c) for c in islice(left, self.parallel - len(pending))}
+                if not pending:
+                    return
+                done, pending = wait(pending, ROUND_SECONDS, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()  # a defect raises in the fleet's thread, as before
 
     def _owners(
         self, now: float, owned: list[Item], held: Mapping[str, set[str]], live: set[str]
@@ -331,10 +359,11 @@ class Fleet:
             done = [(k, v) for k, (e, v) in self._draining.items() if e.is_set()]
             for key, _ in done:
                 del self._draining[key]
-        for key, version in done:
-            self._beat_when_due(self.clock())  # hundreds of frees beat on, as takes do
-            if self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version):
-                log.info("fleet.freed", shard=key)
+        self._each([partial(self._free, key, version) for key, version in done])
+
+    def _free(self, key: str, version: int) -> None:
+        if self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version):
+            log.info("fleet.freed", shard=key)
 
     def _fence(self) -> None:
         """Stop serving every shard (an elastic node's, held or not): others may take them now."""
@@ -347,38 +376,11 @@ class Fleet:
 
     def report(self) -> Heartbeat:
         """This node's heartbeat."""
-        node, now = self.node, self.clock()
-        tally = node.tally()
-        done = tally.done()
-        if now - self._rate_at >= 1.0:
-            self._rate = sum(tally.rates(self._done_before, now - self._rate_at).values())
-            self._done_before, self._rate_at = done, now
-        lags = {shard_key(w, s): round(lag, 3) for w, s, lag in node.lags()}
-        held = self.held() if self.elastic else sorted(lags)
-        counts = dict(zip(COUNTS, (done, tally.retried, tally.morgued), strict=True))
-        return Heartbeat(
-            node=self.id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            started=self.started,
-            at=self.wall(),
-            mode=ELASTIC if self.elastic else STATIC,
-            threads=len(node.lanes),
-            held=tuple(held),
-            lags={k: v for k, v in lags.items() if k in set(held)},
-            jobs_per_second=round(self._rate, 2),
-            done=sum(done.values()),
-            retried=sum(tally.retried.values()),
-            failed=sum(tally.morgued.values()),
-            by_worker={
-                w: {k: c.get(w, 0) for k, c in counts.items()} for w in {*done, *tally.retried}
-            },
-            version=__version__,
-            expire=self.expire_seconds,
-            concurrency=node.slots.concurrency,
-            slots_in_use=node.slots.in_use(),
-            prefix=self.prefix,
-        )
+        mode, held = (ELASTIC, self.held()) if self.elastic else (STATIC, None)
+        return heartbeat(
+            self.node, self._rate, self.clock(), held, node=self.id, started=self.started,
+            at=self.wall(), mode=mode, expire=self.expire_seconds, prefix=self.prefix,
+        )  # fmt: skip
 
     def _ref(self, key: str) -> ShardRef:
         name, shard = parse_key(key)
