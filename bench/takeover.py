@@ -27,6 +27,7 @@ Per run, a departure's figure is the time until *all* its shards were served aga
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -49,6 +50,9 @@ from tests import emulator as emu
 from tests.apps import ledger
 
 WORKER = "Ledgered"
+#: Seconds between two looks at the store or the ledger: 50 ms, longer with many shards
+#: (each look at the owners reads every shard's item).
+POLL = [0.05]
 
 
 class Publisher(threading.Thread):
@@ -123,19 +127,37 @@ def balanced(pids: set[int], shards: int) -> bool:
 
 
 def wait(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Polls ``check`` every 50 ms; returns ``time.time()`` when it first held."""
+    """Polls ``check`` every ``POLL[0]`` s; returns ``time.time()`` when it first held."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(POLL[0])
     return time.time()
 
 
-def first_starts(path: Path, shards: int, since: float, other_than: int) -> dict[int, float]:
+class Tail:
+    """The ledger's entries as the nodes append them: whole lines, each read once (a
+    re-read of the whole file at every poll loads the machine the nodes run on)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.entries = path, 0, []
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+            self.offset += len(whole)
+            self.entries += [json.loads(line) for line in whole.splitlines() if line.strip()]
+        return self.entries
+
+
+def first_starts(tail: Tail, shards: int, since: float, other_than: int) -> dict[int, float]:
     """shard -> first ledger start after ``since`` by a process other than ``other_than``."""
     found: dict[int, float] = {}
-    for e in ledger.read(str(path)) if path.exists() else []:
+    for e in tail.read():
         if e["event"] == "start" and e["t"] > since and e["pid"] != other_than:
             shard = shard_for(e["entity"], shards)
             found[shard] = min(found.get(shard, e["t"]), e["t"])
@@ -143,7 +165,7 @@ def first_starts(path: Path, shards: int, since: float, other_than: int) -> dict
 
 
 def departure(
-    node: subprocess.Popen[bytes], sig: int, shards: int, path: Path
+    node: subprocess.Popen[bytes], sig: int, shards: int, tail: Tail
 ) -> tuple[float, float, int]:
     """Send ``sig`` to ``node``; (seconds until every shard it held was served by
     another process, seconds until another node owned each, shards it held)."""
@@ -156,7 +178,7 @@ def departure(
     served: dict[int, float] = {}
 
     def all_served() -> bool:
-        served.update(first_starts(path, shards, t0, node.pid))
+        served.update(first_starts(tail, shards, t0, node.pid))
         return held <= set(served)
 
     wait(all_served, 120, "the shards to be served")
@@ -206,10 +228,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         done = wait(lambda: balanced(first | {third.pid}, args.shards), 120, "balance")
         out["join_from_start"], out["join_from_beat"] = done - spawned, done - joined
         path = Path(env["LEDGER_PATH"])
+        tail = Tail(path)
         by_count = Counter(owners().values())
         victim = next(p for p in nodes if p.pid == by_count.most_common(1)[0][0])
         out["kill_served"], out["kill_owned"], out["kill_held"] = departure(
-            victim, signal.SIGKILL, args.shards, path
+            victim, signal.SIGKILL, args.shards, tail
         )
         killed_at = time.time() - out["kill_served"]
         victim.wait()
@@ -218,7 +241,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         by_count = Counter(owners().values())
         leaver = next(p for p in nodes if p.pid == by_count.most_common(1)[0][0])
         out["leave_served"], out["leave_owned"], out["leave_held"] = departure(
-            leaver, signal.SIGTERM, args.shards, path
+            leaver, signal.SIGTERM, args.shards, tail
         )
         out["leave_exit"] = leaver.wait(30)
         publisher.halt.set()
@@ -228,11 +251,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         expected = dict.fromkeys(entities, publisher.rounds)
 
         def drained() -> bool:
-            ended = {(e["entity"], e["n"]) for e in ledger.read(str(path)) if e["event"] == "end"}
+            ended = {(e["entity"], e["n"]) for e in tail.read() if e["event"] == "end"}
             return len(ended) >= len(entities) * publisher.rounds
 
         wait(drained, 120, "the last node to drain the queues")
-        problems = ledger.check(ledger.read(str(path)), expected, killed={victim.pid: killed_at})
+        problems = ledger.check(tail.read(), expected, killed={victim.pid: killed_at})
         out["jobs"] = len(entities) * publisher.rounds
         out["duplicates"] = len(problems.pop("duplicates"))  # a replay after the kill: allowed
         out["problems"] = {k: len(v) for k, v in problems.items() if v}
@@ -259,6 +282,7 @@ def main() -> int:
     parser.add_argument("--publish-every", type=float, default=0.2)
     parser.add_argument("--keep", action="store_true", help="keep the logs and ledgers")
     args = parser.parse_args()
+    POLL[0] = max(0.05, args.shards / 2000)
     print(f"# {machine()}  git={git_head()}", flush=True)
     print(f"# python bench/takeover.py {' '.join(sys.argv[1:])}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="shardq-takeover-"))

@@ -834,9 +834,9 @@ def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_t
     b.step()
     a._fence()
     assert keys(a.node) == set() and set(owners(app).values()) == {"a"}
-    # when a's next round serves its shards again, one at a time, and its first take
-    # hangs past its expiry while b marks it gone and takes them all (a's next beat finds
-    # it gone; takes running beside the stalled one are the lease watch's, not run here)
+    # when a's next round serves its shards again, one at a time (takes ending beside it
+    # would let a beat on the test's one clock), and its first take hangs past its expiry
+    # while b marks it gone and takes them all (a's next beat finds it gone)
     a.parallel = 1
     add, stalled = a.node.add_shard, []
 
@@ -853,6 +853,37 @@ def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_t
     # then no shard is served by both
     assert not keys(a.node) & keys(b.node)
     assert keys(b.node) == ALL and set(owners(app).values()) == {"b"}
+
+
+def test_a_take_begun_before_a_beat_found_its_node_gone_serves_nothing(app: App) -> None:
+    # given node a owning every shard but fenced, and node b watching it
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    a.step()
+    b = stepped(app, clock, "b")
+    b._beat(clock())
+    b.step()
+    a._fence()
+    # when a's next round serves its shards again, one at a time, and before its first
+    # take begins, b marks it gone and takes them all, and a's beat finds it gone (as
+    # the round's thread beats while takes run)
+    a.parallel = 1
+    take, begun = a._take, []
+
+    def late(*args: Any) -> None:
+        if not begun:
+            begun.append(args)
+            for _ in range(int(timing(LEASE)[1]) + 3):
+                clock.now += 1.0
+                b.step()
+            a._beat(clock())
+        take(*args)
+
+    a._take = late  # type: ignore[method-assign]
+    a.step()
+    # then a serves none of the shards b took
+    assert keys(a.node) == set() and keys(b.node) == ALL
 
 
 @pytest.mark.parametrize("shards", [5000, 10000])

@@ -18,7 +18,7 @@ from shardq.broker import SendEntry
 from shardq.core.config import Config
 from shardq.run import metrics
 from shardq.run.leases import Leases
-from shardq.run.threads import Threads, describe
+from shardq.run.threads import Threads, describe, side_by_side
 
 
 def test_a_thread_that_raises_is_reported_with_its_part_and_ends() -> None:
@@ -84,6 +84,48 @@ class _CrashingDeletes(shardq.MemoryBroker):
 
     def delete_batch(self, queue: str, receipts: Any) -> Any:
         raise Unprintable()
+
+
+def test_side_by_side_makes_its_calls_parallel_at_a_time() -> None:
+    # given 6 calls that each wait for two others under way (one at a time, they would
+    # wait in vain), counting how many run at once
+    lock, together = threading.Lock(), threading.Barrier(3, timeout=30)
+    running, most, betweens = [0], [0], []
+
+    def call() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        together.wait()
+        with lock:
+            running[0] -= 1
+
+    # when they are made 3 at a time
+    side_by_side([call] * 6, 3, between=lambda: betweens.append(1))
+    # then 3 ran at once, never more, and ``between`` came before each was begun
+    assert most[0] == 3 and not together.broken and len(betweens) >= 3
+
+
+def test_side_by_side_begins_none_once_told_to_stop_and_raises_what_a_call_raised() -> None:
+    # given calls the first of which says stop, and calls the first of which raises
+    stop, ran = threading.Event(), []
+
+    def first() -> None:
+        stop.set()
+        ran.append(1)
+
+    stopping = [first] + [lambda: ran.append(1)] * 4
+
+    def broken() -> None:
+        raise ValueError("bug")
+
+    # when each list is made one at a time
+    side_by_side(stopping, 1, until=stop)
+    # then none was begun after the stop, and the error of a call is raised to the caller
+    assert ran == [1]
+    with pytest.raises(ValueError, match="bug"):
+        side_by_side([broken, lambda: ran.append(2)], 1)
+    assert ran == [1]
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -33,6 +31,7 @@ from shardq.core.plan import ShardRef
 from shardq.core.topology import parse_key, parse_name
 from shardq.fleet.others import Damaged, Foreign, fit, mark_gone
 from shardq.fleet.report import Rate, heartbeat
+from shardq.run.threads import side_by_side
 from shardq.store import Item, Store, StoreConflict, StoreError
 from shardq.store.deployment import live_shards
 
@@ -96,7 +95,7 @@ class Fleet:
             self.node.threads.start("shardq-fence", "the fleet's lease watch", self._watch)
 
     def leave(self) -> None:
-        """After the node's shutdown sweep: free every shard, delete the heartbeat."""
+        """After the node's shutdown sweep: delete the heartbeat, free every shard."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -105,7 +104,7 @@ class Fleet:
             self._owned, self._draining = {}, {}
         # without its heartbeat the node's shards are free to take at once; then freed
         self._write(self.store.delete, NODE_PREFIX + self.id, version=None)
-        self._each([partial(self._free, k, v) for k, v in owned.items()])
+        side_by_side([partial(self._free, k, v) for k, v in owned.items()], self.parallel)
         log.info("fleet.left", node=self.id, released=len(owned))
 
     def held(self) -> list[str]:
@@ -163,6 +162,9 @@ class Fleet:
         alien = self._foreign.live(asked, answered, others)
         self._act(asked, answered, owned, items, alien, fences)
 
+    def _beat_now(self) -> None:
+        self._beat_when_due(self.clock())
+
     def _beat_when_due(self, now: float) -> None:
         if now >= self._next_beat and not self._stop.is_set():  # (none once it left)
             try:
@@ -176,6 +178,8 @@ class Fleet:
         try:
             item = self.store.put(key, report, version=self._version)
         except StoreConflict:
+            if self._stop.is_set():
+                return  # deleted by leave() meanwhile: never written again
             # a query, not a get: a damaged heartbeat of this node's is read, then rewritten
             current = next(
                 (i for i in self.store.query_all(key, keep_damaged=True) if i.key == key), None
@@ -247,15 +251,13 @@ class Fleet:
             partial(self._write, self.store.delete, SHARD_PREFIX + k, version=v)
             for k, v in moves.purge.items()
         ]
-        serve = [partial(self._serve, k, owners[k].version, now, fences) for k in moves.serve]
+        serve = [partial(self._take, k, owners[k].version, now, fences) for k in moves.serve]
         # a node whose own heartbeat is unreadable takes nothing new until it beats
         claims = {} if self.id in unknown else moves.claim
         claim = [partial(self._claim, k, v, owners.get(k), now, fences) for k, v in claims.items()]
-        self._each([*purge, *serve, *claim])
-
-    def _serve(self, key: str, version: int, now: float, fences: int) -> None:
-        if self._fences == fences:  # else fenced since the read: its owners may be stale
-            self._take(key, version, now)
+        side_by_side(
+            [*purge, *serve, *claim], self.parallel, self._beat_now, until=self.node.stopping
+        )
 
     def _claim(
         self, key: str, claim: int | None, was: Owner | None, now: float, fences: int
@@ -266,26 +268,9 @@ class Fleet:
             item = self.store.put(SHARD_PREFIX + key, {"owner": self.id}, version=claim)
         except StoreError:
             return  # another node took it first (or the store failed): next round
-        self._take(key, item.version, now)
+        self._take(key, item.version, now, fences)
         if was is not None and key in self._owned:
             log.info("fleet.took_over", shard=key, previous=was.node)
-
-    def _each(self, calls: list[Callable[[], object]]) -> None:
-        """Make ``calls`` (store writes, takes) ``parallel`` at a time, beating on: a round
-        of hundreds of them may outlast a lease."""
-        if not calls:
-            return
-        left = iter(calls)
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix="shardq-fleet-io") as pool:
-            pending: set[Future[object]] = set()
-            while True:
-                self._beat_when_due(self.clock())
-                pending |= {pool.submit(c) for c in islice(left, self.parallel - len(pending))}
-                if not pending:
-                    return
-                done, pending = wait(pending, ROUND_SECONDS, return_when=FIRST_COMPLETED)
-                for future in done:
-                    future.result()  # a defect raises in the fleet's thread, as before
 
     def _owners(
         self, now: float, owned: list[Item], held: Mapping[str, set[str]], live: set[str]
@@ -326,9 +311,12 @@ class Fleet:
         log.info("fleet.item_rewritten", item=SHARD_PREFIX + key)
         return item.version
 
-    def _take(self, key: str, version: int, now: float) -> None:
-        """Serve ``key``, owned here at ``version``; free it if the node cannot."""
+    def _take(self, key: str, version: int, now: float, fences: int) -> None:
+        """Serve ``key``, owned here at ``version`` as read before the ``fences``-th fence;
+        free it if the node cannot."""
         with self._lock:
+            if self._fences != fences:  # fenced since the read: its owners may be stale
+                return
             self._owned[key] = version
         if self._fence_if_late():  # its snapshot may be older than another node's takeover
             return
@@ -359,7 +347,8 @@ class Fleet:
             done = [(k, v) for k, (e, v) in self._draining.items() if e.is_set()]
             for key, _ in done:
                 del self._draining[key]
-        self._each([partial(self._free, key, version) for key, version in done])
+        frees = [partial(self._free, key, version) for key, version in done]
+        side_by_side(frees, self.parallel, self._beat_now)
 
     def _free(self, key: str, version: int) -> None:
         if self._write(self.store.put, SHARD_PREFIX + key, {"owner": ""}, version=version):

@@ -41,13 +41,14 @@ def heartbeat(
     done = tally.done()
     lags = {shard_key(w, s): round(lag, 3) for w, s, lag in of.lags()}
     held = sorted(lags) if held is None else held
+    holds = set(held)
     counts = dict(zip(COUNTS, (done, tally.retried, tally.morgued), strict=True))
     return Heartbeat(
         host=socket.gethostname(),
         pid=os.getpid(),
         threads=len(of.lanes),
         held=tuple(held),
-        lags={k: v for k, v in lags.items() if k in set(held)},
+        lags={k: v for k, v in lags.items() if k in holds},
         jobs_per_second=round(rate.update(tally, now), 2),
         done=sum(done.values()),
         retried=sum(tally.retried.values()),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from itertools import islice
 
 import structlog
 
@@ -70,3 +72,30 @@ class Threads:
             if thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in threads if t.is_alive()]
+
+
+def side_by_side(
+    calls: Sequence[Callable[[], object]],
+    parallel: int,
+    between: Callable[[], None] = lambda: None,
+    until: threading.Event | None = None,
+    every: float = 1.0,
+) -> None:
+    """Make ``calls`` (requests, mostly) ``parallel`` at a time, ``between`` before each
+    is begun and at least ``every`` seconds while they run; none is begun once ``until``
+    is set. A call that raises raises here, once the calls under way ended."""
+    if not calls:
+        return
+    left = iter(calls)
+    with ThreadPoolExecutor(parallel, thread_name_prefix="shardq-side") as pool:
+        pending: set[Future[object]] = set()
+        while True:
+            between()
+            if until is not None and until.is_set():
+                left = iter(())
+            pending |= {pool.submit(call) for call in islice(left, parallel - len(pending))}
+            if not pending:
+                return
+            done, pending = wait(pending, every, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
