@@ -38,12 +38,12 @@ def git_head() -> str:
             check=True,
         )
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "shardq"],
+            ["git", "-C", str(ROOT), "status", "--porcelain", "shardq", "bench"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        return out.stdout.strip() + (" (shardq/ has uncommitted changes)" if dirty else "")
+        return out.stdout.strip() + (" (uncommitted changes in shardq/ or bench/)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -2,7 +2,8 @@
 
 Each run, on a fresh app (new queue prefix; on ``--broker sqlite`` a new broker file,
 on ``--broker sqs`` one ministack on 127.0.0.1 shared by the runs, stopped by its pid
-at the end), with jobs of every shard published every ``--publish-every`` s:
+at the end), with a job of each of ``--per-shard`` entities of every shard published
+every ``--publish-every`` s:
 
 1. **join**: two elastic nodes (``shardq run`` without ``--node``) of the ledger app
    (``tests/apps/ledger.py``) start; once they share the shards, a third one starts.
@@ -50,9 +51,11 @@ from tests import emulator as emu
 from tests.apps import ledger
 
 WORKER = "Ledgered"
-#: Seconds between two looks at the store or the ledger: 50 ms, longer with many shards
-#: (each look at the owners reads every shard's item).
+#: Seconds between two looks at the store's owners (each reads every shard's item): 50
+#: ms, longer with many shards; the ledger is looked at every 50 ms.
 POLL = [0.05]
+#: Seconds a step may take before the run fails: 120, longer with many shards.
+LIMIT = [120.0]
 
 
 class Publisher(threading.Thread):
@@ -126,13 +129,13 @@ def balanced(pids: set[int], shards: int) -> bool:
     )
 
 
-def wait(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Polls ``check`` every ``POLL[0]`` s; returns ``time.time()`` when it first held."""
+def wait(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> float:
+    """Polls ``check`` every ``every`` s; returns ``time.time()`` when it first held."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL[0])
+        time.sleep(every)
     return time.time()
 
 
@@ -144,24 +147,17 @@ class Tail:
         self.path, self.offset, self.entries = path, 0, []
 
     def read(self) -> list[dict[str, Any]]:
-        if self.path.exists():
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-            whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
-            self.offset += len(whole)
-            self.entries += [json.loads(line) for line in whole.splitlines() if line.strip()]
-        return self.entries
-
-
-def first_starts(tail: Tail, shards: int, since: float, other_than: int) -> dict[int, float]:
-    """shard -> first ledger start after ``since`` by a process other than ``other_than``."""
-    found: dict[int, float] = {}
-    for e in tail.read():
-        if e["event"] == "start" and e["t"] > since and e["pid"] != other_than:
-            shard = shard_for(e["entity"], shards)
-            found[shard] = min(found.get(shard, e["t"]), e["t"])
-    return found
+        """The entries appended since the last read (all are in ``entries``)."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        self.offset += len(whole)
+        new = [json.loads(line) for line in whole.splitlines() if line.strip()]
+        self.entries += new
+        return new
 
 
 def departure(
@@ -173,15 +169,21 @@ def departure(
     os.kill(node.pid, sig)
     t0 = time.time()
     owned_at = wait(
-        lambda: all(owners().get(s, node.pid) != node.pid for s in held), 120, "new owners"
+        lambda: all(owners().get(s, node.pid) != node.pid for s in held),
+        LIMIT[0],
+        "new owners",
+        POLL[0],
     )
     served: dict[int, float] = {}
 
-    def all_served() -> bool:
-        served.update(first_starts(tail, shards, t0, node.pid))
+    def all_served() -> bool:  # the first start by another process after the signal
+        for e in tail.read():
+            if e["event"] == "start" and e["t"] > t0 and e["pid"] != node.pid:
+                shard = shard_for(e["entity"], shards)
+                served[shard] = min(served.get(shard, e["t"]), e["t"])
         return held <= set(served)
 
-    wait(all_served, 120, "the shards to be served")
+    wait(all_served, LIMIT[0], "the shards to be served")
     slowest = max((served[s] for s in held), default=t0)
     return slowest - t0, owned_at - t0, len(held)
 
@@ -215,17 +217,18 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         nodes.append(proc)
         return proc
 
-    entities = entities_for(args.shards, 4)
+    entities = entities_for(args.shards, args.per_shard)
     publisher = Publisher(entities, args.publish_every)
     out: dict[str, Any] = {}
     try:
         first = {start().pid, start().pid}
         publisher.start()
-        wait(lambda: balanced(first, args.shards), 120, "two nodes to share the shards")
+        wait(lambda: balanced(first, args.shards), LIMIT[0], "two nodes to share", POLL[0])
         spawned = time.time()
         third = start()
-        joined = wait(lambda: third.pid in beating(), 120, "the third node's heartbeat")
-        done = wait(lambda: balanced(first | {third.pid}, args.shards), 120, "balance")
+        joined = wait(lambda: third.pid in beating(), LIMIT[0], "the third node's heartbeat")
+        three = first | {third.pid}
+        done = wait(lambda: balanced(three, args.shards), LIMIT[0], "balance", POLL[0])
         out["join_from_start"], out["join_from_beat"] = done - spawned, done - joined
         path = Path(env["LEDGER_PATH"])
         tail = Tail(path)
@@ -237,7 +240,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         killed_at = time.time() - out["kill_served"]
         victim.wait()
         alive = {p.pid for p in nodes if p.poll() is None}
-        wait(lambda: balanced(alive, args.shards), 120, "the survivors to balance")
+        wait(lambda: balanced(alive, args.shards), LIMIT[0], "the survivors to balance", POLL[0])
         by_count = Counter(owners().values())
         leaver = next(p for p in nodes if p.pid == by_count.most_common(1)[0][0])
         out["leave_served"], out["leave_owned"], out["leave_held"] = departure(
@@ -250,12 +253,15 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
             raise publisher.error
         expected = dict.fromkeys(entities, publisher.rounds)
 
+        ended = {(e["entity"], e["n"]) for e in tail.entries if e["event"] == "end"}
+
         def drained() -> bool:
-            ended = {(e["entity"], e["n"]) for e in tail.read() if e["event"] == "end"}
+            ended.update((e["entity"], e["n"]) for e in tail.read() if e["event"] == "end")
             return len(ended) >= len(entities) * publisher.rounds
 
-        wait(drained, 120, "the last node to drain the queues")
-        problems = ledger.check(tail.read(), expected, killed={victim.pid: killed_at})
+        wait(drained, LIMIT[0], "the last node to drain the queues")
+        tail.read()
+        problems = ledger.check(tail.entries, expected, killed={victim.pid: killed_at})
         out["jobs"] = len(entities) * publisher.rounds
         out["duplicates"] = len(problems.pop("duplicates"))  # a replay after the kill: allowed
         out["problems"] = {k: len(v) for k, v in problems.items() if v}
@@ -280,9 +286,10 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=8, help="shards of the worker (8)")
     parser.add_argument("--lease-seconds", type=int, default=10, help="(10, the least)")
     parser.add_argument("--publish-every", type=float, default=0.2)
+    parser.add_argument("--per-shard", type=int, default=4, help="entities per shard (4)")
     parser.add_argument("--keep", action="store_true", help="keep the logs and ledgers")
     args = parser.parse_args()
-    POLL[0] = max(0.05, args.shards / 2000)
+    POLL[0], LIMIT[0] = max(0.05, args.shards / 2000), max(120.0, args.shards * 0.6)
     print(f"# {machine()}  git={git_head()}", flush=True)
     print(f"# python bench/takeover.py {' '.join(sys.argv[1:])}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="shardq-takeover-"))

@@ -727,6 +727,21 @@ def test_a_leaving_nodes_shards_are_free_to_take_before_it_freed_them(app: App) 
     assert keys(b.node) == ALL and owners(app) == {k: "b" for k in ALL}
 
 
+def test_a_beat_under_way_as_its_node_leaves_does_not_write_its_heartbeat_again(
+    app: App,
+) -> None:
+    # given a node that beat, then left (its heartbeat deleted)
+    clock = Clock()
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    a.leave()
+    assert app.store.get("node/a") is None
+    # when a beat begun before the leave writes (its version is gone: a conflict)
+    a._beat(clock())
+    # then the heartbeat stays deleted: others do not wait a lease to take its shards
+    assert app.store.get("node/a") is None
+
+
 def test_a_long_round_of_frees_beats_on(app: App) -> None:
     # given a lone node serving every shard, stepped by hand, and a second node joining
     clock = Clock()

@@ -388,6 +388,30 @@ def test_an_elastic_node_serves_shards_added_dropped_and_added_again(
     assert problems["lost"] == problems["order"] == problems["duplicates"] == []
 
 
+def test_a_shard_with_nothing_in_flight_is_handed_back_without_a_thread_of_its_own(
+    app: shardq.App, ledger_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a running node serving shard 0, whose jobs all ran and were deleted
+    node = app.node(EMPTY, threads=1, seed=1)
+    runner = start(node)
+    node.add_shard(ref(0))
+    Ledgered.publish_many([(e, {"n": 0}) for e in entities_of(0, 3)])
+    wait_for(lambda: len(ended(ledger_path)) == 3 and not node.intake.leases.held())
+    started: list[str] = []
+    threads_start = node.threads.start
+
+    def noted(name: str, what: str, run: Any) -> threading.Thread:
+        started.append(name)
+        return threads_start(name, what, run)
+
+    monkeypatch.setattr(node.threads, "start", noted)
+    # when it is dropped (as a fence drops every shard of a node at once)
+    done = node.drop_shard(ref(0))
+    # then its handover is done without starting a thread for it
+    assert done.wait(30) and not [n for n in started if n.startswith("shardq-drop")]
+    stop(node, runner)
+
+
 def test_a_shard_added_before_the_node_runs_is_served_from_the_start(
     app: shardq.App, ledger_path: str
 ) -> None:

@@ -90,20 +90,22 @@ def test_side_by_side_makes_its_calls_parallel_at_a_time() -> None:
     # given 6 calls that each wait for two others under way (one at a time, they would
     # wait in vain), counting how many run at once
     lock, together = threading.Lock(), threading.Barrier(3, timeout=30)
-    running, most, betweens = [0], [0], []
+    running, most, betweens, daemons = [0], [0], [], set()
 
     def call() -> None:
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
+            daemons.add(threading.current_thread().daemon)
         together.wait()
         with lock:
             running[0] -= 1
 
     # when they are made 3 at a time
     side_by_side([call] * 6, 3, between=lambda: betweens.append(1))
-    # then 3 ran at once, never more, and ``between`` came before each was begun
-    assert most[0] == 3 and not together.broken and len(betweens) >= 3
+    # then 3 ran at once, never more, and ``between`` came before each was begun; each ran
+    # in a daemon thread (one stuck at exit does not hold the process)
+    assert most[0] == 3 and not together.broken and len(betweens) >= 3 and daemons == {True}
 
 
 def test_side_by_side_begins_none_once_told_to_stop_and_raises_what_a_call_raised() -> None:

@@ -120,6 +120,9 @@ class Ownership:
     def _swept(self, shard: Shard, done: threading.Event) -> None:
         receipts = self._intake.leases.settling(shard.queue)
         settle = partial(self._settle, shard, receipts, done)
+        if not receipts:  # (most handovers: no thread; a fence drops every shard at once)
+            settle()
+            return
         self._threads.start(f"shardq-drop-{shard.ref}", f"the handover of {shard.ref}", settle)
 
     def _settle(self, shard: Shard, receipts: set[str], done: threading.Event) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from itertools import islice
+from queue import Empty, SimpleQueue
 
 import structlog
 
@@ -81,21 +81,38 @@ def side_by_side(
     until: threading.Event | None = None,
     every: float = 1.0,
 ) -> None:
-    """Make ``calls`` (requests, mostly) ``parallel`` at a time, ``between`` before each
-    is begun and at least ``every`` seconds while they run; none is begun once ``until``
-    is set. A call that raises raises here, once the calls under way ended."""
-    if not calls:
-        return
-    left = iter(calls)
-    with ThreadPoolExecutor(parallel, thread_name_prefix="shardq-side") as pool:
-        pending: set[Future[object]] = set()
-        while True:
-            between()
-            if until is not None and until.is_set():
-                left = iter(())
-            pending |= {pool.submit(call) for call in islice(left, parallel - len(pending))}
-            if not pending:
-                return
-            done, pending = wait(pending, every, return_when=FIRST_COMPLETED)
-            for future in done:
-                future.result()
+    """Make ``calls`` (requests, mostly) ``parallel`` at a time, each in a daemon thread
+    (a call stuck at exit does not hold the process), ``between`` before each is begun
+    and at least every ``every`` seconds while they run; none is begun once ``until`` is
+    set, or once one raised: its error is raised here after those under way ended."""
+    todo, ended = deque(calls), SimpleQueue[BaseException | None]()
+    running, error = 0, None
+    while todo or running:
+        between()
+        if error is not None or (until is not None and until.is_set()):
+            todo.clear()
+        while todo and running < parallel:
+            call = todo.popleft()
+            threading.Thread(
+                target=_run, args=(call, ended), name="shardq-side", daemon=True
+            ).start()
+            running += 1
+        if not running:
+            break
+        try:
+            outcome = ended.get(timeout=every)
+        except Empty:
+            continue
+        running -= 1
+        error = error or outcome
+    if error is not None:
+        raise error
+
+
+def _run(call: Callable[[], object], ended: SimpleQueue[BaseException | None]) -> None:
+    try:
+        call()
+    except BaseException as exc:  # raised by side_by_side in its caller's thread
+        ended.put(exc)
+    else:
+        ended.put(None)
