@@ -38,12 +38,14 @@ def git_head() -> str:
             check=True,
         )
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "shardq", "bench"],
+            ["git", "-C", str(ROOT), "status", "--porcelain", "shardq", "bench", "tests/apps"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        return out.stdout.strip() + (" (uncommitted changes in shardq/ or bench/)" if dirty else "")
+        return out.stdout.strip() + (
+            " (uncommitted changes in shardq/, bench/ or tests/apps/)" if dirty else ""
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -130,6 +130,31 @@ def test_side_by_side_begins_none_once_told_to_stop_and_raises_what_a_call_raise
     assert ran == [1]
 
 
+def test_side_by_side_whose_between_raises_ends_the_calls_under_way_first() -> None:
+    # given a call that ends a while after it is let go, and a ``between`` that lets it
+    # go and raises while it runs
+    go, ended, betweens = threading.Event(), [], []
+
+    def call() -> None:
+        go.wait(30)
+        time.sleep(0.2)
+        ended.append(1)
+
+    def between() -> None:
+        betweens.append(1)
+        if len(betweens) == 2:
+            go.set()
+            raise RuntimeError("between")
+
+    # when the call is made
+    with pytest.raises(RuntimeError, match="between"):
+        side_by_side([call], 1, between=between, every=0.01)
+    # then the error came once the call under way had ended; 0 calls a time is refused
+    assert ended == [1]
+    with pytest.raises(ValueError, match="parallel"):
+        side_by_side([call], 0)
+
+
 @pytest.mark.parametrize(
     ("make", "error"),
     [

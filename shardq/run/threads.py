@@ -85,26 +85,33 @@ def side_by_side(
     (a call stuck at exit does not hold the process), ``between`` before each is begun
     and at least every ``every`` seconds while they run; none is begun once ``until`` is
     set, or once one raised: its error is raised here after those under way ended."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be 1 or more, not {parallel}")
     todo, ended = deque(calls), SimpleQueue[BaseException | None]()
     running, error = 0, None
-    while todo or running:
-        between()
-        if error is not None or (until is not None and until.is_set()):
-            todo.clear()
-        while todo and running < parallel:
-            call = todo.popleft()
-            threading.Thread(
-                target=_run, args=(call, ended), name="shardq-side", daemon=True
-            ).start()
-            running += 1
-        if not running:
-            break
-        try:
-            outcome = ended.get(timeout=every)
-        except Empty:
-            continue
-        running -= 1
-        error = error or outcome
+    try:
+        while todo or running:
+            between()
+            if error is not None or (until is not None and until.is_set()):
+                todo.clear()
+            while todo and running < parallel:
+                call = todo.popleft()
+                threading.Thread(
+                    target=_run, args=(call, ended), name="shardq-side", daemon=True
+                ).start()
+                running += 1
+            if not running:
+                break
+            try:
+                outcome = ended.get(timeout=every)
+            except Empty:
+                continue
+            running -= 1
+            if error is None:
+                error = outcome
+    finally:  # ``between`` raised: the calls under way end first, their errors lost
+        for _ in range(running):
+            ended.get()
     if error is not None:
         raise error
 
