@@ -160,6 +160,11 @@ class Tail:
         return new
 
 
+def said(out: dict[str, Any]) -> None:
+    """Print what a run measured so far (a later step that fails loses nothing)."""
+    print("  so far: " + ", ".join(f"{k} {v:.2f}" for k, v in out.items()), flush=True)
+
+
 def departure(
     node: subprocess.Popen[bytes], sig: int, shards: int, tail: Tail
 ) -> tuple[float, float, int]:
@@ -230,6 +235,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
         three = first | {third.pid}
         done = wait(lambda: balanced(three, args.shards), LIMIT[0], "balance", POLL[0])
         out["join_from_start"], out["join_from_beat"] = done - spawned, done - joined
+        said(out)
         path = Path(env["LEDGER_PATH"])
         tail = Tail(path)
         by_count = Counter(owners().values())
@@ -238,6 +244,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
             victim, signal.SIGKILL, args.shards, tail
         )
         killed_at = time.time() - out["kill_served"]
+        said(out)
         victim.wait()
         alive = {p.pid for p in nodes if p.poll() is None}
         wait(lambda: balanced(alive, args.shards), LIMIT[0], "the survivors to balance", POLL[0])
@@ -247,6 +254,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], work: Path) -> dict[s
             leaver, signal.SIGTERM, args.shards, tail
         )
         out["leave_exit"] = leaver.wait(30)
+        said(out)
         publisher.halt.set()
         publisher.join(30)
         if publisher.error is not None:
