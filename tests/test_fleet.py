@@ -257,23 +257,29 @@ def balanced_pair(app: App, clock: Clock) -> tuple[Fleet, Fleet]:
 def test_a_dead_nodes_shards_are_taken_exactly_when_its_counter_stood_still_long_enough(
     app: App,
 ) -> None:
-    # given two fleets stepped by hand on one clock, balanced
+    # given two fleets stepped by hand on one clock, balanced (a took 3 shards b freed)
     clock = Clock()
-    a, b = balanced_pair(app, clock)
-    assert len(a.held()) == 3 and len(b.held()) == 3
-    # when b stops beating (killed) and a keeps stepping
-    _, expire = timing(LEASE)
-    dead_at = clock.now + expire
-    while clock.now < dead_at - 1.0:
-        a.step()
-        clock.now += 1.0
-        # then nothing is taken before b's counter stood still for the expiry
-        assert len(a.held()) == 3
-    clock.now = dead_at + 1.0
-    a.step()  # marks b gone
-    a.step()  # takes its shards
+    with capture_logs() as logs:  # one capture: the fleet's logger is cached at first use
+        a, b = balanced_pair(app, clock)
+        assert len(a.held()) == 3 and len(b.held()) == 3
+        balancing, held_before = len(logs), set(a.held())
+        # when b stops beating (killed) and a keeps stepping
+        _, expire = timing(LEASE)
+        dead_at = clock.now + expire
+        while clock.now < dead_at - 1.0:
+            a.step()
+            clock.now += 1.0
+            # then nothing is taken before b's counter stood still for the expiry
+            assert len(a.held()) == 3
+        clock.now = dead_at + 1.0
+        a.step()  # marks b gone
+        a.step()  # takes its shards
     assert a.held() == sorted(ALL)
     assert owners(app) == {k: "a" for k in ALL}
+    # and it said it took each of b's over, not the shards b freed for it at the balance
+    took_over = {e["shard"]: e["previous"] for e in logs if e["event"] == "fleet.took_over"}
+    assert took_over == {k: "b" for k in ALL - held_before}
+    assert not [e for e in logs[:balancing] if e["event"] == "fleet.took_over"]
 
 
 def test_a_node_that_beat_during_its_observer_s_long_round_is_not_counted_dead(

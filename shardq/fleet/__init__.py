@@ -269,7 +269,7 @@ class Fleet:
         except StoreError:
             return  # another node took it first (or the store failed): next round
         self._take(key, item.version, now, fences)
-        if was is not None and key in self._owned:
+        if was is not None and was.node and key in self._owned:  # (not a freed one)
             log.info("fleet.took_over", shard=key, previous=was.node)
 
     def _owners(
