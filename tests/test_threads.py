@@ -148,11 +148,27 @@ def test_side_by_side_whose_between_raises_ends_the_calls_under_way_first() -> N
 
     # when the call is made
     with pytest.raises(RuntimeError, match="between"):
-        side_by_side([call], 1, between=between, every=0.01)
+        side_by_side([call], 1, between=between, every=1.0)
     # then the error came once the call under way had ended; 0 calls a time is refused
     assert ended == [1]
     with pytest.raises(ValueError, match="parallel"):
         side_by_side([call], 0)
+    # and a call stuck for good holds the error 5 ``every``s at most (it goes on alone)
+    stuck, looks, finished = threading.Event(), [], []
+
+    def stuck_call() -> None:
+        stuck.wait(30)
+        finished.append(1)
+
+    def raising_second() -> None:
+        looks.append(1)
+        if len(looks) == 2:
+            raise RuntimeError("between")
+
+    with pytest.raises(RuntimeError, match="between"):
+        side_by_side([stuck_call], 1, between=raising_second, every=0.01)
+    assert finished == []
+    stuck.set()
 
 
 @pytest.mark.parametrize(

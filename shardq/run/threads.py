@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from queue import Empty, SimpleQueue
 
 import structlog
@@ -84,7 +85,8 @@ def side_by_side(
     """Make ``calls`` (requests, mostly) ``parallel`` at a time, each in a daemon thread
     (a call stuck at exit does not hold the process), ``between`` before each is begun
     and at least every ``every`` seconds while they run; none is begun once ``until`` is
-    set, or once one raised: its error is raised here after those under way ended."""
+    set, or once one raised: its error is raised here after those under way ended (an
+    error of ``between``: after they ended or 5 ``every``s, their own errors lost)."""
     if parallel < 1:
         raise ValueError(f"parallel must be 1 or more, not {parallel}")
     todo, ended = deque(calls), SimpleQueue[BaseException | None]()
@@ -109,9 +111,11 @@ def side_by_side(
             running -= 1
             if error is None:
                 error = outcome
-    finally:  # ``between`` raised: the calls under way end first, their errors lost
+    finally:  # ``between`` raised: the calls under way end first (or 5 ``every``s pass)
+        deadline = time.monotonic() + 5 * every
         for _ in range(running):
-            ended.get()
+            with suppress(Empty):
+                ended.get(timeout=max(0.0, deadline - time.monotonic()))
     if error is not None:
         raise error
 
