@@ -173,12 +173,12 @@ def departure(
     held = {s for s, pid in owners().items() if pid == node.pid}
     os.kill(node.pid, sig)
     t0 = time.time()
-    owned_at = wait(
-        lambda: all(owners().get(s, node.pid) != node.pid for s in held),
-        LIMIT[0],
-        "new owners",
-        POLL[0],
-    )
+
+    def moved() -> bool:  # one read of the owners a poll (it read them once per shard)
+        now = owners()
+        return all(now.get(s, node.pid) != node.pid for s in held)
+
+    owned_at = wait(moved, LIMIT[0], "new owners", POLL[0])
     served: dict[int, float] = {}
 
     def all_served() -> bool:  # the first start by another process after the signal
