@@ -245,6 +245,18 @@ def stepped(app: App, clock: Clock, name: str) -> Fleet:
     return Fleet(node, elastic=True, node_id=name, clock=clock)
 
 
+def fenced_owner_and_watcher(app: App, clock: Clock) -> tuple[Fleet, Fleet]:
+    """Node a owning every shard but fenced (serving none), and node b watching it."""
+    a = stepped(app, clock, "a")
+    a._beat(clock())
+    a.step()
+    b = stepped(app, clock, "b")
+    b._beat(clock())
+    b.step()
+    a._fence()
+    return a, b
+
+
 def balanced_pair(app: App, clock: Clock) -> tuple[Fleet, Fleet]:
     """Nodes a and b stepped by hand on ``clock`` until they share the shards."""
     a, b = stepped(app, clock, "a"), stepped(app, clock, "b")
@@ -847,13 +859,7 @@ def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_t
     # given node a owning every shard but fenced by its lease watch (a store write hung),
     # and node b watching it
     clock = Clock()
-    a = stepped(app, clock, "a")
-    a._beat(clock())
-    a.step()
-    b = stepped(app, clock, "b")
-    b._beat(clock())
-    b.step()
-    a._fence()
+    a, b = fenced_owner_and_watcher(app, clock)
     assert keys(a.node) == set() and set(owners(app).values()) == {"a"}
     # when a's next round serves its shards again, one at a time (takes ending beside it
     # would let a beat on the test's one clock), and its first take hangs past its expiry
@@ -879,13 +885,7 @@ def test_a_node_fenced_and_declared_gone_mid_round_serves_nothing_another_node_t
 def test_a_take_begun_before_a_beat_found_its_node_gone_serves_nothing(app: App) -> None:
     # given node a owning every shard but fenced, and node b watching it
     clock = Clock()
-    a = stepped(app, clock, "a")
-    a._beat(clock())
-    a.step()
-    b = stepped(app, clock, "b")
-    b._beat(clock())
-    b.step()
-    a._fence()
+    a, b = fenced_owner_and_watcher(app, clock)
     # when a's next round serves its shards again, one at a time, and before its first
     # take begins, b marks it gone and takes them all, and a's beat finds it gone (as
     # the round's thread beats while takes run)
