@@ -6,6 +6,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,21 @@ def stepped(app: App, clock: Clock, name: str) -> Fleet:
     return Fleet(node, elastic=True, node_id=name, clock=clock)
 
 
+@contextmanager
+def unreachable(app: App) -> Iterator[None]:
+    """Every write to the state store fails while inside."""
+    original = app.store.put
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise StoreError("the store is unreachable")
+
+    app.store.put = failing  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        app.store.put = original  # type: ignore[method-assign]
+
+
 def fenced_owner_and_watcher(app: App, clock: Clock) -> tuple[Fleet, Fleet]:
     """Node a owning every shard but fenced (serving none), and node b watching it."""
     a = stepped(app, clock, "a")
@@ -411,21 +427,11 @@ def test_a_node_that_cannot_write_its_heartbeat_stops_serving_before_others_may_
     assert len(a.node.shard_refs()) == 6
     # when the store refuses every write for longer than the expiry less a round
     app.store.put("node/a", {"stolen": True}, version=app.store.get("node/a").version)  # type: ignore[union-attr]
-    original = app.store.put
-
-    def failing(*args: object, **kwargs: object) -> object:
-        from shardq.store import StoreError
-
-        raise StoreError("the store is unreachable")
-
-    app.store.put = failing  # type: ignore[method-assign,assignment]
-    try:
+    with unreachable(app):
         clock.now += timing(LEASE)[1]
         with capture_logs() as logs:
             a.step()
             a._fence_if_late()  # (as its lease watch does, every quarter round)
-    finally:
-        app.store.put = original  # type: ignore[method-assign]
     # then it serves nothing, and says why, once
     assert a.node.shard_refs() == [] and a.held() == []
     assert [e["node"] for e in logs if e["event"] == "fleet.fenced"] == ["a"]
@@ -440,13 +446,7 @@ def test_a_node_fenced_while_it_drains_shards_says_so_once(app: App) -> None:
     b.step()
     a.step()
     assert len(a.held()) == 6 and len(a.node.shard_refs()) == 3
-    original = app.store.put
-
-    def failing(*args: object, **kwargs: object) -> object:
-        raise StoreError("the store is unreachable")
-
-    app.store.put = failing  # type: ignore[method-assign,assignment]
-    try:
+    with unreachable(app):
         # when its heartbeat cannot be written for longer than the expiry less a round,
         # and its lease watch and rounds look again and again
         clock.now += timing(LEASE)[1]
@@ -456,8 +456,6 @@ def test_a_node_fenced_while_it_drains_shards_says_so_once(app: App) -> None:
                 a._fence_if_late()
             clock.now += 1
             a.step()
-    finally:
-        app.store.put = original  # type: ignore[method-assign]
     # then it says it stopped serving once, not at each look
     assert [e["node"] for e in logs if e["event"] == "fleet.fenced"] == ["a"]
     assert a.node.shard_refs() == []

@@ -567,6 +567,20 @@ def counts_lag(app: shardq.App, monkeypatch: pytest.MonkeyPatch) -> tuple[str, A
     return old, counts
 
 
+def served_long(app: shardq.App, monkeypatch: pytest.MonkeyPatch) -> tuple[Skipping, Any, Any, str]:
+    """A reshard of Moved to 3 switched 100 s ago on the returned clock, a node (and its
+    keeper, driven by hand) serving the old shards since, and the broker's counts showing
+    nothing in old shard 0 (:func:`counts_lag`): ``(clock, node, keeper, that queue)``."""
+    clock = Skipping()
+    app.layouts.clock = clock
+    app.ensure_queues()
+    switched(app, 3)
+    node, keeper = driven(app)
+    old, _ = counts_lag(app, monkeypatch)
+    clock.offset = 100.0
+    return clock, node, keeper, old
+
+
 def receive_in_flight(
     node: Any, ref: ShardRef, monkeypatch: pytest.MonkeyPatch, fails: bool = False
 ) -> Callable[[], None]:
@@ -755,13 +769,7 @@ def test_an_old_shard_dropped_and_taken_back_between_two_looks_waits_again(
 ) -> None:
     # given a reshard to 3 switched long ago, a node serving the old shards for long, and
     # the broker's counts (approximate on SQS) showing nothing
-    clock = Skipping()
-    moved.layouts.clock = clock
-    moved.ensure_queues()
-    switched(moved, 3)
-    node, keeper = driven(moved)
-    old, _ = counts_lag(moved, monkeypatch)
-    clock.offset = 100.0
+    clock, node, keeper, old = served_long(moved, monkeypatch)
     # when, between two looks, the node gives shard 0 up, another node takes a job of it
     # (hidden for its visibility timeout), and the node takes the shard back
     keeper.tick()  # (both close at once: served long, found empty)
@@ -783,13 +791,7 @@ def test_an_old_shard_given_up_while_the_look_marks_it_closing_is_not_left_marke
 ) -> None:
     # given a reshard to 3 switched long ago, a node serving the old shards for long, and
     # the broker's counts (approximate on SQS) showing nothing
-    clock = Skipping()
-    moved.layouts.clock = clock
-    moved.ensure_queues()
-    switched(moved, 3)
-    node, keeper = driven(moved)
-    old, _ = counts_lag(moved, monkeypatch)
-    clock.offset = 100.0
+    clock, node, keeper, old = served_long(moved, monkeypatch)
     shard0 = next(r for r in node.shard_refs() if (r.shard, r.gen) == (0, 0))
 
     class Racing(set[str]):
