@@ -645,6 +645,28 @@ def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damage
     assert dead.size() == size
 
 
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_job_whose_id_item_names_no_record_is_buried_and_listed_once(
+    app: shardq.App, damaged: bool
+) -> None:
+    if damaged and isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given the id item of a job that has no record: naming a summary never written (a
+    # hand edit, a burial of an earlier version cut short), or not JSON
+    key = id_key("Ledgered", "id-k-0")
+    app.store.put(key, {"summary": "morgue/Ledgered/t/1/k"}, version=None)
+    if damaged:
+        damage(app, key, "[1, 2")
+    # when the job dies and is buried, then is delivered and buried once more
+    bury(app, [("k", 0)])
+    bury(app, [("k", 0)])
+    # then it is recorded once, and its id item names that record
+    (record,) = Morgue(app, "Ledgered").list_jobs(entity="k")
+    assert record.message_id == "id-k-0"
+    named = app.store.get(key)
+    assert named is not None and named.value["summary"] == keys_of(record.key, 1)[0]
+
+
 def test_purging_one_of_a_job_s_two_records_keeps_the_other_s_id_item(app: shardq.App) -> None:
     # given a job recorded twice: once by an earlier version (no id item), once since
     bury(app, [("q", 0)])

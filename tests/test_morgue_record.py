@@ -8,8 +8,9 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from shardq.morgue.migrate import read_queue_record
 from shardq.morgue.record import summary
 from shardq.ops.ensure import ensure_state_table
 from shardq.store import Item, MemoryStore
-from shardq.store.base import MAX_VALUE_BYTES
+from shardq.store.base import MAX_VALUE_BYTES, StoreError
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -123,6 +124,48 @@ def test_a_job_buried_again_is_recorded_once_and_another_job_of_its_entity_is_no
     listed = [summary(i).message_id for i in store.query_all("morgue/W/t/")]
     assert sorted(listed) == ["m-1", "m-2"]
     assert len(store.query_all("morgue/W/e/")) == 2
+
+
+class DiesAfter(MemoryStore):
+    """A store whose writer is killed after ``writes`` puts: each put after raises."""
+
+    def __init__(self, writes: int) -> None:
+        super().__init__()
+        self.left = writes
+
+    def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
+        if self.left == 0:
+            raise StoreError("the node was killed")
+        self.left -= 1
+        return super().put(key, value, version=version)
+
+
+@pytest.mark.parametrize("writes", range(6))
+def test_a_burial_cut_short_after_any_write_is_finished_by_the_next_and_recorded_once(
+    writes: int,
+) -> None:
+    # given a dead job whose body takes 4 items, its burial (6 writes: id item, 3 more
+    # pieces, record, summary) cut short after ``writes`` of them by its node's death
+    body = "x" * 700_000
+    store = DiesAfter(writes)
+    first = morgue.record_for(message(body), morgue.REASON_PERMANENT, failure(), 1)
+    assert len(morgue_record.items("W", first, "1")) == 6
+    with pytest.raises(StoreError):
+        morgue.bury(store, "W", [first])
+    # when its message is delivered again, fails again and is buried, then once more
+    store.left = -1
+    again = morgue.record_for(message(body), morgue.REASON_PERMANENT, failure(), 2)
+    morgue.bury(store, "W", [again])
+    morgue.bury(store, "W", [again])
+    # then the job is recorded once, whole, as it died the second time
+    (top,) = store.query_all("morgue/W/t/")
+    found = store.get(summary(top).key)
+    assert found is not None
+    pieces = [i.value["body"] for i in store.query_all("morgue/W/p/")]
+    back = morgue_record.whole(found, pieces)
+    assert (back.message_id, back.attempts, back.body) == ("m-1", 2, body)
+    # and nothing else is stored: no piece or record of the first burial is left over
+    assert len(store.query_all("morgue/")) == 6
 
 
 def test_a_record_dies_at_the_time_given_and_reads_back_with_it() -> None:

@@ -26,12 +26,11 @@ from shardq.core.layout import publish_to
 from shardq.core.tables import utc
 from shardq.core.topology import shard_for
 from shardq.morgue.record import MorgueRecord as MorgueRecord
+from shardq.morgue.record import bury as bury
 from shardq.morgue.record import (
     entity_key,
     id_key,
-    items,
     keys_of,
-    new_stamp,
     stamp_for,
     summary,
     unreadable,
@@ -39,7 +38,7 @@ from shardq.morgue.record import (
 )
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
-from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem, Item, Store
+from shardq.store.base import MAX_QUERY_ITEMS, DamagedItem
 from shardq.store.base import StoreError as StoreError
 
 if TYPE_CHECKING:
@@ -101,51 +100,6 @@ class Page:
 
     records: list[MorgueRecord]
     next: str | None
-
-
-def bury(
-    store: Store, worker: str, records: Iterable[MorgueRecord], *, at_death: bool = False
-) -> None:
-    """Write the records of dead jobs in order, each job once (StoreError if refused);
-    ``at_death``: each at its own death time (moved from the old queue morgue)."""
-    for record in records:
-        if not buried(store, worker, record):
-            stamp = new_stamp(record.failed_at if at_death else None)
-            for key, value in items(worker, record, stamp):
-                store.put(key, value, version=None)
-
-
-def buried(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """Is the record's job (its message id) in the morgue with its summary written? Its
-    id item names the summary; if that item is damaged, its entity's records are read:
-    a damaged one is judged by its summary; DamagedItem if that is damaged too (whether
-    it is this job is not known: burying it might record it twice)."""
-    with suppress(DamagedItem):
-        named = store.get(id_key(worker, record.message_id))
-        key = None if named is None else named.value.get("summary")
-        return isinstance(key, str) and _written(store, key)  # the summary is written last
-    entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
-    summaries = [
-        keys_of(item.key, 1)[0]
-        for item in store.query_all(entity, keep_damaged=True)
-        if _message_id(store, item) == record.message_id
-    ]
-    return any(_written(store, key) for key in summaries)  # the summary is written last
-
-
-def _message_id(store: Store, item: Item) -> Any:
-    """The message id of a record item, read from its summary if the item is damaged."""
-    if not item.damaged:
-        return item.value.get("message_id")
-    written = store.get(keys_of(item.key, 1)[0])  # DamagedItem if damaged too
-    return None if written is None else written.value.get("message_id")
-
-
-def _written(store: Store, key: str) -> bool:
-    try:
-        return store.get(key) is not None
-    except DamagedItem:  # written, then damaged
-        return True
 
 
 NOT_REGISTERED = (

@@ -1,7 +1,8 @@
 """The morgue record: one dead job in the state store, and why it died. Its items, per
 worker ``W``, ``ENC`` the percent-encoded entity id and ``STAMP`` the death time:
 ``morgue/W/t/STAMP/ENC`` (summary), ``morgue/W/e/ENC/STAMP`` (record and the body's first
-piece) and ``morgue/W/p/STAMP/K`` (the rest of a large body); see docs/operations.md."""
+piece), ``morgue/W/p/STAMP/K`` (the rest of a large body) and ``morgue/W/m/ID`` (naming
+the summary of message ``ID``'s record); see docs/operations.md. :func:`bury` writes them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
@@ -19,7 +20,7 @@ from urllib.parse import quote, unquote
 from shardq.broker.base import Message
 from shardq.core.clock import wall
 from shardq.core.decide import REASON_UNREADABLE
-from shardq.store.base import Item
+from shardq.store.base import DamagedItem, Item, Store, StoreConflict
 
 KIND = "shardq.morgue"
 VERSION = 3
@@ -111,7 +112,7 @@ def record_for(
 
 def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict[str, Any]]]:
     """The store items of a record, pieces of the body first, then the record, its id
-    item (:func:`id_key`), the summary last."""
+    item (:func:`id_key`), the summary last (a burial writes the id item first)."""
     pieces = _split(record.body)
     meta = dict(record.meta)
     if len(json.dumps(meta, default=str)) > MAX_META_BYTES:
@@ -139,6 +140,16 @@ def items(worker: str, record: MorgueRecord, stamp: str) -> list[tuple[str, dict
 def id_key(worker: str, message_id: str) -> str:
     """The item naming the summary of job ``message_id``'s record: a burial looks it up."""
     return f"morgue/{worker}/m/{quote(message_id, safe='')}"
+
+
+def stamp_of(key: object, worker: str, entity: str) -> str | None:
+    """The stamp of ``key`` if it is the key of a summary of ``worker``'s dead job of
+    ``entity`` (as an id item names it), else None."""
+    if not isinstance(key, str):
+        return None
+    stamp = key.rsplit("/", 2)[-2] if key.count("/") >= 2 else ""
+    ok = stamp.isalnum() and stamp.isascii()
+    return stamp if ok and key == f"morgue/{worker}/t/{stamp}/{entity_key(entity)}" else None
 
 
 def keys_of(key: str, pieces: int) -> list[str]:
@@ -255,3 +266,69 @@ def _split(body: str) -> list[str]:
         pieces.append(body[start : start + n])
         start += n
     return pieces
+
+
+def bury(
+    store: Store, worker: str, records: Iterable[MorgueRecord], *, at_death: bool = False
+) -> None:
+    """Write the records of dead jobs in order, each job once (StoreError if refused);
+    ``at_death``: each at its own death time (moved from the old queue morgue). A job's
+    id item is written first and names its summary, written last: a burial cut short
+    (its node killed midway) is finished by the next one, under the same keys."""
+    for record in records:
+        key = id_key(worker, record.message_id)
+        try:
+            named = store.get(key)
+        except DamagedItem:
+            if _recorded(store, worker, record):
+                continue
+            store.delete(key)  # it names nothing readable: written anew
+            named = None
+        summary_key = None if named is None else named.value.get("summary")
+        if isinstance(summary_key, str) and _written(store, summary_key):
+            continue  # buried already
+        stamp = stamp_of(summary_key, worker, record.entity_id) if named else None
+        *rest, (_, ids), (t, top) = items(
+            worker, record, stamp or new_stamp(record.failed_at if at_death else None)
+        )
+        if stamp is None:  # new, or its id item names no summary of this job: named anew
+            store.put(key, ids, version=None if named is None else named.version)
+        for piece, value in [*rest, (t, top)]:
+            _put_over(store, piece, value)
+
+
+def _recorded(store: Store, worker: str, record: MorgueRecord) -> bool:
+    """With its id item damaged: is the job recorded (one of its entity's records with a
+    written summary holds its message id)? DamagedItem if one that might be is damaged
+    whole (whether it is this job is not known: burying it might record it twice)."""
+    entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
+    summaries = [
+        keys_of(item.key, 1)[0]
+        for item in store.query_all(entity, keep_damaged=True)
+        if _message_id(store, item) == record.message_id
+    ]
+    return any(_written(store, key) for key in summaries)  # the summary is written last
+
+
+def _put_over(store: Store, key: str, value: dict[str, Any]) -> None:
+    """Write an item of a burial whatever is there (what a burial cut short wrote)."""
+    try:
+        store.put(key, value, version=None)
+    except StoreConflict:
+        store.delete(key)
+        store.put(key, value, version=None)
+
+
+def _message_id(store: Store, item: Item) -> Any:
+    """The message id of a record item, read from its summary if the item is damaged."""
+    if not item.damaged:
+        return item.value.get("message_id")
+    written = store.get(keys_of(item.key, 1)[0])  # DamagedItem if damaged too
+    return None if written is None else written.value.get("message_id")
+
+
+def _written(store: Store, key: str) -> bool:
+    try:
+        return store.get(key) is not None
+    except DamagedItem:  # written, then damaged
+        return True
