@@ -104,3 +104,24 @@ def test_a_client_that_hangs_up_mid_request_leaves_no_traceback(
     assert "Traceback" not in capfd.readouterr().err
     gone = [e for e in logs if e["event"] == "dashboard.client_gone"]
     assert all(e["log_level"] == "debug" for e in gone)
+
+
+def test_a_stopped_dashboard_answers_nothing_more_on_a_connection_kept_alive() -> None:
+    # given a dashboard and a browser's connection kept alive after an answer
+    app.configure(Config(), broker=MemoryBroker())
+    srv = make_server(app, "127.0.0.1", 0, refresh=0.2).start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_port, timeout=5)
+    try:
+        conn.request("GET", "/api/v1/stats")
+        assert conn.getresponse().read() and conn.sock is not None  # kept alive
+        # when the dashboard is stopped
+        with capture_logs() as logs:
+            srv.stop()
+            # then a request on that connection gets no answer: it was closed
+            with pytest.raises((http.client.HTTPException, OSError)):
+                conn.request("GET", "/api/v1/stats")
+                conn.getresponse()
+        # and nothing was logged about it
+        assert logs == []
+    finally:
+        conn.close()

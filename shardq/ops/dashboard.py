@@ -13,6 +13,7 @@ import socketserver
 import sys
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -68,6 +69,8 @@ class DashboardServer(ThreadingHTTPServer):
         self.morgue_lock = threading.Lock()  # one requeue or purge at a time
         self.page = resources.files("shardq.ops").joinpath("static/dashboard.html").read_bytes()
         self._thread: threading.Thread | None = None
+        self._open: set[socket.socket] = set()  # connections being served (kept alive)
+        self._open_lock = threading.Lock()
 
     def server_bind(self) -> None:  # HTTPServer's would look up the host's FQDN
         socketserver.TCPServer.server_bind(self)
@@ -81,6 +84,16 @@ class DashboardServer(ThreadingHTTPServer):
             log.debug("dashboard.client_gone", client=client_address[0], error=str(exc))
         else:
             log.exception("dashboard.request_failed", client=client_address[0])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
 
     @property
     def url(self) -> str:
@@ -100,6 +113,11 @@ class DashboardServer(ThreadingHTTPServer):
             self.shutdown()
             self._thread.join(timeout=10)
             self._thread = None
+        with self._open_lock:  # a browser's connection kept alive is answered no more
+            connections, self._open = self._open, set()
+        for connection in connections:
+            with suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
         self.server_close()
         self.sampler.stop()
 
