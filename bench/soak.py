@@ -113,7 +113,7 @@ def main() -> None:
         unexpected = [e for e in events if e.startswith("{") and "job.morgued" not in e]
         print(f"node log: {len(events)} lines, {len(unexpected)} not job.morgued")
         print("\n".join(unexpected[:10]))
-        dead = Morgue(app, "Soak").size()
+        dead = Morgue(app, "Soak").size(exact=True)
         with sqlite3.connect(db) as conn:  # what the file holds, by table and index
             sizes = conn.execute(
                 "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 5"

@@ -1009,7 +1009,7 @@ def read_morgue(app: Any) -> tuple[set[tuple[str, int]], dict[str, int]]:
     """Every dead job of the worker as (entity, n), and counts by reason, after checking
     the morgue's size against the records read."""
     dead = morgue.Morgue(app, WORKER)
-    size = dead.size()
+    size = dead.size(exact=True)
     records = dead.page(limit=size + 1).records
     found: dict[tuple[str, int], str] = {}
     for record in records:

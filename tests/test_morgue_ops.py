@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -23,13 +24,15 @@ from shardq.broker.base import SendEntry, SendResult
 from shardq.core import envelope
 from shardq.core.config import Config
 from shardq.core.topology import shard_for
-from shardq.morgue import Filter, Morgue
+from shardq.morgue import COUNTED, Filter, Morgue
 from shardq.morgue.record import id_key, keys_of
-from shardq.ops.admin import add_commands
+from shardq.ops.admin import _stats_table, add_commands
+from shardq.ops.dashboard import morgue_page
 from shardq.ops.ensure import ensure_state_table
+from shardq.ops.stats import collect
 from shardq.ops.testing import drain
 from shardq.store import SqliteStore
-from shardq.store.base import DamagedItem
+from shardq.store.base import DamagedItem, Item
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -130,6 +133,38 @@ def test_purge_by_message_id_removes_only_that_job_and_everything_empties_it(
     assert dead.purge() == 4
     assert dead.list_jobs() == [] and dead.size() == 0
     assert app.store.query_all("morgue/") == []  # no item left behind
+
+
+@pytest.mark.parametrize("app", ["memory"], indirect=True)  # the count is the store's
+def test_views_of_a_big_morgue_read_one_page_to_count_it_and_say_it_holds_more(
+    app: shardq.App, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given 2,500 dead jobs (a poison entity's, say), the summaries read counted
+    bury(app, [(f"big{n % 3}", n) for n in range(2495)])
+    read: list[int] = []
+    query = app.store.query
+
+    def counting(prefix: str, **kw: Any) -> list[Item]:
+        found = query(prefix, **kw)
+        read.append(len(found) if prefix.startswith("morgue/Ledgered/t/") else 0)
+        return found
+
+    monkeypatch.setattr(app.store, "query", counting)
+    # when stats are collected, the morgue is listed and the dashboard asks for a page
+    stats = collect(app)
+    _, _, err = cli(app, capsys, "list", "Ledgered", "--limit", "5")
+    page = morgue_page(app, "Ledgered", {"limit": ["5"]})
+    # then each says the morgue holds 1,000 or more
+    assert (stats.workers[0].morgue_length, stats.workers[0].morgue_more) == (COUNTED, True)
+    assert stats.to_dict()["total"]["morgue_more"] is True
+    assert " 1000+ " in _stats_table(stats)
+    assert "5 dead Ledgered jobs shown; the morgue holds 1000+" in err
+    assert (page["size"], page["size_more"]) == (COUNTED, True)
+    # and each count read one page of summaries, not all 2,500, and each listing of 5
+    # read 6 (every 4 KB read is a read unit on AWS)
+    assert sum(read) == 3 * COUNTED + 6 + 6
+    # and the exact count is there for whoever asks for it
+    assert Morgue(app, "Ledgered").size(exact=True) == 2500
 
 
 def test_list_returns_all_85_dead_jobs_in_one_command_and_all_25_of_one_entity(

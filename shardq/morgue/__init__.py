@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shardq.morgue")
 
 ROUND = 100  # dead jobs a requeue sends (and deletes) per round
+#: Dead jobs a view counts at most (one page): a count reads every summary it counts,
+#: and stats and the dashboard count at every refresh.
+COUNTED = MAX_QUERY_ITEMS
 
 Progress = Callable[[int], None]
 Refused = Callable[[MorgueRecord, str], None]  # a dead job a requeue leaves, and why
@@ -123,13 +126,17 @@ class Morgue:
                 raise
             self.worker, self.registered = worker, False
 
-    def size(self) -> int:
-        """How many dead jobs the worker has (damaged ones too)."""
-        return len(self.store.query_all(f"morgue/{self.worker}/t/", keep_damaged=True))
+    def size(self, exact: bool = False) -> int:
+        """How many dead jobs the worker has (damaged ones too); :data:`COUNTED` if it has
+        that many or more, unless ``exact`` (every summary read)."""
+        dead = f"morgue/{self.worker}/t/"
+        if exact:
+            return len(self.store.query_all(dead, keep_damaged=True))
+        return len(self.store.query(dead, limit=COUNTED, keep_damaged=True))
 
     def page(self, where: Filter = Filter(), limit: int = 100, after: str | None = None) -> Page:
         """At most ``limit`` matching dead jobs after the cursor ``after``, loaded whole."""
-        scan = self._scan(where, after)
+        scan = self._scan(where, after, size=min(limit + 1, MAX_QUERY_ITEMS))
         found = list(islice(scan, limit))
         more = found and next(scan, None) is not None
         return Page([self.load(r) for _, r in found], found[-1][0] if more else None)
@@ -207,9 +214,11 @@ class Morgue:
         after: str | None = None,
         seen: set[str] | None = None,
         unknown: bool = True,
+        size: int = MAX_QUERY_ITEMS,
     ) -> Iterator[tuple[str, MorgueRecord]]:
-        """(cursor, summary) of every match in death order, read page by page; ``seen``
-        gets each match's ids; ``unknown`` as for :meth:`Filter.matches`."""
+        """(cursor, summary) of every match in death order, read page by page (the first
+        of ``size`` items: a listing's); ``seen`` gets each match's ids; ``unknown`` as for
+        :meth:`Filter.matches`."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
@@ -217,7 +226,7 @@ class Morgue:
             start = max(start or "", base + stamp_for(where.since))
         end = None if where.until is None else stamp_for(where.until + 1e-9)
         while True:
-            got = self.store.query(base, start_after=start, keep_damaged=True)
+            got = self.store.query(base, start_after=start, limit=size, keep_damaged=True)
             for item in got:
                 at = item.key[len(base) :]
                 if end is not None and at[: len(end)] >= end:
@@ -229,9 +238,9 @@ class Morgue:
                     if seen is not None:
                         seen.update(_ids(record))
                     yield at, record
-            if len(got) < MAX_QUERY_ITEMS:
+            if len(got) < size:
                 return
-            start = got[-1].key
+            start, size = got[-1].key, MAX_QUERY_ITEMS
 
     def _other(self, key: str, record: MorgueRecord) -> MorgueRecord:
         """The summary of a record whose item at ``key`` cannot be read, from its other
@@ -331,6 +340,11 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
         return envelope.decode(record.body, signing_key).payload
     except EnvelopeError:
         return None
+
+
+def counted(size: int) -> str:
+    """A :meth:`Morgue.size` as views print it: ``1000+`` for :data:`COUNTED`."""
+    return f"{size}+" if size >= COUNTED else str(size)
 
 
 def _utc(at: float) -> str:

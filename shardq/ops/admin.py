@@ -230,6 +230,7 @@ def _stats_table(stats: Stats) -> str:
 
     def add(name: str, c: dict[str, Any], unknown: int, owner: str = "") -> None:
         dead = optional(c["morgue_length"]) if "morgue_length" in c else ""  # None: unread
+        dead += "+" if c.get("morgue_more") else ""
         counts = (str(c["length"]), str(c["in_flight"]), dead)
         rows.append((name, *counts, lag_cell(c["lag"], unknown), optional(c["done"]), owner))
 

@@ -17,7 +17,7 @@ from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.core.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from shardq.core.tables import table, utc
 from shardq.core.terminal import Progress, plural
-from shardq.morgue import NOT_REGISTERED, Filter, Morgue, MorgueRecord, payload_of
+from shardq.morgue import NOT_REGISTERED, Filter, Morgue, MorgueRecord, counted, payload_of
 from shardq.ops import selection
 from shardq.ops.selection import DONE, MAX_LIST, TIME_FORMS, act, parse_range, unmatched
 
@@ -114,7 +114,7 @@ def _list(app: App, args: argparse.Namespace) -> int:
     if not args.json:
         print(table(rows))
     shown = plural(len(page.records), f"dead {morgue.worker} job")
-    text = f"{shown}{where.describe()} shown; the morgue holds {morgue.size()}"
+    text = f"{shown}{where.describe()} shown; the morgue holds {counted(morgue.size())}"
     if page.next is not None:
         text += f"; more match: the next page is --after {page.next}"
     print(text, file=sys.stderr)

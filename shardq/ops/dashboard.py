@@ -25,7 +25,7 @@ from shardq.api.app import App
 from shardq.core.envelope import parse_json
 from shardq.core.errors import ConfigError, ShardqError, UnknownWorkerError
 from shardq.core.signals import StopSignals
-from shardq.morgue import REASON_UNREADABLE, Filter, Morgue, MorgueRecord
+from shardq.morgue import COUNTED, REASON_UNREADABLE, Filter, Morgue, MorgueRecord
 from shardq.ops import selection
 from shardq.ops.admin_morgue import record_dict
 from shardq.ops.sampler import Sampler, SampleUnavailable
@@ -259,15 +259,17 @@ def _allowed(parts: list[str]) -> str:
 
 # -- the morgue's JSON API -----------------------------------------------------------
 def morgue_page(app: App, worker: str, query: dict[str, list[str]]) -> dict[str, Any]:
-    """``{"jobs": [...], "next": CURSOR or None, "size": N}``: the page of ``worker``'s
-    dead jobs the query's search, ``limit`` and ``after`` cursor select."""
+    """``{"jobs": [...], "next": CURSOR or None, "size": N, "size_more": bool}``: the page
+    of ``worker``'s dead jobs the query's search, ``limit`` and ``after`` cursor select
+    (``size_more``: N is :data:`~shardq.morgue.COUNTED`, and there may be more)."""
     morgue = Morgue(app, worker)
     when = parse_range(_param(query, "since"), _param(query, "until"))
     where = Filter(_param(query, "entity"), _param(query, "error_type"), *when)
     after = selection.cursor(_param(query, "after"))
     page = morgue.page(where, _int_param(query, "limit", 100), after)
     jobs = [_api_record(r, app.signing_key) for r in page.records]
-    return {"jobs": jobs, "next": page.next, "size": morgue.size()}
+    size = morgue.size()
+    return {"jobs": jobs, "next": page.next, "size": size, "size_more": size >= COUNTED}
 
 
 def morgue_act(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardq.broker.base import QueueCounts
 from shardq.core.errors import LayoutError, QueueNotFoundError
 from shardq.core.topology import parse_key, parse_name, shard_key
-from shardq.morgue import Morgue
+from shardq.morgue import COUNTED, Morgue
 from shardq.ops.fleet_view import FleetItems, FleetView, fleet_view, read_fleet
 from shardq.ops.layout_view import LayoutView, ReshardView, layout_view
 from shardq.store import DamagedItem, StoreError
@@ -55,6 +55,8 @@ class WorkerStats:
     layout: LayoutView | None = None
     #: Done/retried/failed since each live node started, from their reports.
     reported: dict[str, int] | None = None
+    #: The morgue holds :data:`~shardq.morgue.COUNTED` or more: only so many are counted.
+    morgue_more: bool = False
 
     @property
     def unknown_lags(self) -> int:
@@ -105,7 +107,11 @@ class Stats:
             "time": self.time,
             "broker": self.broker,
             "lag_source": self.lag_source,
-            "total": {**_totals(self.workers), "morgue_length": morgue_length},
+            "total": {
+                **_totals(self.workers),
+                "morgue_length": morgue_length,
+                "morgue_more": any(w.morgue_more for w in self.workers),
+            },
             "by_worker": by_worker,
             "fleet": _fleet_dict(self.fleet),
             "fleet_error": self.fleet_error,
@@ -188,6 +194,7 @@ def _worker_stats(
         shards=shards,
         layout=layout_view(name, layout, settings.shards, old_jobs, fleet),
         reported=fleet.counts(name) if fleet.reported else None,
+        morgue_more=dead is not None and dead >= COUNTED,
         **_totals(shards),
     )
 
