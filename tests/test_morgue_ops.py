@@ -23,6 +23,7 @@ from shardq.broker import MemoryBroker, Message
 from shardq.broker.base import SendEntry, SendResult
 from shardq.core import envelope
 from shardq.core.config import Config
+from shardq.core.errors import BrokerError
 from shardq.core.topology import shard_for
 from shardq.morgue import COUNTED, Filter, Morgue
 from shardq.morgue.record import id_key, keys_of
@@ -514,6 +515,39 @@ def test_a_requeue_that_sqs_accepts_in_part_never_sends_a_dead_job_twice() -> No
     assert sent == [1, 2] and done == 2
     assert [n for _, n in numbers(dead.list_jobs())] == [0]
     assert refused and refused[0][0] == 0 and "InternalError: try again" in refused[0][1]
+    broker.close()
+
+
+class LosesFirstAnswer(MemoryBroker):
+    """A memory broker that sends its first batch and then fails, as a SendMessageBatch
+    whose answer is lost (a timeout, a dropped connection) does."""
+
+    lost = False
+
+    def send_batch(self, queue: str, entries: Sequence[SendEntry]) -> SendResult:
+        result = super().send_batch(queue, entries)
+        if not self.lost:
+            self.lost = True
+            raise BrokerError("SQS did not answer within 60 s")
+        return result
+
+
+def test_a_requeue_run_again_after_a_lost_answer_sends_no_dead_job_twice() -> None:
+    # given 3 dead jobs of one entity, and SQS sending a batch whose answer is lost
+    broker = LosesFirstAnswer()
+    ledger.app.configure(Config(queue_prefix="lost-"), broker=broker)
+    bury(ledger.app, [("r", 0), ("r", 1), ("r", 2)])
+    dead = Morgue(ledger.app, "Ledgered")
+    # when they are requeued (the send looks failed: they stay), and requeued again
+    refused: list[str] = []
+    assert dead.requeue(Filter(entity="r"), refused=lambda r, why: refused.append(why)) == 0
+    assert dead.requeue(Filter(entity="r")) == 3
+    # then each job is queued once: the second send was deduplicated by SQS
+    queue = ledger.app.shard_queue("Ledgered", shard_for("r", 3))
+    got = broker.receive(queue, max_messages=10, wait_seconds=0, visibility_timeout=30)
+    assert [envelope.decode(m.body).payload["n"] for m in got] == [0, 1, 2]
+    assert len(refused) == 3 and "did not answer" in refused[0]
+    assert dead.list_jobs(entity="r") == []
     broker.close()
 
 

@@ -4,7 +4,7 @@ in :mod:`shardq.morgue.record`). Nodes :func:`bury` a job before deleting it;
 
 from __future__ import annotations
 
-import uuid
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -300,8 +300,7 @@ class Morgue:
                         refused(record, "an earlier dead job of its entity was not requeued")
                 chunk = [r for r in chunk if r.entity_id not in stopped]
                 entries = [
-                    SendEntry(str(i), r.body, r.entity_id, uuid.uuid4().hex)
-                    for i, r in enumerate(chunk)
+                    SendEntry(str(i), r.body, r.entity_id, _dedup(r)) for i, r in enumerate(chunk)
                 ]
                 try:
                     result = self.app.broker.send_batch(queue, entries)
@@ -340,6 +339,12 @@ def payload_of(record: MorgueRecord, signing_key: bytes | None = None) -> Any:
         return envelope.decode(record.body, signing_key).payload
     except EnvelopeError:
         return None
+
+
+def _dedup(record: MorgueRecord) -> str:
+    """The deduplication id of a requeue of ``record``: the same each time, so a requeue
+    run again within SQS's 5 minutes (an answer lost, a stop) does not queue it twice."""
+    return "requeue-" + hashlib.blake2b(record.key.encode(), digest_size=16).hexdigest()
 
 
 def counted(size: int) -> str:
