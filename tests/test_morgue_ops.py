@@ -26,6 +26,7 @@ from shardq.core.config import Config
 from shardq.core.errors import BrokerError
 from shardq.core.topology import shard_for
 from shardq.morgue import COUNTED, Filter, Morgue
+from shardq.morgue import record as morgue_record
 from shardq.morgue.record import id_key, keys_of
 from shardq.ops.admin import _stats_table, add_commands
 from shardq.ops.dashboard import morgue_page
@@ -219,6 +220,24 @@ def test_list_pages_with_a_cursor_and_filters_by_error_type_and_time(
     )
     assert [json.loads(line)["payload"]["n"] for line in out.splitlines()] == [3, 4]
     assert "next page" not in err
+
+
+def test_a_requeue_by_entity_leaves_a_record_whose_burial_is_under_way_or_was_cut_short(
+    app: shardq.App,
+) -> None:
+    # given e1's 3 dead jobs, and a 4th job of e1 whose burial wrote its id item and its
+    # record but not yet its summary (its node is writing it, or was killed: the job is
+    # still in its queue, to be run or buried again)
+    body = envelope.encode(envelope.Envelope("Ledgered", "e1", {"n": 9}))
+    message = Message("shard.fifo", "id-e1-9", "", body, "e1", 1, 0.0, "r")
+    record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+    *writes, _ = morgue_record.items("Ledgered", record, morgue_record.new_stamp())
+    for key, value in [writes[-1], *writes[:-1]]:  # the id item first, as a burial does
+        app.store.put(key, value, version=None)
+    # when e1's dead jobs are requeued
+    done = Morgue(app, "Ledgered").requeue(Filter(entity="e1"))
+    # then its 3 dead jobs are sent, and not the job being buried: it would run twice
+    assert done == 3 and queued(app, "e1") == [0, 1, 2]
 
 
 def test_requeue_and_purge_take_the_same_filters_and_all_stays_required(

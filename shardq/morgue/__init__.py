@@ -35,6 +35,7 @@ from shardq.morgue.record import (
     summary,
     unreadable,
     whole,
+    written,
 )
 from shardq.morgue.record import record_for as record_for
 from shardq.morgue.record import requeue_problem as requeue_problem
@@ -170,11 +171,17 @@ class Morgue:
         """Send matching dead jobs back to their shard, each entity's oldest first, then
         delete their records; how many. One that cannot be requeued stays and is passed
         to ``refused``, as are its entity's later matches (they must not overtake it).
-        ``seen`` gets the ids (message id, record key) of every match."""
+        ``seen`` gets the ids (message id, record key) of every match. A record found by
+        its entity without a summary is left alone: a burial under way or cut short (its
+        job is still in its queue) or a purge cut short; a job is dead once summed up."""
         if not self.registered:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
-        scan = (record for _, record in self._scan(where, seen=seen))
+
+        def summed(record: MorgueRecord) -> bool:
+            return where.entity is None or written(self.store, keys_of(record.key, 1)[0])
+
+        scan = (record for _, record in self._scan(where, seen=seen) if summed(record))
         while batch := list(islice(scan, ROUND)):
             sendable = []
             for record in map(self.load, batch):

@@ -285,7 +285,7 @@ def bury(
             store.delete(key)  # it names nothing readable: written anew
             named = None
         summary_key = None if named is None else named.value.get("summary")
-        if isinstance(summary_key, str) and _written(store, summary_key):
+        if isinstance(summary_key, str) and written(store, summary_key):
             continue  # buried already
         stamp = stamp_of(summary_key, worker, record.entity_id) if named else None
         *rest, (_, ids), (t, top) = items(
@@ -307,7 +307,7 @@ def _recorded(store: Store, worker: str, record: MorgueRecord) -> bool:
         for item in store.query_all(entity, keep_damaged=True)
         if _message_id(store, item) == record.message_id
     ]
-    return any(_written(store, key) for key in summaries)  # the summary is written last
+    return any(written(store, key) for key in summaries)  # the summary is written last
 
 
 def _put_over(store: Store, key: str, value: dict[str, Any]) -> None:
@@ -327,7 +327,7 @@ def _message_id(store: Store, item: Item) -> Any:
     return None if written is None else written.value.get("message_id")
 
 
-def _written(store: Store, key: str) -> bool:
+def written(store: Store, key: str) -> bool:
     try:
         return store.get(key) is not None
     except DamagedItem:  # written, then damaged
