@@ -27,7 +27,7 @@ from shardq.core.errors import BrokerError
 from shardq.core.topology import shard_for
 from shardq.morgue import COUNTED, Filter, Morgue
 from shardq.morgue import record as morgue_record
-from shardq.morgue.record import id_key, keys_of
+from shardq.morgue.record import STAMP, id_key, keys_of
 from shardq.ops.admin import _stats_table, add_commands
 from shardq.ops.dashboard import morgue_page
 from shardq.ops.ensure import ensure_state_table
@@ -748,9 +748,10 @@ def test_a_job_whose_id_item_names_no_record_is_buried_and_listed_once(
     # when the job dies and is buried, then is delivered and buried once more
     bury(app, [("k", 0)])
     bury(app, [("k", 0)])
-    # then it is recorded once, and its id item names that record
+    # then it is recorded once, under a death stamp of its own (not the id item's "1",
+    # which would list it after its entity's later jobs), and its id item names it
     (record,) = Morgue(app, "Ledgered").list_jobs(entity="k")
-    assert record.message_id == "id-k-0"
+    assert record.message_id == "id-k-0" and STAMP.fullmatch(record.key.rsplit("/", 1)[1])
     named = app.store.get(key)
     assert named is not None and named.value["summary"] == keys_of(record.key, 1)[0]
 

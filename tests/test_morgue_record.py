@@ -23,7 +23,7 @@ from shardq.morgue.migrate import read_queue_record
 from shardq.morgue.record import summary
 from shardq.ops.ensure import ensure_state_table
 from shardq.store import Item, MemoryStore
-from shardq.store.base import MAX_VALUE_BYTES, StoreError
+from shardq.store.base import MAX_VALUE_BYTES, DamagedItem, StoreError
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
@@ -166,6 +166,57 @@ def test_a_burial_cut_short_after_any_write_is_finished_by_the_next_and_recorded
     assert (back.message_id, back.attempts, back.body) == ("m-1", 2, body)
     # and nothing else is stored: no piece or record of the first burial is left over
     assert len(store.query_all("morgue/")) == 6
+
+
+class DamagedId(MemoryStore):
+    """A store whose job ``m-1``'s id item cannot be read (a hand edit, a damaged file)."""
+
+    def get(self, key: str) -> Item | None:
+        if key == morgue_record.id_key("W", "m-1"):
+            raise DamagedItem(f"store item {key!r} is damaged")
+        return super().get(key)
+
+
+def test_a_burial_cut_short_whose_id_item_is_then_damaged_is_finished_not_recorded_twice() -> None:
+    # given a dead job whose burial wrote its id item, body and record, not its summary,
+    # then its id item damaged
+    store = DamagedId()
+    first = morgue.record_for(message("x"), morgue.REASON_PERMANENT, failure(), 1)
+    *writes, _ = morgue_record.items("W", first, morgue_record.new_stamp())
+    for key, value in [writes[-1], *writes[:-1]]:  # the id item first, as a burial does
+        store.put(key, value, version=None)
+    # when the job is delivered again, dies again and is buried
+    again = morgue.record_for(message("x"), morgue.REASON_PERMANENT, failure(), 2)
+    morgue.bury(store, "W", [again])
+    # then it has one record, summed up, as it died the second time
+    (record,) = store.query_all("morgue/W/e/")
+    (top,) = store.query_all("morgue/W/t/")
+    assert summary(top).key == record.key and summary(record).attempts == 2
+
+
+class OtherNodeFirst(MemoryStore):
+    """A store where another node's burial of the same job writes the summary just
+    before this one does (the job's visibility ran out while its node buried it)."""
+
+    def put(self, key: str, value: Mapping[str, Any], *, version: int | None) -> Item:
+        if "/t/" in key and not self.query_all(key):
+            super().put(key, {**value, "attempts": 1}, version=None)
+        return super().put(key, value, version=version)
+
+
+def test_a_job_two_nodes_bury_at_once_is_recorded_once_and_neither_fails() -> None:
+    # given a dead job whose burial was cut short after its record item
+    store = OtherNodeFirst()
+    first = morgue.record_for(message("x"), morgue.REASON_PERMANENT, failure(), 1)
+    *writes, _ = morgue_record.items("W", first, morgue_record.new_stamp())
+    for key, value in [writes[-1], *writes[:-1]]:
+        MemoryStore.put(store, key, value, version=None)
+    # when it is buried again while another node finishes the same burial
+    again = morgue.record_for(message("x"), morgue.REASON_PERMANENT, failure(), 2)
+    morgue.bury(store, "W", [again])
+    # then it is recorded once: the summary the other node wrote stands
+    (top,) = store.query_all("morgue/W/t/")
+    assert summary(top).attempts == 1 and len(store.query_all("morgue/W/e/")) == 1
 
 
 def test_a_record_dies_at_the_time_given_and_reads_back_with_it() -> None:

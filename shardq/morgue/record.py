@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
@@ -31,6 +33,8 @@ SUMMARY_MESSAGE_CHARS = 200  # of the error message, in the summary item
 MAX_META_BYTES = 16 * 1024  # largest JSON of meta kept in a record (the body has it anyway)
 PIECE_BYTES = 300 * 1024  # JSON bytes of body per item (the store allows 350 KiB per value)
 STAMP_DIGITS = 20
+#: A death stamp: nanoseconds and six random hex digits (:func:`new_stamp`).
+STAMP = re.compile(rf"[0-9]{{{STAMP_DIGITS}}}[0-9a-f]{{6}}")
 
 _SUMMARY = ("entity_id", "message_id", "reason", "error_type", "attempts", "failed_at", "pieces")
 #: The text fields of a record, in every version (the old morgue queue's too).
@@ -148,7 +152,7 @@ def stamp_of(key: object, worker: str, entity: str) -> str | None:
     if not isinstance(key, str):
         return None
     stamp = key.rsplit("/", 2)[-2] if key.count("/") >= 2 else ""
-    ok = stamp.isalnum() and stamp.isascii()
+    ok = STAMP.fullmatch(stamp) is not None
     return stamp if ok and key == f"morgue/{worker}/t/{stamp}/{entity_key(entity)}" else None
 
 
@@ -279,44 +283,47 @@ def bury(
         key = id_key(worker, record.message_id)
         try:
             named = store.get(key)
+            summary_key = None if named is None else named.value.get("summary")
         except DamagedItem:
-            if _recorded(store, worker, record):
+            summaries = _summaries(store, worker, record)
+            if any(written(store, k) for k in summaries):
                 continue
-            store.delete(key)  # it names nothing readable: written anew
-            named = None
-        summary_key = None if named is None else named.value.get("summary")
-        if isinstance(summary_key, str) and written(store, summary_key):
+            store.delete(key)  # it names nothing readable: written anew, naming a record
+            named, summary_key = None, next(iter(summaries), None)  # cut short, if any
+        if named is not None and isinstance(summary_key, str) and written(store, summary_key):
             continue  # buried already
-        stamp = stamp_of(summary_key, worker, record.entity_id) if named else None
+        stamp = stamp_of(summary_key, worker, record.entity_id)
         *rest, (_, ids), (t, top) = items(
             worker, record, stamp or new_stamp(record.failed_at if at_death else None)
         )
-        if stamp is None:  # new, or its id item names no summary of this job: named anew
+        if named is None or stamp is None:  # none, or naming no summary of this job
             store.put(key, ids, version=None if named is None else named.version)
-        for piece, value in [*rest, (t, top)]:
+        for piece, value in rest:
             _put_over(store, piece, value)
+        with suppress(StoreConflict):  # written meanwhile: another node buried it too
+            store.put(t, top, version=None)
 
 
-def _recorded(store: Store, worker: str, record: MorgueRecord) -> bool:
-    """With its id item damaged: is the job recorded (one of its entity's records with a
-    written summary holds its message id)? DamagedItem if one that might be is damaged
-    whole (whether it is this job is not known: burying it might record it twice)."""
+def _summaries(store: Store, worker: str, record: MorgueRecord) -> list[str]:
+    """With its id item damaged: the summary keys of the job's records (its entity's
+    records holding its message id). DamagedItem if one that might be is damaged whole
+    (whether it is this job is not known: burying it might record it twice)."""
     entity = f"morgue/{worker}/e/{entity_key(record.entity_id)}/"
-    summaries = [
+    return [
         keys_of(item.key, 1)[0]
         for item in store.query_all(entity, keep_damaged=True)
         if _message_id(store, item) == record.message_id
     ]
-    return any(written(store, key) for key in summaries)  # the summary is written last
 
 
 def _put_over(store: Store, key: str, value: dict[str, Any]) -> None:
-    """Write an item of a burial whatever is there (what a burial cut short wrote)."""
+    """Write an item of a burial over what one cut short wrote there, at its version
+    (StoreConflict if another node's burial of the job wrote it meanwhile)."""
     try:
         store.put(key, value, version=None)
     except StoreConflict:
-        store.delete(key)
-        store.put(key, value, version=None)
+        there = [i for i in store.query_all(key, keep_damaged=True) if i.key == key]
+        store.put(key, value, version=there[0].version if there else None)
 
 
 def _message_id(store: Store, item: Item) -> Any:
