@@ -38,7 +38,7 @@ from shardq.store.base import DamagedItem, Item
 from tests.apps import ledger
 from tests.apps.ledger import Ledgered
 from tests.conftest import make_broker
-from tests.test_fleet_damaged import damage
+from tests.test_fleet_damaged import damage, damage_version
 
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("sqs", marks=pytest.mark.sqs)])
@@ -234,10 +234,15 @@ def test_a_requeue_by_entity_leaves_a_record_whose_burial_is_under_way_or_was_cu
     *writes, _ = morgue_record.items("Ledgered", record, morgue_record.new_stamp())
     for key, value in [writes[-1], *writes[:-1]]:  # the id item first, as a burial does
         app.store.put(key, value, version=None)
-    # when e1's dead jobs are requeued
+    # when e1's dead jobs are requeued, then that job by its id
     done = Morgue(app, "Ledgered").requeue(Filter(entity="e1"))
-    # then its 3 dead jobs are sent, and not the job being buried: it would run twice
+    seen: set[str] = set()
+    only = Filter(entity="e1", message_ids=frozenset({"id-e1-9"}))
+    again = Morgue(app, "Ledgered").requeue(only, seen=seen)
+    # then its 3 dead jobs are sent, and not the job being buried: it would run twice;
+    # asked for by its id, it is not found (it is not dead yet)
     assert done == 3 and queued(app, "e1") == [0, 1, 2]
+    assert again == 0 and "id-e1-9" not in seen
 
 
 def test_requeue_and_purge_take_the_same_filters_and_all_stays_required(
@@ -733,16 +738,27 @@ def test_a_job_buried_again_is_not_recorded_twice_when_its_record_item_is_damage
     assert dead.size() == size
 
 
-@pytest.mark.parametrize("damaged", [False, True])
+ID_K0 = id_key("Ledgered", "id-k-0")
+
+
+@pytest.mark.parametrize(
+    ("names", "damaged"),
+    [
+        ("morgue/Ledgered/t/1/k", False),  # a summary never written, under a stamp no node writes
+        ("morgue/Ledgered/t/1/k", True),  # the item not JSON
+        ("junk", False),  # no key at all
+        (ID_K0, False),  # an item that exists (itself), not a summary of the job
+    ],
+)
 def test_a_job_whose_id_item_names_no_record_is_buried_and_listed_once(
-    app: shardq.App, damaged: bool
+    app: shardq.App, names: str, damaged: bool
 ) -> None:
     if damaged and isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
         pytest.skip("an in-memory store cannot be damaged from outside")
-    # given the id item of a job that has no record: naming a summary never written (a
-    # hand edit, a burial of an earlier version cut short), or not JSON
-    key = id_key("Ledgered", "id-k-0")
-    app.store.put(key, {"summary": "morgue/Ledgered/t/1/k"}, version=None)
+    # given the id item of a job that has no record (a hand edit, a damaged file, a
+    # burial of an earlier version cut short)
+    key = ID_K0
+    app.store.put(key, {"summary": names}, version=None)
     if damaged:
         damage(app, key, "[1, 2")
     # when the job dies and is buried, then is delivered and buried once more
@@ -754,6 +770,27 @@ def test_a_job_whose_id_item_names_no_record_is_buried_and_listed_once(
     assert record.message_id == "id-k-0" and STAMP.fullmatch(record.key.rsplit("/", 1)[1])
     named = app.store.get(key)
     assert named is not None and named.value["summary"] == keys_of(record.key, 1)[0]
+
+
+def test_a_burial_cut_short_whose_record_item_version_is_damaged_is_finished(
+    app: shardq.App,
+) -> None:
+    if isinstance(app.store, SqliteStore) and app.store.path == ":memory:":
+        pytest.skip("an in-memory store cannot be damaged from outside")
+    # given a burial of job v#0 cut short after its record item, whose version was then
+    # damaged (no write can name it)
+    body = envelope.encode(envelope.Envelope("Ledgered", "v", {"n": 0}))
+    message = Message("shard.fifo", "id-v-0", "", body, "v", 1, 0.0, "r")
+    record = morgue.record_for(message, morgue.REASON_MAX_RETRIES, RuntimeError("no"), 4)
+    (e, full), ids, _ = morgue_record.items("Ledgered", record, morgue_record.new_stamp())
+    app.store.put(*ids, version=None)
+    app.store.put(e, full, version=None)
+    damage_version(app, e, "x")
+    # when the job is delivered again, dies again and is buried
+    bury(app, [("v", 0)])
+    # then it is recorded once, whole
+    (found,) = Morgue(app, "Ledgered").list_jobs(entity="v")
+    assert found.message_id == "id-v-0" and found.key == e and found.reason == "max_retries"
 
 
 def test_purging_one_of_a_job_s_two_records_keeps_the_other_s_id_item(app: shardq.App) -> None:

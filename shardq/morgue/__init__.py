@@ -178,10 +178,7 @@ class Morgue:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
 
-        def summed(record: MorgueRecord) -> bool:
-            return where.entity is None or written(self.store, keys_of(record.key, 1)[0])
-
-        scan = (record for _, record in self._scan(where, seen=seen) if summed(record))
+        scan = (record for _, record in self._scan(where, seen=seen, summed=True))
         while batch := list(islice(scan, ROUND)):
             sendable = []
             for record in map(self.load, batch):
@@ -222,10 +219,12 @@ class Morgue:
         seen: set[str] | None = None,
         unknown: bool = True,
         size: int = MAX_QUERY_ITEMS,
+        summed: bool = False,
     ) -> Iterator[tuple[str, MorgueRecord]]:
         """(cursor, summary) of every match in death order, read page by page (the first
         of ``size`` items: a listing's); ``seen`` gets each match's ids; ``unknown`` as for
-        :meth:`Filter.matches`."""
+        :meth:`Filter.matches`; ``summed``: only records whose summary is written (one
+        read more per record found by its entity)."""
         part = "t/" if where.entity is None else f"e/{entity_key(where.entity)}/"
         base = f"morgue/{self.worker}/{part}"
         start = None if after is None else base + after
@@ -241,7 +240,9 @@ class Morgue:
                 record = summary(item)
                 if record.reason == REASON_UNREADABLE:
                     record = self._other(item.key, record)
-                if where.matches(record, unknown):
+                if where.matches(record, unknown) and (
+                    not summed or part == "t/" or written(self.store, keys_of(item.key, 1)[0])
+                ):
                     if seen is not None:
                         seen.update(_ids(record))
                     yield at, record

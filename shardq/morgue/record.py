@@ -288,16 +288,16 @@ def bury(
             summaries = _summaries(store, worker, record)
             if any(written(store, k) for k in summaries):
                 continue
-            store.delete(key)  # it names nothing readable: written anew, naming a record
-            named, summary_key = None, next(iter(summaries), None)  # cut short, if any
-        if named is not None and isinstance(summary_key, str) and written(store, summary_key):
-            continue  # buried already
+            named = _there(store, key)  # rewritten, naming a record cut short if any
+            summary_key = next(iter(summaries), None)
         stamp = stamp_of(summary_key, worker, record.entity_id)
+        if named is not None and not named.damaged and stamp and written(store, str(summary_key)):
+            continue  # buried already
         *rest, (_, ids), (t, top) = items(
             worker, record, stamp or new_stamp(record.failed_at if at_death else None)
         )
-        if named is None or stamp is None:  # none, or naming no summary of this job
-            store.put(key, ids, version=None if named is None else named.version)
+        if named is None or named.damaged or stamp is None:  # naming no summary of the job
+            _over(store, key, ids, named)
         for piece, value in rest:
             _put_over(store, piece, value)
         with suppress(StoreConflict):  # written meanwhile: another node buried it too
@@ -322,8 +322,21 @@ def _put_over(store: Store, key: str, value: dict[str, Any]) -> None:
     try:
         store.put(key, value, version=None)
     except StoreConflict:
-        there = [i for i in store.query_all(key, keep_damaged=True) if i.key == key]
-        store.put(key, value, version=there[0].version if there else None)
+        _over(store, key, value, _there(store, key))
+
+
+def _there(store: Store, key: str) -> Item | None:
+    """The item at ``key`` as read, damaged or not."""
+    return next((i for i in store.query(key, limit=1, keep_damaged=True) if i.key == key), None)
+
+
+def _over(store: Store, key: str, value: dict[str, Any], there: Item | None) -> None:
+    """Write ``value`` over ``there`` (as read) at its version; an item whose version
+    cannot be read (0: no write can name it) is deleted first."""
+    if there is not None and not there.version:
+        store.delete(key)
+        there = None
+    store.put(key, value, version=None if there is None else there.version)
 
 
 def _message_id(store: Store, item: Item) -> Any:
