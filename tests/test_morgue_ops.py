@@ -519,12 +519,17 @@ class RefusesFirstEntry(MemoryBroker):
         return result
 
 
+def three_dead(broker: MemoryBroker, entity: str) -> Morgue:
+    """The ledger app's morgue on ``broker``, holding ``entity``'s jobs 0, 1 and 2."""
+    ledger.app.configure(Config(queue_prefix=f"{entity}-"), broker=broker)
+    bury(ledger.app, [(entity, 0), (entity, 1), (entity, 2)])
+    return Morgue(ledger.app, "Ledgered")
+
+
 def test_a_requeue_that_sqs_accepts_in_part_never_sends_a_dead_job_twice() -> None:
     # given 3 dead jobs of one entity, and SQS refusing the first entry of a batch
     broker = RefusesFirstEntry()
-    ledger.app.configure(Config(queue_prefix="part-"), broker=broker)
-    bury(ledger.app, [("p", 0), ("p", 1), ("p", 2)])
-    dead = Morgue(ledger.app, "Ledgered")
+    dead = three_dead(broker, "p")
     # when they are requeued
     refused: list[tuple[int, str]] = []
     note = lambda r, why: refused.append((envelope.decode(r.body).payload["n"], why))  # noqa: E731
@@ -559,9 +564,7 @@ class LosesFirstAnswer(MemoryBroker):
 def test_a_requeue_run_again_after_a_lost_answer_sends_no_dead_job_twice() -> None:
     # given 3 dead jobs of one entity, and SQS sending a batch whose answer is lost
     broker = LosesFirstAnswer()
-    ledger.app.configure(Config(queue_prefix="lost-"), broker=broker)
-    bury(ledger.app, [("r", 0), ("r", 1), ("r", 2)])
-    dead = Morgue(ledger.app, "Ledgered")
+    dead = three_dead(broker, "r")
     # when they are requeued (the send looks failed: they stay), and requeued again
     refused: list[str] = []
     assert dead.requeue(Filter(entity="r"), refused=lambda r, why: refused.append(why)) == 0
