@@ -177,7 +177,6 @@ class Morgue:
         if not self.registered:
             raise UnknownWorkerError(NOT_REGISTERED.format(self.worker))
         done, stopped = 0, set[str]()
-
         scan = (record for _, record in self._scan(where, seen=seen, summed=True))
         while batch := list(islice(scan, ROUND)):
             sendable = []
